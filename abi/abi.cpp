@@ -1,0 +1,681 @@
+// The C ABI: every entry point is extern "C" and noexcept, checks its arguments, looks handles up in
+// their registries, and funnels every exception through guard(), which keeps the message for
+// sg_last_error_message and the optional sg_error_info_t.
+#include "core/core.hpp"
+#include "core/registry.hpp"
+
+#include <smartgen/smartgen.h>
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+
+using sg::Error;
+using sg::fail;
+namespace core = sg::core;
+
+namespace {
+
+thread_local std::string t_last_error;
+
+sg_status_t record(sg_status_t status, const std::string &message, sg_error_info_t *err) noexcept {
+    try {
+        t_last_error = message;
+    } catch (...) {
+    }
+    if (err && err->struct_size >= offsetof(sg_error_info_t, message) + 1) {
+        err->status = status;
+        const size_t cap = std::min(sizeof err->message, err->struct_size - offsetof(sg_error_info_t, message));
+        const size_t n = std::min(message.size(), cap - 1);
+        std::memcpy(err->message, message.data(), n);
+        err->message[n] = '\0';
+    }
+    return status;
+}
+
+template <class F>
+sg_status_t guard(sg_error_info_t *err, F &&fn) noexcept {
+    try {
+        return fn();
+    } catch (const Error &e) {
+        return record(e.status(), e.message(), err);
+    } catch (const std::bad_alloc &) {
+        return record(SG_ERR_NO_MEMORY, "out of memory", err);
+    } catch (const std::exception &e) {
+        return record(SG_ERR_INTERNAL, std::string("internal error: ") + e.what(), err);
+    } catch (...) {
+        return record(SG_ERR_INTERNAL, "internal error: unknown exception", err);
+    }
+}
+
+// Registries: one per kind, so a handle of one kind is never accepted as another.
+core::Registry<core::Context> &contexts() {
+    static core::Registry<core::Context> r(1);
+    return r;
+}
+core::Registry<core::KvPool> &pools() {
+    static core::Registry<core::KvPool> r(2);
+    return r;
+}
+core::Registry<core::Listener> &listeners() {
+    static core::Registry<core::Listener> r(3);
+    return r;
+}
+core::Registry<core::Session> &sessions() {
+    static core::Registry<core::Session> r(4);
+    return r;
+}
+core::Registry<core::Transfer> &transfers() {
+    static core::Registry<core::Transfer> r(5);
+    return r;
+}
+
+template <class H>
+uint64_t raw(H h) {
+    return uint64_t(reinterpret_cast<uintptr_t>(h));
+}
+template <class H>
+H wrap(uint64_t v) {
+    return reinterpret_cast<H>(uintptr_t(v));
+}
+
+template <class T>
+std::shared_ptr<T> lookup(core::Registry<T> &r, uint64_t h, const char *what) {
+    auto p = r.get(h);
+    if (!p) fail(SG_ERR_INVALID_HANDLE, std::string(what) + " handle is not live (destroyed, or never created)");
+    return p;
+}
+
+// Copies a caller's size-prefixed struct over defaults: reads min(caller's size, ours).
+template <class T>
+T read_sized(const T *in, const T &defaults, const char *what) {
+    T out = defaults;
+    if (!in) return out;
+    if (in->struct_size < sizeof(size_t))
+        fail(SG_ERR_INVALID_ARGUMENT, std::string(what) + ".struct_size is not set (call its _init function)");
+    std::memcpy(static_cast<void *>(&out), in, std::min(in->struct_size, sizeof(T)));
+    out.struct_size = sizeof(T);
+    return out;
+}
+
+void need(const void *p, const char *name) {
+    if (!p) fail(SG_ERR_INVALID_ARGUMENT, std::string(name) + " is NULL");
+}
+
+void copy_string(const std::string &s, char *buf, size_t cap) {
+    need(buf, "buf");
+    if (s.size() + 1 > cap) fail(SG_ERR_BUFFER_TOO_SMALL, "buffer needs " + std::to_string(s.size() + 1) + " bytes");
+    std::memcpy(buf, s.c_str(), s.size() + 1);
+}
+
+sg_context_options_t default_context_options() {
+    sg_context_options_t o{};
+    o.struct_size = sizeof o;
+    o.header_version = SG_VERSION_NUMBER;
+    o.progress_thread = true;
+    o.progress_spin_us = 50;
+    o.max_ops_in_flight = 64;
+    o.log_level = SG_LOG_WARN;
+    return o;
+}
+
+sg_transfer_options_t default_transfer_options() {
+    sg_transfer_options_t o{};
+    o.struct_size = sizeof o;
+    o.paths = SG_PATH_FULL;
+    return o;
+}
+
+sg_session_options_t default_session_options() {
+    sg_session_options_t o{};
+    o.struct_size = sizeof o;
+    return o;
+}
+
+struct ParamBounds {
+    uint64_t lo, hi;
+};
+ParamBounds bounds_of(sg_param_t p) {
+    switch (p) {
+        case SG_PARAM_STAGING_THRESHOLD: return {0, 64ull << 20};
+        case SG_PARAM_MAX_OP_BYTES: return {4096, 1ull << 30};
+        case SG_PARAM_MAX_OPS_IN_FLIGHT: return {1, 4096};
+        case SG_PARAM_PROGRESS_SPIN_US: return {0, 1000000};
+    }
+    fail(SG_ERR_INVALID_ARGUMENT, "unknown sg_param_t " + std::to_string(int(p)));
+}
+
+}  // namespace
+
+extern "C" {
+
+SG_API uint32_t sg_version_number(void) { return SG_VERSION_NUMBER; }
+SG_API const char *sg_version_string(void) {
+#define SG_STR2(x) #x
+#define SG_STR(x) SG_STR2(x)
+    return SG_STR(SG_VERSION_MAJOR) "." SG_STR(SG_VERSION_MINOR) "." SG_STR(SG_VERSION_PATCH);
+}
+SG_API uint32_t sg_abi_version(void) { return SG_ABI_VERSION; }
+
+SG_API const char *sg_status_str(sg_status_t s) {
+    switch (s) {
+#define SG_CASE(x) \
+    case x: return #x;
+        SG_CASE(SG_OK)
+        SG_CASE(SG_IN_PROGRESS)
+        SG_CASE(SG_ERR_INVALID_ARGUMENT)
+        SG_CASE(SG_ERR_INVALID_HANDLE)
+        SG_CASE(SG_ERR_INVALID_LAYOUT)
+        SG_CASE(SG_ERR_LAYOUT_MISMATCH)
+        SG_CASE(SG_ERR_OUT_OF_RANGE)
+        SG_CASE(SG_ERR_BUFFER_TOO_SMALL)
+        SG_CASE(SG_ERR_INVALID_STATE)
+        SG_CASE(SG_ERR_DUPLICATE)
+        SG_CASE(SG_ERR_VERSION_MISMATCH)
+        SG_CASE(SG_ERR_NOT_FOUND)
+        SG_CASE(SG_ERR_NO_MEMORY)
+        SG_CASE(SG_ERR_AGAIN)
+        SG_CASE(SG_ERR_TIMEOUT)
+        SG_CASE(SG_ERR_CANCELED)
+        SG_CASE(SG_ERR_TRANSPORT)
+        SG_CASE(SG_ERR_PEER_LOST)
+        SG_CASE(SG_ERR_PROTOCOL)
+        SG_CASE(SG_ERR_DEADLINE)
+        SG_CASE(SG_ERR_CONNECT)
+        SG_CASE(SG_ERR_REMOTE)
+        SG_CASE(SG_ERR_UNSUPPORTED)
+        SG_CASE(SG_ERR_NO_PROVIDER)
+        SG_CASE(SG_ERR_INTERNAL)
+#undef SG_CASE
+    }
+    return "SG_STATUS_UNKNOWN";
+}
+
+SG_API const char *sg_last_error_message(void) { return t_last_error.c_str(); }
+
+SG_API void sg_error_info_init(sg_error_info_t *err) {
+    if (!err) return;
+    std::memset(err, 0, sizeof *err);
+    err->struct_size = sizeof *err;
+}
+
+SG_API size_t sg_dtype_size(sg_dtype_t d) {
+    switch (d) {
+        case SG_DTYPE_FP32: return 4;
+        case SG_DTYPE_FP16:
+        case SG_DTYPE_BF16: return 2;
+        case SG_DTYPE_FP8_E4M3: return 1;
+    }
+    return 0;
+}
+
+// ---- context ----
+SG_API void sg_context_options_init(sg_context_options_t *o) {
+    if (o) *o = default_context_options();
+}
+
+SG_API sg_status_t sg_context_create(const sg_context_options_t *options, sg_context_t *out, sg_error_info_t *err) {
+    return guard(err, [&] {
+        need(out, "out");
+        sg_context_options_t o = read_sized(options, default_context_options(), "options");
+        if (o.header_version / 10000 != SG_VERSION_MAJOR)
+            fail(SG_ERR_VERSION_MISMATCH, "caller was compiled against SmartGen " + std::to_string(o.header_version) +
+                                              ", this library is " + sg_version_string() + " (major differs)");
+        if (o.log_level < SG_LOG_OFF || o.log_level > SG_LOG_DEBUG) fail(SG_ERR_INVALID_ARGUMENT, "options.log_level is out of range");
+        if (o.max_ops_in_flight > 4096) fail(SG_ERR_INVALID_ARGUMENT, "options.max_ops_in_flight must be <= 4096");
+        auto ctx = std::make_shared<core::Context>(o);
+        *out = wrap<sg_context_t>(contexts().add(std::move(ctx)));
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_context_destroy(sg_context_t h) {
+    return guard(nullptr, [&] {
+        if (!h) return SG_OK;
+        auto ctx = contexts().remove(raw(h));
+        if (!ctx) fail(SG_ERR_INVALID_HANDLE, "context handle is not live");
+        core::Context *c = ctx.get();
+        for (auto &t : transfers().remove_if([c](const core::Transfer &t) { return t.ctx == c; })) c->release(*t);
+        for (auto &s : sessions().remove_if([c](const core::Session &s) { return s.ctx == c; })) c->close_session(*s);
+        listeners().remove_if([c](const core::Listener &l) { return l.ctx == c; });
+        pools().remove_if([c](const core::KvPool &p) { return p.ctx == c; });
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_context_progress(sg_context_t h) {
+    return guard(nullptr, [&] {
+        lookup(contexts(), raw(h), "context")->progress_once();
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_context_provider(sg_context_t h, char *buf, size_t cap) {
+    return guard(nullptr, [&] {
+        copy_string(lookup(contexts(), raw(h), "context")->primary_provider, buf, cap);
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_param_bounds(sg_param_t p, uint64_t *lo, uint64_t *hi) {
+    return guard(nullptr, [&] {
+        ParamBounds b = bounds_of(p);
+        need(lo, "min_value");
+        need(hi, "max_value");
+        *lo = b.lo;
+        *hi = b.hi;
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_context_set_param(sg_context_t h, sg_param_t p, uint64_t v) {
+    return guard(nullptr, [&] {
+        auto ctx = lookup(contexts(), raw(h), "context");
+        ParamBounds b = bounds_of(p);
+        if (v < b.lo || v > b.hi)
+            fail(SG_ERR_OUT_OF_RANGE, "value " + std::to_string(v) + " outside [" + std::to_string(b.lo) + ", " +
+                                          std::to_string(b.hi) + "]");
+        ctx->set_param(p, v);
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_context_get_param(sg_context_t h, sg_param_t p, uint64_t *v) {
+    return guard(nullptr, [&] {
+        auto ctx = lookup(contexts(), raw(h), "context");
+        bounds_of(p);
+        need(v, "value");
+        *v = ctx->get_param(p);
+        return SG_OK;
+    });
+}
+
+// ---- providers ----
+SG_API sg_status_t sg_provider_query(const char *local_addr, sg_provider_info_t *out, size_t capacity, size_t *count) {
+    return guard(nullptr, [&] {
+        need(count, "count");
+        if (capacity && !out) fail(SG_ERR_INVALID_ARGUMENT, "out is NULL with capacity > 0");
+        auto ranked = sg::transport::rank_candidates(sg::transport::discover(local_addr));
+        const int remote = sg::transport::choose_remote(ranked), local = sg::transport::choose_local(ranked);
+        for (size_t i = 0; i < ranked.size() && i < capacity; ++i) {
+            if (out[i].struct_size < sizeof(size_t)) fail(SG_ERR_INVALID_ARGUMENT, "out[i].struct_size is not set");
+            sg_provider_info_t info{};
+            const auto &c = ranked[i];
+            auto put = [](char *dst, size_t cap, const std::string &s) {
+                std::strncpy(dst, s.c_str(), cap - 1);
+                dst[cap - 1] = '\0';
+            };
+            put(info.name, sizeof info.name, c.caps.provider);
+            put(info.fabric, sizeof info.fabric, c.caps.fabric);
+            put(info.domain, sizeof info.domain, c.caps.domain);
+            put(info.reason, sizeof info.reason, c.reason);
+            info.caps = c.caps.caps;
+            info.mr_mode = c.caps.mr_mode;
+            info.msg_order = c.caps.msg_order;
+            info.max_msg_size = c.caps.max_msg_size;
+            info.rma_iov_limit = c.caps.rma_iov_limit;
+            info.inject_size = c.caps.inject_size;
+            info.usable = c.usable;
+            info.rank = c.rank;
+            info.chosen_remote = int(i) == remote;
+            info.chosen_local = int(i) == local;
+            const size_t n = std::min(out[i].struct_size, sizeof info);
+            info.struct_size = n;
+            std::memcpy(static_cast<void *>(&out[i]), &info, n);
+        }
+        *count = ranked.size();
+        if (ranked.size() > capacity && capacity) fail(SG_ERR_BUFFER_TOO_SMALL, "more providers than capacity");
+        return SG_OK;
+    });
+}
+
+// ---- KV ----
+SG_API void sg_kv_layout_init(sg_kv_layout_t *l) {
+    if (!l) return;
+    std::memset(l, 0, sizeof *l);
+    l->struct_size = sizeof *l;
+    l->dtype = SG_DTYPE_FP16;
+    l->packing = SG_KV_SEPARATE;
+    l->block_order = SG_BLOCK_TOKEN_MAJOR;
+    l->mem_kind = SG_MEM_HOST;
+}
+
+namespace {
+sg_kv_layout_t read_layout(const sg_kv_layout_t *in) {
+    need(in, "layout");
+    sg_kv_layout_t d;
+    sg_kv_layout_init(&d);
+    return read_sized(in, d, "layout");
+}
+}  // namespace
+
+SG_API sg_status_t sg_kv_layout_validate(const sg_kv_layout_t *layout, sg_error_info_t *err) {
+    return guard(err, [&] {
+        sg::kv::make_layout(read_layout(layout));
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_kv_layout_plane_bytes(const sg_kv_layout_t *layout, uint64_t *bytes) {
+    return guard(nullptr, [&] {
+        need(bytes, "bytes");
+        *bytes = sg::kv::make_layout(read_layout(layout)).plane_bytes;
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_kv_layout_region_bytes(const sg_kv_layout_t *layout, uint64_t *bytes) {
+    return guard(nullptr, [&] {
+        need(bytes, "bytes");
+        *bytes = sg::kv::make_layout(read_layout(layout)).region_bytes();
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_kv_register(sg_context_t h, const sg_kv_layout_t *layout, sg_kv_handle_t *out, sg_error_info_t *err) {
+    return guard(err, [&] {
+        auto ctx = lookup(contexts(), raw(h), "context");
+        need(out, "out");
+        auto pool = std::make_shared<core::KvPool>(ctx.get(), read_layout(layout));
+        *out = wrap<sg_kv_handle_t>(pools().add(std::move(pool)));
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_kv_deregister(sg_kv_handle_t h) {
+    return guard(nullptr, [&] {
+        if (!h) return SG_OK;
+        auto pool = lookup(pools(), raw(h), "KV");
+        if (pool->transfers_using.load())
+            fail(SG_ERR_INVALID_STATE, "the pool is used by " + std::to_string(pool->transfers_using.load()) +
+                                           " unreleased transfer(s)");
+        pools().remove(raw(h));
+        return SG_OK;
+    });
+}
+
+// ---- sessions ----
+SG_API void sg_session_options_init(sg_session_options_t *o) {
+    if (o) *o = default_session_options();
+}
+
+SG_API sg_status_t sg_listener_create(sg_context_t h, const char *addr, uint16_t port, sg_listener_t *out,
+                                      sg_error_info_t *err) {
+    return guard(err, [&] {
+        auto ctx = lookup(contexts(), raw(h), "context");
+        need(out, "out");
+        need(addr, "addr");
+        std::shared_ptr<core::Listener> l = core::listen_on(ctx.get(), addr, port);
+        *out = wrap<sg_listener_t>(listeners().add(std::move(l)));
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_listener_port(sg_listener_t h, uint16_t *port) {
+    return guard(nullptr, [&] {
+        auto l = lookup(listeners(), raw(h), "listener");
+        need(port, "port");
+        *port = l->port;
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_listener_destroy(sg_listener_t h) {
+    return guard(nullptr, [&] {
+        if (!h) return SG_OK;
+        if (!listeners().remove(raw(h))) fail(SG_ERR_INVALID_HANDLE, "listener handle is not live");
+        return SG_OK;
+    });
+}
+
+namespace {
+sg_session_t add_session(core::Context &ctx, const sg::wire::Hello &peer, const sg_session_options_t *options) {
+    sg_session_options_t o = read_sized(options, default_session_options(), "options");
+    auto s = ctx.open_session(peer, o);
+    return wrap<sg_session_t>(sessions().add(std::move(s)));
+}
+}  // namespace
+
+SG_API sg_status_t sg_session_accept(sg_listener_t h, const sg_session_options_t *options, uint32_t timeout_ms,
+                                     sg_session_t *out, sg_error_info_t *err) {
+    return guard(err, [&] {
+        auto l = lookup(listeners(), raw(h), "listener");
+        need(out, "out");
+        core::Context &ctx = *l->ctx;  // a listener never outlives its context (context_destroy closes it)
+        sg::wire::Hello peer = core::accept_hello(*l, ctx.hello(), ctx.id, timeout_ms);
+        *out = add_session(ctx, peer, options);
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_session_connect(sg_context_t h, const char *addr, uint16_t port, const sg_session_options_t *options,
+                                      uint32_t timeout_ms, sg_session_t *out, sg_error_info_t *err) {
+    return guard(err, [&] {
+        auto ctx = lookup(contexts(), raw(h), "context");
+        need(out, "out");
+        need(addr, "addr");
+        sg::wire::Hello peer = core::connect_hello(addr, port, ctx->hello(), ctx->id, timeout_ms);
+        *out = add_session(*ctx, peer, options);
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_context_get_metadata(sg_context_t h, void *buf, size_t cap, size_t *len) {
+    return guard(nullptr, [&] {
+        auto ctx = lookup(contexts(), raw(h), "context");
+        need(len, "len");
+        std::vector<uint8_t> blob = ctx->metadata();
+        *len = blob.size();
+        if (cap < blob.size() || !buf)
+            fail(SG_ERR_BUFFER_TOO_SMALL, "metadata needs " + std::to_string(blob.size()) + " bytes");
+        std::memcpy(buf, blob.data(), blob.size());
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_session_from_metadata(sg_context_t h, const void *blob, size_t len,
+                                            const sg_session_options_t *options, sg_session_t *out, sg_error_info_t *err) {
+    return guard(err, [&] {
+        auto ctx = lookup(contexts(), raw(h), "context");
+        need(out, "out");
+        need(blob, "blob");
+        sg::wire::Hello peer = core::parse_metadata(std::span(static_cast<const uint8_t *>(blob), len));
+        *out = add_session(*ctx, peer, options);
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_session_export_kv(sg_session_t sh, sg_kv_handle_t kh) {
+    return guard(nullptr, [&] {
+        auto s = lookup(sessions(), raw(sh), "session");
+        auto p = lookup(pools(), raw(kh), "KV");
+        if (p->ctx != s->ctx) fail(SG_ERR_INVALID_ARGUMENT, "the KV handle belongs to another context");
+        s->ctx->export_kv(*s, *p);
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_session_provider(sg_session_t sh, char *buf, size_t cap) {
+    return guard(nullptr, [&] {
+        copy_string(lookup(sessions(), raw(sh), "session")->provider, buf, cap);
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_session_destroy(sg_session_t sh) {
+    return guard(nullptr, [&] {
+        if (!sh) return SG_OK;
+        auto s = sessions().remove(raw(sh));
+        if (!s) fail(SG_ERR_INVALID_HANDLE, "session handle is not live");
+        s->ctx->close_session(*s);
+        return SG_OK;
+    });
+}
+
+// ---- transfers ----
+SG_API void sg_transfer_options_init(sg_transfer_options_t *o) {
+    if (o) *o = default_transfer_options();
+}
+
+namespace {
+sg_status_t start_transfer(bool post_side, sg_session_t sh, const char *rid, sg_kv_handle_t kh, const uint32_t *ids,
+                           size_t n, uint64_t num_tokens, const sg_transfer_options_t *options, sg_transfer_t *out,
+                           sg_error_info_t *err) {
+    return guard(err, [&] {
+        auto s = lookup(sessions(), raw(sh), "session");
+        auto p = lookup(pools(), raw(kh), "KV");
+        need(out, "out");
+        if (!ids || !n) fail(SG_ERR_INVALID_ARGUMENT, "block_ids is empty");
+        if (p->ctx != s->ctx) fail(SG_ERR_INVALID_ARGUMENT, "the KV handle belongs to another context");
+        sg_transfer_options_t o = read_sized(options, default_transfer_options(), "options");
+        if (!o.paths) o.paths = SG_PATH_FULL;
+        std::span<const uint32_t> table(ids, n);
+        auto t = post_side ? s->ctx->post(s, rid, p, table, num_tokens, o) : s->ctx->expect(s, rid, p, table, num_tokens, o);
+        *out = wrap<sg_transfer_t>(transfers().add(std::move(t)));
+        return SG_OK;
+    });
+}
+}  // namespace
+
+SG_API sg_status_t sg_transfer_expect(sg_session_t s, const char *rid, sg_kv_handle_t dst, const uint32_t *ids, size_t n,
+                                      uint64_t num_tokens, const sg_transfer_options_t *o, sg_transfer_t *out,
+                                      sg_error_info_t *err) {
+    return start_transfer(false, s, rid, dst, ids, n, num_tokens, o, out, err);
+}
+
+SG_API sg_status_t sg_transfer_post(sg_session_t s, const char *rid, sg_kv_handle_t src, const uint32_t *ids, size_t n,
+                                    uint64_t num_tokens, const sg_transfer_options_t *o, sg_transfer_t *out,
+                                    sg_error_info_t *err) {
+    return start_transfer(true, s, rid, src, ids, n, num_tokens, o, out, err);
+}
+
+SG_API sg_status_t sg_transfer_layer_written(sg_transfer_t h, uint32_t layer, void *cuda_stream) {
+    return guard(nullptr, [&] {
+        auto t = lookup(transfers(), raw(h), "transfer");
+        if (cuda_stream) fail(SG_ERR_UNSUPPORTED, "CUDA streams are not supported by this version (host memory only)");
+        t->ctx->layer_written(*t, layer);
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_transfer_test(sg_transfer_t h) {
+    return guard(nullptr, [&] {
+        auto t = lookup(transfers(), raw(h), "transfer");
+        sg_status_t st;
+        {
+            std::lock_guard lock(t->ctx->mu);
+            st = t->status;
+            if (st < 0) record(st, t->error, nullptr);
+        }
+        if (st == SG_IN_PROGRESS) t->ctx->progress_once();
+        return st;
+    });
+}
+
+SG_API sg_status_t sg_transfer_wait(sg_transfer_t h, uint64_t timeout_ns) {
+    return guard(nullptr, [&] {
+        auto t = lookup(transfers(), raw(h), "transfer");
+        sg_status_t st = t->ctx->wait(*t, -1, timeout_ns);
+        if (st < 0) record(st, t->error, nullptr);
+        return st;
+    });
+}
+
+SG_API sg_status_t sg_transfer_wait_layer(sg_transfer_t h, uint32_t layer, uint64_t timeout_ns) {
+    return guard(nullptr, [&] {
+        auto t = lookup(transfers(), raw(h), "transfer");
+        if (layer >= t->layers.size()) fail(SG_ERR_OUT_OF_RANGE, "layer " + std::to_string(layer) + " >= num_layers");
+        sg_status_t st = t->ctx->wait(*t, layer, timeout_ns);
+        if (st < 0) record(st, t->error, nullptr);
+        return st;
+    });
+}
+
+SG_API sg_status_t sg_transfer_layer_state(sg_transfer_t h, uint32_t layer, uint32_t *state) {
+    return guard(nullptr, [&] {
+        auto t = lookup(transfers(), raw(h), "transfer");
+        need(state, "state");
+        if (layer >= t->layers.size()) fail(SG_ERR_OUT_OF_RANGE, "layer " + std::to_string(layer) + " >= num_layers");
+        std::lock_guard lock(t->ctx->mu);
+        const auto &L = t->layers[layer];
+        *state = (L.written ? SG_LAYER_WRITTEN : 0u) | (L.ready ? SG_LAYER_READY : 0u);
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_transfer_residency(sg_transfer_t h, uint32_t layer, uint8_t *bitmap, size_t cap, size_t *num_bits) {
+    return guard(nullptr, [&] {
+        auto t = lookup(transfers(), raw(h), "transfer");
+        need(num_bits, "num_bits");
+        if (layer >= t->layers.size()) fail(SG_ERR_OUT_OF_RANGE, "layer " + std::to_string(layer) + " >= num_layers");
+        std::lock_guard lock(t->ctx->mu);
+        const size_t nb = t->residency.num_blocks();
+        *num_bits = nb;
+        if (!bitmap || cap < (nb + 7) / 8)
+            fail(SG_ERR_BUFFER_TOO_SMALL, "bitmap needs " + std::to_string((nb + 7) / 8) + " bytes");
+        t->residency.copy_layer(layer, bitmap);
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_transfer_status(sg_transfer_t h, sg_status_t *status, char *msg, size_t cap) {
+    return guard(nullptr, [&] {
+        auto t = lookup(transfers(), raw(h), "transfer");
+        need(status, "status");
+        std::lock_guard lock(t->ctx->mu);
+        *status = t->status;
+        if (msg && cap) {
+            const size_t n = std::min(cap - 1, t->error.size());
+            std::memcpy(msg, t->error.data(), n);
+            msg[n] = '\0';
+        }
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_transfer_stats(sg_transfer_t h, sg_transfer_stats_t *out) {
+    return guard(nullptr, [&] {
+        auto t = lookup(transfers(), raw(h), "transfer");
+        need(out, "out");
+        if (out->struct_size < sizeof(size_t)) fail(SG_ERR_INVALID_ARGUMENT, "out->struct_size is not set");
+        std::lock_guard lock(t->ctx->mu);
+        sg_transfer_stats_t s = t->stats;
+        const size_t n = std::min(out->struct_size, sizeof s);
+        s.struct_size = n;
+        std::memcpy(static_cast<void *>(out), &s, n);
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_transfer_layer_time(sg_transfer_t h, uint32_t layer, uint64_t *ns) {
+    return guard(nullptr, [&] {
+        auto t = lookup(transfers(), raw(h), "transfer");
+        need(ns, "ns");
+        if (layer >= t->layers.size()) fail(SG_ERR_OUT_OF_RANGE, "layer " + std::to_string(layer) + " >= num_layers");
+        std::lock_guard lock(t->ctx->mu);
+        const auto &L = t->layers[layer];
+        const uint64_t from = std::max(t->stats.start_ns, L.written_ns);
+        *ns = L.ready && L.ready_ns > from ? L.ready_ns - from : 0;
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_transfer_cancel(sg_transfer_t h) {
+    return guard(nullptr, [&] {
+        auto t = lookup(transfers(), raw(h), "transfer");
+        t->ctx->cancel(*t, SG_ERR_CANCELED, "canceled by the application");
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_transfer_release(sg_transfer_t h) {
+    return guard(nullptr, [&] {
+        if (!h) return SG_OK;
+        auto t = transfers().remove(raw(h));
+        if (!t) fail(SG_ERR_INVALID_HANDLE, "transfer handle is not live");
+        t->ctx->release(*t);
+        return SG_OK;
+    });
+}
+
+}  // extern "C"

@@ -1,0 +1,496 @@
+/*
+ * SmartGen: KV-cache transfer runtime for disaggregated LLM serving.
+ *
+ * This header is the whole public contract of libsmartgen.so.0. It is plain C99, includes only
+ * <stdint.h>, <stddef.h> and <stdbool.h>, and is read by SWIG and bindgen as it is.
+ *
+ * Model
+ *   sg_context_t   one per engine process: fabric, progress thread, registries, counters.
+ *   sg_kv_handle_t a registered paged KV pool (its layout and memory).
+ *   sg_session_t   a link to one peer context, made over a bootstrap socket or metadata blobs.
+ *   sg_transfer_t  one request's KV: the decode side expects it, the prefill side posts it, the
+ *                  runtime matches the two by request id and moves the blocks prefill -> decode.
+ *
+ * Conventions (apply to every function unless its own comment says otherwise)
+ *   - Fallible calls return sg_status_t: SG_OK (0), SG_IN_PROGRESS (1), or a negative error from a
+ *     pinned range: -1..-99 caller errors, -100..-199 resources / retry later, -200..-299 peer,
+ *     network or deadline, -300..-399 unsupported.
+ *   - Outputs are written only when the call returns SG_OK (or SG_IN_PROGRESS where stated).
+ *   - Handles are opaque values, never pointers into the library: a destroyed, double-destroyed or
+ *     made-up handle is answered SG_ERR_INVALID_HANDLE. Every destroy call accepts NULL.
+ *   - Strings passed in are borrowed for the duration of the call only, unless stated.
+ *   - The detail of the last error is kept per thread (sg_last_error_message) and, for the calls a
+ *     binding wraps, also written to an optional sg_error_info_t (a goroutine may change OS thread
+ *     between two cgo calls, so bindings should pass one).
+ *   - Thread safety: every function may be called from any thread, concurrently with any other,
+ *     except that a handle must not be used concurrently with, or after, its own destroy/release.
+ *   - "Since" gives the library version that introduced the function.
+ *   - Not provided in this version: authentication of the peer and confidentiality of data on the
+ *     wire. Sessions trust the bootstrap network; run them on a private network. (Authentication is
+ *     planned as appended option fields and new status codes, without an ABI break.)
+ */
+#ifndef SMARTGEN_SMARTGEN_H
+#define SMARTGEN_SMARTGEN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(SMARTGEN_BUILDING_LIBRARY)
+#define SG_API __attribute__((visibility("default")))
+#else
+#define SG_API
+#endif
+
+/* ---------------------------------------------------------------------------------------------
+ * Versions
+ * ------------------------------------------------------------------------------------------- */
+#define SG_VERSION_MAJOR 0
+#define SG_VERSION_MINOR 1
+#define SG_VERSION_PATCH 0
+#define SG_VERSION_NUMBER (SG_VERSION_MAJOR * 10000 + SG_VERSION_MINOR * 100 + SG_VERSION_PATCH)
+/* The SONAME major: libsmartgen.so.<SG_ABI_VERSION>. */
+#define SG_ABI_VERSION 0
+
+/* Version of the library actually loaded, as SG_VERSION_NUMBER. Since 0.1. Thread-safe. */
+SG_API uint32_t sg_version_number(void);
+/* "MAJOR.MINOR.PATCH" of the loaded library; static storage, never freed. Since 0.1. */
+SG_API const char *sg_version_string(void);
+/* The loaded library's ABI (SONAME) major. Since 0.1. */
+SG_API uint32_t sg_abi_version(void);
+
+/* ---------------------------------------------------------------------------------------------
+ * Statuses. Values are pinned and never renumbered.
+ * ------------------------------------------------------------------------------------------- */
+typedef enum sg_status {
+    SG_OK = 0,
+    SG_IN_PROGRESS = 1,
+    /* -1..-99: the caller passed something wrong; fix the call. */
+    SG_ERR_INVALID_ARGUMENT = -1,
+    SG_ERR_INVALID_HANDLE = -2,
+    SG_ERR_INVALID_LAYOUT = -3,
+    SG_ERR_LAYOUT_MISMATCH = -4,
+    SG_ERR_OUT_OF_RANGE = -5,
+    SG_ERR_BUFFER_TOO_SMALL = -6,
+    SG_ERR_INVALID_STATE = -7,
+    SG_ERR_DUPLICATE = -8,
+    SG_ERR_VERSION_MISMATCH = -9,
+    SG_ERR_NOT_FOUND = -10,
+    /* -100..-199: resources; retry later or with less. */
+    SG_ERR_NO_MEMORY = -100,
+    SG_ERR_AGAIN = -101,
+    SG_ERR_TIMEOUT = -102,
+    SG_ERR_CANCELED = -103,
+    /* -200..-299: the peer, the network, or a deadline. */
+    SG_ERR_TRANSPORT = -200,
+    SG_ERR_PEER_LOST = -201,
+    SG_ERR_PROTOCOL = -202,
+    SG_ERR_DEADLINE = -203,
+    SG_ERR_CONNECT = -204,
+    SG_ERR_REMOTE = -205,
+    /* -300..-399: not supported here (build, provider, memory kind). */
+    SG_ERR_UNSUPPORTED = -300,
+    SG_ERR_NO_PROVIDER = -301,
+    SG_ERR_INTERNAL = -399
+} sg_status_t;
+
+/* Static name of a status ("SG_ERR_TIMEOUT"); "SG_STATUS_UNKNOWN" for others. Since 0.1. */
+SG_API const char *sg_status_str(sg_status_t status);
+
+/* Detail of the last failing call made by this thread; "" when none. The pointer stays valid until
+ * this thread's next SmartGen call. Since 0.1. */
+SG_API const char *sg_last_error_message(void);
+
+/* Optional per-call error detail for bindings. Initialise with sg_error_info_init; the library
+ * writes status and message when the call fails and leaves the struct untouched on success. */
+#define SG_ERROR_MESSAGE_MAX 512
+typedef struct sg_error_info {
+    size_t struct_size;
+    sg_status_t status;
+    char message[SG_ERROR_MESSAGE_MAX];
+} sg_error_info_t;
+
+/* Sets struct_size and clears the rest. Since 0.1. */
+SG_API void sg_error_info_init(sg_error_info_t *err);
+
+/* ---------------------------------------------------------------------------------------------
+ * Enumerations used in layouts and options. Values pinned.
+ * ------------------------------------------------------------------------------------------- */
+typedef enum sg_dtype {
+    SG_DTYPE_FP32 = 0,
+    SG_DTYPE_FP16 = 1,
+    SG_DTYPE_BF16 = 2,
+    SG_DTYPE_FP8_E4M3 = 3
+} sg_dtype_t;
+
+/* Size in bytes of one element of dtype, 0 for an unknown value. Since 0.1. */
+SG_API size_t sg_dtype_size(sg_dtype_t dtype);
+
+typedef enum sg_mem_kind {
+    SG_MEM_HOST = 0,
+    SG_MEM_CUDA = 1 /* device memory on CUDA device sg_kv_layout_t.device */
+} sg_mem_kind_t;
+
+/* Where K and V of one block live. */
+typedef enum sg_kv_packing {
+    SG_KV_SEPARATE = 0, /* K in layer_k_base[l], V in layer_v_base[l], same block ids */
+    SG_KV_FUSED = 1     /* one block holds K then V: [K plane][V plane] at layer_k_base[l] */
+} sg_kv_packing_t;
+
+/* Order of the elements inside one K (or V) plane of a block. */
+typedef enum sg_block_order {
+    SG_BLOCK_TOKEN_MAJOR = 0, /* [token][kv_head][head_dim] (vLLM-style) */
+    SG_BLOCK_HEAD_MAJOR = 1   /* [kv_head][token][head_dim] */
+} sg_block_order_t;
+
+/* ---------------------------------------------------------------------------------------------
+ * Context
+ * ------------------------------------------------------------------------------------------- */
+typedef struct sg_context_s *sg_context_t;
+typedef struct sg_kv_handle_s *sg_kv_handle_t;
+typedef struct sg_listener_s *sg_listener_t;
+typedef struct sg_session_s *sg_session_t;
+typedef struct sg_transfer_s *sg_transfer_t;
+
+typedef enum sg_log_level {
+    SG_LOG_OFF = 0,
+    SG_LOG_ERROR = 1,
+    SG_LOG_WARN = 2,
+    SG_LOG_INFO = 3,
+    SG_LOG_DEBUG = 4
+} sg_log_level_t;
+
+/* Log sink. Runs on whichever library thread logs (often the progress thread); it must not call
+ * back into SmartGen and should return quickly. message is borrowed for the call. */
+typedef void (*sg_log_fn)(void *user, sg_log_level_t level, const char *message);
+
+typedef struct sg_context_options {
+    size_t struct_size;      /* set by sg_context_options_init; fields are only appended */
+    uint32_t header_version; /* SG_VERSION_NUMBER the caller compiled with (set by init) */
+    /* Fabric provider: NULL or "auto" ranks what is present (verbs;ofi_rxm, efa, then tcp;ofi_rxm);
+     * "tcp" is an alias of "tcp;ofi_rxm"; "shm" forces shared memory (same host only). Borrowed. */
+    const char *provider;
+    /* Address the data endpoint binds to (IPv4/IPv6 literal). NULL means 127.0.0.1: nothing binds to
+     * an address the caller did not name, so cross-host use must name the NIC address. Borrowed. */
+    const char *local_addr;
+    /* true (default): a library thread drives progress. false: the host calls sg_context_progress. */
+    bool progress_thread;
+    /* Microseconds the progress thread spins before it blocks; 0 blocks at once. Default 50; the
+     * environment variable SG_PROGRESS_SPIN_US, read at creation, overrides it. */
+    uint32_t progress_spin_us;
+    /* Upper bound on RMA operations in flight per context. Default 64. */
+    uint32_t max_ops_in_flight;
+    /* Log level (default SG_LOG_WARN; SG_LOG_LEVEL=error|warn|info|debug overrides) and sink
+     * (NULL = stderr). */
+    sg_log_level_t log_level;
+    sg_log_fn log_fn;
+    void *log_user;
+} sg_context_options_t;
+
+/* Fills defaults, struct_size and header_version. Since 0.1. */
+SG_API void sg_context_options_init(sg_context_options_t *options);
+
+/* Creates a context: opens the fabric, its endpoint and, unless disabled, the progress thread.
+ * options: borrowed, may be NULL for defaults. out: receives the context.
+ * Returns SG_OK; SG_ERR_INVALID_ARGUMENT (out NULL, bad field: the message names it);
+ * SG_ERR_VERSION_MISMATCH (header_version has another major); SG_ERR_NO_PROVIDER (the provider asked
+ * for is absent or lacks FI_RMA|FI_MSG: the message says why); SG_ERR_TRANSPORT; SG_ERR_NO_MEMORY.
+ * Since 0.1. */
+SG_API sg_status_t sg_context_create(const sg_context_options_t *options, sg_context_t *out,
+                                     sg_error_info_t *err);
+
+/* Destroys a context. Sessions, listeners, KV handles and transfers still open are closed first
+ * (transfers canceled). NULL is accepted. Returns SG_OK or SG_ERR_INVALID_HANDLE. Must not run
+ * concurrently with other calls on the same context's objects. Since 0.1. */
+SG_API sg_status_t sg_context_destroy(sg_context_t ctx);
+
+/* Drives progress once (poll completions, run the scheduler) without blocking. Needed only when the
+ * context was created with progress_thread = false; harmless otherwise. Since 0.1. */
+SG_API sg_status_t sg_context_progress(sg_context_t ctx);
+
+/* Name of the provider the context runs on ("tcp;ofi_rxm", "shm", ...), NUL-terminated into buf.
+ * SG_ERR_BUFFER_TOO_SMALL if cap is too small. Since 0.1. */
+SG_API sg_status_t sg_context_provider(sg_context_t ctx, char *buf, size_t cap);
+
+/* Run-time tunables: enum + value with queryable bounds. Values pinned. */
+typedef enum sg_param {
+    /* Segments smaller than this (bytes, mean over a layer) go through the staging path. 0 = never
+     * stage. Default depends on the provider (tcp: 65536, shm: 0). */
+    SG_PARAM_STAGING_THRESHOLD = 0,
+    /* Largest single RMA operation after coalescing, bytes (also capped by max_msg_size). */
+    SG_PARAM_MAX_OP_BYTES = 1,
+    /* RMA operations in flight per context. */
+    SG_PARAM_MAX_OPS_IN_FLIGHT = 2,
+    /* Progress thread spin before blocking, microseconds. */
+    SG_PARAM_PROGRESS_SPIN_US = 3
+} sg_param_t;
+
+/* Sets a tunable; SG_ERR_OUT_OF_RANGE outside its bounds, SG_ERR_INVALID_ARGUMENT for an unknown
+ * param. Applies to operations scheduled after the call. Since 0.1. */
+SG_API sg_status_t sg_context_set_param(sg_context_t ctx, sg_param_t param, uint64_t value);
+/* Reads a tunable. Since 0.1. */
+SG_API sg_status_t sg_context_get_param(sg_context_t ctx, sg_param_t param, uint64_t *value);
+/* Bounds of a tunable (inclusive). Since 0.1. */
+SG_API sg_status_t sg_param_bounds(sg_param_t param, uint64_t *min_value, uint64_t *max_value);
+
+/* ---------------------------------------------------------------------------------------------
+ * Providers (what smartgen-info shows)
+ * ------------------------------------------------------------------------------------------- */
+typedef struct sg_provider_info {
+    size_t struct_size;
+    char name[64];    /* "tcp;ofi_rxm", "shm", "verbs;ofi_rxm", "efa", ... */
+    char fabric[128]; /* fabric name (e.g. the subnet for tcp) */
+    char domain[64];  /* domain name (e.g. the interface) */
+    uint64_t caps;    /* libfabric FI_* capability bits as reported */
+    uint64_t mr_mode; /* libfabric FI_MR_* bits */
+    uint64_t msg_order;
+    uint64_t max_msg_size;
+    uint64_t rma_iov_limit;
+    uint64_t inject_size;
+    bool usable;        /* has RDM + FI_RMA + FI_MSG and an MR regime SmartGen implements */
+    int32_t rank;       /* lower is preferred for a remote peer; -1 when not usable */
+    bool chosen_remote; /* the one a context would use for a peer on another host */
+    bool chosen_local;  /* the one a session would use for a peer on this host */
+    char reason[256];   /* why it was kept, ranked or rejected */
+} sg_provider_info_t;
+
+/* Lists the providers libfabric finds, one entry per (provider, domain), ranked as the runtime ranks
+ * them. out may be NULL with capacity 0 to learn the count. Each out[i].struct_size must be set by
+ * the caller (sizeof(sg_provider_info_t)). count receives the number found (even when more than
+ * capacity; then SG_ERR_BUFFER_TOO_SMALL is returned after filling capacity entries).
+ * local_addr as in sg_context_options_t (NULL = 127.0.0.1). Since 0.1. */
+SG_API sg_status_t sg_provider_query(const char *local_addr, sg_provider_info_t *out, size_t capacity,
+                                     size_t *count);
+
+/* ---------------------------------------------------------------------------------------------
+ * KV layout and handles
+ * ------------------------------------------------------------------------------------------- */
+typedef struct sg_kv_layout {
+    size_t struct_size;        /* set by sg_kv_layout_init */
+    uint32_t num_layers;       /* >= 1 */
+    uint32_t num_kv_heads;     /* >= 1 */
+    uint32_t head_dim;         /* >= 1 */
+    uint32_t tokens_per_block; /* >= 1 */
+    uint64_t num_blocks;       /* blocks in the pool, per layer */
+    sg_dtype_t dtype;
+    sg_kv_packing_t packing;
+    sg_block_order_t block_order;
+    sg_mem_kind_t mem_kind;
+    int32_t device;                /* CUDA device ordinal when mem_kind is SG_MEM_CUDA */
+    void *const *layer_k_base;     /* num_layers pointers: K (or fused K+V) blocks of each layer */
+    void *const *layer_v_base;     /* num_layers pointers for SG_KV_SEPARATE; NULL when fused */
+    size_t layer_base_count;       /* entries in each array; must equal num_layers */
+    /* Bytes from one block to the next within a layer; 0 = packed (the block's own size). */
+    uint64_t block_stride_bytes;
+} sg_kv_layout_t;
+
+/* Fills struct_size and defaults (fp16, separate, token-major, host, packed). Since 0.1. */
+SG_API void sg_kv_layout_init(sg_kv_layout_t *layout);
+
+/* Checks a layout; SG_ERR_INVALID_LAYOUT with a message naming the bad field. Since 0.1. */
+SG_API sg_status_t sg_kv_layout_validate(const sg_kv_layout_t *layout, sg_error_info_t *err);
+
+/* Bytes of one K plane of one block (= V plane): tokens_per_block * num_kv_heads * head_dim *
+ * dtype size. Since 0.1. */
+SG_API sg_status_t sg_kv_layout_plane_bytes(const sg_kv_layout_t *layout, uint64_t *bytes);
+
+/* Bytes one layer's region spans: num_blocks * stride (fused: K and V together). Since 0.1. */
+SG_API sg_status_t sg_kv_layout_region_bytes(const sg_kv_layout_t *layout, uint64_t *bytes);
+
+/* Registers a paged KV pool with the context. The layout is copied (including the base pointers);
+ * the memory it points to stays the caller's and must outlive the handle. Memory is registered with
+ * the fabric lazily, once per (pool, session), never per block.
+ * Returns SG_OK; SG_ERR_INVALID_LAYOUT (message names the field); SG_ERR_UNSUPPORTED for
+ * SG_MEM_CUDA in this version; SG_ERR_INVALID_HANDLE; SG_ERR_NO_MEMORY. Since 0.1. */
+SG_API sg_status_t sg_kv_register(sg_context_t ctx, const sg_kv_layout_t *layout, sg_kv_handle_t *out,
+                                  sg_error_info_t *err);
+
+/* Deregisters a pool. Fails with SG_ERR_INVALID_STATE while a transfer that uses it is unreleased.
+ * NULL accepted. Since 0.1. */
+SG_API sg_status_t sg_kv_deregister(sg_kv_handle_t handle);
+
+/* ---------------------------------------------------------------------------------------------
+ * Sessions
+ * ------------------------------------------------------------------------------------------- */
+typedef struct sg_session_options {
+    size_t struct_size;
+    /* Provider for this session when the context opened more than one; NULL = automatic (shm for a
+     * peer on this host and network namespace when the context has it, else the context's first). */
+    const char *provider;
+} sg_session_options_t;
+
+/* Fills struct_size and defaults. Since 0.1. */
+SG_API void sg_session_options_init(sg_session_options_t *options);
+
+/* Listens for bootstrap connections on addr:port (addr an IPv4/IPv6 literal the caller names; port 0
+ * picks a free one, read it with sg_listener_port). The socket is close-on-exec.
+ * Returns SG_OK, SG_ERR_INVALID_ARGUMENT, SG_ERR_CONNECT (bind/listen failed: message has errno
+ * text). Since 0.1. */
+SG_API sg_status_t sg_listener_create(sg_context_t ctx, const char *addr, uint16_t port,
+                                      sg_listener_t *out, sg_error_info_t *err);
+/* The port the listener is bound to. Since 0.1. */
+SG_API sg_status_t sg_listener_port(sg_listener_t listener, uint16_t *port);
+/* Closes the listener; established sessions stay. NULL accepted. Since 0.1. */
+SG_API sg_status_t sg_listener_destroy(sg_listener_t listener);
+
+/* Accepts one peer on the listener and runs the bootstrap exchange (protocol version, endpoint
+ * names). Blocks up to timeout_ms. Returns SG_OK; SG_ERR_TIMEOUT; SG_ERR_VERSION_MISMATCH (peer
+ * speaks another protocol major); SG_ERR_PROTOCOL (malformed message); SG_ERR_PEER_LOST.
+ * Since 0.1. */
+SG_API sg_status_t sg_session_accept(sg_listener_t listener, const sg_session_options_t *options,
+                                     uint32_t timeout_ms, sg_session_t *out, sg_error_info_t *err);
+
+/* Connects to a listener at addr:port and runs the bootstrap exchange. Blocks up to timeout_ms.
+ * Same statuses as sg_session_accept, plus SG_ERR_CONNECT. Since 0.1. */
+SG_API sg_status_t sg_session_connect(sg_context_t ctx, const char *addr, uint16_t port,
+                                      const sg_session_options_t *options, uint32_t timeout_ms,
+                                      sg_session_t *out, sg_error_info_t *err);
+
+/* Writes this context's metadata blob (protocol version, endpoint names, host identity) for hosts
+ * that carry their own control channel. buf may be NULL with cap 0 to learn the size in *len.
+ * Returns SG_OK or SG_ERR_BUFFER_TOO_SMALL (with *len set). Since 0.1. */
+SG_API sg_status_t sg_context_get_metadata(sg_context_t ctx, void *buf, size_t cap, size_t *len);
+
+/* Makes a session from a peer's metadata blob. Both sides load the other's blob. Messages from the
+ * peer that arrive before this call are kept and delivered to the session. Returns SG_OK;
+ * SG_ERR_PROTOCOL (truncated or corrupt blob); SG_ERR_VERSION_MISMATCH; SG_ERR_DUPLICATE (a session
+ * with that peer exists). Since 0.1. */
+SG_API sg_status_t sg_session_from_metadata(sg_context_t ctx, const void *blob, size_t len,
+                                            const sg_session_options_t *options, sg_session_t *out,
+                                            sg_error_info_t *err);
+
+/* Registers a KV pool for this session (a fresh random 64-bit key per region) and sends its
+ * descriptor to the peer, which can then address it; no other peer can. Export the destination pool
+ * on the decode side before expecting into it; exporting twice is SG_OK and does nothing.
+ * Returns SG_OK, SG_ERR_INVALID_HANDLE, SG_ERR_TRANSPORT (registration failed). Since 0.1. */
+SG_API sg_status_t sg_session_export_kv(sg_session_t session, sg_kv_handle_t handle);
+
+/* Provider the session runs on, into buf. Since 0.1. */
+SG_API sg_status_t sg_session_provider(sg_session_t session, char *buf, size_t cap);
+
+/* Closes a session; its unreleased transfers are canceled. NULL accepted. Since 0.1. */
+SG_API sg_status_t sg_session_destroy(sg_session_t session);
+
+/* ---------------------------------------------------------------------------------------------
+ * Transfers
+ * ------------------------------------------------------------------------------------------- */
+/* Paths a plan may use. Bits; values pinned. This version implements SG_PATH_FULL only (every block
+ * of the request, layer by layer); the selective paths arrive as new bits with the same calls. */
+#define SG_PATH_FULL 0x1u
+
+/* Flags of sg_transfer_options_t. */
+#define SG_TRANSFER_ALL_LAYERS_WRITTEN 0x1u /* post: every layer is already written; send at once */
+
+/* Readiness bits of one layer (sg_transfer_layer_state). */
+#define SG_LAYER_WRITTEN 0x1u /* prefill side: the engine marked the layer written */
+#define SG_LAYER_READY 0x2u   /* prefill: all its bytes delivered; decode: all its bytes in place */
+
+#define SG_REQUEST_ID_MAX 255 /* bytes of a request id, without the NUL */
+
+typedef struct sg_transfer_options {
+    size_t struct_size;
+    uint32_t paths;    /* SG_PATH_* bits; 0 means SG_PATH_FULL */
+    uint32_t flags;    /* SG_TRANSFER_* */
+    int32_t priority;  /* higher first among this context's transfers; default 0 */
+    /* Order in which layers are sent (post side): NULL = 0..num_layers-1; else a permutation of it,
+     * layer_order_count = num_layers. Borrowed for the call. */
+    const uint32_t *layer_order;
+    size_t layer_order_count;
+} sg_transfer_options_t;
+
+/* Fills struct_size and defaults. Since 0.1. */
+SG_API void sg_transfer_options_init(sg_transfer_options_t *options);
+
+/* Decode side: expect the KV of request_id (NUL-terminated, at most SG_REQUEST_ID_MAX bytes) from the
+ * session's peer into dst, at the blocks block_ids[0..num_blocks) covering num_tokens tokens (the
+ * table is copied). dst must have been exported to the session. Either side may come first.
+ * Returns SG_OK with *out; SG_ERR_INVALID_ARGUMENT; SG_ERR_OUT_OF_RANGE (a block id >= the pool's
+ * num_blocks, or too few blocks for num_tokens: checked before any byte moves); SG_ERR_DUPLICATE
+ * (request id already expected on this session); SG_ERR_INVALID_STATE (dst not exported to the
+ * session); SG_ERR_INVALID_HANDLE. Layout mismatches with the source are reported on the transfer
+ * (SG_ERR_LAYOUT_MISMATCH from sg_transfer_test/wait) once the post side is known. Since 0.1. */
+SG_API sg_status_t sg_transfer_expect(sg_session_t session, const char *request_id, sg_kv_handle_t dst,
+                                      const uint32_t *block_ids, size_t num_blocks, uint64_t num_tokens,
+                                      const sg_transfer_options_t *options, sg_transfer_t *out,
+                                      sg_error_info_t *err);
+
+/* Prefill side: post the KV of request_id from src at block_ids[0..num_blocks) (num_tokens tokens).
+ * Layers move as the engine marks them written (sg_transfer_layer_written), or all at once with
+ * SG_TRANSFER_ALL_LAYERS_WRITTEN. Statuses as sg_transfer_expect; SG_ERR_LAYOUT_MISMATCH when the
+ * expect is already known and the layouts cannot be mapped (different layer count, KV heads, head
+ * dim or dtype; different block ids and tokens-per-block are mapped). Since 0.1. */
+SG_API sg_status_t sg_transfer_post(sg_session_t session, const char *request_id, sg_kv_handle_t src,
+                                    const uint32_t *block_ids, size_t num_blocks, uint64_t num_tokens,
+                                    const sg_transfer_options_t *options, sg_transfer_t *out,
+                                    sg_error_info_t *err);
+
+/* Prefill side: the engine has finished writing layer `layer` of the request; the runtime may send
+ * it. cuda_stream: optional (NULL for host memory); for device memory the runtime would wait on it
+ * before reading — SG_ERR_UNSUPPORTED in this version. Returns SG_OK (also when already marked),
+ * SG_ERR_OUT_OF_RANGE, SG_ERR_INVALID_STATE (decode-side transfer), SG_ERR_INVALID_HANDLE.
+ * Since 0.1. */
+SG_API sg_status_t sg_transfer_layer_written(sg_transfer_t xfer, uint32_t layer, void *cuda_stream);
+
+/* Non-blocking completion check: SG_OK when every layer is ready (decode: in place; prefill: every
+ * byte delivered and acknowledged), SG_IN_PROGRESS otherwise, or the transfer's error. Since 0.1. */
+SG_API sg_status_t sg_transfer_test(sg_transfer_t xfer);
+
+/* Waits up to timeout_ns for completion. SG_IN_PROGRESS when the timeout expires (not an error);
+ * otherwise as sg_transfer_test. Since 0.1. */
+SG_API sg_status_t sg_transfer_wait(sg_transfer_t xfer, uint64_t timeout_ns);
+
+/* Waits up to timeout_ns for one layer to be ready: SG_OK, SG_IN_PROGRESS on timeout, the transfer's
+ * error, or SG_ERR_OUT_OF_RANGE. On the decode side, SG_OK means every byte of the layer is in place
+ * (the "layer ready" notice never overtakes its data on any provider). Since 0.1. */
+SG_API sg_status_t sg_transfer_wait_layer(sg_transfer_t xfer, uint32_t layer, uint64_t timeout_ns);
+
+/* Current SG_LAYER_* bits of one layer. Since 0.1. */
+SG_API sg_status_t sg_transfer_layer_state(sg_transfer_t xfer, uint32_t layer, uint32_t *state);
+
+/* Residency of one layer on the decode side: bit i (LSB first within each byte) set when the bytes of
+ * this side's block_ids[i] are in place. bitmap has cap bytes; *num_bits receives num_blocks.
+ * SG_ERR_BUFFER_TOO_SMALL when cap < ceil(num_blocks/8). On the prefill side the bitmap tells which
+ * blocks were delivered. Since 0.1. */
+SG_API sg_status_t sg_transfer_residency(sg_transfer_t xfer, uint32_t layer, uint8_t *bitmap, size_t cap,
+                                         size_t *num_bits);
+
+/* The transfer's status (as sg_transfer_test) and, into msg (optional, cap bytes), its error detail,
+ * for errors that happened in the background. Since 0.1. */
+SG_API sg_status_t sg_transfer_status(sg_transfer_t xfer, sg_status_t *status, char *msg, size_t cap);
+
+typedef struct sg_transfer_stats {
+    size_t struct_size;     /* set by the caller to sizeof(sg_transfer_stats_t) */
+    uint64_t bytes;         /* payload bytes moved (or received, decode side) */
+    uint64_t rma_ops;       /* RMA operations posted (prefill side) */
+    uint64_t segments;      /* contiguous (src, dst) segments before coalescing */
+    uint64_t staged_bytes;  /* bytes that went through the staging path */
+    uint64_t staging_copies; /* memcpy calls made by staging pack + unpack on this side */
+    uint64_t layers_ready;  /* layers in SG_LAYER_READY */
+    uint64_t start_ns;      /* CLOCK_MONOTONIC when matched */
+    uint64_t end_ns;        /* CLOCK_MONOTONIC when complete; 0 while in progress */
+} sg_transfer_stats_t;
+
+/* Statistics of a transfer. Since 0.1. */
+SG_API sg_status_t sg_transfer_stats(sg_transfer_t xfer, sg_transfer_stats_t *out);
+
+/* Nanoseconds from the match (or from the layer being marked written, whichever is later) until the
+ * layer became ready; 0 while not ready. Since 0.1. */
+SG_API sg_status_t sg_transfer_layer_time(sg_transfer_t xfer, uint32_t layer, uint64_t *ns);
+
+/* Cancels the transfer on this side and tells the peer; its status becomes SG_ERR_CANCELED unless it
+ * had already completed. Operations already posted finish before release returns. Since 0.1. */
+SG_API sg_status_t sg_transfer_cancel(sg_transfer_t xfer);
+
+/* Releases a transfer handle. An incomplete transfer is canceled first; release returns once no
+ * operation of it is in flight. NULL accepted. Since 0.1. */
+SG_API sg_status_t sg_transfer_release(sg_transfer_t xfer);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SMARTGEN_SMARTGEN_H */

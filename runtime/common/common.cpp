@@ -1,0 +1,76 @@
+#include "common/common.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <new>
+
+#ifdef SMARTGEN_WITH_MIMALLOC
+#include <mimalloc.h>
+#endif
+
+namespace sg {
+
+void fail(sg_status_t status, std::string message) { throw Error(status, std::move(message)); }
+
+namespace {
+std::atomic<uint64_t> g_allocations{0};
+}
+
+void *mem_alloc(size_t bytes) {
+    g_allocations.fetch_add(1, std::memory_order_relaxed);
+#ifdef SMARTGEN_WITH_MIMALLOC
+    void *p = mi_malloc(bytes);
+#else
+    void *p = std::malloc(bytes);
+#endif
+    if (!p && bytes) throw std::bad_alloc();
+    return p;
+}
+
+void mem_free(void *p) noexcept {
+#ifdef SMARTGEN_WITH_MIMALLOC
+    mi_free(p);
+#else
+    std::free(p);
+#endif
+}
+
+uint64_t mem_allocation_count() noexcept { return g_allocations.load(std::memory_order_relaxed); }
+
+bool mem_uses_mimalloc() noexcept {
+#ifdef SMARTGEN_WITH_MIMALLOC
+    return true;
+#else
+    return false;
+#endif
+}
+
+uint64_t now_ns() noexcept {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+void Logger::log(sg_log_level_t level, const std::string &message) const noexcept {
+    if (!enabled(level)) return;
+    if (fn_) {
+        fn_(user_, level, message.c_str());
+        return;
+    }
+    static const char *names[] = {"off", "error", "warn", "info", "debug"};
+    std::fprintf(stderr, "smartgen[%s]: %s\n", names[level], message.c_str());
+}
+
+sg_log_level_t parse_log_level(const char *text, sg_log_level_t fallback) noexcept {
+    if (!text || !*text) return fallback;
+    if (!std::strcmp(text, "off") || !std::strcmp(text, "0")) return SG_LOG_OFF;
+    if (!std::strcmp(text, "error") || !std::strcmp(text, "1")) return SG_LOG_ERROR;
+    if (!std::strcmp(text, "warn") || !std::strcmp(text, "2")) return SG_LOG_WARN;
+    if (!std::strcmp(text, "info") || !std::strcmp(text, "3")) return SG_LOG_INFO;
+    if (!std::strcmp(text, "debug") || !std::strcmp(text, "4")) return SG_LOG_DEBUG;
+    return fallback;
+}
+
+}  // namespace sg

@@ -1,0 +1,79 @@
+// runtime/common: what every runtime folder shares — the error type that carries a status and its
+// message from where a failure is understood up to the ABI, the internal allocator (mimalloc when
+// built with SMARTGEN_MIMALLOC, counted so tests can prove a path does not allocate per block), the
+// monotonic clock and the logger. Depends on nothing but the public header for sg_status_t.
+#pragma once
+
+#include <smartgen/smartgen.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <string>
+#include <vector>
+
+namespace sg {
+
+// Thrown inside the runtime; the ABI layer turns it into a status plus message, once.
+class Error : public std::exception {
+  public:
+    Error(sg_status_t status, std::string message) : status_(status), message_(std::move(message)) {}
+    sg_status_t status() const noexcept { return status_; }
+    const char *what() const noexcept override { return message_.c_str(); }
+    const std::string &message() const noexcept { return message_; }
+
+  private:
+    sg_status_t status_;
+    std::string message_;
+};
+
+[[noreturn]] void fail(sg_status_t status, std::string message);
+
+inline void check(bool ok, sg_status_t status, const char *message) {
+    if (!ok) fail(status, message);
+}
+
+// ---- internal allocation ----
+void *mem_alloc(size_t bytes);
+void mem_free(void *p) noexcept;
+// Allocations made through mem_alloc since the process started (tests use the difference).
+uint64_t mem_allocation_count() noexcept;
+bool mem_uses_mimalloc() noexcept;
+
+template <class T>
+struct Allocator {
+    using value_type = T;
+    Allocator() noexcept = default;
+    template <class U>
+    Allocator(const Allocator<U> &) noexcept {}
+    T *allocate(size_t n) { return static_cast<T *>(mem_alloc(n * sizeof(T))); }
+    void deallocate(T *p, size_t) noexcept { mem_free(p); }
+    template <class U>
+    bool operator==(const Allocator<U> &) const noexcept { return true; }
+};
+
+template <class T>
+using Vec = std::vector<T, Allocator<T>>;
+
+// ---- time ----
+uint64_t now_ns() noexcept;  // CLOCK_MONOTONIC
+
+// ---- logging ----
+class Logger {
+  public:
+    Logger() = default;
+    Logger(sg_log_level_t level, sg_log_fn fn, void *user) : level_(level), fn_(fn), user_(user) {}
+    bool enabled(sg_log_level_t level) const noexcept { return level != SG_LOG_OFF && level <= level_; }
+    void log(sg_log_level_t level, const std::string &message) const noexcept;
+
+  private:
+    sg_log_level_t level_ = SG_LOG_WARN;
+    sg_log_fn fn_ = nullptr;
+    void *user_ = nullptr;
+};
+
+// Parses "error|warn|info|debug|off" (or a digit); returns fallback for anything else.
+sg_log_level_t parse_log_level(const char *text, sg_log_level_t fallback) noexcept;
+
+}  // namespace sg

@@ -1,0 +1,210 @@
+// Bootstrap: a TCP listener and connector that exchange one Hello frame each way, with deadlines.
+// Sockets are close-on-exec and every send uses MSG_NOSIGNAL, so a vanished peer never raises
+// SIGPIPE in the host process.
+#include "core/core.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+namespace sg::core {
+
+namespace {
+
+std::string errno_text(const char *what) { return std::string(what) + ": " + std::strerror(errno); }
+
+struct Fd {
+    int fd = -1;
+    ~Fd() {
+        if (fd >= 0) ::close(fd);
+    }
+};
+
+// Resolves an IPv4/IPv6 literal; names are refused so nothing is looked up behind the caller's back.
+sockaddr_storage make_addr(const char *addr, uint16_t port, socklen_t &len) {
+    if (!addr || !*addr) fail(SG_ERR_INVALID_ARGUMENT, "address is empty");
+    sockaddr_storage ss{};
+    auto *v4 = reinterpret_cast<sockaddr_in *>(&ss);
+    auto *v6 = reinterpret_cast<sockaddr_in6 *>(&ss);
+    if (inet_pton(AF_INET, addr, &v4->sin_addr) == 1) {
+        v4->sin_family = AF_INET;
+        v4->sin_port = htons(port);
+        len = sizeof(sockaddr_in);
+    } else if (inet_pton(AF_INET6, addr, &v6->sin6_addr) == 1) {
+        v6->sin6_family = AF_INET6;
+        v6->sin6_port = htons(port);
+        len = sizeof(sockaddr_in6);
+    } else {
+        fail(SG_ERR_INVALID_ARGUMENT, std::string("'") + addr + "' is not an IPv4 or IPv6 address literal");
+    }
+    return ss;
+}
+
+int remaining_ms(uint64_t deadline) {
+    const uint64_t now = now_ns();
+    return now >= deadline ? 0 : int((deadline - now + 999999) / 1000000);
+}
+
+void wait_fd(int fd, short events, uint64_t deadline, const char *what) {
+    for (;;) {
+        pollfd p{fd, events, 0};
+        int rc = ::poll(&p, 1, remaining_ms(deadline));
+        if (rc > 0) return;
+        if (rc == 0) fail(SG_ERR_TIMEOUT, std::string("timed out ") + what);
+        if (errno != EINTR) fail(SG_ERR_CONNECT, errno_text("poll"));
+    }
+}
+
+void send_all(int fd, const uint8_t *p, size_t n, uint64_t deadline) {
+    while (n) {
+        ssize_t k = ::send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (k > 0) {
+            p += k;
+            n -= size_t(k);
+        } else if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            wait_fd(fd, POLLOUT, deadline, "sending the bootstrap message");
+        } else if (k < 0 && errno == EINTR) {
+            continue;
+        } else {
+            fail(SG_ERR_PEER_LOST, errno_text("bootstrap send"));
+        }
+    }
+}
+
+void recv_all(int fd, uint8_t *p, size_t n, uint64_t deadline) {
+    while (n) {
+        wait_fd(fd, POLLIN, deadline, "waiting for the peer's bootstrap message");
+        ssize_t k = ::recv(fd, p, n, MSG_DONTWAIT);
+        if (k > 0) {
+            p += k;
+            n -= size_t(k);
+        } else if (k == 0) {
+            fail(SG_ERR_PEER_LOST, "peer closed the bootstrap connection");
+        } else if (errno != EAGAIN && errno != EINTR) {
+            fail(SG_ERR_PEER_LOST, errno_text("bootstrap recv"));
+        }
+    }
+}
+
+wire::Hello decode_hello_frame(std::span<const uint8_t> frame) {
+    wire::FrameHeader h;
+    std::span<const uint8_t> body;
+    wire::DecodeError e = wire::decode_header(frame, h, body);
+    if (e == wire::DecodeError::VersionMismatch)
+        fail(SG_ERR_VERSION_MISMATCH, "peer speaks SmartGen wire protocol major " + std::to_string(h.proto_major) +
+                                          ", this library speaks " + std::to_string(wire::kProtoMajor));
+    if (e != wire::DecodeError::None) fail(SG_ERR_PROTOCOL, std::string("bad bootstrap frame: ") + wire::decode_error_str(e));
+    if (h.type != wire::MsgType::Hello) fail(SG_ERR_PROTOCOL, "bootstrap frame is not a Hello");
+    wire::Hello hello;
+    e = wire::decode(body, hello);
+    if (e != wire::DecodeError::None) fail(SG_ERR_PROTOCOL, std::string("bad Hello: ") + wire::decode_error_str(e));
+    if (hello.ctx_id != h.sender_ctx) fail(SG_ERR_PROTOCOL, "Hello names another context than its frame");
+    return hello;
+}
+
+wire::Hello exchange(int fd, const wire::Hello &mine, uint64_t my_ctx, uint64_t deadline) {
+    std::vector<uint8_t> out;
+    wire::encode(out, my_ctx, mine);
+    send_all(fd, out.data(), out.size(), deadline);
+    std::vector<uint8_t> in(wire::kFrameHeaderBytes);
+    recv_all(fd, in.data(), in.size(), deadline);
+    const uint32_t body_len = uint32_t(in[20]) | uint32_t(in[21]) << 8 | uint32_t(in[22]) << 16 | uint32_t(in[23]) << 24;
+    if (body_len > wire::kMaxFrameBytes) fail(SG_ERR_PROTOCOL, "bootstrap frame too large");
+    in.resize(in.size() + body_len);
+    recv_all(fd, in.data() + wire::kFrameHeaderBytes, body_len, deadline);
+    return decode_hello_frame(in);
+}
+
+}  // namespace
+
+Listener::~Listener() {
+    if (fd >= 0) ::close(fd);
+}
+
+std::unique_ptr<Listener> listen_on(Context *ctx, const char *addr, uint16_t port) {
+    socklen_t len;
+    sockaddr_storage ss = make_addr(addr, port, len);
+    Fd s;
+    s.fd = ::socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (s.fd < 0) fail(SG_ERR_CONNECT, errno_text("socket"));
+    int one = 1;
+    ::setsockopt(s.fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(s.fd, reinterpret_cast<sockaddr *>(&ss), len))
+        fail(SG_ERR_CONNECT, errno_text((std::string("bind ") + addr + ":" + std::to_string(port)).c_str()));
+    if (::listen(s.fd, 64)) fail(SG_ERR_CONNECT, errno_text("listen"));
+    sockaddr_storage bound{};
+    socklen_t blen = sizeof bound;
+    ::getsockname(s.fd, reinterpret_cast<sockaddr *>(&bound), &blen);
+    auto l = std::make_unique<Listener>();
+    l->ctx = ctx;
+    l->port = ntohs(bound.ss_family == AF_INET ? reinterpret_cast<sockaddr_in *>(&bound)->sin_port
+                                               : reinterpret_cast<sockaddr_in6 *>(&bound)->sin6_port);
+    l->fd = s.fd;
+    s.fd = -1;
+    return l;
+}
+
+wire::Hello accept_hello(Listener &l, const wire::Hello &mine, uint64_t my_ctx, uint32_t timeout_ms) {
+    const uint64_t deadline = now_ns() + uint64_t(timeout_ms) * 1000000;
+    wait_fd(l.fd, POLLIN, deadline, "waiting for a peer to connect");
+    Fd c;
+    c.fd = ::accept4(l.fd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (c.fd < 0) fail(SG_ERR_CONNECT, errno_text("accept"));
+    return exchange(c.fd, mine, my_ctx, deadline);
+}
+
+wire::Hello connect_hello(const char *addr, uint16_t port, const wire::Hello &mine, uint64_t my_ctx,
+                          uint32_t timeout_ms) {
+    const uint64_t deadline = now_ns() + uint64_t(timeout_ms) * 1000000;
+    socklen_t len;
+    sockaddr_storage ss = make_addr(addr, port, len);
+    Fd c;
+    c.fd = ::socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (c.fd < 0) fail(SG_ERR_CONNECT, errno_text("socket"));
+    int one = 1;
+    ::setsockopt(c.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (::connect(c.fd, reinterpret_cast<sockaddr *>(&ss), len) && errno != EINPROGRESS)
+        fail(SG_ERR_CONNECT, errno_text((std::string("connect to ") + addr + ":" + std::to_string(port)).c_str()));
+    wait_fd(c.fd, POLLOUT, deadline, "connecting");
+    int err = 0;
+    socklen_t elen = sizeof err;
+    ::getsockopt(c.fd, SOL_SOCKET, SO_ERROR, &err, &elen);
+    if (err)
+        fail(SG_ERR_CONNECT, std::string("connect to ") + addr + ":" + std::to_string(port) + ": " + std::strerror(err));
+    return exchange(c.fd, mine, my_ctx, deadline);
+}
+
+wire::Hello parse_metadata(std::span<const uint8_t> blob) { return decode_hello_frame(blob); }
+
+std::string read_boot_id() {
+    std::ifstream f("/proc/sys/kernel/random/boot_id");
+    std::string id;
+    std::getline(f, id);
+    return id;
+}
+
+uint64_t read_netns_inode() {
+    struct stat st{};
+    if (::stat("/proc/self/ns/net", &st)) return 0;
+    return uint64_t(st.st_ino);
+}
+
+uint64_t random_u64() {
+    uint64_t v = 0;
+    while (v == 0) {
+        if (getrandom(&v, sizeof v, 0) != sizeof v) fail(SG_ERR_INTERNAL, errno_text("getrandom"));
+    }
+    return v;
+}
+
+}  // namespace sg::core

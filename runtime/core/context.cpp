@@ -1,0 +1,1041 @@
+// The progress engine: sessions, matching of expect/post, layer streaming, the write and staging
+// paths, and the ordering rule that a layer's "ready" notice never overtakes its data.
+#include "core/core.hpp"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+namespace sg::core {
+
+namespace {
+
+constexpr uint64_t kStagingHandleId = 0;  // HandleExport id reserved for a session's staging area
+constexpr size_t kMaxSegmentsPerChunk = 8192;
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// KV pools and staging areas
+// ---------------------------------------------------------------------------------------------
+KvPool::KvPool(Context *c, const sg_kv_layout_t &pub) : ctx(c), layout(kv::make_layout(pub)), id(random_u64()) {
+    if (layout.mem_kind == SG_MEM_CUDA)
+        fail(SG_ERR_UNSUPPORTED, "SG_MEM_CUDA pools are not supported by this version (host memory only)");
+    const uint32_t rpl = layout.regions_per_layer();
+    bases.resize(size_t(layout.num_layers) * rpl);
+    for (uint32_t l = 0; l < layout.num_layers; ++l) {
+        bases[size_t(l) * rpl] = static_cast<uint8_t *>(pub.layer_k_base[l]);
+        if (rpl == 2) bases[size_t(l) * rpl + 1] = static_cast<uint8_t *>(pub.layer_v_base[l]);
+    }
+}
+
+void StagingArea::allocate() {
+    void *p = ::mmap(nullptr, kSlots * kSlotBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) fail(SG_ERR_NO_MEMORY, "mmap of the staging area failed");
+    base = static_cast<uint8_t *>(p);
+}
+
+void StagingArea::release(transport::Transport *tp) noexcept {
+    if (reg.mr && tp) tp->deregister(reg);
+    if (base) ::munmap(base, kSlots * kSlotBytes);
+    base = nullptr;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Context
+// ---------------------------------------------------------------------------------------------
+Context::Context(const sg_context_options_t &opt) : id(random_u64()), opt_(opt) {
+    log = Logger(parse_log_level(std::getenv("SG_LOG_LEVEL"), opt.log_level), opt.log_fn, opt.log_user);
+    spin_us_ = opt.progress_spin_us;
+    if (const char *s = std::getenv("SG_PROGRESS_SPIN_US")) spin_us_ = uint32_t(std::strtoul(s, nullptr, 10));
+    max_ops_ = opt.max_ops_in_flight ? opt.max_ops_in_flight : 64;
+    boot_id_ = read_boot_id();
+    netns_ = read_netns_inode();
+
+    std::string prov = transport::canonical_provider(opt.provider ? opt.provider : "");
+    const std::string addr = opt.local_addr ? opt.local_addr : "127.0.0.1";
+    std::vector<std::string> to_open;
+    if (prov.empty() || prov == "auto") {
+        auto ranked = transport::rank_candidates(transport::discover(addr.c_str()));
+        int r = transport::choose_remote(ranked);
+        if (r < 0) fail(SG_ERR_NO_PROVIDER, "no usable libfabric provider (run smartgen-info for the reasons)");
+        to_open.push_back(ranked[size_t(r)].caps.provider);
+        // A same-host peer can use shared memory; open it too when present.
+        int l = transport::choose_local(ranked);
+        if (l >= 0 && ranked[size_t(l)].caps.provider == "shm") to_open.push_back("shm");
+    } else {
+        to_open.push_back(prov);
+    }
+    for (size_t i = 0; i < to_open.size(); ++i) {
+        transport::OpenOptions o;
+        o.provider = to_open[i];
+        o.local_addr = addr;
+        o.recv_buffer_bytes = wire::kMaxFrameBytes;
+        try {
+            transports.push_back(transport::open_libfabric(o));
+        } catch (const Error &e) {
+            if (i == 0) throw;
+            log.log(SG_LOG_INFO, "optional provider " + to_open[i] + " not opened: " + e.message());
+        }
+    }
+    primary_provider = transports[0]->caps().provider;
+    staging_threshold_ = primary_provider == "shm" ? 0 : 64 * 1024;
+    max_op_bytes_ = std::min<uint64_t>(16ull << 20, transports[0]->caps().max_msg_size);
+
+    cookie_store_.reserve(size_t(max_ops_) + 64);
+    wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+    if (wake_fd_ < 0 || epoll_fd_ < 0) fail(SG_ERR_INTERNAL, std::string("eventfd/epoll: ") + std::strerror(errno));
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
+    for (auto &t : transports)
+        if (t->wait_fd() >= 0) ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, t->wait_fd(), &ev);
+    log.log(SG_LOG_INFO, "context on " + primary_provider + (transports.size() > 1 ? " (+shm for same-host peers)" : ""));
+    if (opt.progress_thread) progress_ = std::thread([this] { progress_loop(); });
+}
+
+Context::~Context() {
+    stop_ = true;
+    wake();
+    if (progress_.joinable()) progress_.join();
+    {
+        std::lock_guard lock(mu);
+        active_.clear();
+    }
+    transports.clear();
+    if (wake_fd_ >= 0) ::close(wake_fd_);
+    if (epoll_fd_ >= 0) ::close(epoll_fd_);
+}
+
+void Context::wake() {
+    uint64_t one = 1;
+    if (wake_fd_ >= 0) (void)!::write(wake_fd_, &one, sizeof one);
+}
+
+wire::Hello Context::hello() const {
+    wire::Hello h;
+    h.ctx_id = id;
+    h.boot_id = boot_id_;
+    h.netns_inode = netns_;
+    for (auto &t : transports) h.endpoints.push_back({t->caps().provider, t->local_address()});
+    return h;
+}
+
+std::vector<uint8_t> Context::metadata() const {
+    std::vector<uint8_t> out;
+    wire::encode(out, id, hello());
+    return out;
+}
+
+void Context::set_param(sg_param_t p, uint64_t v) {
+    std::lock_guard lock(mu);
+    switch (p) {
+        case SG_PARAM_STAGING_THRESHOLD: staging_threshold_ = v; break;
+        case SG_PARAM_MAX_OP_BYTES: max_op_bytes_ = std::min<uint64_t>(v, transports[0]->caps().max_msg_size); break;
+        case SG_PARAM_MAX_OPS_IN_FLIGHT: max_ops_ = uint32_t(v); break;
+        case SG_PARAM_PROGRESS_SPIN_US: spin_us_ = uint32_t(v); break;
+    }
+    wake();
+}
+
+uint64_t Context::get_param(sg_param_t p) const {
+    std::lock_guard lock(const_cast<std::mutex &>(mu));
+    switch (p) {
+        case SG_PARAM_STAGING_THRESHOLD: return staging_threshold_;
+        case SG_PARAM_MAX_OP_BYTES: return max_op_bytes_;
+        case SG_PARAM_MAX_OPS_IN_FLIGHT: return max_ops_;
+        case SG_PARAM_PROGRESS_SPIN_US: return spin_us_;
+    }
+    return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Progress
+// ---------------------------------------------------------------------------------------------
+void Context::progress_loop() {
+    uint64_t last_work = now_ns();
+    while (!stop_) {
+        size_t n;
+        {
+            std::lock_guard lock(mu);
+            n = poll_locked();
+            schedule_locked();
+        }
+        const uint64_t now = now_ns();
+        if (n) {
+            last_work = now;
+            cv.notify_all();
+            continue;
+        }
+        if (now - last_work < uint64_t(spin_us_) * 1000) continue;
+        bool can_block = true;
+        {
+            std::lock_guard lock(mu);
+            for (auto &t : transports) can_block = t->prepare_wait() && can_block;
+        }
+        epoll_event evs[4];
+        // Without a wait object (or when one is not ready) sleep briefly instead of spinning hot.
+        int rc = ::epoll_wait(epoll_fd_, evs, 4, can_block ? 100 : 1);
+        for (int i = 0; i < rc; ++i) {
+            if (evs[i].data.fd == wake_fd_) {
+                uint64_t v;
+                (void)!::read(wake_fd_, &v, sizeof v);
+            }
+        }
+        uint64_t v;
+        (void)!::read(wake_fd_, &v, sizeof v);
+        last_work = now_ns();
+    }
+}
+
+void Context::progress_once() {
+    size_t n;
+    {
+        std::lock_guard lock(mu);
+        n = poll_locked();
+        schedule_locked();
+    }
+    if (n) cv.notify_all();
+}
+
+size_t Context::poll_locked() {
+    size_t n = 0;
+    for (auto &t : transports) n += t->poll(*this);
+    return n;
+}
+
+void Context::schedule_locked() {
+    // rxm answers EAGAIN while a connection is being set up, so queued control messages are retried
+    // on every pass.
+    for (auto &[peer_id, weak] : sessions_)
+        if (auto s = weak.lock(); s && !s->outbox.empty()) flush_outbox(*s);
+    // Highest priority first; stable so equal priorities keep arrival order.
+    std::stable_sort(active_.begin(), active_.end(),
+                     [](const auto &a, const auto &b) { return a->options.priority > b->options.priority; });
+    for (size_t i = 0; i < active_.size(); ++i) pump(*active_[i]);
+    active_.erase(std::remove_if(active_.begin(), active_.end(),
+                                 [](const auto &t) { return t->finished() || (t->done_sent && !t->inflight); }),
+                  active_.end());
+}
+
+OpCookie *Context::take_cookie() {
+    if (!free_cookies_.empty()) {
+        OpCookie *c = free_cookies_.back();
+        free_cookies_.pop_back();
+        return c;
+    }
+    cookie_store_.push_back(std::make_unique<OpCookie>());
+    return cookie_store_.back().get();
+}
+
+void Context::give_cookie(OpCookie *c) {
+    c->xfer = nullptr;
+    c->session = nullptr;
+    c->done_notice = false;
+    c->bytes.clear();
+    free_cookies_.push_back(c);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sending control messages (in order per session, even across EAGAIN)
+// ---------------------------------------------------------------------------------------------
+void Context::send(Session &s, const std::vector<uint8_t> &frame, Transfer *t, bool done_notice) {
+    if (s.closed) return;
+    OpCookie *c = take_cookie();
+    c->kind = OpCookie::Kind::Send;
+    c->session = &s;
+    c->xfer = t;
+    c->done_notice = done_notice;
+    c->bytes.assign(frame.begin(), frame.end());
+    if (t) t->inflight++;
+    s.outbox.push_back(c);
+    flush_outbox(s);
+}
+
+void Context::flush_outbox(Session &s) {
+    while (s.may_send && !s.outbox.empty()) {
+        OpCookie *c = s.outbox.front();
+        // Messages are small and the provider copies or registers them itself unless FI_MR_LOCAL.
+        int rc = s.tp->post_send(s.peer, c->bytes.data(), c->bytes.size(), nullptr, c);
+        if (rc == -EAGAIN) return;
+        s.outbox.pop_front();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Completions and messages
+// ---------------------------------------------------------------------------------------------
+void Context::on_complete(void *cookie, int status, const char *error_text) {
+    if (!cookie) {
+        log.log(SG_LOG_WARN, std::string("a control message could not be received: ") + (error_text ? error_text : "?"));
+        return;
+    }
+    auto *c = static_cast<OpCookie *>(cookie);
+    Transfer *t = c->xfer;
+    if (log.enabled(SG_LOG_DEBUG))
+        log.log(SG_LOG_DEBUG, "completion kind " + std::to_string(int(c->kind)) + " status " + std::to_string(status));
+    if (c->kind != OpCookie::Kind::Send) ops_inflight_--;
+    if (t) {
+        t->inflight--;
+        if (status) {
+            const std::string what = c->kind == OpCookie::Kind::Send ? "control message" : "RMA write";
+            log.log(SG_LOG_ERROR, "transfer '" + t->request_id + "': " + what + " failed: " + (error_text ? error_text : ""));
+            fail_transfer(*t, SG_ERR_TRANSPORT, what + " failed: " + (error_text ? error_text : ""), false);
+        } else if (c->kind == OpCookie::Kind::Send) {
+            if (c->done_notice) complete_if_done(*t);
+        } else {
+            Transfer::Layer &L = t->layers[c->layer];
+            L.outstanding--;
+            if (c->kind == OpCookie::Kind::StagedWrite && !c->session->tp->caps().send_after_write) {
+                // Without send-after-write ordering the chunk notice waits for the write's completion.
+                send(*c->session, std::vector<uint8_t>(c->bytes.begin(), c->bytes.end()), t);
+            }
+            maybe_send_notices(*t);
+        }
+    } else if (status) {
+        log.log(SG_LOG_WARN, std::string("control message failed: ") + (error_text ? error_text : ""));
+    }
+    if (c->kind == OpCookie::Kind::StagedWrite && c->session) c->session->free_send_slots |= 1u << c->staging_slot;
+    give_cookie(c);
+}
+
+void Context::on_message(std::span<const uint8_t> bytes) {
+    wire::FrameHeader h;
+    std::span<const uint8_t> body;
+    wire::DecodeError e = wire::decode_header(bytes, h, body);
+    if (e != wire::DecodeError::None) {
+        log.log(SG_LOG_WARN, std::string("dropped a malformed control message: ") + wire::decode_error_str(e));
+        return;
+    }
+    auto it = sessions_.find(h.sender_ctx);
+    std::shared_ptr<Session> s = it == sessions_.end() ? nullptr : it->second.lock();
+    if (!s) {
+        auto &q = orphans_[h.sender_ctx];
+        if (q.size() < 4096) q.emplace_back(bytes.begin(), bytes.end());
+        return;
+    }
+    try {
+        handle(*s, h, body);
+    } catch (const Error &err) {
+        log.log(SG_LOG_WARN, "control message from peer rejected: " + err.message());
+    }
+}
+
+void Context::deliver_orphans(Session &s) {
+    auto it = orphans_.find(s.peer_ctx_id);
+    if (it == orphans_.end()) return;
+    auto frames = std::move(it->second);
+    orphans_.erase(it);
+    for (auto &f : frames) on_message(f);
+}
+
+void Context::handle(Session &s, const wire::FrameHeader &h, std::span<const uint8_t> body) {
+    if (log.enabled(SG_LOG_DEBUG)) log.log(SG_LOG_DEBUG, "message type " + std::to_string(int(h.type)) + " from peer");
+    if (!s.may_send) {
+        s.may_send = true;  // the peer's connection exists now; ours can follow on it
+        flush_outbox(s);
+    }
+    auto check = [](wire::DecodeError e, const char *what) {
+        if (e != wire::DecodeError::None) fail(SG_ERR_PROTOCOL, std::string(what) + ": " + wire::decode_error_str(e));
+    };
+    switch (h.type) {
+        case wire::MsgType::HandleExport: {
+            wire::HandleExport m;
+            check(wire::decode(body, m), "HandleExport");
+            if (m.handle_id == kStagingHandleId) {
+                if (m.regions.size() != 1 || m.regions[0].length < StagingArea::kSlots * StagingArea::kSlotBytes)
+                    fail(SG_ERR_PROTOCOL, "peer's staging area has the wrong size");
+                s.peer_staging.regions = m.regions;
+                s.have_peer_staging = true;
+                s.free_peer_slots = (1u << StagingArea::kSlots) - 1;
+                return;
+            }
+            RemotePool rp;
+            rp.layout = kv::from_desc(m.layout);
+            rp.regions_per_layer = m.regions_per_layer;
+            if (m.regions_per_layer != rp.layout.regions_per_layer() ||
+                m.regions.size() != size_t(rp.layout.num_layers) * m.regions_per_layer)
+                fail(SG_ERR_PROTOCOL, "HandleExport region count does not match its layout");
+            for (auto &r : m.regions)
+                if (r.length < rp.layout.region_bytes()) fail(SG_ERR_PROTOCOL, "HandleExport region smaller than its layout");
+            rp.regions = std::move(m.regions);
+            s.remote_pools[m.handle_id] = std::move(rp);
+            return;
+        }
+        case wire::MsgType::Expect: {
+            wire::Expect m;
+            check(wire::decode(body, m), "Expect");
+            auto p = s.unmatched_posts.find(m.request_id);
+            if (p != s.unmatched_posts.end()) {
+                auto t = p->second;
+                s.unmatched_posts.erase(p);
+                match(s, t, m);
+            } else {
+                s.unmatched_expects[m.request_id] = std::move(m);
+            }
+            return;
+        }
+        case wire::MsgType::LayerReady: {
+            wire::LayerReady m;
+            check(wire::decode(body, m), "LayerReady");
+            auto it = s.expects.find(m.decode_xfer_id);
+            if (it == s.expects.end()) return;  // released meanwhile
+            Transfer &t = *it->second;
+            if (m.layer >= t.layers.size() || t.finished()) return;
+            Transfer::Layer &L = t.layers[m.layer];
+            if (!L.ready) {
+                L.ready = true;
+                L.ready_ns = now_ns();
+                t.residency.set_layer(m.layer);
+                t.stats.layers_ready++;
+                t.stats.bytes += m.bytes;
+            }
+            complete_if_done(t);
+            return;
+        }
+        case wire::MsgType::StagedChunk: {
+            wire::StagedChunk m;
+            check(wire::decode(body, m), "StagedChunk");
+            if (m.slot >= StagingArea::kSlots) fail(SG_ERR_PROTOCOL, "StagedChunk names a slot that does not exist");
+            auto it = s.expects.find(m.decode_xfer_id);
+            if (it != s.expects.end() && !it->second->finished()) {
+                Transfer &t = *it->second;
+                const kv::Layout &L = t.pool->layout;
+                const uint8_t *src = s.recv_staging.base + m.slot * StagingArea::kSlotBytes;
+                uint64_t pos = m.slot_offset;
+                for (const wire::Segment &seg : m.segments) {
+                    // The peer is trusted with the keys of this pool, not with our address space:
+                    // every segment must fall inside the slot and inside the pool's region.
+                    const uint32_t layer = seg.region / L.regions_per_layer();
+                    if (layer >= L.num_layers || seg.offset + seg.length > L.region_bytes() ||
+                        seg.offset + seg.length < seg.offset || pos + seg.length > StagingArea::kSlotBytes)
+                        fail(SG_ERR_PROTOCOL, "StagedChunk segment outside the pool or the slot");
+                    std::memcpy(t.pool->region(layer, seg.region % L.regions_per_layer()) + seg.offset, src + pos,
+                                seg.length);
+                    pos += seg.length;
+                    t.stats.staging_copies++;
+                    t.stats.staged_bytes += seg.length;
+                }
+            }
+            wire::StagingCredit credit;
+            credit.slot = m.slot;
+            std::vector<uint8_t> out;
+            wire::encode(out, id, credit);
+            send(s, out);
+            return;
+        }
+        case wire::MsgType::StagingCredit: {
+            wire::StagingCredit m;
+            check(wire::decode(body, m), "StagingCredit");
+            if (m.slot < StagingArea::kSlots) s.free_peer_slots |= 1u << m.slot;
+            return;
+        }
+        case wire::MsgType::TransferDone: {
+            wire::TransferDone m;
+            check(wire::decode(body, m), "TransferDone");
+            auto it = s.expects.find(m.decode_xfer_id);
+            if (it == s.expects.end()) return;
+            it->second->done_received = true;
+            complete_if_done(*it->second);
+            return;
+        }
+        case wire::MsgType::Cancel:
+        case wire::MsgType::Error: {
+            wire::TransferError m;
+            check(wire::decode(body, m), "TransferError");
+            sg_status_t st = sg_status_t(m.status);
+            if (st >= 0) st = SG_ERR_REMOTE;
+            const std::string why = std::string(h.type == wire::MsgType::Cancel ? "peer canceled" : "peer failed") +
+                                    " the transfer: " + m.message;
+            if (m.decode_xfer_id) {
+                auto it = s.expects.find(m.decode_xfer_id);
+                if (it != s.expects.end()) fail_transfer(*it->second, st, why, false);
+            }
+            auto p = s.posts.find(m.request_id);
+            if (p != s.posts.end()) fail_transfer(*p->second, st, why, false);
+            s.unmatched_expects.erase(m.request_id);
+            return;
+        }
+        case wire::MsgType::Bye: {
+            s.closed = true;
+            s.error = SG_ERR_PEER_LOST;
+            s.error_message = "peer closed the session";
+            for (auto &[k, t] : s.expects) fail_transfer(*t, SG_ERR_PEER_LOST, s.error_message, false);
+            for (auto &[k, t] : s.posts) fail_transfer(*t, SG_ERR_PEER_LOST, s.error_message, false);
+            for (auto &[k, t] : s.unmatched_posts) fail_transfer(*t, SG_ERR_PEER_LOST, s.error_message, false);
+            return;
+        }
+        case wire::MsgType::Hello: return;  // only meaningful at bootstrap
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sessions
+// ---------------------------------------------------------------------------------------------
+Session::Session(Context *c, const wire::Hello &hello, const sg_session_options_t &opt) : ctx(c), peer_ctx_id(hello.ctx_id) {
+    const bool same_host = !hello.boot_id.empty() && hello.boot_id == read_boot_id() && hello.netns_inode == read_netns_inode();
+    std::string want = opt.provider ? transport::canonical_provider(opt.provider) : "";
+    int chosen = -1;
+    size_t peer_ep = 0;
+    for (size_t i = 0; i < ctx->transports.size() && chosen < 0; ++i) {
+        const std::string &name = ctx->transports[i]->caps().provider;
+        if (!want.empty() ? name != want : (name == "shm" && !same_host)) continue;
+        if (want.empty() && same_host && name != "shm") {
+            // Prefer shm for a same-host peer when both sides have it.
+            bool both_shm = false;
+            for (auto &t : ctx->transports)
+                if (t->caps().provider == "shm")
+                    for (auto &e : hello.endpoints) both_shm = both_shm || e.provider == "shm";
+            if (both_shm) continue;
+        }
+        for (size_t k = 0; k < hello.endpoints.size(); ++k)
+            if (hello.endpoints[k].provider == name) {
+                chosen = int(i);
+                peer_ep = k;
+                break;
+            }
+    }
+    if (chosen < 0) {
+        std::string theirs;
+        for (auto &e : hello.endpoints) theirs += (theirs.empty() ? "" : ", ") + e.provider;
+        fail(SG_ERR_NO_PROVIDER, "no provider in common with the peer (" + (want.empty() ? std::string("auto") : want) +
+                                     " here; peer offers " + theirs + ")");
+    }
+    transport_index = size_t(chosen);
+    tp = ctx->transports[transport_index].get();
+    provider = tp->caps().provider;
+    peer = tp->insert_peer(hello.endpoints[peer_ep].address);
+    recv_staging.allocate();
+    send_staging.allocate();
+    try {
+        recv_staging.reg = tp->register_memory(recv_staging.base, StagingArea::kSlots * StagingArea::kSlotBytes, random_u64());
+        if (tp->caps().needs_local_desc)
+            send_staging.reg = tp->register_memory(send_staging.base, StagingArea::kSlots * StagingArea::kSlotBytes, random_u64());
+    } catch (...) {
+        recv_staging.release(tp);
+        send_staging.release(tp);
+        throw;
+    }
+    free_send_slots = (1u << StagingArea::kSlots) - 1;
+}
+
+Session::~Session() {
+    for (auto &[id, reg] : local_regs)
+        for (auto &r : reg.regions) tp->deregister(r);
+    recv_staging.release(tp);
+    send_staging.release(tp);
+    for (OpCookie *c : outbox) (void)c;  // owned by the context's cookie store
+    if (tp) tp->remove_peer(peer);
+}
+
+std::shared_ptr<Session> Context::open_session(const wire::Hello &peer, const sg_session_options_t &opt) {
+    if (peer.ctx_id == id) fail(SG_ERR_INVALID_ARGUMENT, "a context cannot open a session with itself");
+    std::lock_guard lock(mu);
+    auto it = sessions_.find(peer.ctx_id);
+    if (it != sessions_.end() && !it->second.expired())
+        fail(SG_ERR_DUPLICATE, "a session with this peer context already exists");
+    auto s = std::make_shared<Session>(this, peer, opt);
+    sessions_[peer.ctx_id] = s;
+    s->may_send = id < peer.ctx_id;
+    // Tell the peer where our staging slots are; it may stage into them from now on.
+    wire::HandleExport ex;
+    ex.handle_id = kStagingHandleId;
+    // Described as a pool of opaque 4 KiB blocks so the descriptor passes the same checks as a KV
+    // pool's (fp8, one fused block = two 2 KiB planes).
+    ex.regions_per_layer = 1;
+    ex.layout.num_layers = 1;
+    ex.layout.num_kv_heads = 1;
+    ex.layout.head_dim = 2048;
+    ex.layout.tokens_per_block = 1;
+    ex.layout.dtype = SG_DTYPE_FP8_E4M3;
+    ex.layout.packing = SG_KV_FUSED;
+    ex.layout.block_stride_bytes = 4096;
+    ex.layout.num_blocks = StagingArea::kSlots * StagingArea::kSlotBytes / 4096;
+    ex.regions.push_back({s->recv_staging.reg.key, s->recv_staging.reg.remote_base,
+                          StagingArea::kSlots * StagingArea::kSlotBytes});
+    std::vector<uint8_t> out;
+    wire::encode(out, id, ex);
+    send(*s, out);
+    deliver_orphans(*s);
+    log.log(SG_LOG_INFO, "session with peer " + std::to_string(peer.ctx_id) + " over " + s->provider);
+    wake();
+    return s;
+}
+
+void Context::export_kv(Session &s, KvPool &pool) {
+    std::lock_guard lock(mu);
+    if (s.closed) fail(SG_ERR_PEER_LOST, "session is closed");
+    if (s.local_regs.count(pool.id)) return;
+    Session::LocalReg reg;
+    const uint64_t bytes = pool.layout.region_bytes();
+    try {
+        for (uint8_t *base : pool.bases) reg.regions.push_back(s.tp->register_memory(base, bytes, random_u64()));
+    } catch (...) {
+        for (auto &r : reg.regions) s.tp->deregister(r);
+        throw;
+    }
+    wire::HandleExport ex;
+    ex.handle_id = pool.id;
+    ex.layout = pool.layout.to_desc();
+    ex.regions_per_layer = pool.layout.regions_per_layer();
+    for (auto &r : reg.regions) ex.regions.push_back({r.key, r.remote_base, bytes});
+    s.local_regs[pool.id] = std::move(reg);
+    std::vector<uint8_t> out;
+    wire::encode(out, id, ex);
+    send(s, out);
+}
+
+void Context::close_session(Session &s) {
+    std::unique_lock lock(mu);
+    if (!s.closed) {
+        wire::Bye bye;
+        std::vector<uint8_t> out;
+        wire::encode(out, id, bye);
+        send(s, out);
+    }
+    auto fail_all = [&](auto &m) {
+        for (auto &[k, t] : m) fail_transfer(*t, SG_ERR_CANCELED, "session closed", false);
+    };
+    fail_all(s.expects);
+    fail_all(s.posts);
+    fail_all(s.unmatched_posts);
+    // Let queued sends (the Bye) and in-flight writes that name this session drain briefly.
+    const uint64_t deadline = now_ns() + 200000000ull;
+    auto busy = [&] {
+        for (auto &c : cookie_store_)
+            if (c->session == &s && std::find(free_cookies_.begin(), free_cookies_.end(), c.get()) == free_cookies_.end())
+                return true;
+        return false;
+    };
+    while (busy() && now_ns() < deadline) {
+        if (progress_.joinable()) {
+            cv.wait_for(lock, std::chrono::milliseconds(1));
+        } else {
+            poll_locked();
+            flush_outbox(s);
+        }
+    }
+    s.closed = true;
+    sessions_.erase(s.peer_ctx_id);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Transfers
+// ---------------------------------------------------------------------------------------------
+Transfer::Transfer(Context *c, std::shared_ptr<Session> s, bool post, std::string rid, std::shared_ptr<KvPool> p,
+                   std::span<const uint32_t> tbl, uint64_t ntok, const sg_transfer_options_t &opt)
+    : ctx(c), session(std::move(s)), post_side(post), request_id(std::move(rid)), pool(std::move(p)),
+      table(tbl.begin(), tbl.end()), num_tokens(ntok), options(opt) {
+    layers.resize(pool->layout.num_layers);
+    residency.reset(pool->layout.num_layers, table.size());
+    stats.struct_size = sizeof stats;
+    pool->transfers_using++;
+}
+
+Transfer::~Transfer() { pool->transfers_using--; }
+
+namespace {
+
+void check_request_id(const char *rid) {
+    if (!rid || !*rid) fail(SG_ERR_INVALID_ARGUMENT, "request_id is empty");
+    if (std::strlen(rid) > SG_REQUEST_ID_MAX)
+        fail(SG_ERR_INVALID_ARGUMENT, "request_id is longer than SG_REQUEST_ID_MAX (255) bytes");
+}
+
+}  // namespace
+
+std::shared_ptr<Transfer> Context::expect(const std::shared_ptr<Session> &s, const char *rid,
+                                          const std::shared_ptr<KvPool> &pool, std::span<const uint32_t> table,
+                                          uint64_t num_tokens, const sg_transfer_options_t &opt) {
+    check_request_id(rid);
+    kv::check_block_table(pool->layout, table, num_tokens);
+    std::lock_guard lock(mu);
+    if (s->closed) fail(s->error ? s->error : SG_ERR_PEER_LOST, "session is closed");
+    if (!s->local_regs.count(pool->id))
+        fail(SG_ERR_INVALID_STATE, "the destination pool was not exported to this session (sg_session_export_kv)");
+    for (auto &[k, t] : s->expects)
+        if (t->request_id == rid && !t->finished()) fail(SG_ERR_DUPLICATE, std::string("request '") + rid + "' is already expected");
+    auto t = std::make_shared<Transfer>(this, s, false, rid, pool, table, num_tokens, opt);
+    t->id = next_xfer_id_++;
+    t->stats.start_ns = now_ns();
+    s->expects[t->id] = t;
+    wire::Expect m;
+    m.request_id = rid;
+    m.decode_xfer_id = t->id;
+    m.handle_id = pool->id;
+    m.num_tokens = num_tokens;
+    m.block_ids.assign(table.begin(), table.end());
+    std::vector<uint8_t> out;
+    wire::encode(out, id, m);
+    if (out.size() > wire::kMaxFrameBytes) {
+        s->expects.erase(t->id);
+        fail(SG_ERR_OUT_OF_RANGE, "block table too large for one control message (max about 60000 blocks)");
+    }
+    send(*s, out);
+    wake();
+    return t;
+}
+
+std::shared_ptr<Transfer> Context::post(const std::shared_ptr<Session> &s, const char *rid,
+                                        const std::shared_ptr<KvPool> &pool, std::span<const uint32_t> table,
+                                        uint64_t num_tokens, const sg_transfer_options_t &opt) {
+    check_request_id(rid);
+    kv::check_block_table(pool->layout, table, num_tokens);
+    const uint32_t nl = pool->layout.num_layers;
+    std::vector<uint32_t> order(nl);
+    if (opt.layer_order) {
+        if (opt.layer_order_count != nl) fail(SG_ERR_INVALID_ARGUMENT, "layer_order_count must equal num_layers");
+        std::vector<bool> seen(nl);
+        for (uint32_t i = 0; i < nl; ++i) {
+            const uint32_t l = opt.layer_order[i];
+            if (l >= nl || seen[l]) fail(SG_ERR_INVALID_ARGUMENT, "layer_order is not a permutation of the layers");
+            seen[l] = true;
+            order[i] = l;
+        }
+    } else {
+        for (uint32_t i = 0; i < nl; ++i) order[i] = i;
+    }
+    if (opt.paths & ~SG_PATH_FULL) fail(SG_ERR_UNSUPPORTED, "only SG_PATH_FULL is implemented in this version");
+    std::lock_guard lock(mu);
+    if (s->closed) fail(s->error ? s->error : SG_ERR_PEER_LOST, "session is closed");
+    if (s->unmatched_posts.count(rid) || s->posts.count(rid))
+        fail(SG_ERR_DUPLICATE, std::string("request '") + rid + "' is already posted on this session");
+    if (!s->local_regs.count(pool->id))
+        fail(SG_ERR_INVALID_STATE, "the source pool was not exported to this session (sg_session_export_kv)");
+    auto t = std::make_shared<Transfer>(this, s, true, rid, pool, table, num_tokens, opt);
+    t->order = std::move(order);
+    if (opt.flags & SG_TRANSFER_ALL_LAYERS_WRITTEN) {
+        const uint64_t now = now_ns();
+        for (auto &L : t->layers) {
+            L.written = true;
+            L.written_ns = now;
+        }
+    }
+    auto e = s->unmatched_expects.find(rid);
+    if (e != s->unmatched_expects.end()) {
+        wire::Expect m = std::move(e->second);
+        s->unmatched_expects.erase(e);
+        match(*s, t, m);
+        if (t->status == SG_ERR_LAYOUT_MISMATCH || t->status == SG_ERR_OUT_OF_RANGE) fail(t->status, t->error);
+    } else {
+        s->unmatched_posts[rid] = t;
+    }
+    wake();
+    return t;
+}
+
+void Context::match(Session &s, const std::shared_ptr<Transfer> &t, const wire::Expect &e) {
+    t->id = e.decode_xfer_id;
+    s.posts[t->request_id] = t;
+    t->stats.start_ns = now_ns();
+    try {
+        auto rp = s.remote_pools.find(e.handle_id);
+        if (rp == s.remote_pools.end())
+            fail(SG_ERR_PROTOCOL, "the decode side expected into a pool it never exported");
+        kv::check_mappable(t->pool->layout, rp->second.layout);
+        if (e.num_tokens != t->num_tokens)
+            fail(SG_ERR_LAYOUT_MISMATCH, "token counts differ: posted " + std::to_string(t->num_tokens) + ", expected " +
+                                             std::to_string(e.num_tokens));
+        kv::check_block_table(rp->second.layout, e.block_ids, e.num_tokens);
+        t->dst = &rp->second;
+        t->dst_table.assign(e.block_ids.begin(), e.block_ids.end());
+        t->matched = true;
+        active_.push_back(t);
+    } catch (const Error &err) {
+        log.log(SG_LOG_ERROR, "transfer '" + t->request_id + "' cannot start: " + err.message());
+        fail_transfer(*t, err.status(), err.message(), true);
+    }
+}
+
+void Context::layer_written(Transfer &t, uint32_t layer) {
+    if (!t.post_side) fail(SG_ERR_INVALID_STATE, "layer_written is for the prefill (posting) side");
+    std::lock_guard lock(mu);
+    if (layer >= t.layers.size())
+        fail(SG_ERR_OUT_OF_RANGE, "layer " + std::to_string(layer) + " >= num_layers " + std::to_string(t.layers.size()));
+    if (!t.layers[layer].written) {
+        t.layers[layer].written = true;
+        t.layers[layer].written_ns = now_ns();
+        if (t.matched && !t.finished()) pump(t);
+    }
+    wake();
+}
+
+// Compiles the next written layer in send order into t.ops. Returns false when none is ready.
+bool Context::start_next_layer(Transfer &t) {
+    if (t.order_pos >= t.order.size()) return false;
+    const uint32_t layer = t.order[t.order_pos];
+    if (!t.layers[layer].written) return false;
+    t.order_pos++;
+    const uint32_t rpl = t.pool->layout.regions_per_layer();
+    const uint8_t *bases[2] = {t.pool->region(layer, 0), t.pool->region(layer, rpl - 1)};
+    plan::Side src{&t.pool->layout, t.table};
+    plan::Side dst{&t.dst->layout, t.dst_table};
+    plan::Limits limits;
+    limits.max_op_bytes = max_op_bytes_;
+    limits.max_iov = uint32_t(std::min<uint64_t>(plan::kMaxIov, std::max<uint64_t>(1, t.session->tp->caps().rma_iov_limit)));
+    const plan::LayerPlanStats ps = plan::compile_layer(src, bases, dst, t.num_tokens, limits, t.ops);
+    t.stats.segments += ps.segments;
+    t.cur_layer = layer;
+    t.next_op = 0;
+    const uint64_t mean = t.ops.empty() ? 0 : ps.bytes / t.ops.size();
+    t.cur_staged = staging_threshold_ && t.session->have_peer_staging && mean < staging_threshold_;
+    if (t.ops.empty()) t.layers[layer].posted = true;
+    return true;
+}
+
+bool Context::post_plain_op(Transfer &t) {
+    const plan::Op &op = t.ops[t.next_op];
+    Session &s = *t.session;
+    const uint32_t layer = uint32_t(t.cur_layer);
+    const Session::LocalReg &lr = s.local_regs.at(t.pool->id);
+    const uint32_t rpl = t.pool->layout.regions_per_layer();
+    transport::LocalIov iov[plan::kMaxIov];
+    for (uint32_t i = 0; i < op.niov; ++i)
+        iov[i] = {op.iov[i].addr, op.iov[i].len, lr.regions[size_t(layer) * rpl + op.iov[i].src_region].desc};
+    const wire::Region &dr = t.dst->regions[size_t(layer) * t.dst->regions_per_layer + op.dst_region];
+    OpCookie *c = take_cookie();
+    c->kind = OpCookie::Kind::Write;
+    c->xfer = &t;
+    c->session = &s;
+    c->layer = layer;
+    int rc = s.tp->post_write(s.peer, std::span(iov, op.niov), dr.base + op.dst_offset, dr.key, c);
+    if (rc == -EAGAIN) {
+        give_cookie(c);
+        return false;
+    }
+    ops_inflight_++;
+    t.inflight++;
+    t.layers[layer].outstanding++;
+    t.stats.rma_ops++;
+    t.stats.bytes += op.len;
+    t.next_op++;
+    return true;
+}
+
+// Packs as many of the layer's remaining ops as fit into one staging slot and writes them with one
+// operation; the chunk notice (segment list) follows in order.
+bool Context::post_staged_chunk(Transfer &t) {
+    Session &s = *t.session;
+    if (!s.free_peer_slots || !s.free_send_slots) return false;
+    const uint32_t rslot = uint32_t(__builtin_ctz(s.free_peer_slots));
+    const uint32_t lslot = uint32_t(__builtin_ctz(s.free_send_slots));
+    const uint32_t layer = uint32_t(t.cur_layer);
+    uint8_t *pack = s.send_staging.base + lslot * StagingArea::kSlotBytes;
+    wire::StagedChunk chunk;
+    chunk.decode_xfer_id = t.id;
+    chunk.layer = layer;
+    chunk.slot = rslot;
+    uint64_t used = 0;
+    const size_t first = t.next_op;
+    size_t k = first;
+    for (; k < t.ops.size() && chunk.segments.size() < kMaxSegmentsPerChunk; ++k) {
+        const plan::Op &op = t.ops[k];
+        if (used + op.len > StagingArea::kSlotBytes) {
+            if (k == first) {
+                // An op larger than a slot goes as a plain write.
+                return post_plain_op(t);
+            }
+            break;
+        }
+        for (uint32_t i = 0; i < op.niov; ++i) {
+            std::memcpy(pack + used, op.iov[i].addr, op.iov[i].len);
+            used += op.iov[i].len;
+            t.stats.staging_copies++;
+        }
+        chunk.segments.push_back({layer * t.dst->regions_per_layer + op.dst_region, op.dst_offset, op.len});
+    }
+    const wire::Region &peer_area = s.peer_staging.regions[0];
+    OpCookie *c = take_cookie();
+    c->kind = OpCookie::Kind::StagedWrite;
+    c->xfer = &t;
+    c->session = &s;
+    c->layer = layer;
+    c->staging_slot = lslot;
+    transport::LocalIov iov{pack, used, s.send_staging.reg.desc};
+    int rc = s.tp->post_write(s.peer, std::span(&iov, 1), peer_area.base + rslot * StagingArea::kSlotBytes,
+                              peer_area.key, c);
+    if (rc == -EAGAIN) {
+        give_cookie(c);
+        return false;
+    }
+    s.free_peer_slots &= ~(1u << rslot);
+    s.free_send_slots &= ~(1u << lslot);
+    ops_inflight_++;
+    t.inflight++;
+    t.layers[layer].outstanding++;
+    t.stats.rma_ops++;
+    t.stats.bytes += used;
+    t.stats.staged_bytes += used;
+    t.next_op = k;
+    std::vector<uint8_t> notice;
+    wire::encode(notice, id, chunk);
+    if (s.tp->caps().send_after_write) {
+        send(s, notice, &t);
+    } else {
+        c->bytes.assign(notice.begin(), notice.end());  // sent when the write completes
+    }
+    return true;
+}
+
+void Context::pump(Transfer &t) {
+    if (!t.matched || t.finished()) return;
+    flush_outbox(*t.session);
+    for (;;) {
+        if (t.cur_layer < 0 || t.layers[size_t(t.cur_layer)].posted) {
+            if (!start_next_layer(t)) break;
+        }
+        Transfer::Layer &L = t.layers[size_t(t.cur_layer)];
+        while (t.next_op < t.ops.size() && ops_inflight_ < max_ops_) {
+            if (!(t.cur_staged ? post_staged_chunk(t) : post_plain_op(t))) break;
+        }
+        if (t.next_op < t.ops.size()) break;  // resources exhausted; resume on a completion
+        L.posted = true;
+        maybe_send_notices(t);
+        if (t.finished()) return;
+    }
+    maybe_send_notices(t);
+}
+
+// Sends LayerReady for every posted layer whose notice may go now, in send order, and TransferDone
+// after the last. With FI_ORDER_SAW the notice may follow the writes at once; otherwise it waits
+// until the layer's writes (issued with delivery completion) have completed.
+void Context::maybe_send_notices(Transfer &t) {
+    if (t.finished() || !t.matched) return;
+    const bool saw = t.session->tp->caps().send_after_write;
+    bool all = true;
+    for (uint32_t l : t.order) {
+        Transfer::Layer &L = t.layers[l];
+        if (!L.posted) {
+            all = false;
+            break;  // notices go in send order
+        }
+        if (!L.notice_sent && (saw || L.outstanding == 0)) {
+            wire::LayerReady m;
+            m.decode_xfer_id = t.id;
+            m.layer = l;
+            m.bytes = t.pool->layout.plane_bytes / t.pool->layout.tokens_per_block * t.num_tokens * 2;
+            std::vector<uint8_t> out;
+            wire::encode(out, id, m);
+            send(*t.session, out, &t);
+            L.notice_sent = true;
+        }
+        if (!L.notice_sent) {
+            all = false;
+            break;
+        }
+        if (L.outstanding == 0 && !L.ready) {
+            L.ready = true;
+            L.ready_ns = now_ns();
+            t.residency.set_layer(l);
+            t.stats.layers_ready++;
+        }
+        if (!L.ready) all = false;
+    }
+    if (all && !t.done_sent) {
+        wire::TransferDone m;
+        m.decode_xfer_id = t.id;
+        m.bytes = t.stats.bytes;
+        std::vector<uint8_t> out;
+        wire::encode(out, id, m);
+        t.done_sent = true;
+        send(*t.session, out, &t, true);
+    }
+}
+
+void Context::complete_if_done(Transfer &t) {
+    if (t.finished()) return;
+    if (t.post_side) {
+        if (!t.done_sent || t.inflight) return;
+    } else {
+        if (!t.done_received || t.stats.layers_ready < t.layers.size()) return;
+    }
+    t.status = SG_OK;
+    t.stats.end_ns = now_ns();
+    cv.notify_all();
+}
+
+void Context::fail_transfer(Transfer &t, sg_status_t status, const std::string &message, bool tell_peer) {
+    if (t.finished()) return;
+    t.status = status;
+    t.error = message;
+    t.stats.end_ns = now_ns();
+    if (tell_peer && !t.session->closed) {
+        wire::TransferError m;
+        m.request_id = t.request_id;
+        m.decode_xfer_id = t.id;
+        m.status = status;
+        m.message = message;
+        std::vector<uint8_t> out;
+        wire::encode(out, id, m, status == SG_ERR_CANCELED ? wire::MsgType::Cancel : wire::MsgType::Error);
+        send(*t.session, out);
+    }
+    cv.notify_all();
+}
+
+sg_status_t Context::wait(Transfer &t, int64_t layer, uint64_t timeout_ns) {
+    const uint64_t deadline = now_ns() + std::min<uint64_t>(timeout_ns, uint64_t(1) << 62);
+    std::unique_lock lock(mu);
+    auto done = [&] {
+        if (t.finished()) return true;
+        return layer >= 0 && t.layers[size_t(layer)].ready;
+    };
+    while (!done()) {
+        const uint64_t now = now_ns();
+        if (now >= deadline) return SG_IN_PROGRESS;
+        if (progress_.joinable()) {
+            cv.wait_for(lock, std::chrono::nanoseconds(std::min<uint64_t>(deadline - now, 50000000)));
+        } else {
+            if (!poll_locked()) {
+                lock.unlock();
+                ::usleep(20);
+                lock.lock();
+            }
+            schedule_locked();
+        }
+    }
+    if (layer >= 0 && t.layers[size_t(layer)].ready) return SG_OK;
+    return t.status;
+}
+
+void Context::cancel(Transfer &t, sg_status_t why, const std::string &message) {
+    std::lock_guard lock(mu);
+    if (t.finished()) return;
+    t.canceled_locally = true;
+    fail_transfer(t, why, message, true);
+}
+
+void Context::release(Transfer &t) {
+    std::unique_lock lock(mu);
+    if (!t.finished()) fail_transfer(t, SG_ERR_CANCELED, "released before completion", true);
+    // Quiesce: no operation of this transfer may still reference its cookies or memory.
+    const uint64_t deadline = now_ns() + 5000000000ull;
+    while (t.inflight && now_ns() < deadline) {
+        if (progress_.joinable()) {
+            cv.wait_for(lock, std::chrono::milliseconds(1));
+        } else {
+            poll_locked();
+            flush_outbox(*t.session);
+        }
+    }
+    if (t.inflight) log.log(SG_LOG_ERROR, "transfer '" + t.request_id + "' released with operations still in flight");
+    Session &s = *t.session;
+    if (t.post_side) {
+        auto p = s.posts.find(t.request_id);
+        if (p != s.posts.end() && p->second.get() == &t) s.posts.erase(p);
+        auto u = s.unmatched_posts.find(t.request_id);
+        if (u != s.unmatched_posts.end() && u->second.get() == &t) s.unmatched_posts.erase(u);
+    } else {
+        s.expects.erase(t.id);
+    }
+    active_.erase(std::remove_if(active_.begin(), active_.end(), [&](const auto &p) { return p.get() == &t; }),
+                  active_.end());
+}
+
+}  // namespace sg::core

@@ -1,0 +1,262 @@
+// runtime/core: the context and what it owns — sessions and their bootstrap, KV pools, transfers and
+// the progress engine that runs them. Uses every other runtime folder; abi/ is its only user.
+//
+// Locking: one mutex per context guards all of its state and every call into its transports (which
+// are opened FI_THREAD_DOMAIN). The progress thread and API threads take it for short sections and
+// never block while holding it; waiting happens on the context's condition variable or the
+// transports' wait descriptors.
+#pragma once
+
+#include "common/common.hpp"
+#include "kv/kv.hpp"
+#include "plan/plan.hpp"
+#include "transport/transport.hpp"
+#include "wire/wire.hpp"
+
+#include <smartgen/smartgen.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+namespace sg::core {
+
+class Context;
+class Session;
+class Transfer;
+
+// A registered paged KV pool.
+class KvPool {
+  public:
+    KvPool(Context *ctx, const sg_kv_layout_t &pub);
+    Context *ctx;
+    kv::Layout layout;
+    // Region r of layer l at bases[l * regions_per_layer + r].
+    std::vector<uint8_t *> bases;
+    uint64_t id;  // exported to peers in HandleExport
+    std::atomic<int> transfers_using{0};
+    uint8_t *region(uint32_t layer, uint32_t r) const { return bases[size_t(layer) * layout.regions_per_layer() + r]; }
+};
+
+// Staging: a peer writes packed segments into one of our receive slots, then tells us which
+// segments they are; we unpack and return the slot.
+struct StagingArea {
+    static constexpr uint64_t kSlotBytes = 4ull << 20;
+    static constexpr uint32_t kSlots = 4;
+    uint8_t *base = nullptr;  // mmap'd kSlots * kSlotBytes
+    transport::Registration reg;
+    void allocate();
+    void release(transport::Transport *tp) noexcept;
+};
+
+struct RemotePool {
+    kv::Layout layout;
+    uint32_t regions_per_layer = 0;
+    std::vector<wire::Region> regions;
+};
+
+// Cookie for every posted operation; starts with the provider's context space.
+struct OpCookie {
+    alignas(16) uint8_t provider_ctx[transport::kCookieBytes];
+    enum class Kind : uint8_t { Write, StagedWrite, Send } kind = Kind::Write;
+    Transfer *xfer = nullptr;  // kept alive by Transfer::inflight until the completion
+    Session *session = nullptr;
+    uint32_t layer = 0;
+    uint32_t staging_slot = 0;
+    bool done_notice = false;
+    Vec<uint8_t> bytes;  // message body for sends; segment list encoding for staged writes
+};
+
+class Session {
+  public:
+    Session(Context *ctx, const wire::Hello &peer, const sg_session_options_t &opt);
+    ~Session();
+    Context *ctx;
+    uint64_t peer_ctx_id = 0;
+    size_t transport_index = 0;
+    transport::Transport *tp = nullptr;
+    transport::PeerAddr peer = 0;
+    std::string provider;
+    bool closed = false;
+    sg_status_t error = SG_OK;
+    std::string error_message;
+
+    // Our pools registered for this session (one registration per region) and exported.
+    struct LocalReg {
+        std::vector<transport::Registration> regions;
+    };
+    std::map<uint64_t, LocalReg> local_regs;         // pool id -> registrations
+    std::map<uint64_t, RemotePool> remote_pools;      // peer's pool id -> descriptor
+    std::map<std::string, std::shared_ptr<Transfer>> unmatched_posts;  // prefill: waiting for Expect
+    std::map<std::string, wire::Expect> unmatched_expects;             // prefill: waiting for post
+    std::map<uint64_t, std::shared_ptr<Transfer>> expects;             // decode: by decode xfer id
+    std::map<std::string, std::shared_ptr<Transfer>> posts;            // prefill: matched, by request id
+    std::deque<OpCookie *> outbox;  // sends not yet accepted by the provider, kept in order
+    // Only one side may open the fabric connection: when both RDM endpoints connect to each other at
+    // once, tcp;ofi_rxm can lose both connections. The context with the lower id speaks first; the
+    // other holds its outbox until it hears from the peer.
+    bool may_send = false;
+
+    StagingArea recv_staging;  // the peer writes here
+    StagingArea send_staging;  // we pack here
+    RemotePool peer_staging;   // the peer's recv_staging (regions[0])
+    bool have_peer_staging = false;
+    uint32_t free_peer_slots = 0;  // bitmask of the peer's free receive slots
+    uint32_t free_send_slots = 0;  // bitmask of our free pack slots
+};
+
+class Transfer {
+  public:
+    Transfer(Context *ctx, std::shared_ptr<Session> s, bool post_side, std::string request_id,
+             std::shared_ptr<KvPool> pool, std::span<const uint32_t> table, uint64_t num_tokens,
+             const sg_transfer_options_t &opt);
+    ~Transfer();
+    Context *ctx;
+    std::shared_ptr<Session> session;
+    const bool post_side;
+    const std::string request_id;
+    std::shared_ptr<KvPool> pool;
+    Vec<uint32_t> table;
+    const uint64_t num_tokens;
+    sg_transfer_options_t options{};
+    uint64_t id = 0;  // decode side: our id, sent in Expect; prefill side: the peer's, from Expect
+
+    sg_status_t status = SG_IN_PROGRESS;
+    std::string error;
+    struct Layer {
+        bool written = false;
+        bool posted = false;         // every op of the layer posted (prefill)
+        bool notice_sent = false;    // LayerReady sent (prefill)
+        bool ready = false;
+        uint32_t outstanding = 0;    // ops of this layer not yet completed (prefill)
+        uint64_t written_ns = 0, ready_ns = 0;
+    };
+    std::vector<Layer> layers;
+    kv::Residency residency;
+    sg_transfer_stats_t stats{};
+    uint32_t inflight = 0;  // ops and sends of this transfer not yet completed
+
+    // Prefill side, once matched.
+    bool matched = false;
+    const RemotePool *dst = nullptr;
+    Vec<uint32_t> dst_table;
+    std::vector<uint32_t> order;
+    size_t order_pos = 0;  // next entry of `order` to compile
+    int64_t cur_layer = -1;
+    bool cur_staged = false;
+    Vec<plan::Op> ops;
+    size_t next_op = 0;
+    bool done_sent = false;
+    bool canceled_locally = false;
+
+    // Decode side.
+    bool done_received = false;
+
+    bool finished() const { return status != SG_IN_PROGRESS; }
+};
+
+struct Listener {
+    Context *ctx;
+    int fd = -1;
+    uint16_t port = 0;
+    ~Listener();
+};
+
+class Context : public transport::CompletionSink {
+  public:
+    explicit Context(const sg_context_options_t &opt);
+    ~Context() override;
+
+    // ---- API operations (each takes the lock itself) ----
+    std::shared_ptr<KvPool> register_kv(const sg_kv_layout_t &layout);
+    void deregister_kv(KvPool &pool);
+    std::shared_ptr<Session> open_session(const wire::Hello &peer, const sg_session_options_t &opt);
+    void export_kv(Session &s, KvPool &pool);
+    void close_session(Session &s);
+    std::shared_ptr<Transfer> expect(const std::shared_ptr<Session> &s, const char *request_id,
+                                     const std::shared_ptr<KvPool> &pool, std::span<const uint32_t> table,
+                                     uint64_t num_tokens, const sg_transfer_options_t &opt);
+    std::shared_ptr<Transfer> post(const std::shared_ptr<Session> &s, const char *request_id,
+                                   const std::shared_ptr<KvPool> &pool, std::span<const uint32_t> table,
+                                   uint64_t num_tokens, const sg_transfer_options_t &opt);
+    void layer_written(Transfer &t, uint32_t layer);
+    sg_status_t wait(Transfer &t, int64_t layer, uint64_t timeout_ns);  // layer -1: whole transfer
+    void cancel(Transfer &t, sg_status_t why, const std::string &message);
+    void release(Transfer &t);
+    void progress_once();
+
+    wire::Hello hello() const;
+    std::vector<uint8_t> metadata() const;
+    void set_param(sg_param_t p, uint64_t v);
+    uint64_t get_param(sg_param_t p) const;
+
+    std::mutex mu;
+    std::condition_variable cv;
+    Logger log;
+    uint64_t id;
+    std::vector<std::unique_ptr<transport::Transport>> transports;
+    std::string primary_provider;
+
+  private:
+    // CompletionSink, called with mu held.
+    void on_complete(void *cookie, int status, const char *error_text) override;
+    void on_message(std::span<const uint8_t> bytes) override;
+
+    void progress_loop();
+    size_t poll_locked();
+    void schedule_locked();
+    void pump(Transfer &t);
+    bool start_next_layer(Transfer &t);
+    bool post_plain_op(Transfer &t);
+    bool post_staged_chunk(Transfer &t);
+    void maybe_send_notices(Transfer &t);
+    void send(Session &s, const std::vector<uint8_t> &frame, Transfer *t = nullptr, bool done_notice = false);
+    void flush_outbox(Session &s);
+    void fail_transfer(Transfer &t, sg_status_t status, const std::string &message, bool tell_peer);
+    void complete_if_done(Transfer &t);
+    void match(Session &s, const std::shared_ptr<Transfer> &t, const wire::Expect &e);
+    void handle(Session &s, const wire::FrameHeader &h, std::span<const uint8_t> body);
+    void deliver_orphans(Session &s);
+    OpCookie *take_cookie();
+    void give_cookie(OpCookie *c);
+    void wake();
+
+    sg_context_options_t opt_{};
+    uint64_t staging_threshold_ = 64 * 1024;
+    uint64_t max_op_bytes_ = 16ull << 20;
+    uint32_t max_ops_ = 64;
+    uint32_t spin_us_ = 50;
+    uint32_t ops_inflight_ = 0;
+    uint64_t next_xfer_id_ = 1;
+    std::map<uint64_t, std::weak_ptr<Session>> sessions_;  // by peer context id
+    std::vector<std::shared_ptr<Transfer>> active_;        // prefill transfers with work to do
+    std::map<uint64_t, std::vector<std::vector<uint8_t>>> orphans_;  // frames from peers not yet known
+    std::vector<std::unique_ptr<OpCookie>> cookie_store_;
+    std::vector<OpCookie *> free_cookies_;
+    std::thread progress_;
+    std::atomic<bool> stop_{false};
+    int wake_fd_ = -1;
+    int epoll_fd_ = -1;
+    std::string boot_id_;
+    uint64_t netns_ = 0;
+};
+
+// ---- bootstrap (bootstrap.cpp) ----
+std::unique_ptr<Listener> listen_on(Context *ctx, const char *addr, uint16_t port);
+// Accepts one peer and exchanges Hello frames; returns the peer's Hello.
+wire::Hello accept_hello(Listener &l, const wire::Hello &mine, uint64_t my_ctx, uint32_t timeout_ms);
+wire::Hello connect_hello(const char *addr, uint16_t port, const wire::Hello &mine, uint64_t my_ctx,
+                          uint32_t timeout_ms);
+wire::Hello parse_metadata(std::span<const uint8_t> blob);
+std::string read_boot_id();
+uint64_t read_netns_inode();
+uint64_t random_u64();
+
+}  // namespace sg::core

@@ -1,0 +1,157 @@
+#include "kv/kv.hpp"
+
+#include <bit>
+#include <cstring>
+#include <string>
+
+namespace sg::kv {
+
+namespace {
+
+[[noreturn]] void bad_layout(const std::string &what) { fail(SG_ERR_INVALID_LAYOUT, "invalid KV layout: " + what); }
+
+// Shared by local and peer layouts: fills the derived sizes or throws with `status`.
+void derive(Layout &l, sg_status_t status, uint64_t stride_in) {
+    auto bad = [&](const std::string &what) {
+        if (status == SG_ERR_INVALID_LAYOUT) bad_layout(what);
+        fail(status, "peer sent an invalid KV layout: " + what);
+    };
+    if (l.num_layers == 0) bad("num_layers must be >= 1");
+    if (l.num_kv_heads == 0) bad("num_kv_heads must be >= 1");
+    if (l.head_dim == 0) bad("head_dim must be >= 1");
+    if (l.tokens_per_block == 0) bad("tokens_per_block must be >= 1");
+    if (l.num_blocks == 0) bad("num_blocks must be >= 1");
+    l.elem_bytes = sg_dtype_size(l.dtype);
+    if (l.elem_bytes == 0) bad("dtype " + std::to_string(int(l.dtype)) + " is not an sg_dtype_t");
+    if (l.packing != SG_KV_SEPARATE && l.packing != SG_KV_FUSED)
+        bad("packing " + std::to_string(int(l.packing)) + " is not an sg_kv_packing_t");
+    if (l.order != SG_BLOCK_TOKEN_MAJOR && l.order != SG_BLOCK_HEAD_MAJOR)
+        bad("block_order " + std::to_string(int(l.order)) + " is not an sg_block_order_t");
+    if (l.mem_kind != SG_MEM_HOST && l.mem_kind != SG_MEM_CUDA)
+        bad("mem_kind " + std::to_string(int(l.mem_kind)) + " is not an sg_mem_kind_t");
+    // Products are bounded so no size below can overflow 64 bits.
+    if (l.num_kv_heads > (1u << 16) || l.head_dim > (1u << 16) || l.tokens_per_block > (1u << 20))
+        bad("num_kv_heads, head_dim or tokens_per_block is implausibly large");
+    if (l.num_blocks > (uint64_t(1) << 32)) bad("num_blocks must be < 2^32 (block ids are 32-bit)");
+    l.plane_bytes = uint64_t(l.tokens_per_block) * l.num_kv_heads * l.head_dim * l.elem_bytes;
+    const uint64_t min_stride = l.plane_bytes * (l.packing == SG_KV_FUSED ? 2 : 1);
+    l.block_stride = stride_in ? stride_in : min_stride;
+    if (l.block_stride < min_stride)
+        bad("block_stride_bytes " + std::to_string(stride_in) + " is smaller than a block (" +
+            std::to_string(min_stride) + " bytes)");
+    if (l.block_stride > (uint64_t(1) << 40) || l.num_blocks > (uint64_t(1) << 62) / l.block_stride)
+        bad("num_blocks x block_stride_bytes overflows");
+}
+
+}  // namespace
+
+Layout make_layout(const sg_kv_layout_t &pub) {
+    Layout l;
+    l.num_layers = pub.num_layers;
+    l.num_kv_heads = pub.num_kv_heads;
+    l.head_dim = pub.head_dim;
+    l.tokens_per_block = pub.tokens_per_block;
+    l.num_blocks = pub.num_blocks;
+    l.dtype = pub.dtype;
+    l.packing = pub.packing;
+    l.order = pub.block_order;
+    l.mem_kind = pub.mem_kind;
+    l.device = pub.device;
+    derive(l, SG_ERR_INVALID_LAYOUT, pub.block_stride_bytes);
+    if (!pub.layer_k_base) bad_layout("layer_k_base is NULL");
+    if (pub.layer_base_count != pub.num_layers)
+        bad_layout("layer_base_count (" + std::to_string(pub.layer_base_count) + ") must equal num_layers (" +
+                   std::to_string(pub.num_layers) + ")");
+    if (l.packing == SG_KV_SEPARATE && !pub.layer_v_base) bad_layout("layer_v_base is NULL with SG_KV_SEPARATE");
+    if (l.packing == SG_KV_FUSED && pub.layer_v_base) bad_layout("layer_v_base must be NULL with SG_KV_FUSED");
+    for (uint32_t i = 0; i < l.num_layers; ++i) {
+        if (!pub.layer_k_base[i]) bad_layout("layer_k_base[" + std::to_string(i) + "] is NULL");
+        if (pub.layer_v_base && !pub.layer_v_base[i]) bad_layout("layer_v_base[" + std::to_string(i) + "] is NULL");
+    }
+    return l;
+}
+
+Layout from_desc(const wire::LayoutDesc &d) {
+    Layout l;
+    l.num_layers = d.num_layers;
+    l.num_kv_heads = d.num_kv_heads;
+    l.head_dim = d.head_dim;
+    l.tokens_per_block = d.tokens_per_block;
+    l.num_blocks = d.num_blocks;
+    l.dtype = sg_dtype_t(d.dtype);
+    l.packing = sg_kv_packing_t(d.packing);
+    l.order = sg_block_order_t(d.block_order);
+    l.mem_kind = sg_mem_kind_t(d.mem_kind);
+    if (l.num_layers > 65536) fail(SG_ERR_PROTOCOL, "peer sent an invalid KV layout: num_layers > 65536");
+    derive(l, SG_ERR_PROTOCOL, d.block_stride_bytes);
+    return l;
+}
+
+wire::LayoutDesc Layout::to_desc() const {
+    wire::LayoutDesc d;
+    d.num_layers = num_layers;
+    d.num_kv_heads = num_kv_heads;
+    d.head_dim = head_dim;
+    d.tokens_per_block = tokens_per_block;
+    d.num_blocks = num_blocks;
+    d.dtype = uint32_t(dtype);
+    d.packing = uint32_t(packing);
+    d.block_order = uint32_t(order);
+    d.mem_kind = uint32_t(mem_kind);
+    d.block_stride_bytes = block_stride;
+    return d;
+}
+
+void check_mappable(const Layout &src, const Layout &dst) {
+    auto mismatch = [](const char *field, uint64_t a, uint64_t b) {
+        fail(SG_ERR_LAYOUT_MISMATCH, std::string("KV layouts cannot be mapped: ") + field + " differs (source " +
+                                         std::to_string(a) + ", destination " + std::to_string(b) + ")");
+    };
+    if (src.num_layers != dst.num_layers) mismatch("num_layers", src.num_layers, dst.num_layers);
+    if (src.num_kv_heads != dst.num_kv_heads) mismatch("num_kv_heads", src.num_kv_heads, dst.num_kv_heads);
+    if (src.head_dim != dst.head_dim) mismatch("head_dim", src.head_dim, dst.head_dim);
+    if (src.dtype != dst.dtype) mismatch("dtype", src.dtype, dst.dtype);
+}
+
+void check_block_table(const Layout &layout, std::span<const uint32_t> ids, uint64_t num_tokens) {
+    if (num_tokens == 0) fail(SG_ERR_INVALID_ARGUMENT, "num_tokens must be >= 1");
+    const uint64_t needed = (num_tokens + layout.tokens_per_block - 1) / layout.tokens_per_block;
+    if (ids.size() < needed)
+        fail(SG_ERR_OUT_OF_RANGE, "block table has " + std::to_string(ids.size()) + " blocks but " +
+                                      std::to_string(num_tokens) + " tokens need " + std::to_string(needed));
+    for (size_t i = 0; i < ids.size(); ++i)
+        if (ids[i] >= layout.num_blocks)
+            fail(SG_ERR_OUT_OF_RANGE, "block_ids[" + std::to_string(i) + "] = " + std::to_string(ids[i]) +
+                                          " is outside the pool (num_blocks " + std::to_string(layout.num_blocks) + ")");
+}
+
+void Residency::reset(uint32_t num_layers, size_t num_blocks) {
+    num_blocks_ = num_blocks;
+    words_per_layer_ = (num_blocks + 63) / 64;
+    bits_.assign(size_t(num_layers) * words_per_layer_, 0);
+}
+
+void Residency::set_layer(uint32_t layer) {
+    uint64_t *w = bits_.data() + layer * words_per_layer_;
+    for (size_t i = 0; i < words_per_layer_; ++i) w[i] = ~uint64_t(0);
+    if (num_blocks_ % 64) w[words_per_layer_ - 1] = (uint64_t(1) << (num_blocks_ % 64)) - 1;
+}
+
+void Residency::set(uint32_t layer, size_t i) { bits_[layer * words_per_layer_ + i / 64] |= uint64_t(1) << (i % 64); }
+
+bool Residency::test(uint32_t layer, size_t i) const {
+    return bits_[layer * words_per_layer_ + i / 64] >> (i % 64) & 1;
+}
+
+size_t Residency::count(uint32_t layer) const {
+    size_t n = 0;
+    for (size_t i = 0; i < words_per_layer_; ++i) n += size_t(std::popcount(bits_[layer * words_per_layer_ + i]));
+    return n;
+}
+
+void Residency::copy_layer(uint32_t layer, uint8_t *out) const {
+    const uint64_t *w = bits_.data() + layer * words_per_layer_;
+    for (size_t b = 0; b < (num_blocks_ + 7) / 8; ++b) out[b] = uint8_t(w[b / 8] >> (8 * (b % 8)));
+}
+
+}  // namespace sg::kv

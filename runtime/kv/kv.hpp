@@ -1,0 +1,87 @@
+// runtime/kv: paged KV pool layouts — validation, block addressing, mapping between two layouts —
+// and residency bitmaps. Depends on common/ and wire/ (for the layout descriptor a peer sends).
+//
+// A pool has, per layer, one region (fused K+V, or K) or two (K and V). A block's K plane holds
+// tokens_per_block x num_kv_heads x head_dim elements, ordered token-major or head-major; its V
+// plane is the same shape, in the V region (separate) or right after the K plane (fused).
+#pragma once
+
+#include "common/common.hpp"
+#include "wire/wire.hpp"
+
+#include <smartgen/smartgen.h>
+
+#include <cstdint>
+#include <span>
+
+namespace sg::kv {
+
+struct Layout {
+    uint32_t num_layers = 0, num_kv_heads = 0, head_dim = 0, tokens_per_block = 0;
+    uint64_t num_blocks = 0;
+    sg_dtype_t dtype = SG_DTYPE_FP16;
+    sg_kv_packing_t packing = SG_KV_SEPARATE;
+    sg_block_order_t order = SG_BLOCK_TOKEN_MAJOR;
+    sg_mem_kind_t mem_kind = SG_MEM_HOST;
+    int32_t device = 0;
+    // Derived, always set by make_layout / from_desc.
+    uint64_t elem_bytes = 0;
+    uint64_t plane_bytes = 0;   // one K (or V) plane of one block
+    uint64_t block_stride = 0;  // bytes between consecutive blocks in a region
+
+    uint32_t regions_per_layer() const { return packing == SG_KV_SEPARATE ? 2 : 1; }
+    uint64_t region_bytes() const { return num_blocks * block_stride; }
+    uint64_t row_bytes() const { return uint64_t(head_dim) * elem_bytes; }  // one head, one token
+
+    // Where plane p (0 = K, 1 = V) of `block` starts: region index within the layer, byte offset.
+    struct Loc {
+        uint32_t region;
+        uint64_t offset;
+    };
+    Loc plane(uint32_t p, uint64_t block) const {
+        if (packing == SG_KV_SEPARATE) return {p, block * block_stride};
+        return {0, block * block_stride + p * plane_bytes};
+    }
+    // Offset inside a plane of (token-in-block, head).
+    uint64_t row_offset(uint32_t token, uint32_t head) const {
+        if (order == SG_BLOCK_TOKEN_MAJOR) return (uint64_t(token) * num_kv_heads + head) * row_bytes();
+        return (uint64_t(head) * tokens_per_block + token) * row_bytes();
+    }
+
+    wire::LayoutDesc to_desc() const;
+};
+
+// Validates a public layout (already copied to full size) and derives the rest.
+// Throws Error(SG_ERR_INVALID_LAYOUT) naming the bad field.
+Layout make_layout(const sg_kv_layout_t &pub);
+// Same checks for a descriptor received from a peer (SG_ERR_PROTOCOL on nonsense).
+Layout from_desc(const wire::LayoutDesc &desc);
+
+// Throws Error(SG_ERR_LAYOUT_MISMATCH) naming the field when src cannot be mapped onto dst.
+// Block ids, tokens per block, packing, block order and stride may differ; shape and dtype may not.
+void check_mappable(const Layout &src, const Layout &dst);
+
+// Checks a request's block table against a pool: every id < num_blocks and enough blocks for
+// num_tokens. Throws Error(SG_ERR_OUT_OF_RANGE) naming the first bad entry.
+void check_block_table(const Layout &layout, std::span<const uint32_t> block_ids, uint64_t num_tokens);
+
+// Per layer, one bit per entry of a request's block table; a bit is set only once that block's
+// bytes are in place.
+class Residency {
+  public:
+    void reset(uint32_t num_layers, size_t num_blocks);
+    void set_layer(uint32_t layer);
+    void set(uint32_t layer, size_t index);
+    bool test(uint32_t layer, size_t index) const;
+    size_t count(uint32_t layer) const;
+    size_t num_blocks() const { return num_blocks_; }
+    // Copies a layer's bits LSB-first into out (ceil(num_blocks/8) bytes).
+    void copy_layer(uint32_t layer, uint8_t *out) const;
+
+  private:
+    size_t words_per_layer_ = 0;
+    size_t num_blocks_ = 0;
+    Vec<uint64_t> bits_;
+};
+
+}  // namespace sg::kv

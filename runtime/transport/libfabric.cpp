@@ -1,0 +1,329 @@
+// libfabric implementation of Transport: one RDM endpoint, one completion queue for transmit and
+// receive, an address vector, and a ring of pre-posted receive buffers for control messages.
+#include "transport/transport.hpp"
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+namespace sg::transport {
+
+namespace {
+
+std::string fi_text(int rc) { return std::string(fi_strerror(-rc)) + " (" + std::to_string(rc) + ")"; }
+
+[[noreturn]] void fi_fail(const std::string &what, int rc) { fail(SG_ERR_TRANSPORT, what + ": " + fi_text(rc)); }
+
+// Capabilities every SmartGen endpoint needs.
+constexpr uint64_t kCaps = FI_MSG | FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_SEND | FI_RECV;
+// MR regimes implemented: scalable (0) and the "basic" bits verbs/efa ask for.
+constexpr uint64_t kMrModes = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+
+struct InfoDeleter {
+    void operator()(fi_info *i) const { fi_freeinfo(i); }
+};
+using InfoPtr = std::unique_ptr<fi_info, InfoDeleter>;
+
+InfoPtr make_hints() {
+    InfoPtr hints(fi_allocinfo());
+    if (!hints) fail(SG_ERR_NO_MEMORY, "fi_allocinfo failed");
+    hints->ep_attr->type = FI_EP_RDM;
+    hints->caps = kCaps;
+    hints->mode = FI_CONTEXT | FI_CONTEXT2;
+    hints->domain_attr->mr_mode = int(kMrModes);
+    hints->domain_attr->threading = FI_THREAD_DOMAIN;
+    hints->tx_attr->msg_order = FI_ORDER_SAS;
+    hints->rx_attr->msg_order = FI_ORDER_SAS;
+    return hints;
+}
+
+Capabilities caps_of(const fi_info *i) {
+    Capabilities c;
+    c.provider = i->fabric_attr->prov_name ? i->fabric_attr->prov_name : "";
+    c.fabric = i->fabric_attr->name ? i->fabric_attr->name : "";
+    c.domain = i->domain_attr->name ? i->domain_attr->name : "";
+    c.caps = i->caps;
+    c.mr_mode = uint64_t(i->domain_attr->mr_mode);
+    c.msg_order = i->tx_attr->msg_order;
+    c.max_msg_size = i->ep_attr->max_msg_size;
+    c.rma_iov_limit = i->tx_attr->rma_iov_limit;
+    c.iov_limit = i->tx_attr->iov_limit;
+    c.inject_size = i->tx_attr->inject_size;
+    c.mr_key_size = i->domain_attr->mr_key_size;
+    c.hmem = (i->caps & FI_HMEM) != 0;
+    c.needs_local_desc = (c.mr_mode & FI_MR_LOCAL) != 0;
+    c.virt_addr = (c.mr_mode & FI_MR_VIRT_ADDR) != 0;
+    c.provider_keys = (c.mr_mode & FI_MR_PROV_KEY) != 0;
+    c.send_after_write = (c.msg_order & FI_ORDER_SAW) != 0;
+    return c;
+}
+
+}  // namespace
+
+std::vector<Candidate> discover(const char *local_addr) {
+    (void)local_addr;  // discovery lists every domain; the address matters when a context opens one
+    InfoPtr hints(fi_allocinfo());
+    if (!hints) fail(SG_ERR_NO_MEMORY, "fi_allocinfo failed");
+    // Ask broadly, so that providers lacking something show up with the reason they are rejected.
+    hints->mode = ~uint64_t(0);
+    hints->domain_attr->mr_mode = int(FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY |
+                                      FI_MR_ENDPOINT | FI_MR_RAW | FI_MR_MMU_NOTIFY | FI_MR_RMA_EVENT | FI_MR_HMEM);
+    fi_info *list = nullptr;
+    int rc = fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, hints.get(), &list);
+    std::vector<Candidate> out;
+    if (rc == -FI_ENODATA) return out;
+    if (rc) fi_fail("fi_getinfo", rc);
+    InfoPtr owner(list);
+    for (fi_info *i = list; i; i = i->next) {
+        Candidate c;
+        c.caps = caps_of(i);
+        c.rdm = i->ep_attr->type == FI_EP_RDM;
+        c.caps.mr_mode = uint64_t(i->domain_attr->mr_mode);
+        bool seen = false;
+        for (auto &o : out)
+            if (o.caps.provider == c.caps.provider && o.caps.domain == c.caps.domain && o.rdm == c.rdm) seen = true;
+        if (!seen) out.push_back(std::move(c));
+    }
+    return out;
+}
+
+namespace {
+
+// Receive slots and op cookies start with the provider's context space.
+struct RecvSlot {
+    alignas(16) uint8_t provider_ctx[kCookieBytes];
+    uint8_t *buf;
+};
+
+class LibfabricTransport final : public Transport {
+  public:
+    explicit LibfabricTransport(const OpenOptions &opt) { open(opt); }
+    ~LibfabricTransport() override { close(); }
+
+    const Capabilities &caps() const override { return caps_; }
+
+    std::vector<uint8_t> local_address() const override {
+        std::vector<uint8_t> name(256);
+        size_t len = name.size();
+        int rc = fi_getname(&ep_->fid, name.data(), &len);
+        if (rc == -FI_ETOOSMALL) {
+            name.resize(len);
+            rc = fi_getname(&ep_->fid, name.data(), &len);
+        }
+        if (rc) fi_fail("fi_getname", rc);
+        name.resize(len);
+        return name;
+    }
+
+    PeerAddr insert_peer(std::span<const uint8_t> address) override {
+        fi_addr_t addr = FI_ADDR_UNSPEC;
+        int rc = fi_av_insert(av_, address.data(), 1, &addr, 0, nullptr);
+        if (rc != 1) fail(SG_ERR_TRANSPORT, "fi_av_insert of the peer's endpoint name failed: " + fi_text(rc));
+        return addr;
+    }
+
+    void remove_peer(PeerAddr peer) override {
+        fi_addr_t a = peer;
+        fi_av_remove(av_, &a, 1, 0);
+    }
+
+    Registration register_memory(void *addr, uint64_t len, uint64_t requested_key) override {
+        fid_mr *mr = nullptr;
+        const uint64_t access = FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_SEND | FI_RECV;
+        int rc = fi_mr_reg(domain_, addr, len, access, 0, requested_key, 0, &mr, nullptr);
+        if (rc) fi_fail("fi_mr_reg of " + std::to_string(len) + " bytes", rc);
+        Registration r;
+        r.mr = mr;
+        r.desc = fi_mr_desc(mr);
+        r.key = fi_mr_key(mr);
+        r.remote_base = caps_.virt_addr ? reinterpret_cast<uint64_t>(addr) : 0;
+        return r;
+    }
+
+    void deregister(Registration &reg) noexcept override {
+        if (reg.mr) fi_close(&static_cast<fid_mr *>(reg.mr)->fid);
+        reg = Registration{};
+    }
+
+    int post_write(PeerAddr peer, std::span<const LocalIov> local, uint64_t remote_addr, uint64_t key,
+                   void *cookie) override {
+        iovec iov[8];
+        void *desc[8];
+        uint64_t total = 0;
+        const size_t n = local.size();
+        for (size_t i = 0; i < n; ++i) {
+            iov[i].iov_base = const_cast<void *>(local[i].addr);
+            iov[i].iov_len = local[i].len;
+            desc[i] = local[i].desc;
+            total += local[i].len;
+        }
+        fi_rma_iov rma{remote_addr, total, key};
+        fi_msg_rma msg{};
+        msg.msg_iov = iov;
+        msg.desc = desc;
+        msg.iov_count = n;
+        msg.addr = peer;
+        msg.rma_iov = &rma;
+        msg.rma_iov_count = 1;
+        msg.context = cookie;
+        ssize_t rc = fi_writemsg(ep_, &msg, write_flags_);
+        if (rc == -FI_EAGAIN) return -EAGAIN;
+        if (rc) fi_fail("fi_writemsg", int(rc));
+        return 0;
+    }
+
+    int post_send(PeerAddr peer, const void *buf, uint64_t len, void *desc, void *cookie) override {
+        ssize_t rc = fi_send(ep_, buf, len, desc, peer, cookie);
+        if (rc == -FI_EAGAIN) return -EAGAIN;
+        if (rc) fi_fail("fi_send", int(rc));
+        return 0;
+    }
+
+    size_t poll(CompletionSink &sink) override {
+        size_t handled = 0;
+        fi_cq_msg_entry entries[32];
+        for (;;) {
+            ssize_t n = fi_cq_read(cq_, entries, 32);
+            if (n == -FI_EAGAIN) break;
+            if (n == -FI_EAVAIL) {
+                fi_cq_err_entry err{};
+                if (fi_cq_readerr(cq_, &err, 0) == 1) {
+                    char text[256];
+                    const char *t = fi_cq_strerror(cq_, err.prov_errno, err.err_data, text, sizeof text);
+                    if (err.flags & FI_RECV) {
+                        // A receive failed (e.g. truncated message): say so and keep the slot alive.
+                        sink.on_complete(nullptr, -int(err.err), t ? t : fi_strerror(int(err.err)));
+                        repost(static_cast<RecvSlot *>(err.op_context));
+                    } else {
+                        sink.on_complete(err.op_context, -int(err.err), t ? t : fi_strerror(int(err.err)));
+                    }
+                    handled++;
+                }
+                continue;
+            }
+            if (n < 0) fi_fail("fi_cq_read", int(n));
+            for (ssize_t k = 0; k < n; ++k) {
+                const fi_cq_msg_entry &e = entries[k];
+                if (e.flags & FI_RECV) {
+                    auto *slot = static_cast<RecvSlot *>(e.op_context);
+                    sink.on_message(std::span<const uint8_t>(slot->buf, e.len));
+                    repost(slot);
+                } else {
+                    sink.on_complete(e.op_context, 0, nullptr);
+                }
+            }
+            handled += size_t(n);
+            if (n < 32) break;
+        }
+        return handled;
+    }
+
+    int wait_fd() const override { return wait_fd_; }
+
+    bool prepare_wait() override {
+        if (wait_fd_ < 0) return false;
+        fid *f = &cq_->fid;
+        return fi_trywait(fabric_, &f, 1) == FI_SUCCESS;
+    }
+
+  private:
+    void open(const OpenOptions &opt) {
+        InfoPtr hints = make_hints();
+        std::string prov = opt.provider.empty() ? "tcp;ofi_rxm" : opt.provider;
+        hints->fabric_attr->prov_name = strdup(prov.c_str());
+        const bool network = prov != "shm";
+        const std::string node = opt.local_addr.empty() ? "127.0.0.1" : opt.local_addr;
+        fi_info *list = nullptr;
+        int rc = fi_getinfo(FI_VERSION(1, 17), network ? node.c_str() : nullptr, nullptr, network ? FI_SOURCE : 0,
+                            hints.get(), &list);
+        if (rc == -FI_ENODATA)
+            fail(SG_ERR_NO_PROVIDER, "provider '" + prov + "' offers no RDM endpoint with FI_RMA|FI_MSG" +
+                                         (network ? " on " + node : std::string()) +
+                                         " (run smartgen-info to see why each provider was rejected)");
+        if (rc) fi_fail("fi_getinfo for " + prov, rc);
+        info_.reset(list);
+        caps_ = caps_of(list);
+        caps_.provider = prov;  // the layered name ("tcp;ofi_rxm"), which is what users ask for
+
+        if ((rc = fi_fabric(info_->fabric_attr, &fabric_, nullptr))) fi_fail("fi_fabric", rc);
+        if ((rc = fi_domain(fabric_, info_.get(), &domain_, nullptr))) fi_fail("fi_domain", rc);
+        fi_av_attr av_attr{};
+        av_attr.type = FI_AV_TABLE;
+        if ((rc = fi_av_open(domain_, &av_attr, &av_, nullptr))) fi_fail("fi_av_open", rc);
+        fi_cq_attr cq_attr{};
+        cq_attr.format = FI_CQ_FORMAT_MSG;
+        cq_attr.size = 4096;
+        cq_attr.wait_obj = FI_WAIT_FD;
+        if (fi_cq_open(domain_, &cq_attr, &cq_, nullptr)) {
+            cq_attr.wait_obj = FI_WAIT_NONE;  // some providers have no fd; progress then polls
+            if ((rc = fi_cq_open(domain_, &cq_attr, &cq_, nullptr))) fi_fail("fi_cq_open", rc);
+        } else if (fi_control(&cq_->fid, FI_GETWAIT, &wait_fd_)) {
+            wait_fd_ = -1;
+        }
+        if ((rc = fi_endpoint(domain_, info_.get(), &ep_, nullptr))) fi_fail("fi_endpoint", rc);
+        if ((rc = fi_ep_bind(ep_, &av_->fid, 0))) fi_fail("fi_ep_bind(av)", rc);
+        if ((rc = fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV))) fi_fail("fi_ep_bind(cq)", rc);
+        if ((rc = fi_enable(ep_))) fi_fail("fi_enable", rc);
+        // Without send-after-write ordering, a notice may only follow writes that are complete at the
+        // target, so writes ask for delivery completion.
+        write_flags_ = FI_COMPLETION | (caps_.send_after_write ? 0 : FI_DELIVERY_COMPLETE);
+
+        const size_t nbuf = opt.recv_buffers ? opt.recv_buffers : 32;
+        recv_bytes_ = opt.recv_buffer_bytes ? opt.recv_buffer_bytes : 256 * 1024;
+        recv_area_.resize(nbuf * recv_bytes_);
+        if (caps_.needs_local_desc) recv_reg_ = register_memory(recv_area_.data(), recv_area_.size(), 0x5347524356ull);
+        slots_.resize(nbuf);
+        for (size_t i = 0; i < nbuf; ++i) {
+            slots_[i].buf = recv_area_.data() + i * recv_bytes_;
+            repost(&slots_[i]);
+        }
+    }
+
+    void repost(RecvSlot *slot) {
+        for (int tries = 0;; ++tries) {
+            ssize_t rc = fi_recv(ep_, slot->buf, recv_bytes_, recv_reg_.desc, FI_ADDR_UNSPEC, slot);
+            if (rc == 0) return;
+            if (rc != -FI_EAGAIN || tries > 1000) fi_fail("fi_recv", int(rc));
+            fi_cq_msg_entry scratch;
+            (void)fi_cq_read(cq_, &scratch, 0);  // drives progress without consuming entries
+        }
+    }
+
+    void close() noexcept {
+        if (ep_) fi_close(&ep_->fid);
+        if (recv_reg_.mr) deregister(recv_reg_);
+        if (cq_) fi_close(&cq_->fid);
+        if (av_) fi_close(&av_->fid);
+        if (domain_) fi_close(&domain_->fid);
+        if (fabric_) fi_close(&fabric_->fid);
+    }
+
+    InfoPtr info_;
+    Capabilities caps_;
+    fid_fabric *fabric_ = nullptr;
+    fid_domain *domain_ = nullptr;
+    fid_av *av_ = nullptr;
+    fid_cq *cq_ = nullptr;
+    fid_ep *ep_ = nullptr;
+    int wait_fd_ = -1;
+    uint64_t write_flags_ = FI_COMPLETION;
+    size_t recv_bytes_ = 0;
+    std::vector<uint8_t> recv_area_;
+    Registration recv_reg_;
+    std::vector<RecvSlot> slots_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> open_libfabric(const OpenOptions &options) {
+    return std::make_unique<LibfabricTransport>(options);
+}
+
+}  // namespace sg::transport

@@ -1,0 +1,122 @@
+// runtime/transport: the one interface every fabric sits behind, and its libfabric implementation.
+// Depends on common/ only. Order of use: capabilities -> register -> post -> poll -> release.
+//
+// A Transport is driven by one thread at a time (the context serialises calls); it never calls back
+// into the runtime except through the CompletionSink passed to poll().
+#pragma once
+
+#include "common/common.hpp"
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace sg::transport {
+
+// What a provider offers, as the runtime needs to know it.
+struct Capabilities {
+    std::string provider;  // e.g. "tcp;ofi_rxm"
+    std::string fabric;
+    std::string domain;
+    uint64_t caps = 0;
+    uint64_t mr_mode = 0;
+    uint64_t msg_order = 0;
+    uint64_t max_msg_size = 0;
+    uint64_t rma_iov_limit = 0;
+    uint64_t iov_limit = 0;
+    uint64_t inject_size = 0;
+    uint64_t mr_key_size = 8;
+    bool hmem = false;
+    // Derived from the bits above.
+    bool needs_local_desc = false;    // FI_MR_LOCAL: local buffers need a registration descriptor
+    bool virt_addr = false;           // FI_MR_VIRT_ADDR: remote addresses are virtual addresses
+    bool provider_keys = false;       // FI_MR_PROV_KEY: keys come from the provider
+    bool send_after_write = false;    // FI_ORDER_SAW: a send never overtakes an earlier write
+};
+
+// A candidate as ranked for the runtime, with the reason it was kept or rejected.
+struct Candidate {
+    Capabilities caps;
+    bool rdm = false;       // endpoint type FI_EP_RDM
+    bool usable = false;
+    int rank = -1;          // lower is better for a remote peer
+    std::string reason;
+};
+
+// Ranks what fi_getinfo found (or a fake table in tests): usable needs RDM + FI_RMA + FI_MSG and an
+// MR regime this runtime implements; verbs;ofi_rxm and efa come first, then tcp;ofi_rxm, and shm is
+// kept for peers on the same host only. The result keeps the input order stable within a rank.
+std::vector<Candidate> rank_candidates(std::vector<Candidate> found);
+// The candidate to use for a peer on another host (index into ranked, or -1), and for one on this host.
+int choose_remote(const std::vector<Candidate> &ranked);
+int choose_local(const std::vector<Candidate> &ranked);
+// Normalises a provider name the user typed ("tcp" -> "tcp;ofi_rxm", "verbs" -> "verbs;ofi_rxm").
+std::string canonical_provider(const std::string &name);
+
+// Everything libfabric reports for an RDM endpoint with FI_RMA | FI_MSG, bound near local_addr.
+std::vector<Candidate> discover(const char *local_addr);
+
+using PeerAddr = uint64_t;  // fi_addr_t
+
+struct Registration {
+    uint64_t key = 0;          // the remote key the peer uses
+    uint64_t remote_base = 0;  // what the peer adds offsets to (virtual address, or 0)
+    void *desc = nullptr;      // local descriptor for FI_MR_LOCAL providers
+    void *mr = nullptr;        // provider's handle
+};
+
+struct LocalIov {
+    const void *addr;
+    uint64_t len;
+    void *desc;
+};
+
+// The runtime's side of poll(): told about every completion, in completion order.
+class CompletionSink {
+  public:
+    virtual ~CompletionSink() = default;
+    // cookie is what was passed to post_*; status 0 or a negative errno-style code with text.
+    virtual void on_complete(void *cookie, int status, const char *error_text) = 0;
+    // A message arrived; bytes are valid only during the call.
+    virtual void on_message(std::span<const uint8_t> bytes) = 0;
+};
+
+class Transport {
+  public:
+    virtual ~Transport() = default;
+    virtual const Capabilities &caps() const = 0;
+    virtual std::vector<uint8_t> local_address() const = 0;
+    virtual PeerAddr insert_peer(std::span<const uint8_t> address) = 0;
+    virtual void remove_peer(PeerAddr peer) = 0;
+    // Registers [addr, addr+len) for local and remote read/write. requested_key is used unless the
+    // provider chooses keys. Throws Error(SG_ERR_TRANSPORT) with the provider's text.
+    virtual Registration register_memory(void *addr, uint64_t len, uint64_t requested_key) = 0;
+    virtual void deregister(Registration &reg) noexcept = 0;
+    // Posting returns 0, or -EAGAIN when the provider's queue is full (retry after poll), or throws.
+    // cookie must point at storage of at least kCookieBytes that stays valid until completion.
+    virtual int post_write(PeerAddr peer, std::span<const LocalIov> local, uint64_t remote_addr, uint64_t key,
+                           void *cookie) = 0;
+    virtual int post_send(PeerAddr peer, const void *buf, uint64_t len, void *desc, void *cookie) = 0;
+    // Reaps completions and arrived messages without blocking; returns how many events were handled.
+    virtual size_t poll(CompletionSink &sink) = 0;
+    // A file descriptor that becomes readable when poll() has work, after prepare_wait() returned
+    // true; -1 when the provider offers none (then callers poll with short sleeps).
+    virtual int wait_fd() const = 0;
+    virtual bool prepare_wait() = 0;
+};
+
+// Cookies handed to post_* start with provider context space.
+inline constexpr size_t kCookieBytes = 64;
+
+struct OpenOptions {
+    std::string provider;    // canonical name; "" = best ranked for a remote peer
+    std::string local_addr;  // "" = 127.0.0.1
+    size_t recv_buffer_bytes = 0;
+    size_t recv_buffers = 0;
+};
+
+std::unique_ptr<Transport> open_libfabric(const OpenOptions &options);
+
+}  // namespace sg::transport

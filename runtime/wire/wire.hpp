@@ -1,0 +1,175 @@
+// runtime/wire: control messages between two SmartGen contexts — encode and decode only.
+//
+// Depends on nothing else in the runtime. Every message is a frame:
+//   u32 magic 'SGW1' | u16 proto_major | u16 proto_minor | u16 type | u16 reserved (0)
+//   | u64 sender context id | u32 body_len | body
+// and the body is a sequence of fields: u16 tag | u32 len | len bytes. A decoder skips fields whose
+// tag it does not know when the tag has kOptionalBit set (a newer minor may add them), and refuses an
+// unknown required tag. Integers are little-endian. Every length is checked against what remains, so
+// a truncated or corrupt message is refused with a reason, never read past its end.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace sg::wire {
+
+inline constexpr uint32_t kMagic = 0x31574753u;  // bytes "SGW1" on the wire (little-endian)
+inline constexpr uint16_t kProtoMajor = 1;
+inline constexpr uint16_t kProtoMinor = 0;
+inline constexpr uint16_t kOptionalBit = 0x8000;
+inline constexpr size_t kFrameHeaderBytes = 4 + 2 + 2 + 2 + 2 + 8 + 4;
+// Largest frame either side sends or accepts (receive buffers are this size).
+inline constexpr size_t kMaxFrameBytes = 256 * 1024;
+
+enum class MsgType : uint16_t {
+    Hello = 1,         // endpoint names and host identity (bootstrap and metadata blobs)
+    HandleExport = 2,  // a KV pool's layout and the keys of its regions
+    Expect = 3,        // decode -> prefill: request id, destination handle and block table
+    LayerReady = 4,    // prefill -> decode: every byte of a layer of a transfer is in place
+    StagedChunk = 5,   // prefill -> decode: a staging slot holds these segments, unpack them
+    StagingCredit = 6, // decode -> prefill: a staging slot is free again
+    TransferDone = 7,  // prefill -> decode: all layers sent
+    Cancel = 8,        // either way: the transfer is canceled (status carried)
+    Error = 9,         // either way: the transfer failed (status and message)
+    Bye = 10,          // graceful close of the session
+};
+
+enum class DecodeError {
+    None = 0,
+    Truncated,       // fewer bytes than a length says
+    BadMagic,
+    VersionMismatch, // another protocol major
+    UnknownType,
+    UnknownRequiredField,
+    MissingField,
+    BadValue,        // a field has the wrong size or an impossible value
+    TooLarge,
+};
+
+const char *decode_error_str(DecodeError e);
+
+struct FrameHeader {
+    uint16_t proto_major = kProtoMajor;
+    uint16_t proto_minor = kProtoMinor;
+    MsgType type = MsgType::Hello;
+    uint64_t sender_ctx = 0;
+    uint32_t body_len = 0;
+};
+
+struct Hello {
+    uint16_t proto_major = kProtoMajor;
+    uint16_t proto_minor = kProtoMinor;
+    uint64_t ctx_id = 0;                  // random per context, names the sender in every frame
+    std::string boot_id;                  // /proc/sys/kernel/random/boot_id
+    uint64_t netns_inode = 0;             // stat(/proc/self/ns/net).st_ino
+    struct Endpoint {
+        std::string provider;             // "tcp;ofi_rxm", "shm", ...
+        std::vector<uint8_t> address;     // fi_getname() bytes
+    };
+    std::vector<Endpoint> endpoints;      // one per provider the context opened
+};
+
+struct Region {
+    uint64_t key = 0;    // remote key of the region's registration
+    uint64_t base = 0;   // address to use in RMA: virtual address (FI_MR_VIRT_ADDR) or 0 (offsets)
+    uint64_t length = 0;
+};
+
+struct LayoutDesc {
+    uint32_t num_layers = 0, num_kv_heads = 0, head_dim = 0, tokens_per_block = 0;
+    uint64_t num_blocks = 0;
+    uint32_t dtype = 0, packing = 0, block_order = 0, mem_kind = 0;
+    uint64_t block_stride_bytes = 0;  // resolved (never 0 on the wire)
+};
+
+struct HandleExport {
+    uint64_t handle_id = 0;          // the exporter's id of the pool, used in Expect
+    LayoutDesc layout;
+    // Region r of layer l: regions[l * regions_per_layer + r]; r = 0 is K (or fused), 1 is V.
+    uint32_t regions_per_layer = 0;
+    std::vector<Region> regions;
+};
+
+struct Expect {
+    std::string request_id;
+    uint64_t decode_xfer_id = 0;     // the decode side's id for this transfer, echoed back
+    uint64_t handle_id = 0;          // destination pool (an exported handle of the sender)
+    uint64_t num_tokens = 0;
+    std::vector<uint32_t> block_ids;
+};
+
+struct LayerReady {
+    uint64_t decode_xfer_id = 0;
+    uint32_t layer = 0;
+    uint64_t bytes = 0;
+};
+
+struct Segment {
+    uint32_t region = 0;   // index into the destination handle's regions
+    uint64_t offset = 0;   // byte offset inside that region
+    uint64_t length = 0;
+};
+
+struct StagedChunk {
+    uint64_t decode_xfer_id = 0;
+    uint32_t layer = 0;
+    uint32_t slot = 0;           // staging slot on the receiver
+    uint64_t slot_offset = 0;    // byte offset of the first segment inside the slot
+    std::vector<Segment> segments;  // packed back to back in the slot, in this order
+};
+
+struct StagingCredit {
+    uint32_t slot = 0;
+};
+
+struct TransferDone {
+    uint64_t decode_xfer_id = 0;
+    uint64_t bytes = 0;
+};
+
+struct TransferError {  // Cancel and Error share this body
+    std::string request_id;
+    uint64_t decode_xfer_id = 0;  // 0 when unknown (e.g. the prefill side cancels before a match)
+    int32_t status = 0;
+    std::string message;
+};
+
+struct Bye {
+    int32_t status = 0;
+};
+
+// Encoding appends one whole frame (header + body) to out.
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Hello &m);
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const HandleExport &m);
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Expect &m);
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const LayerReady &m);
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const StagedChunk &m);
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const StagingCredit &m);
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const TransferDone &m);
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const TransferError &m, MsgType type);
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Bye &m);
+
+// Parses the frame header and checks magic, major version and that body_len fits in `frame`.
+// On success `body` is the body's bytes (a view into frame).
+DecodeError decode_header(std::span<const uint8_t> frame, FrameHeader &hdr, std::span<const uint8_t> &body);
+
+// Body decoders; each checks every field and refuses unknown required tags.
+DecodeError decode(std::span<const uint8_t> body, Hello &m);
+DecodeError decode(std::span<const uint8_t> body, HandleExport &m);
+DecodeError decode(std::span<const uint8_t> body, Expect &m);
+DecodeError decode(std::span<const uint8_t> body, LayerReady &m);
+DecodeError decode(std::span<const uint8_t> body, StagedChunk &m);
+DecodeError decode(std::span<const uint8_t> body, StagingCredit &m);
+DecodeError decode(std::span<const uint8_t> body, TransferDone &m);
+DecodeError decode(std::span<const uint8_t> body, TransferError &m);
+DecodeError decode(std::span<const uint8_t> body, Bye &m);
+
+// For tests of forward compatibility: appends a field with an arbitrary tag to the last frame in
+// `out` (fixing its body_len), as a newer peer would.
+void append_raw_field(std::vector<uint8_t> &out, size_t frame_start, uint16_t tag, std::span<const uint8_t> value);
+
+}  // namespace sg::wire
