@@ -17,7 +17,8 @@ namespace sg::core {
 namespace {
 
 constexpr uint64_t kStagingHandleId = 0;  // HandleExport id reserved for a session's staging area
-constexpr size_t kMaxSegmentsPerChunk = 8192;
+// Keeps a chunk notice (20 bytes a segment) well inside one receive buffer.
+constexpr size_t kMaxSegmentsPerChunk = 4096;
 
 }  // namespace
 
@@ -238,7 +239,6 @@ OpCookie *Context::take_cookie() {
 void Context::give_cookie(OpCookie *c) {
     c->xfer = nullptr;
     c->session = nullptr;
-    c->done_notice = false;
     c->bytes.clear();
     free_cookies_.push_back(c);
 }
@@ -246,13 +246,12 @@ void Context::give_cookie(OpCookie *c) {
 // ---------------------------------------------------------------------------------------------
 // Sending control messages (in order per session, even across EAGAIN)
 // ---------------------------------------------------------------------------------------------
-void Context::send(Session &s, const std::vector<uint8_t> &frame, Transfer *t, bool done_notice) {
+void Context::send(Session &s, const std::vector<uint8_t> &frame, Transfer *t) {
     if (s.closed) return;
     OpCookie *c = take_cookie();
     c->kind = OpCookie::Kind::Send;
     c->session = &s;
     c->xfer = t;
-    c->done_notice = done_notice;
     c->bytes.assign(frame.begin(), frame.end());
     if (t) t->inflight++;
     s.outbox.push_back(c);
@@ -289,7 +288,9 @@ void Context::on_complete(void *cookie, int status, const char *error_text) {
             log.log(SG_LOG_ERROR, "transfer '" + t->request_id + "': " + what + " failed: " + (error_text ? error_text : ""));
             fail_transfer(*t, SG_ERR_TRANSPORT, what + " failed: " + (error_text ? error_text : ""), false);
         } else if (c->kind == OpCookie::Kind::Send) {
-            if (c->done_notice) complete_if_done(*t);
+            // Completions may come in any order (a rendezvous-sized notice can finish after the
+            // done notice), so whichever is last completes the transfer.
+            if (t->done_sent) complete_if_done(*t);
         } else {
             Transfer::Layer &L = t->layers[c->layer];
             L.outstanding--;
@@ -390,14 +391,12 @@ void Context::handle(Session &s, const wire::FrameHeader &h, std::span<const uin
             Transfer &t = *it->second;
             if (m.layer >= t.layers.size() || t.finished()) return;
             Transfer::Layer &L = t.layers[m.layer];
-            if (!L.ready) {
-                L.ready = true;
-                L.ready_ns = now_ns();
-                t.residency.set_layer(m.layer);
-                t.stats.layers_ready++;
+            if (!L.notice_received) {
+                L.notice_received = true;
+                L.chunks_announced = m.staged_chunks;
                 t.stats.bytes += m.bytes;
             }
-            complete_if_done(t);
+            maybe_layer_ready(t, m.layer);
             return;
         }
         case wire::MsgType::StagedChunk: {
@@ -422,6 +421,10 @@ void Context::handle(Session &s, const wire::FrameHeader &h, std::span<const uin
                     pos += seg.length;
                     t.stats.staging_copies++;
                     t.stats.staged_bytes += seg.length;
+                }
+                if (m.layer < t.layers.size()) {
+                    t.layers[m.layer].staged_chunks++;
+                    maybe_layer_ready(t, m.layer);
                 }
             }
             wire::StagingCredit credit;
@@ -874,6 +877,7 @@ bool Context::post_staged_chunk(Transfer &t) {
     t.stats.bytes += used;
     t.stats.staged_bytes += used;
     t.next_op = k;
+    t.layers[layer].staged_chunks++;
     std::vector<uint8_t> notice;
     wire::encode(notice, id, chunk);
     if (s.tp->caps().send_after_write) {
@@ -921,6 +925,7 @@ void Context::maybe_send_notices(Transfer &t) {
             m.decode_xfer_id = t.id;
             m.layer = l;
             m.bytes = t.pool->layout.plane_bytes / t.pool->layout.tokens_per_block * t.num_tokens * 2;
+            m.staged_chunks = L.staged_chunks;
             std::vector<uint8_t> out;
             wire::encode(out, id, m);
             send(*t.session, out, &t);
@@ -945,8 +950,21 @@ void Context::maybe_send_notices(Transfer &t) {
         std::vector<uint8_t> out;
         wire::encode(out, id, m);
         t.done_sent = true;
-        send(*t.session, out, &t, true);
+        send(*t.session, out, &t);
     }
+}
+
+// Decode side: a layer is ready once its notice arrived and every staged chunk it announced has
+// been unpacked, in whatever order the provider completed those messages.
+void Context::maybe_layer_ready(Transfer &t, uint32_t layer) {
+    Transfer::Layer &L = t.layers[layer];
+    if (L.ready || !L.notice_received || L.staged_chunks < L.chunks_announced) return;
+    L.ready = true;
+    L.ready_ns = now_ns();
+    t.residency.set_layer(layer);
+    t.stats.layers_ready++;
+    complete_if_done(t);
+    cv.notify_all();
 }
 
 void Context::complete_if_done(Transfer &t) {

@@ -70,7 +70,6 @@ struct OpCookie {
     Session *session = nullptr;
     uint32_t layer = 0;
     uint32_t staging_slot = 0;
-    bool done_notice = false;
     Vec<uint8_t> bytes;  // message body for sends; segment list encoding for staged writes
 };
 
@@ -136,6 +135,9 @@ class Transfer {
         bool notice_sent = false;    // LayerReady sent (prefill)
         bool ready = false;
         uint32_t outstanding = 0;    // ops of this layer not yet completed (prefill)
+        uint32_t staged_chunks = 0;  // prefill: chunk notices sent; decode: chunks unpacked
+        bool notice_received = false;  // decode: LayerReady arrived
+        uint32_t chunks_announced = 0; // decode: staged_chunks from LayerReady
         uint64_t written_ns = 0, ready_ns = 0;
     };
     std::vector<Layer> layers;
@@ -217,10 +219,11 @@ class Context : public transport::CompletionSink {
     bool post_plain_op(Transfer &t);
     bool post_staged_chunk(Transfer &t);
     void maybe_send_notices(Transfer &t);
-    void send(Session &s, const std::vector<uint8_t> &frame, Transfer *t = nullptr, bool done_notice = false);
+    void send(Session &s, const std::vector<uint8_t> &frame, Transfer *t = nullptr);
     void flush_outbox(Session &s);
     void fail_transfer(Transfer &t, sg_status_t status, const std::string &message, bool tell_peer);
     void complete_if_done(Transfer &t);
+    void maybe_layer_ready(Transfer &t, uint32_t layer);
     void match(Session &s, const std::shared_ptr<Transfer> &t, const wire::Expect &e);
     void handle(Session &s, const wire::FrameHeader &h, std::span<const uint8_t> body);
     void deliver_orphans(Session &s);

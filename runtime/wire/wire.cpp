@@ -13,7 +13,7 @@
 //                  {u64 key, u64 base, u64 length}
 //   Expect         1 request_id bytes, 2 decode_xfer_id u64, 3 handle_id u64, 4 num_tokens u64,
 //                  5 block_ids: packed u32 array
-//   LayerReady     1 decode_xfer_id u64, 2 layer u32, 3 bytes u64
+//   LayerReady     1 decode_xfer_id u64, 2 layer u32, 3 bytes u64, 4 staged_chunks u32
 //   StagedChunk    1 decode_xfer_id u64, 2 layer u32, 3 slot u32, 4 slot_offset u64,
 //                  5 segments: packed 20-byte records {u32 region, u64 offset, u64 length}
 //   StagingCredit  1 slot u32
@@ -252,6 +252,7 @@ void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const LayerReady &m)
         int_field(out, 1, m.decode_xfer_id);
         int_field(out, 2, m.layer);
         int_field(out, 3, m.bytes);
+        int_field(out, 4, m.staged_chunks);
     });
 }
 
@@ -398,11 +399,12 @@ DecodeError decode(std::span<const uint8_t> body, Expect &m) {
 }
 
 DecodeError decode(std::span<const uint8_t> body, LayerReady &m) {
-    return walk(body, {3}, [&](uint16_t tag, Bytes v) {
+    return walk(body, {4}, [&](uint16_t tag, Bytes v) {
         switch (tag) {
         case 1: return get(v, m.decode_xfer_id);
         case 2: return get(v, m.layer);
         case 3: return get(v, m.bytes);
+        case 4: return get(v, m.staged_chunks);
         }
         return kUnreachable;
     });

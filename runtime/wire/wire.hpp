@@ -106,6 +106,10 @@ struct LayerReady {
     uint64_t decode_xfer_id = 0;
     uint32_t layer = 0;
     uint64_t bytes = 0;
+    // StagedChunk notices of this layer sent before this notice. Providers may complete a large
+    // (rendezvous) message after a later small one, so the receiver counts unpacked chunks instead
+    // of trusting arrival order.
+    uint32_t staged_chunks = 0;
 };
 
 struct Segment {

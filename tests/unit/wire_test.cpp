@@ -38,7 +38,8 @@ static bool operator==(const Expect &a, const Expect &b) {
            std::tie(b.request_id, b.decode_xfer_id, b.handle_id, b.num_tokens, b.block_ids);
 }
 static bool operator==(const LayerReady &a, const LayerReady &b) {
-    return std::tie(a.decode_xfer_id, a.layer, a.bytes) == std::tie(b.decode_xfer_id, b.layer, b.bytes);
+    return std::tie(a.decode_xfer_id, a.layer, a.bytes, a.staged_chunks) ==
+           std::tie(b.decode_xfer_id, b.layer, b.bytes, b.staged_chunks);
 }
 static bool operator==(const StagedChunk &a, const StagedChunk &b) {
     return std::tie(a.decode_xfer_id, a.layer, a.slot, a.slot_offset, a.segments) ==
@@ -244,7 +245,7 @@ TEST(WireRoundTrip, Expect) {
 }
 
 TEST(WireRoundTrip, SmallMessages) {
-    const LayerReady lr{0x1122334455667788ull, 0xdeadbeef, 1ull << 63};
+    const LayerReady lr{0x1122334455667788ull, 0xdeadbeef, 1ull << 63, 0xfeedu};
     EXPECT_EQ(round_trip(lr), lr);
     EXPECT_EQ(round_trip(sample_chunk()), sample_chunk());
     EXPECT_EQ(round_trip(StagedChunk{1, 2, 3, 4, {}}), (StagedChunk{1, 2, 3, 4, {}}));
@@ -460,10 +461,11 @@ TEST(WireFields, UnknownRequiredFieldIsRefused) {
 
 TEST(WireFields, WrongSizeIntegerIsBadValue) {
     LayerReady lr;
-    EXPECT_EQ(decode(Body{}.num(1, 1, 8).num(2, 2, 4).num(3, 3, 8).b, lr), E::None);
-    EXPECT_EQ(decode(Body{}.num(1, 1, 8).num(2, 2, 8).num(3, 3, 8).b, lr), E::BadValue);
-    EXPECT_EQ(decode(Body{}.num(1, 1, 4).num(2, 2, 4).num(3, 3, 8).b, lr), E::BadValue);
-    EXPECT_EQ(decode(Body{}.num(1, 1, 8).num(2, 2, 4).num(3, 3, 0).b, lr), E::BadValue);
+    EXPECT_EQ(decode(Body{}.num(1, 1, 8).num(2, 2, 4).num(3, 3, 8).num(4, 0, 4).b, lr), E::None);
+    EXPECT_EQ(decode(Body{}.num(1, 1, 8).num(2, 2, 8).num(3, 3, 8).num(4, 0, 4).b, lr), E::BadValue);
+    EXPECT_EQ(decode(Body{}.num(1, 1, 4).num(2, 2, 4).num(3, 3, 8).num(4, 0, 4).b, lr), E::BadValue);
+    EXPECT_EQ(decode(Body{}.num(1, 1, 8).num(2, 2, 4).num(3, 3, 0).num(4, 0, 4).b, lr), E::BadValue);
+    EXPECT_EQ(decode(Body{}.num(1, 1, 8).num(2, 2, 4).num(3, 3, 8).num(4, 0, 8).b, lr), E::BadValue);
     Bye bye;
     EXPECT_EQ(decode(Body{}.num(1, 1, 2).b, bye), E::BadValue);
     Hello hello;

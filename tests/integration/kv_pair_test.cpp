@@ -1,0 +1,286 @@
+// Two processes move a Llama-shaped paged KV cache (4 layers x 8 KV heads x 128 head dim, 16-token
+// blocks, fp16, K and V separate, 256 MiB pool per side) with random scattered block tables on both
+// sides, over >= 100 randomised transfers per provider. The decode process checks every byte of a
+// layer as soon as that layer is reported ready, while later layers are still moving.
+#include "pair_harness.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using sgtest::kSecond;
+
+struct Shape {
+    uint32_t layers = 4, heads = 8, head_dim = 128, tpb = 16;
+    uint64_t blocks = 1024;  // 4 layers x K,V x 1024 blocks x 32 KiB = 256 MiB
+    sg_block_order_t order = SG_BLOCK_TOKEN_MAJOR;
+};
+
+uint64_t mix(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    return x ^ (x >> 33);
+}
+
+// Value of element d of (layer, plane, token, head) in transfer `seed`: cheap per element, distinct
+// per row and per transfer, so stale data from an earlier transfer can never pass.
+inline void expected_row(uint64_t seed, uint32_t layer, uint32_t plane, uint64_t token, uint32_t head, uint16_t *out,
+                         uint32_t head_dim) {
+    const uint64_t h = mix(seed * 0x9e3779b97f4a7c15ull + (((uint64_t(layer) * 2 + plane) << 40) ^ (token << 12) ^ head));
+    for (uint32_t d = 0; d < head_dim; ++d) out[d] = uint16_t((h >> 16) + d * 0x9e37u);
+}
+
+struct Pool {
+    Shape shape;
+    std::vector<std::vector<uint16_t>> k, v;
+    std::vector<void *> kp, vp;
+    sg_kv_layout_t layout;
+
+    explicit Pool(const Shape &s) : shape(s) {
+        const size_t elems = size_t(s.blocks) * s.tpb * s.heads * s.head_dim;
+        k.assign(s.layers, std::vector<uint16_t>(elems));
+        v.assign(s.layers, std::vector<uint16_t>(elems));
+        for (uint32_t l = 0; l < s.layers; ++l) {
+            kp.push_back(k[l].data());
+            vp.push_back(v[l].data());
+        }
+        sg_kv_layout_init(&layout);
+        layout.num_layers = s.layers;
+        layout.num_kv_heads = s.heads;
+        layout.head_dim = s.head_dim;
+        layout.tokens_per_block = s.tpb;
+        layout.num_blocks = s.blocks;
+        layout.dtype = SG_DTYPE_FP16;
+        layout.packing = SG_KV_SEPARATE;
+        layout.block_order = s.order;
+        layout.layer_k_base = kp.data();
+        layout.layer_v_base = vp.data();
+        layout.layer_base_count = s.layers;
+    }
+
+    uint16_t *row(uint32_t layer, uint32_t plane, uint32_t block, uint32_t tok_in_block, uint32_t head) {
+        uint16_t *base = (plane ? v : k)[layer].data() + size_t(block) * shape.tpb * shape.heads * shape.head_dim;
+        const size_t r = shape.order == SG_BLOCK_TOKEN_MAJOR ? size_t(tok_in_block) * shape.heads + head
+                                                             : size_t(head) * shape.tpb + tok_in_block;
+        return base + r * shape.head_dim;
+    }
+};
+
+// Transfer i of a run: its size, both block tables and how prefill reports layers.
+struct Plan {
+    uint64_t seed;
+    uint64_t tokens;
+    std::vector<uint32_t> src_table, dst_table;
+    bool all_written;
+};
+
+std::vector<uint32_t> random_table(std::mt19937_64 &rng, uint64_t pool_blocks, uint64_t n) {
+    std::vector<uint32_t> ids(pool_blocks);
+    std::iota(ids.begin(), ids.end(), 0u);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    ids.resize(n);
+    return ids;
+}
+
+Plan make_plan(uint64_t run_seed, int i, const Shape &src, const Shape &dst) {
+    std::mt19937_64 rng(run_seed * 1000003 + uint64_t(i));
+    Plan p;
+    p.seed = rng();
+    const uint64_t cap = std::min(src.blocks * src.tpb, dst.blocks * dst.tpb);
+    // Mostly a few thousand tokens; every 25th transfer fills the whole pool (256 MiB).
+    p.tokens = (i % 25 == 24) ? cap : 1 + rng() % std::min<uint64_t>(cap, 4096);
+    p.src_table = random_table(rng, src.blocks, (p.tokens + src.tpb - 1) / src.tpb);
+    p.dst_table = random_table(rng, dst.blocks, (p.tokens + dst.tpb - 1) / dst.tpb);
+    p.all_written = rng() % 3 == 0;
+    return p;
+}
+
+int transfer_count() {
+    const char *e = std::getenv("SG_TEST_TRANSFERS");
+    return e ? std::max(1, std::atoi(e)) : 100;
+}
+
+void fill_source(Pool &pool, const Plan &p, uint32_t layer) {
+    const Shape &s = pool.shape;
+    for (uint32_t plane = 0; plane < 2; ++plane)
+        for (uint64_t t = 0; t < p.tokens; ++t)
+            for (uint32_t h = 0; h < s.heads; ++h)
+                expected_row(p.seed, layer, plane, t, h, pool.row(layer, plane, p.src_table[t / s.tpb], uint32_t(t % s.tpb), h),
+                             s.head_dim);
+}
+
+// Returns the number of mismatching rows of one layer (0 = every byte right).
+uint64_t verify_layer(Pool &pool, const Plan &p, uint32_t layer) {
+    const Shape &s = pool.shape;
+    std::vector<uint16_t> want(s.head_dim);
+    uint64_t bad = 0;
+    for (uint32_t plane = 0; plane < 2; ++plane)
+        for (uint64_t t = 0; t < p.tokens; ++t)
+            for (uint32_t h = 0; h < s.heads; ++h) {
+                expected_row(p.seed, layer, plane, t, h, want.data(), s.head_dim);
+                const uint16_t *got = pool.row(layer, plane, p.dst_table[t / s.tpb], uint32_t(t % s.tpb), h);
+                bad += std::memcmp(got, want.data(), s.head_dim * 2) != 0;
+            }
+    return bad;
+}
+
+// The decode process: expects every transfer, checks each layer inside its ready event.
+int decode_side(const char *provider, uint16_t port, uint64_t run_seed, int count, Shape src_shape, Shape dst_shape) {
+    sg_context_t ctx = sgtest::make_context(provider);
+    CHILD_CHECK(ctx, "context");
+    sg_session_t s = nullptr;
+    CHILD_CHECK(sg_session_connect(ctx, "127.0.0.1", port, nullptr, 5000, &s, nullptr) == SG_OK, "connect");
+    Pool pool(dst_shape);
+    sg_kv_handle_t kv = nullptr;
+    CHILD_CHECK(sg_kv_register(ctx, &pool.layout, &kv, nullptr) == SG_OK, "register");
+    CHILD_CHECK(sg_session_export_kv(s, kv) == SG_OK, "export");
+    std::vector<uint8_t> bitmap;
+    for (int i = 0; i < count; ++i) {
+        const Plan p = make_plan(run_seed, i, src_shape, dst_shape);
+        const std::string rid = "req-" + std::to_string(i);
+        sg_transfer_t x = nullptr;
+        CHILD_CHECK(sg_transfer_expect(s, rid.c_str(), kv, p.dst_table.data(), p.dst_table.size(), p.tokens, nullptr, &x,
+                                       nullptr) == SG_OK,
+                    "expect %d", i);
+        for (uint32_t l = 0; l < dst_shape.layers; ++l) {
+            const sg_status_t st = sg_transfer_wait_layer(x, l, 5 * kSecond);
+            CHILD_CHECK(st == SG_OK, "transfer %d layer %u ready: %s", i, l, sg_status_str(st));
+            uint32_t state = 0;
+            CHILD_CHECK(sg_transfer_layer_state(x, l, &state) == SG_OK && (state & SG_LAYER_READY), "layer state");
+            size_t nbits = 0;
+            bitmap.assign((p.dst_table.size() + 7) / 8, 0);
+            CHILD_CHECK(sg_transfer_residency(x, l, bitmap.data(), bitmap.size(), &nbits) == SG_OK, "residency");
+            CHILD_CHECK(nbits == p.dst_table.size(), "residency bits %zu", nbits);
+            for (size_t b = 0; b < nbits; ++b) CHILD_CHECK(bitmap[b / 8] >> (b % 8) & 1, "block %zu not resident", b);
+            const uint64_t bad = verify_layer(pool, p, l);
+            CHILD_CHECK(bad == 0, "transfer %d layer %u: %llu rows differ", i, l, (unsigned long long)bad);
+        }
+        const sg_status_t st = sg_transfer_wait(x, 5 * kSecond);
+        CHILD_CHECK(st == SG_OK, "transfer %d complete: %s", i, sg_status_str(st));
+        sg_transfer_stats_t stats{};
+        stats.struct_size = sizeof stats;
+        CHILD_CHECK(sg_transfer_stats(x, &stats) == SG_OK && stats.layers_ready == dst_shape.layers, "stats");
+        CHILD_CHECK(sg_transfer_release(x) == SG_OK, "release");
+    }
+    CHILD_CHECK(sg_kv_deregister(kv) == SG_OK, "deregister");
+    CHILD_CHECK(sg_session_destroy(s) == SG_OK, "session destroy");
+    CHILD_CHECK(sg_context_destroy(ctx) == SG_OK, "context destroy");
+    return 0;
+}
+
+const char *transport_name(const char *p) { return std::strcmp(p, "tcp") == 0 ? "tcp;ofi_rxm" : p; }
+
+struct RunConfig {
+    const char *provider;
+    uint64_t staging_threshold;  // UINT64_MAX = provider default
+    Shape src, dst;
+    int count;
+};
+
+void run_prefill(const RunConfig &cfg) {
+    const uint64_t run_seed = std::random_device{}();
+    SCOPED_TRACE("run seed " + std::to_string(run_seed));
+    sg_context_t ctx = sgtest::make_context(cfg.provider);
+    if (!ctx) GTEST_SKIP() << "provider " << cfg.provider << " cannot open here: " << sg_last_error_message();
+    if (cfg.staging_threshold != UINT64_MAX)
+        ASSERT_EQ(sg_context_set_param(ctx, SG_PARAM_STAGING_THRESHOLD, cfg.staging_threshold), SG_OK);
+    sg_listener_t lis = nullptr;
+    Pool pool(cfg.src);
+    uint64_t staged = 0, ops = 0, bytes = 0;
+    const int child = sgtest::run_pair(
+        [&](uint16_t port) { return decode_side(cfg.provider, port, run_seed, cfg.count, cfg.src, cfg.dst); },
+        [&](uint16_t *port) {
+            ASSERT_EQ(sg_listener_create(ctx, "127.0.0.1", 0, &lis, nullptr), SG_OK);
+            ASSERT_EQ(sg_listener_port(lis, port), SG_OK);
+        },
+        [&] {
+            sg_session_t s = nullptr;
+            ASSERT_EQ(sg_session_accept(lis, nullptr, 5000, &s, nullptr), SG_OK) << sg_last_error_message();
+            char prov[64];
+            ASSERT_EQ(sg_session_provider(s, prov, sizeof prov), SG_OK);
+            EXPECT_STREQ(prov, transport_name(cfg.provider));
+            sg_kv_handle_t kv = nullptr;
+            ASSERT_EQ(sg_kv_register(ctx, &pool.layout, &kv, nullptr), SG_OK);
+            ASSERT_EQ(sg_session_export_kv(s, kv), SG_OK);
+            for (int i = 0; i < cfg.count; ++i) {
+                const Plan p = make_plan(run_seed, i, cfg.src, cfg.dst);
+                const std::string rid = "req-" + std::to_string(i);
+                sg_transfer_options_t o;
+                sg_transfer_options_init(&o);
+                if (p.all_written) {
+                    for (uint32_t l = 0; l < cfg.src.layers; ++l) fill_source(pool, p, l);
+                    o.flags = SG_TRANSFER_ALL_LAYERS_WRITTEN;
+                }
+                sg_transfer_t x = nullptr;
+                ASSERT_EQ(sg_transfer_post(s, rid.c_str(), kv, p.src_table.data(), p.src_table.size(), p.tokens, &o, &x,
+                                           nullptr),
+                          SG_OK)
+                    << sg_last_error_message();
+                if (!p.all_written) {
+                    // Layer streaming: each layer is "computed" and then handed over while the
+                    // next one is being produced.
+                    for (uint32_t l = 0; l < cfg.src.layers; ++l) {
+                        fill_source(pool, p, l);
+                        ASSERT_EQ(sg_transfer_layer_written(x, l, nullptr), SG_OK);
+                    }
+                }
+                const sg_status_t st = sg_transfer_wait(x, 5 * kSecond);
+                ASSERT_EQ(st, SG_OK) << "transfer " << i << ": " << sg_status_str(st) << " " << sg_last_error_message();
+                sg_transfer_stats_t stats{};
+                stats.struct_size = sizeof stats;
+                ASSERT_EQ(sg_transfer_stats(x, &stats), SG_OK);
+                EXPECT_EQ(stats.layers_ready, cfg.src.layers);
+                staged += stats.staged_bytes;
+                ops += stats.rma_ops;
+                bytes += stats.bytes;
+                ASSERT_EQ(sg_transfer_release(x), SG_OK);
+            }
+            ASSERT_EQ(sg_kv_deregister(kv), SG_OK);
+            // The peer closes first; wait for its verdict before tearing down our side.
+            sg_session_destroy(s);
+        });
+    EXPECT_EQ(child, 0) << "decode process reported a failure (see its stderr)";
+    std::printf("[ info ] %s: %d transfers, %.1f MiB moved in %llu RMA ops, %.1f MiB staged\n", cfg.provider, cfg.count,
+                bytes / 1048576.0, (unsigned long long)ops, staged / 1048576.0);
+    if (cfg.staging_threshold == 0) EXPECT_EQ(staged, 0u);
+    if (cfg.staging_threshold == uint64_t(64) << 20) EXPECT_GT(staged, 0u);
+    sg_listener_destroy(lis);
+    EXPECT_EQ(sg_context_destroy(ctx), SG_OK);
+}
+
+}  // namespace
+
+// Every byte of every layer, plain RMA writes (no staging).
+TEST(KvPairTcp, RandomScatteredTransfersDirectWrites) {
+    run_prefill({"tcp", 0, Shape{}, Shape{}, transfer_count()});
+}
+
+// The same through the staging path (pack, one large write, unpack on the decode side).
+TEST(KvPairTcp, RandomScatteredTransfersStaged) {
+    run_prefill({"tcp", uint64_t(64) << 20, Shape{}, Shape{}, std::max(10, transfer_count() / 4)});
+}
+
+TEST(KvPairShm, RandomScatteredTransfersDirectWrites) {
+    run_prefill({"shm", 0, Shape{}, Shape{}, transfer_count()});
+}
+
+TEST(KvPairShm, RandomScatteredTransfersStaged) {
+    run_prefill({"shm", uint64_t(64) << 20, Shape{}, Shape{}, std::max(10, transfer_count() / 4)});
+}
+
+// Different tokens-per-block and block order on the decode side are mapped by the runtime.
+TEST(KvPairTcp, MapsDifferentBlockSizeAndOrder) {
+    Shape dst;
+    dst.tpb = 32;
+    dst.blocks = 512;
+    dst.order = SG_BLOCK_HEAD_MAJOR;
+    run_prefill({"tcp", UINT64_MAX, Shape{}, dst, std::max(10, transfer_count() / 4)});
+}
