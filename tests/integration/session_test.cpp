@@ -1,0 +1,330 @@
+// Behaviour of sessions and transfers, with both contexts in one process (two fabric endpoints on
+// loopback): metadata blobs, matching in either order, layout mismatches, bounds checks before any
+// byte moves, timeouts, cancel, host-driven progress.
+#include <smartgen/smartgen.h>
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+constexpr uint64_t kSecond = 1000000000ull;
+constexpr uint64_t kMs = 1000000ull;
+
+struct Ctx {
+    sg_context_t h = nullptr;
+    explicit Ctx(bool progress_thread = true, const char *provider = "tcp") {
+        sg_context_options_t o;
+        sg_context_options_init(&o);
+        o.provider = provider;
+        o.progress_thread = progress_thread;
+        EXPECT_EQ(sg_context_create(&o, &h, nullptr), SG_OK) << sg_last_error_message();
+    }
+    ~Ctx() { EXPECT_EQ(sg_context_destroy(h), SG_OK); }
+};
+
+struct Pool {
+    uint32_t layers, heads, dim, tpb;
+    uint64_t blocks;
+    std::vector<std::vector<uint16_t>> k, v;
+    std::vector<void *> kp, vp;
+    sg_kv_layout_t layout;
+    sg_kv_handle_t kv = nullptr;
+    Pool(sg_context_t ctx, uint32_t layers_, uint32_t heads_, uint32_t dim_, uint32_t tpb_, uint64_t blocks_)
+        : layers(layers_), heads(heads_), dim(dim_), tpb(tpb_), blocks(blocks_) {
+        const size_t n = size_t(blocks) * tpb * heads * dim;
+        k.assign(layers, std::vector<uint16_t>(n));
+        v.assign(layers, std::vector<uint16_t>(n));
+        for (uint32_t l = 0; l < layers; ++l) {
+            kp.push_back(k[l].data());
+            vp.push_back(v[l].data());
+        }
+        sg_kv_layout_init(&layout);
+        layout.num_layers = layers;
+        layout.num_kv_heads = heads;
+        layout.head_dim = dim;
+        layout.tokens_per_block = tpb;
+        layout.num_blocks = blocks;
+        layout.layer_k_base = kp.data();
+        layout.layer_v_base = vp.data();
+        layout.layer_base_count = layers;
+        EXPECT_EQ(sg_kv_register(ctx, &layout, &kv, nullptr), SG_OK) << sg_last_error_message();
+    }
+    ~Pool() { sg_kv_deregister(kv); }
+    void fill(uint16_t seed) {
+        for (uint32_t l = 0; l < layers; ++l)
+            for (size_t i = 0; i < k[l].size(); ++i) {
+                k[l][i] = uint16_t(seed + l * 7 + i);
+                v[l][i] = uint16_t(seed * 3 + l + i * 5);
+            }
+    }
+};
+
+// Two sessions joined over the bootstrap listener.
+struct Pair {
+    Ctx prefill, decode;
+    sg_session_t ps = nullptr, ds = nullptr;
+    explicit Pair(bool progress_thread = true) : prefill(progress_thread), decode(progress_thread) {
+        sg_listener_t l = nullptr;
+        EXPECT_EQ(sg_listener_create(prefill.h, "127.0.0.1", 0, &l, nullptr), SG_OK);
+        uint16_t port = 0;
+        EXPECT_EQ(sg_listener_port(l, &port), SG_OK);
+        EXPECT_NE(port, 0);
+        std::thread t([&] { EXPECT_EQ(sg_session_connect(decode.h, "127.0.0.1", port, nullptr, 5000, &ds, nullptr), SG_OK); });
+        EXPECT_EQ(sg_session_accept(l, nullptr, 5000, &ps, nullptr), SG_OK) << sg_last_error_message();
+        t.join();
+        EXPECT_EQ(sg_listener_destroy(l), SG_OK);
+    }
+    ~Pair() {
+        sg_session_destroy(ps);
+        sg_session_destroy(ds);
+    }
+};
+
+std::vector<uint32_t> iota_table(size_t n, uint32_t start = 0) {
+    std::vector<uint32_t> t(n);
+    std::iota(t.begin(), t.end(), start);
+    return t;
+}
+
+TEST(Session, MetadataBlobsMakeAWorkingSession) {
+    Ctx a, b;
+    size_t len = 0;
+    ASSERT_EQ(sg_context_get_metadata(a.h, nullptr, 0, &len), SG_ERR_BUFFER_TOO_SMALL);
+    ASSERT_GT(len, 0u);
+    std::vector<uint8_t> blob_a(len), blob_b;
+    ASSERT_EQ(sg_context_get_metadata(a.h, blob_a.data(), blob_a.size(), &len), SG_OK);
+    ASSERT_EQ(sg_context_get_metadata(b.h, nullptr, 0, &len), SG_ERR_BUFFER_TOO_SMALL);
+    blob_b.resize(len);
+    ASSERT_EQ(sg_context_get_metadata(b.h, blob_b.data(), blob_b.size(), &len), SG_OK);
+
+    // A corrupt or truncated blob is refused with its own status.
+    sg_session_t bad = nullptr;
+    std::vector<uint8_t> corrupt = blob_a;
+    corrupt[0] ^= 0xff;
+    EXPECT_EQ(sg_session_from_metadata(b.h, corrupt.data(), corrupt.size(), nullptr, &bad, nullptr), SG_ERR_PROTOCOL);
+    EXPECT_EQ(sg_session_from_metadata(b.h, blob_a.data(), blob_a.size() / 2, nullptr, &bad, nullptr), SG_ERR_PROTOCOL);
+    EXPECT_EQ(bad, nullptr);
+    // A context cannot talk to itself.
+    EXPECT_EQ(sg_session_from_metadata(a.h, blob_a.data(), blob_a.size(), nullptr, &bad, nullptr), SG_ERR_INVALID_ARGUMENT);
+
+    sg_session_t sa = nullptr, sb = nullptr;
+    ASSERT_EQ(sg_session_from_metadata(a.h, blob_b.data(), blob_b.size(), nullptr, &sa, nullptr), SG_OK);
+    ASSERT_EQ(sg_session_from_metadata(b.h, blob_a.data(), blob_a.size(), nullptr, &sb, nullptr), SG_OK);
+    EXPECT_EQ(sg_session_from_metadata(b.h, blob_a.data(), blob_a.size(), nullptr, &bad, nullptr), SG_ERR_DUPLICATE);
+
+    Pool src(a.h, 2, 2, 64, 16, 8), dst(b.h, 2, 2, 64, 16, 8);
+    src.fill(11);
+    ASSERT_EQ(sg_session_export_kv(sb, dst.kv), SG_OK);
+    ASSERT_EQ(sg_session_export_kv(sa, src.kv), SG_OK);
+    auto table = iota_table(4);
+    sg_transfer_t x = nullptr, y = nullptr;
+    ASSERT_EQ(sg_transfer_expect(sb, "blob-1", dst.kv, table.data(), 4, 64, nullptr, &y, nullptr), SG_OK);
+    sg_transfer_options_t o;
+    sg_transfer_options_init(&o);
+    o.flags = SG_TRANSFER_ALL_LAYERS_WRITTEN;
+    ASSERT_EQ(sg_transfer_post(sa, "blob-1", src.kv, table.data(), 4, 64, &o, &x, nullptr), SG_OK);
+    EXPECT_EQ(sg_transfer_wait(y, 5 * kSecond), SG_OK) << sg_last_error_message();
+    EXPECT_EQ(sg_transfer_wait(x, 5 * kSecond), SG_OK) << sg_last_error_message();
+    const size_t used = size_t(4) * 16 * 2 * 64;
+    for (uint32_t l = 0; l < 2; ++l) {
+        EXPECT_EQ(std::memcmp(src.k[l].data(), dst.k[l].data(), used * 2), 0);
+        EXPECT_EQ(std::memcmp(src.v[l].data(), dst.v[l].data(), used * 2), 0);
+    }
+    sg_transfer_release(x);
+    sg_transfer_release(y);
+    sg_session_destroy(sa);
+    sg_session_destroy(sb);
+}
+
+// Either side may come first; the post side may also stream layers in a chosen order.
+TEST(Session, PostBeforeExpectWithLayerOrderAndStreaming) {
+    Pair p;
+    Pool src(p.prefill.h, 3, 1, 32, 8, 16), dst(p.decode.h, 3, 1, 32, 8, 16);
+    src.fill(5);
+    ASSERT_EQ(sg_session_export_kv(p.ps, src.kv), SG_OK);
+    ASSERT_EQ(sg_session_export_kv(p.ds, dst.kv), SG_OK);
+    auto st = iota_table(5, 3), dt = iota_table(5, 10);
+    const uint32_t order[3] = {2, 0, 1};
+    sg_transfer_options_t o;
+    sg_transfer_options_init(&o);
+    o.layer_order = order;
+    o.layer_order_count = 3;
+    sg_transfer_t x = nullptr, y = nullptr;
+    ASSERT_EQ(sg_transfer_post(p.ps, "early", src.kv, st.data(), 5, 40, &o, &x, nullptr), SG_OK);
+    uint32_t state = 0;
+    ASSERT_EQ(sg_transfer_layer_state(x, 0, &state), SG_OK);
+    EXPECT_EQ(state, 0u);
+    ASSERT_EQ(sg_transfer_expect(p.ds, "early", dst.kv, dt.data(), 5, 40, nullptr, &y, nullptr), SG_OK);
+    // Nothing moves before a layer is written.
+    EXPECT_EQ(sg_transfer_wait_layer(y, 2, 50 * kMs), SG_IN_PROGRESS);
+    ASSERT_EQ(sg_transfer_layer_written(x, 0, nullptr), SG_OK);
+    // Layer 0 is written but layer 2 comes first in the order, so layer 0 must wait for it.
+    EXPECT_EQ(sg_transfer_wait_layer(y, 0, 50 * kMs), SG_IN_PROGRESS);
+    ASSERT_EQ(sg_transfer_layer_state(x, 0, &state), SG_OK);
+    EXPECT_EQ(state, SG_LAYER_WRITTEN);
+    ASSERT_EQ(sg_transfer_layer_written(x, 2, nullptr), SG_OK);
+    EXPECT_EQ(sg_transfer_wait_layer(y, 2, 5 * kSecond), SG_OK);
+    EXPECT_EQ(sg_transfer_wait_layer(y, 0, 5 * kSecond), SG_OK);
+    EXPECT_EQ(sg_transfer_test(y), SG_IN_PROGRESS);
+    ASSERT_EQ(sg_transfer_layer_written(x, 1, nullptr), SG_OK);
+    EXPECT_EQ(sg_transfer_wait(y, 5 * kSecond), SG_OK);
+    EXPECT_EQ(sg_transfer_wait(x, 5 * kSecond), SG_OK);
+    const size_t row = 32;
+    for (uint32_t l = 0; l < 3; ++l)
+        for (uint32_t t = 0; t < 40; ++t)
+            EXPECT_EQ(std::memcmp(&src.k[l][(st[t / 8] * 8 + t % 8) * row], &dst.k[l][(dt[t / 8] * 8 + t % 8) * row], row * 2), 0);
+    uint64_t ns = 0;
+    EXPECT_EQ(sg_transfer_layer_time(y, 1, &ns), SG_OK);
+    EXPECT_GT(ns, 0u);
+    EXPECT_EQ(sg_transfer_layer_written(y, 0, nullptr), SG_ERR_INVALID_STATE);  // decode side
+    EXPECT_EQ(sg_transfer_layer_written(x, 3, nullptr), SG_ERR_OUT_OF_RANGE);
+    EXPECT_EQ(sg_transfer_layer_written(x, 0, &ns), SG_ERR_UNSUPPORTED);  // a CUDA stream: not yet
+    sg_transfer_release(x);
+    sg_transfer_release(y);
+}
+
+TEST(Session, LayoutMismatchIsRefusedOnBothSides) {
+    Pair p;
+    Pool src(p.prefill.h, 2, 2, 64, 16, 8), dst(p.decode.h, 2, 2, 128, 16, 8);  // head_dim differs
+    ASSERT_EQ(sg_session_export_kv(p.ps, src.kv), SG_OK);
+    ASSERT_EQ(sg_session_export_kv(p.ds, dst.kv), SG_OK);
+    auto t = iota_table(2);
+    sg_transfer_t x = nullptr, y = nullptr;
+    ASSERT_EQ(sg_transfer_expect(p.ds, "mm", dst.kv, t.data(), 2, 32, nullptr, &y, nullptr), SG_OK);
+    // Post either refuses at once (expect already here) or fails the transfer once it arrives.
+    sg_error_info_t err;
+    sg_error_info_init(&err);
+    sg_status_t st = SG_IN_PROGRESS;
+    for (int i = 0; i < 100 && st != SG_ERR_LAYOUT_MISMATCH; ++i) {
+        sg_transfer_release(x);
+        x = nullptr;
+        st = sg_transfer_post(p.ps, "mm", src.kv, t.data(), 2, 32, nullptr, &x, &err);
+        if (st == SG_OK) st = sg_transfer_wait(x, 5 * kSecond);
+    }
+    EXPECT_EQ(st, SG_ERR_LAYOUT_MISMATCH);
+    EXPECT_NE(std::string(sg_last_error_message()).find("head_dim"), std::string::npos) << sg_last_error_message();
+    EXPECT_EQ(sg_transfer_wait(y, 5 * kSecond), SG_ERR_LAYOUT_MISMATCH);
+    char msg[256];
+    sg_status_t status;
+    ASSERT_EQ(sg_transfer_status(y, &status, msg, sizeof msg), SG_OK);
+    EXPECT_EQ(status, SG_ERR_LAYOUT_MISMATCH);
+    EXPECT_NE(std::string(msg).find("head_dim"), std::string::npos) << msg;
+    sg_transfer_release(x);
+    sg_transfer_release(y);
+}
+
+TEST(Session, BlockIdsAreCheckedBeforeAnyByteMoves) {
+    Pair p;
+    Pool src(p.prefill.h, 1, 1, 16, 4, 8), dst(p.decode.h, 1, 1, 16, 4, 8);
+    ASSERT_EQ(sg_session_export_kv(p.ps, src.kv), SG_OK);
+    ASSERT_EQ(sg_session_export_kv(p.ds, dst.kv), SG_OK);
+    const uint32_t bad[2] = {1, 8};  // 8 is outside an 8-block pool
+    sg_transfer_t x = nullptr;
+    sg_error_info_t err;
+    sg_error_info_init(&err);
+    EXPECT_EQ(sg_transfer_post(p.ps, "oob", src.kv, bad, 2, 8, nullptr, &x, &err), SG_ERR_OUT_OF_RANGE);
+    EXPECT_NE(std::string(err.message).find("block_ids[1]"), std::string::npos) << err.message;
+    EXPECT_EQ(sg_transfer_expect(p.ds, "oob", dst.kv, bad, 2, 8, nullptr, &x, nullptr), SG_ERR_OUT_OF_RANGE);
+    const uint32_t few[1] = {0};  // 8 tokens need two 4-token blocks
+    EXPECT_EQ(sg_transfer_post(p.ps, "few", src.kv, few, 1, 8, nullptr, &x, nullptr), SG_ERR_OUT_OF_RANGE);
+    EXPECT_EQ(x, nullptr);
+    std::string long_id(300, 'x');
+    const uint32_t ok[2] = {0, 1};
+    EXPECT_EQ(sg_transfer_post(p.ps, long_id.c_str(), src.kv, ok, 2, 8, nullptr, &x, nullptr), SG_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(sg_transfer_post(p.ps, "", src.kv, ok, 2, 8, nullptr, &x, nullptr), SG_ERR_INVALID_ARGUMENT);
+    // A pool that was never exported to the session cannot be used on it.
+    Pool other(p.prefill.h, 1, 1, 16, 4, 8);
+    EXPECT_EQ(sg_transfer_post(p.ps, "unexported", other.kv, ok, 2, 8, nullptr, &x, nullptr), SG_ERR_INVALID_STATE);
+    // And a duplicate request id is refused.
+    sg_transfer_t a = nullptr, b = nullptr;
+    ASSERT_EQ(sg_transfer_post(p.ps, "dup", src.kv, ok, 2, 8, nullptr, &a, nullptr), SG_OK);
+    EXPECT_EQ(sg_transfer_post(p.ps, "dup", src.kv, ok, 2, 8, nullptr, &b, nullptr), SG_ERR_DUPLICATE);
+    EXPECT_EQ(sg_kv_deregister(src.kv), SG_ERR_INVALID_STATE);  // still used by "dup"
+    sg_transfer_release(a);
+}
+
+TEST(Session, WaitTimesOutWithInProgressAndCancelReachesThePeer) {
+    Pair p;
+    Pool src(p.prefill.h, 2, 1, 16, 4, 8), dst(p.decode.h, 2, 1, 16, 4, 8);
+    ASSERT_EQ(sg_session_export_kv(p.ps, src.kv), SG_OK);
+    ASSERT_EQ(sg_session_export_kv(p.ds, dst.kv), SG_OK);
+    const uint32_t t[2] = {0, 1};
+    sg_transfer_t x = nullptr, y = nullptr;
+    ASSERT_EQ(sg_transfer_expect(p.ds, "slow", dst.kv, t, 2, 8, nullptr, &y, nullptr), SG_OK);
+    ASSERT_EQ(sg_transfer_post(p.ps, "slow", src.kv, t, 2, 8, nullptr, &x, nullptr), SG_OK);
+    // No layer written: the wait expires, and that is not an error.
+    EXPECT_EQ(sg_transfer_wait(y, 20 * kMs), SG_IN_PROGRESS);
+    EXPECT_EQ(sg_transfer_wait(x, 0), SG_IN_PROGRESS);
+    EXPECT_EQ(sg_transfer_test(y), SG_IN_PROGRESS);
+    ASSERT_EQ(sg_transfer_cancel(x), SG_OK);
+    EXPECT_EQ(sg_transfer_wait(x, kSecond), SG_ERR_CANCELED);
+    EXPECT_EQ(sg_transfer_wait(y, 5 * kSecond), SG_ERR_CANCELED);
+    EXPECT_EQ(sg_transfer_release(x), SG_OK);
+    EXPECT_EQ(sg_transfer_release(y), SG_OK);
+    EXPECT_EQ(sg_transfer_release(y), SG_ERR_INVALID_HANDLE);
+}
+
+// Hosts that want no library threads drive progress themselves.
+TEST(Session, HostDrivenProgress) {
+    Pair p(false);
+    Pool src(p.prefill.h, 2, 2, 32, 8, 16), dst(p.decode.h, 2, 2, 32, 8, 16);
+    src.fill(3);
+    ASSERT_EQ(sg_session_export_kv(p.ps, src.kv), SG_OK);
+    ASSERT_EQ(sg_session_export_kv(p.ds, dst.kv), SG_OK);
+    auto t = iota_table(16);
+    sg_transfer_t x = nullptr, y = nullptr;
+    sg_transfer_options_t o;
+    sg_transfer_options_init(&o);
+    o.flags = SG_TRANSFER_ALL_LAYERS_WRITTEN;
+    ASSERT_EQ(sg_transfer_expect(p.ds, "host", dst.kv, t.data(), 16, 128, nullptr, &y, nullptr), SG_OK);
+    ASSERT_EQ(sg_transfer_post(p.ps, "host", src.kv, t.data(), 16, 128, &o, &x, nullptr), SG_OK);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while ((sg_transfer_test(x) == SG_IN_PROGRESS || sg_transfer_test(y) == SG_IN_PROGRESS) &&
+           std::chrono::steady_clock::now() < deadline) {
+        ASSERT_EQ(sg_context_progress(p.prefill.h), SG_OK);
+        ASSERT_EQ(sg_context_progress(p.decode.h), SG_OK);
+    }
+    EXPECT_EQ(sg_transfer_test(x), SG_OK);
+    EXPECT_EQ(sg_transfer_test(y), SG_OK);
+    for (uint32_t l = 0; l < 2; ++l) EXPECT_EQ(src.k[l], dst.k[l]);
+    sg_transfer_release(x);
+    sg_transfer_release(y);
+}
+
+TEST(Session, TunablesHaveBounds) {
+    Ctx c;
+    uint64_t lo = 0, hi = 0, v = 0;
+    ASSERT_EQ(sg_param_bounds(SG_PARAM_MAX_OPS_IN_FLIGHT, &lo, &hi), SG_OK);
+    EXPECT_EQ(sg_context_set_param(c.h, SG_PARAM_MAX_OPS_IN_FLIGHT, hi + 1), SG_ERR_OUT_OF_RANGE);
+    EXPECT_EQ(sg_context_set_param(c.h, SG_PARAM_MAX_OPS_IN_FLIGHT, lo), SG_OK);
+    ASSERT_EQ(sg_context_get_param(c.h, SG_PARAM_MAX_OPS_IN_FLIGHT, &v), SG_OK);
+    EXPECT_EQ(v, lo);
+    EXPECT_EQ(sg_context_get_param(c.h, sg_param_t(77), &v), SG_ERR_INVALID_ARGUMENT);
+    char name[64];
+    ASSERT_EQ(sg_context_provider(c.h, name, sizeof name), SG_OK);
+    EXPECT_STREQ(name, "tcp;ofi_rxm");
+    EXPECT_EQ(sg_context_provider(c.h, name, 3), SG_ERR_BUFFER_TOO_SMALL);
+}
+
+TEST(Session, ConnectFailuresAreReported) {
+    Ctx c;
+    sg_session_t s = nullptr;
+    sg_error_info_t err;
+    sg_error_info_init(&err);
+    EXPECT_EQ(sg_session_connect(c.h, "localhost", 1, nullptr, 500, &s, &err), SG_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(err.message).find("literal"), std::string::npos);
+    // Port 1 on loopback: nothing listens there.
+    EXPECT_EQ(sg_session_connect(c.h, "127.0.0.1", 1, nullptr, 500, &s, &err), SG_ERR_CONNECT);
+    sg_listener_t l = nullptr;
+    ASSERT_EQ(sg_listener_create(c.h, "127.0.0.1", 0, &l, nullptr), SG_OK);
+    EXPECT_EQ(sg_session_accept(l, nullptr, 50, &s, nullptr), SG_ERR_TIMEOUT);
+    sg_listener_destroy(l);
+}
+
+}  // namespace
