@@ -633,6 +633,12 @@ SG_API sg_status_t sg_transfer_status(sg_transfer_t h, sg_status_t *status, char
     });
 }
 
+SG_API void sg_transfer_stats_init(sg_transfer_stats_t *s) {
+    if (!s) return;
+    std::memset(s, 0, sizeof *s);
+    s->struct_size = sizeof *s;
+}
+
 SG_API sg_status_t sg_transfer_stats(sg_transfer_t h, sg_transfer_stats_t *out) {
     return guard(nullptr, [&] {
         auto t = lookup(transfers(), raw(h), "transfer");

@@ -17,13 +17,20 @@
  *     network or deadline, -300..-399 unsupported.
  *   - Outputs are written only when the call returns SG_OK (or SG_IN_PROGRESS where stated).
  *   - Handles are opaque values, never pointers into the library: a destroyed, double-destroyed or
- *     made-up handle is answered SG_ERR_INVALID_HANDLE. Every destroy call accepts NULL.
+ *     made-up handle, or a handle of another kind, is answered SG_ERR_INVALID_HANDLE. A slot that is
+ *     reused gets a new generation, so an old handle value stays invalid. Every destroy call
+ *     accepts NULL.
  *   - Strings passed in are borrowed for the duration of the call only, unless stated.
  *   - The detail of the last error is kept per thread (sg_last_error_message) and, for the calls a
  *     binding wraps, also written to an optional sg_error_info_t (a goroutine may change OS thread
  *     between two cgo calls, so bindings should pass one).
- *   - Thread safety: every function may be called from any thread, concurrently with any other,
- *     except that a handle must not be used concurrently with, or after, its own destroy/release.
+ *   - Thread safety: every function may be called from any thread, concurrently with any other.
+ *     A call that races with the destroy/release of the handle it uses either completes or returns
+ *     SG_ERR_INVALID_HANDLE; it never touches freed memory. The one exception is
+ *     sg_context_destroy, which must not run concurrently with any call on the context's objects.
+ *   - fork(): a context belongs to the process that created it. A child process must not use any
+ *     handle inherited across fork() (the progress thread and fabric state do not follow); it may
+ *     create its own context. Descriptors the library opens are close-on-exec.
  *   - "Since" gives the library version that introduced the function.
  *   - Not provided in this version: authentication of the peer and confidentiality of data on the
  *     wire. Sessions trust the bootstrap network; run them on a private network. (Authentication is
@@ -101,8 +108,8 @@ typedef enum sg_status {
 /* Static name of a status ("SG_ERR_TIMEOUT"); "SG_STATUS_UNKNOWN" for others. Since 0.1. */
 SG_API const char *sg_status_str(sg_status_t status);
 
-/* Detail of the last failing call made by this thread; "" when none. The pointer stays valid until
- * this thread's next SmartGen call. Since 0.1. */
+/* Detail of the most recent failing call made by this thread; "" when none. Successful calls leave
+ * it unchanged. The pointer stays valid until this thread's next failing call. Since 0.1. */
 SG_API const char *sg_last_error_message(void);
 
 /* Optional per-call error detail for bindings. Initialise with sg_error_info_init; the library
@@ -259,10 +266,11 @@ typedef struct sg_provider_info {
 } sg_provider_info_t;
 
 /* Lists the providers libfabric finds, one entry per (provider, domain), ranked as the runtime ranks
- * them. out may be NULL with capacity 0 to learn the count. Each out[i].struct_size must be set by
- * the caller (sizeof(sg_provider_info_t)). count receives the number found (even when more than
- * capacity; then SG_ERR_BUFFER_TOO_SMALL is returned after filling capacity entries).
- * local_addr as in sg_context_options_t (NULL = 127.0.0.1). Since 0.1. */
+ * them. With out NULL and capacity 0 it returns SG_OK and only sets *count. Otherwise each
+ * out[i].struct_size must be set by the caller (sizeof(sg_provider_info_t)); the library writes
+ * min(struct_size, its size) bytes of each entry. *count receives the number found (0, with SG_OK,
+ * when there is none); when that exceeds capacity, the first capacity entries are filled and
+ * SG_ERR_BUFFER_TOO_SMALL is returned. local_addr: reserved, pass NULL. Since 0.1. */
 SG_API sg_status_t sg_provider_query(const char *local_addr, sg_provider_info_t *out, size_t capacity,
                                      size_t *count);
 
@@ -407,7 +415,9 @@ SG_API void sg_transfer_options_init(sg_transfer_options_t *options);
 
 /* Decode side: expect the KV of request_id (NUL-terminated, at most SG_REQUEST_ID_MAX bytes) from the
  * session's peer into dst, at the blocks block_ids[0..num_blocks) covering num_tokens tokens (the
- * table is copied). dst must have been exported to the session. Either side may come first.
+ * table is copied). Token t lives in block block_ids[t / tokens_per_block]; slots of the last block
+ * past num_tokens are neither written nor read. dst must have been exported to the session. Either
+ * side may come first.
  * Returns SG_OK with *out; SG_ERR_INVALID_ARGUMENT; SG_ERR_OUT_OF_RANGE (a block id >= the pool's
  * num_blocks, or too few blocks for num_tokens: checked before any byte moves); SG_ERR_DUPLICATE
  * (request id already expected on this session); SG_ERR_INVALID_STATE (dst not exported to the
@@ -419,6 +429,7 @@ SG_API sg_status_t sg_transfer_expect(sg_session_t session, const char *request_
                                       sg_error_info_t *err);
 
 /* Prefill side: post the KV of request_id from src at block_ids[0..num_blocks) (num_tokens tokens).
+ * src must have been exported to the session too (that is its registration for the session).
  * Layers move as the engine marks them written (sg_transfer_layer_written), or all at once with
  * SG_TRANSFER_ALL_LAYERS_WRITTEN. Statuses as sg_transfer_expect; SG_ERR_LAYOUT_MISMATCH when the
  * expect is already known and the layouts cannot be mapped (different layer count, KV heads, head
@@ -435,8 +446,9 @@ SG_API sg_status_t sg_transfer_post(sg_session_t session, const char *request_id
  * Since 0.1. */
 SG_API sg_status_t sg_transfer_layer_written(sg_transfer_t xfer, uint32_t layer, void *cuda_stream);
 
-/* Non-blocking completion check: SG_OK when every layer is ready (decode: in place; prefill: every
- * byte delivered and acknowledged), SG_IN_PROGRESS otherwise, or the transfer's error. Since 0.1. */
+/* Non-blocking completion check: SG_OK when every layer is ready (decode: every byte in place;
+ * prefill: every operation completed and the final notice sent, so the source blocks may be
+ * reused), SG_IN_PROGRESS otherwise, or the transfer's error. Since 0.1. */
 SG_API sg_status_t sg_transfer_test(sg_transfer_t xfer);
 
 /* Waits up to timeout_ns for completion. SG_IN_PROGRESS when the timeout expires (not an error);
@@ -463,7 +475,7 @@ SG_API sg_status_t sg_transfer_residency(sg_transfer_t xfer, uint32_t layer, uin
 SG_API sg_status_t sg_transfer_status(sg_transfer_t xfer, sg_status_t *status, char *msg, size_t cap);
 
 typedef struct sg_transfer_stats {
-    size_t struct_size;     /* set by the caller to sizeof(sg_transfer_stats_t) */
+    size_t struct_size;     /* set by sg_transfer_stats_init */
     uint64_t bytes;         /* payload bytes moved (or received, decode side) */
     uint64_t rma_ops;       /* RMA operations posted (prefill side) */
     uint64_t segments;      /* contiguous (src, dst) segments before coalescing */
@@ -474,11 +486,15 @@ typedef struct sg_transfer_stats {
     uint64_t end_ns;        /* CLOCK_MONOTONIC when complete; 0 while in progress */
 } sg_transfer_stats_t;
 
-/* Statistics of a transfer. Since 0.1. */
+/* Sets struct_size and clears the rest. Since 0.1. */
+SG_API void sg_transfer_stats_init(sg_transfer_stats_t *stats);
+
+/* Statistics of a transfer, into *out (initialised with sg_transfer_stats_init). Since 0.1. */
 SG_API sg_status_t sg_transfer_stats(sg_transfer_t xfer, sg_transfer_stats_t *out);
 
-/* Nanoseconds from the match (or from the layer being marked written, whichever is later) until the
- * layer became ready; 0 while not ready. Since 0.1. */
+/* Nanoseconds until the layer became ready, counted from the later of the transfer's start and the
+ * layer being marked written (prefill: start = the match with the expect; decode: start = the
+ * expect call, and layers count as written at once); 0 while not ready. Since 0.1. */
 SG_API sg_status_t sg_transfer_layer_time(sg_transfer_t xfer, uint32_t layer, uint64_t *ns);
 
 /* Cancels the transfer on this side and tells the peer; its status becomes SG_ERR_CANCELED unless it
