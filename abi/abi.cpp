@@ -199,15 +199,7 @@ SG_API void sg_error_info_init(sg_error_info_t *err) {
     err->struct_size = sizeof *err;
 }
 
-SG_API size_t sg_dtype_size(sg_dtype_t d) {
-    switch (d) {
-        case SG_DTYPE_FP32: return 4;
-        case SG_DTYPE_FP16:
-        case SG_DTYPE_BF16: return 2;
-        case SG_DTYPE_FP8_E4M3: return 1;
-    }
-    return 0;
-}
+SG_API size_t sg_dtype_size(sg_dtype_t d) { return size_t(sg::kv::dtype_bytes(d)); }
 
 // ---- context ----
 SG_API void sg_context_options_init(sg_context_options_t *o) {

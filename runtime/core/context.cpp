@@ -373,6 +373,18 @@ void Context::handle(Session &s, const wire::FrameHeader &h, std::span<const uin
         case wire::MsgType::Expect: {
             wire::Expect m;
             check(wire::decode(body, m), "Expect");
+            if (auto c = s.canceled_unmatched.find(m.request_id); c != s.canceled_unmatched.end()) {
+                wire::TransferError e;
+                e.request_id = m.request_id;
+                e.decode_xfer_id = m.decode_xfer_id;
+                e.status = c->second.first;
+                e.message = c->second.second;
+                s.canceled_unmatched.erase(c);
+                std::vector<uint8_t> out;
+                wire::encode(out, id, e, e.status == SG_ERR_CANCELED ? wire::MsgType::Cancel : wire::MsgType::Error);
+                send(s, out);
+                return;
+            }
             auto p = s.unmatched_posts.find(m.request_id);
             if (p != s.unmatched_posts.end()) {
                 auto t = p->second;
@@ -460,6 +472,10 @@ void Context::handle(Session &s, const wire::FrameHeader &h, std::span<const uin
             if (m.decode_xfer_id) {
                 auto it = s.expects.find(m.decode_xfer_id);
                 if (it != s.expects.end()) fail_transfer(*it->second, st, why, false);
+            } else {
+                // The post side gave up before it knew our id: match by request id.
+                for (auto &[k, t] : s.expects)
+                    if (t->request_id == m.request_id && !t->finished()) fail_transfer(*t, st, why, false);
             }
             auto p = s.posts.find(m.request_id);
             if (p != s.posts.end()) fail_transfer(*p->second, st, why, false);
@@ -712,6 +728,7 @@ std::shared_ptr<Transfer> Context::post(const std::shared_ptr<Session> &s, const
         fail(SG_ERR_DUPLICATE, std::string("request '") + rid + "' is already posted on this session");
     if (!s->local_regs.count(pool->id))
         fail(SG_ERR_INVALID_STATE, "the source pool was not exported to this session (sg_session_export_kv)");
+    s->canceled_unmatched.erase(rid);  // a new post of the id supersedes an earlier cancel
     auto t = std::make_shared<Transfer>(this, s, true, rid, pool, table, num_tokens, opt);
     t->order = std::move(order);
     if (opt.flags & SG_TRANSFER_ALL_LAYERS_WRITTEN) {
@@ -984,6 +1001,13 @@ void Context::fail_transfer(Transfer &t, sg_status_t status, const std::string &
     t.status = status;
     t.error = message;
     t.stats.end_ns = now_ns();
+    if (t.post_side && !t.matched) {
+        Session &s = *t.session;
+        auto u = s.unmatched_posts.find(t.request_id);
+        if (u != s.unmatched_posts.end() && u->second.get() == &t) s.unmatched_posts.erase(u);
+        // The decode side may not have expected yet; its Expect will be answered when it comes.
+        if (tell_peer && s.canceled_unmatched.size() < 65536) s.canceled_unmatched[t.request_id] = {status, message};
+    }
     if (tell_peer && !t.session->closed) {
         wire::TransferError m;
         m.request_id = t.request_id;

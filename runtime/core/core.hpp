@@ -95,6 +95,8 @@ class Session {
     std::map<uint64_t, RemotePool> remote_pools;      // peer's pool id -> descriptor
     std::map<std::string, std::shared_ptr<Transfer>> unmatched_posts;  // prefill: waiting for Expect
     std::map<std::string, wire::Expect> unmatched_expects;             // prefill: waiting for post
+    // prefill: posts canceled before their Expect arrived; that Expect is answered with a Cancel.
+    std::map<std::string, std::pair<sg_status_t, std::string>> canceled_unmatched;
     std::map<uint64_t, std::shared_ptr<Transfer>> expects;             // decode: by decode xfer id
     std::map<std::string, std::shared_ptr<Transfer>> posts;            // prefill: matched, by request id
     std::deque<OpCookie *> outbox;  // sends not yet accepted by the provider, kept in order

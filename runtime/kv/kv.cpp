@@ -6,6 +6,16 @@
 
 namespace sg::kv {
 
+uint64_t dtype_bytes(sg_dtype_t d) {
+    switch (d) {
+        case SG_DTYPE_FP32: return 4;
+        case SG_DTYPE_FP16:
+        case SG_DTYPE_BF16: return 2;
+        case SG_DTYPE_FP8_E4M3: return 1;
+    }
+    return 0;
+}
+
 namespace {
 
 [[noreturn]] void bad_layout(const std::string &what) { fail(SG_ERR_INVALID_LAYOUT, "invalid KV layout: " + what); }
@@ -21,7 +31,7 @@ void derive(Layout &l, sg_status_t status, uint64_t stride_in) {
     if (l.head_dim == 0) bad("head_dim must be >= 1");
     if (l.tokens_per_block == 0) bad("tokens_per_block must be >= 1");
     if (l.num_blocks == 0) bad("num_blocks must be >= 1");
-    l.elem_bytes = sg_dtype_size(l.dtype);
+    l.elem_bytes = dtype_bytes(l.dtype);
     if (l.elem_bytes == 0) bad("dtype " + std::to_string(int(l.dtype)) + " is not an sg_dtype_t");
     if (l.packing != SG_KV_SEPARATE && l.packing != SG_KV_FUSED)
         bad("packing " + std::to_string(int(l.packing)) + " is not an sg_kv_packing_t");
@@ -72,6 +82,10 @@ Layout make_layout(const sg_kv_layout_t &pub) {
 }
 
 Layout from_desc(const wire::LayoutDesc &d) {
+    // Enum fields are checked as integers before they become enums: a peer may send anything.
+    if (d.dtype > SG_DTYPE_FP8_E4M3 || d.packing > SG_KV_FUSED || d.block_order > SG_BLOCK_HEAD_MAJOR ||
+        d.mem_kind > SG_MEM_CUDA)
+        fail(SG_ERR_PROTOCOL, "peer sent an invalid KV layout: dtype, packing, block_order or mem_kind out of range");
     Layout l;
     l.num_layers = d.num_layers;
     l.num_kv_heads = d.num_kv_heads;

@@ -51,6 +51,9 @@ struct Layout {
     wire::LayoutDesc to_desc() const;
 };
 
+// Bytes of one element; 0 for a value that is not an sg_dtype_t (also backs sg_dtype_size).
+uint64_t dtype_bytes(sg_dtype_t dtype);
+
 // Validates a public layout (already copied to full size) and derives the rest.
 // Throws Error(SG_ERR_INVALID_LAYOUT) naming the bad field.
 Layout make_layout(const sg_kv_layout_t &pub);

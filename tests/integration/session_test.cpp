@@ -270,6 +270,34 @@ TEST(Session, WaitTimesOutWithInProgressAndCancelReachesThePeer) {
     EXPECT_EQ(sg_transfer_release(y), SG_ERR_INVALID_HANDLE);
 }
 
+// A post canceled before the decode side expected it still reaches the decode side, whenever its
+// expect comes (regression: the cancel named no decode transfer and was dropped).
+TEST(Session, CancelBeforeMatchReachesALaterExpect) {
+    Pair p;
+    Pool src(p.prefill.h, 1, 1, 16, 4, 8), dst(p.decode.h, 1, 1, 16, 4, 8);
+    ASSERT_EQ(sg_session_export_kv(p.ps, src.kv), SG_OK);
+    ASSERT_EQ(sg_session_export_kv(p.ds, dst.kv), SG_OK);
+    const uint32_t t[2] = {0, 1};
+    sg_transfer_t x = nullptr, y = nullptr;
+    ASSERT_EQ(sg_transfer_post(p.ps, "gone", src.kv, t, 2, 8, nullptr, &x, nullptr), SG_OK);
+    ASSERT_EQ(sg_transfer_cancel(x), SG_OK);
+    EXPECT_EQ(sg_transfer_wait(x, kSecond), SG_ERR_CANCELED);
+    ASSERT_EQ(sg_transfer_expect(p.ds, "gone", dst.kv, t, 2, 8, nullptr, &y, nullptr), SG_OK);
+    EXPECT_EQ(sg_transfer_wait(y, 5 * kSecond), SG_ERR_CANCELED);
+    sg_transfer_release(x);
+    sg_transfer_release(y);
+    // The id can be used again afterwards.
+    sg_transfer_options_t o;
+    sg_transfer_options_init(&o);
+    o.flags = SG_TRANSFER_ALL_LAYERS_WRITTEN;
+    ASSERT_EQ(sg_transfer_expect(p.ds, "gone", dst.kv, t, 2, 8, nullptr, &y, nullptr), SG_OK);
+    ASSERT_EQ(sg_transfer_post(p.ps, "gone", src.kv, t, 2, 8, &o, &x, nullptr), SG_OK);
+    EXPECT_EQ(sg_transfer_wait(y, 5 * kSecond), SG_OK) << sg_last_error_message();
+    EXPECT_EQ(sg_transfer_wait(x, 5 * kSecond), SG_OK);
+    sg_transfer_release(x);
+    sg_transfer_release(y);
+}
+
 // Hosts that want no library threads drive progress themselves.
 TEST(Session, HostDrivenProgress) {
     Pair p(false);

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Builds and tests SmartGen the way CI does:
+#   1. scripts/setup-deps.sh (installs missing Debian packages)
+#   2. release preset: configure, build, ctest (every test)
+#   3. asan preset:    configure, build, ctest with AddressSanitizer + LeakSanitizer
+# (run_tsan_phase exists for ThreadSanitizer but is not run yet.)
+# Prints the duration of each phase; exits nonzero when any step fails.
+# SMARTGEN_CTEST_ARGS: extra ctest arguments for every phase (e.g. "-j2" or "--repeat until-pass:2").
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$(pwd)
+JOBS=$(nproc)
+
+PHASE_NAMES=()
+PHASE_TIMES=()
+PHASE_RESULTS=()
+
+now_ms() { date +%s%3N; }
+
+print_timings() {
+  local i
+  echo
+  echo "==== test.sh timings ===="
+  for i in "${!PHASE_NAMES[@]}"; do
+    printf '  %-16s %8.1f s  %s\n' "${PHASE_NAMES[$i]}" "$(awk "BEGIN{print ${PHASE_TIMES[$i]}/1000}")" \
+      "${PHASE_RESULTS[$i]}"
+  done
+}
+trap print_timings EXIT
+
+# run_phase NAME FUNCTION: runs FUNCTION, records its duration and result, fails the script on error.
+run_phase() {
+  local name=$1 fn=$2 start rc=0
+  echo
+  echo "==== [$name] starting ($(date '+%H:%M:%S')) ===="
+  start=$(now_ms)
+  # A subshell with errexit on: `fn || rc=$?` would switch errexit off inside fn.
+  set +e
+  (set -e; "$fn")
+  rc=$?
+  set -e
+  PHASE_NAMES+=("$name")
+  PHASE_TIMES+=("$(( $(now_ms) - start ))")
+  if [[ $rc -ne 0 ]]; then
+    PHASE_RESULTS+=("FAILED (exit $rc)")
+    echo "==== [$name] FAILED (exit $rc) ====" >&2
+    exit "$rc"
+  fi
+  PHASE_RESULTS+=("ok")
+  echo "==== [$name] ok ===="
+}
+
+# configure + build + ctest of one preset (CMakePresets.json); extra args go to ctest.
+preset_build_and_test() {
+  local preset=$1
+  shift
+  cmake --preset "$preset" &&
+    cmake --build --preset "$preset" --parallel "$JOBS" &&
+    # shellcheck disable=SC2086 # word splitting of SMARTGEN_CTEST_ARGS is intended
+    ctest --preset "$preset" ${SMARTGEN_CTEST_ARGS:-} "$@"
+}
+
+run_deps_phase() {
+  bash "$ROOT/scripts/setup-deps.sh"
+}
+
+run_release_phase() {
+  preset_build_and_test release
+}
+
+run_asan_phase() {
+  # detect_leaks: LeakSanitizer at exit of every test process; abort_on_error: a report fails the
+  # test with a core-less abort instead of a plain exit code that a harness might ignore.
+  ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:check_initialization_order=1${ASAN_OPTIONS:+:$ASAN_OPTIONS}" \
+  LSAN_OPTIONS="print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}" \
+    preset_build_and_test asan
+}
+
+# ThreadSanitizer phase: defined for CI, not run yet (add `run_phase tsan run_tsan_phase` below).
+run_tsan_phase() {
+  TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1${TSAN_OPTIONS:+:$TSAN_OPTIONS}" \
+    preset_build_and_test tsan
+}
+
+TOTAL_START=$(now_ms)
+run_phase deps run_deps_phase
+run_phase release run_release_phase
+run_phase asan run_asan_phase
+PHASE_NAMES+=("total")
+PHASE_TIMES+=("$(( $(now_ms) - TOTAL_START ))")
+PHASE_RESULTS+=("ok")
+echo
+echo "test.sh: all phases passed"
