@@ -141,6 +141,7 @@ ParamBounds bounds_of(sg_param_t p) {
         case SG_PARAM_MAX_OP_BYTES: return {4096, 1ull << 30};
         case SG_PARAM_MAX_OPS_IN_FLIGHT: return {1, 4096};
         case SG_PARAM_PROGRESS_SPIN_US: return {0, 1000000};
+        case SG_PARAM_STAGING_POLICY: return {SG_STAGING_AUTO, SG_STAGING_NEVER};
     }
     fail(SG_ERR_INVALID_ARGUMENT, "unknown sg_param_t " + std::to_string(int(p)));
 }

@@ -225,16 +225,25 @@ SG_API sg_status_t sg_context_provider(sg_context_t ctx, char *buf, size_t cap);
 
 /* Run-time tunables: enum + value with queryable bounds. Values pinned. */
 typedef enum sg_param {
-    /* Segments smaller than this (bytes, mean over a layer) go through the staging path. 0 = never
-     * stage. Default depends on the provider (tcp: 65536, shm: 0). */
+    /* A layer whose operations average fewer bytes than this is a candidate for the staging path
+     * (pack, one large write, unpack); SG_PARAM_STAGING_POLICY decides. 0 = never stage.
+     * Default 262144. */
     SG_PARAM_STAGING_THRESHOLD = 0,
     /* Largest single RMA operation after coalescing, bytes (also capped by max_msg_size). */
     SG_PARAM_MAX_OP_BYTES = 1,
     /* RMA operations in flight per context. */
     SG_PARAM_MAX_OPS_IN_FLIGHT = 2,
     /* Progress thread spin before blocking, microseconds. */
-    SG_PARAM_PROGRESS_SPIN_US = 3
+    SG_PARAM_PROGRESS_SPIN_US = 3,
+    /* How candidate layers are sent: SG_STAGING_AUTO (default) measures the throughput of both
+     * paths on each session and uses the faster, re-measuring the other now and then;
+     * SG_STAGING_ALWAYS stages every candidate; SG_STAGING_NEVER writes directly. */
+    SG_PARAM_STAGING_POLICY = 4
 } sg_param_t;
+
+#define SG_STAGING_AUTO 0
+#define SG_STAGING_ALWAYS 1
+#define SG_STAGING_NEVER 2
 
 /* Sets a tunable; SG_ERR_OUT_OF_RANGE outside its bounds, SG_ERR_INVALID_ARGUMENT for an unknown
  * param. Applies to operations scheduled after the call. Since 0.1. */

@@ -86,7 +86,8 @@ Context::Context(const sg_context_options_t &opt) : id(random_u64()), opt_(opt) 
         }
     }
     primary_provider = transports[0]->caps().provider;
-    staging_threshold_ = primary_provider == "shm" ? 0 : 64 * 1024;
+    if (const char *e = std::getenv("SG_STAGING_THRESHOLD")) staging_threshold_ = std::strtoull(e, nullptr, 10);
+    if (const char *e = std::getenv("SG_STAGING_POLICY")) staging_policy_ = std::min<uint64_t>(std::strtoull(e, nullptr, 10), 2);
     max_op_bytes_ = std::min<uint64_t>(16ull << 20, transports[0]->caps().max_msg_size);
 
     cookie_store_.reserve(size_t(max_ops_) + 64);
@@ -142,6 +143,7 @@ void Context::set_param(sg_param_t p, uint64_t v) {
         case SG_PARAM_MAX_OP_BYTES: max_op_bytes_ = std::min<uint64_t>(v, transports[0]->caps().max_msg_size); break;
         case SG_PARAM_MAX_OPS_IN_FLIGHT: max_ops_ = uint32_t(v); break;
         case SG_PARAM_PROGRESS_SPIN_US: spin_us_ = uint32_t(v); break;
+        case SG_PARAM_STAGING_POLICY: staging_policy_ = v; break;
     }
     wake();
 }
@@ -153,6 +155,7 @@ uint64_t Context::get_param(sg_param_t p) const {
         case SG_PARAM_MAX_OP_BYTES: return max_op_bytes_;
         case SG_PARAM_MAX_OPS_IN_FLIGHT: return max_ops_;
         case SG_PARAM_PROGRESS_SPIN_US: return spin_us_;
+        case SG_PARAM_STAGING_POLICY: return staging_policy_;
     }
     return 0;
 }
@@ -805,9 +808,35 @@ bool Context::start_next_layer(Transfer &t) {
     t.cur_layer = layer;
     t.next_op = 0;
     const uint64_t mean = t.ops.empty() ? 0 : ps.bytes / t.ops.size();
-    t.cur_staged = staging_threshold_ && t.session->have_peer_staging && mean < staging_threshold_;
-    if (t.ops.empty()) t.layers[layer].posted = true;
+    Transfer::Layer &L = t.layers[layer];
+    L.candidate = staging_threshold_ && t.session->have_peer_staging && mean < staging_threshold_ &&
+                  staging_policy_ != SG_STAGING_NEVER;
+    L.staged = L.candidate && (staging_policy_ == SG_STAGING_ALWAYS || choose_staging(*t.session));
+    L.start_ns = now_ns();
+    L.bytes = ps.bytes;
+    t.cur_staged = L.staged;
+    if (t.ops.empty()) L.posted = true;
     return true;
+}
+
+// Per-operation cost differs by provider and machine (tcp: kernel copies dominate, staging adds
+// two memcpys; shm: every operation is a round trip, staging wins by far), so the path is chosen by
+// the throughput each achieved on this session. Each unmeasured path is tried first, and the slower
+// one is retried every 8th candidate layer so a change in conditions is noticed.
+bool Context::choose_staging(Session &s) {
+    const uint32_t n = s.candidate_layers++;
+    if (s.path_rate[0] == 0) return false;
+    if (s.path_rate[1] == 0) return true;
+    const bool faster = s.path_rate[1] > s.path_rate[0];
+    return n % 8 == 7 ? !faster : faster;
+}
+
+void Context::record_layer_rate(Transfer &t, Transfer::Layer &L) {
+    if (!L.candidate || staging_policy_ != SG_STAGING_AUTO) return;
+    const uint64_t ns = std::max<uint64_t>(1, now_ns() - L.start_ns);
+    const double rate = double(L.bytes) / double(ns);
+    double &r = t.session->path_rate[L.staged ? 1 : 0];
+    r = r == 0 ? rate : 0.5 * r + 0.5 * rate;
 }
 
 bool Context::post_plain_op(Transfer &t) {
@@ -953,6 +982,7 @@ void Context::maybe_send_notices(Transfer &t) {
             break;
         }
         if (L.outstanding == 0 && !L.ready) {
+            record_layer_rate(t, L);
             L.ready = true;
             L.ready_ns = now_ns();
             t.residency.set_layer(l);

@@ -111,6 +111,10 @@ class Session {
     bool have_peer_staging = false;
     uint32_t free_peer_slots = 0;  // bitmask of the peer's free receive slots
     uint32_t free_send_slots = 0;  // bitmask of our free pack slots
+    // Measured throughput (bytes per ns, smoothed) of candidate layers sent directly [0] and
+    // staged [1] on this session; 0 while unmeasured. Drives SG_STAGING_AUTO.
+    double path_rate[2] = {0, 0};
+    uint32_t candidate_layers = 0;
 };
 
 class Transfer {
@@ -138,6 +142,9 @@ class Transfer {
         bool ready = false;
         uint32_t outstanding = 0;    // ops of this layer not yet completed (prefill)
         uint32_t staged_chunks = 0;  // prefill: chunk notices sent; decode: chunks unpacked
+        bool candidate = false;      // prefill: small ops, so its path was chosen by measurement
+        bool staged = false;
+        uint64_t start_ns = 0, bytes = 0;  // prefill: first op posted, bytes of the layer
         bool notice_received = false;  // decode: LayerReady arrived
         uint32_t chunks_announced = 0; // decode: staged_chunks from LayerReady
         uint64_t written_ns = 0, ready_ns = 0;
@@ -226,6 +233,8 @@ class Context : public transport::CompletionSink {
     void fail_transfer(Transfer &t, sg_status_t status, const std::string &message, bool tell_peer);
     void complete_if_done(Transfer &t);
     void maybe_layer_ready(Transfer &t, uint32_t layer);
+    bool choose_staging(Session &s);
+    void record_layer_rate(Transfer &t, Transfer::Layer &L);
     void match(Session &s, const std::shared_ptr<Transfer> &t, const wire::Expect &e);
     void handle(Session &s, const wire::FrameHeader &h, std::span<const uint8_t> body);
     void deliver_orphans(Session &s);
@@ -234,7 +243,8 @@ class Context : public transport::CompletionSink {
     void wake();
 
     sg_context_options_t opt_{};
-    uint64_t staging_threshold_ = 64 * 1024;
+    uint64_t staging_threshold_ = 256 * 1024;
+    uint64_t staging_policy_ = SG_STAGING_AUTO;
     uint64_t max_op_bytes_ = 16ull << 20;
     uint32_t max_ops_ = 64;
     uint32_t spin_us_ = 50;

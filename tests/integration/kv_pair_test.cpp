@@ -190,8 +190,10 @@ void run_prefill(const RunConfig &cfg) {
     SCOPED_TRACE("run seed " + std::to_string(run_seed));
     sg_context_t ctx = sgtest::make_context(cfg.provider);
     if (!ctx) GTEST_SKIP() << "provider " << cfg.provider << " cannot open here: " << sg_last_error_message();
-    if (cfg.staging_threshold != UINT64_MAX)
+    if (cfg.staging_threshold != UINT64_MAX) {
         ASSERT_EQ(sg_context_set_param(ctx, SG_PARAM_STAGING_THRESHOLD, cfg.staging_threshold), SG_OK);
+        ASSERT_EQ(sg_context_set_param(ctx, SG_PARAM_STAGING_POLICY, SG_STAGING_ALWAYS), SG_OK);
+    }
     sg_listener_t lis = nullptr;
     Pool pool(cfg.src);
     uint64_t staged = 0, ops = 0, bytes = 0;
@@ -251,7 +253,11 @@ void run_prefill(const RunConfig &cfg) {
     std::printf("[ info ] %s: %d transfers, %.1f MiB moved in %llu RMA ops, %.1f MiB staged\n", cfg.provider, cfg.count,
                 bytes / 1048576.0, (unsigned long long)ops, staged / 1048576.0);
     if (cfg.staging_threshold == 0) EXPECT_EQ(staged, 0u);
-    if (cfg.staging_threshold == uint64_t(64) << 20) EXPECT_GT(staged, 0u);
+    if (cfg.staging_threshold == uint64_t(64) << 20) EXPECT_EQ(staged, bytes);
+    if (cfg.staging_threshold == UINT64_MAX) {
+        EXPECT_GT(staged, 0u);
+        EXPECT_LT(staged, bytes);
+    }
     sg_listener_destroy(lis);
     EXPECT_EQ(sg_context_destroy(ctx), SG_OK);
 }
@@ -274,6 +280,11 @@ TEST(KvPairShm, RandomScatteredTransfersDirectWrites) {
 
 TEST(KvPairShm, RandomScatteredTransfersStaged) {
     run_prefill({"shm", uint64_t(64) << 20, Shape{}, Shape{}, std::max(10, transfer_count() / 4)});
+}
+
+// The default policy measures both paths on the session, so both carry bytes over a run.
+TEST(KvPairShm, AutoPolicyTriesBothPaths) {
+    run_prefill({"shm", UINT64_MAX, Shape{}, Shape{}, std::max(10, transfer_count() / 4)});
 }
 
 // Different tokens-per-block and block order on the decode side are mapped by the runtime.
