@@ -325,6 +325,58 @@ TEST(Session, HostDrivenProgress) {
     sg_transfer_release(y);
 }
 
+// verbs and EFA need a device this machine lacks (and Soft-RoCE cannot load here); their ranking and
+// MR regime are covered by the fake capability tables in unit/rank_test.cpp.
+class RdmaProvider : public ::testing::TestWithParam<const char *> {};
+
+TEST_P(RdmaProvider, MovesAPoolWhenADeviceIsPresent) {
+    sg_context_options_t o;
+    sg_context_options_init(&o);
+    o.provider = GetParam();
+    sg_context_t a = nullptr;
+    sg_error_info_t err;
+    sg_error_info_init(&err);
+    const sg_status_t st = sg_context_create(&o, &a, &err);
+    if (st == SG_ERR_NO_PROVIDER || st == SG_ERR_TRANSPORT)
+        GTEST_SKIP() << GetParam() << " has no device on this machine: " << err.message;
+    ASSERT_EQ(st, SG_OK) << err.message;
+    sg_context_t b = nullptr;
+    ASSERT_EQ(sg_context_create(&o, &b, &err), SG_OK) << err.message;
+    size_t la = 0, lb = 0;
+    sg_context_get_metadata(a, nullptr, 0, &la);
+    sg_context_get_metadata(b, nullptr, 0, &lb);
+    std::vector<uint8_t> ma(la), mb(lb);
+    ASSERT_EQ(sg_context_get_metadata(a, ma.data(), la, &la), SG_OK);
+    ASSERT_EQ(sg_context_get_metadata(b, mb.data(), lb, &lb), SG_OK);
+    sg_session_t sa = nullptr, sb = nullptr;
+    ASSERT_EQ(sg_session_from_metadata(a, mb.data(), lb, nullptr, &sa, nullptr), SG_OK);
+    ASSERT_EQ(sg_session_from_metadata(b, ma.data(), la, nullptr, &sb, nullptr), SG_OK);
+    {
+        Pool src(a, 2, 2, 64, 16, 8), dst(b, 2, 2, 64, 16, 8);
+        src.fill(9);
+        ASSERT_EQ(sg_session_export_kv(sa, src.kv), SG_OK);
+        ASSERT_EQ(sg_session_export_kv(sb, dst.kv), SG_OK);
+        auto t = iota_table(8);
+        sg_transfer_options_t to;
+        sg_transfer_options_init(&to);
+        to.flags = SG_TRANSFER_ALL_LAYERS_WRITTEN;
+        sg_transfer_t x = nullptr, y = nullptr;
+        ASSERT_EQ(sg_transfer_expect(sb, "rdma", dst.kv, t.data(), 8, 128, nullptr, &y, nullptr), SG_OK);
+        ASSERT_EQ(sg_transfer_post(sa, "rdma", src.kv, t.data(), 8, 128, &to, &x, nullptr), SG_OK);
+        EXPECT_EQ(sg_transfer_wait(y, 5 * kSecond), SG_OK);
+        EXPECT_EQ(sg_transfer_wait(x, 5 * kSecond), SG_OK);
+        EXPECT_EQ(src.k, dst.k);
+        sg_transfer_release(x);
+        sg_transfer_release(y);
+    }
+    sg_session_destroy(sa);
+    sg_session_destroy(sb);
+    sg_context_destroy(a);
+    sg_context_destroy(b);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fabrics, RdmaProvider, ::testing::Values("verbs", "efa"));
+
 TEST(Session, TunablesHaveBounds) {
     Ctx c;
     uint64_t lo = 0, hi = 0, v = 0;
