@@ -110,6 +110,7 @@ Context::~Context() {
     {
         std::lock_guard lock(mu);
         active_.clear();
+        lingering_.clear();
     }
     transports.clear();
     if (wake_fd_ >= 0) ::close(wake_fd_);
@@ -553,7 +554,6 @@ Session::~Session() {
         for (auto &r : reg.regions) tp->deregister(r);
     recv_staging.release(tp);
     send_staging.release(tp);
-    for (OpCookie *c : outbox) (void)c;  // owned by the context's cookie store
     if (tp) tp->remove_peer(peer);
 }
 
@@ -645,6 +645,12 @@ void Context::close_session(Session &s) {
         }
     }
     s.closed = true;
+    // Sends that never left are dropped; their cookies go back to the pool.
+    for (OpCookie *c : s.outbox) {
+        if (c->xfer) c->xfer->inflight--;
+        give_cookie(c);
+    }
+    s.outbox.clear();
     sessions_.erase(s.peer_ctx_id);
 }
 
@@ -1096,8 +1102,20 @@ void Context::release(Transfer &t) {
             flush_outbox(*t.session);
         }
     }
-    if (t.inflight) log.log(SG_LOG_ERROR, "transfer '" + t.request_id + "' released with operations still in flight");
     Session &s = *t.session;
+    if (t.inflight) {
+        // Completions still name this transfer: keep it alive until the context goes away rather
+        // than let a late completion touch freed memory.
+        log.log(SG_LOG_ERROR, "transfer '" + t.request_id + "' released with " + std::to_string(t.inflight) +
+                                  " operation(s) still in flight after 5 s; kept until the context is destroyed");
+        for (auto &p : active_)
+            if (p.get() == &t) lingering_.push_back(p);
+        if (t.post_side) {
+            if (auto p = s.posts.find(t.request_id); p != s.posts.end() && p->second.get() == &t) lingering_.push_back(p->second);
+        } else if (auto e = s.expects.find(t.id); e != s.expects.end()) {
+            lingering_.push_back(e->second);
+        }
+    }
     if (t.post_side) {
         auto p = s.posts.find(t.request_id);
         if (p != s.posts.end() && p->second.get() == &t) s.posts.erase(p);

@@ -252,6 +252,7 @@ class Context : public transport::CompletionSink {
     uint64_t next_xfer_id_ = 1;
     std::map<uint64_t, std::weak_ptr<Session>> sessions_;  // by peer context id
     std::vector<std::shared_ptr<Transfer>> active_;        // prefill transfers with work to do
+    std::vector<std::shared_ptr<Transfer>> lingering_;     // released with operations still in flight
     std::map<uint64_t, std::vector<std::vector<uint8_t>>> orphans_;  // frames from peers not yet known
     std::vector<std::unique_ptr<OpCookie>> cookie_store_;
     std::vector<OpCookie *> free_cookies_;
