@@ -116,6 +116,7 @@ sg_context_options_t default_context_options() {
     o.progress_spin_us = 50;
     o.max_ops_in_flight = 64;
     o.log_level = SG_LOG_WARN;
+    o.peer_timeout_ms = 2000;
     return o;
 }
 
@@ -491,6 +492,21 @@ SG_API sg_status_t sg_session_export_kv(sg_session_t sh, sg_kv_handle_t kh) {
 SG_API sg_status_t sg_session_provider(sg_session_t sh, char *buf, size_t cap) {
     return guard(nullptr, [&] {
         copy_string(lookup(sessions(), raw(sh), "session")->provider, buf, cap);
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_session_error(sg_session_t sh, sg_status_t *status, char *msg, size_t cap) {
+    return guard(nullptr, [&] {
+        auto s = lookup(sessions(), raw(sh), "session");
+        need(status, "status");
+        std::lock_guard lock(s->ctx->mu);
+        *status = s->error;
+        if (msg && cap) {
+            const size_t n = std::min(cap - 1, s->error_message.size());
+            std::memcpy(msg, s->error_message.data(), n);
+            msg[n] = '\0';
+        }
         return SG_OK;
     });
 }

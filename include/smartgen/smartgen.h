@@ -196,6 +196,11 @@ typedef struct sg_context_options {
     sg_log_level_t log_level;
     sg_log_fn log_fn;
     void *log_user;
+    /* A session whose peer has sent nothing for this long is lost: the session and every pending
+     * transfer on it fail with SG_ERR_PEER_LOST. Quiet sessions send a small keep-alive every quarter
+     * of it. Default 2000; 0 means the default. A broken connection reported by the fabric is
+     * detected sooner. */
+    uint32_t peer_timeout_ms;
 } sg_context_options_t;
 
 /* Fills defaults, struct_size and header_version. Since 0.1. */
@@ -389,6 +394,11 @@ SG_API sg_status_t sg_session_export_kv(sg_session_t session, sg_kv_handle_t han
 /* Provider the session runs on, into buf. Since 0.1. */
 SG_API sg_status_t sg_session_provider(sg_session_t session, char *buf, size_t cap);
 
+/* Health of a session: *status is SG_OK while it is usable, else why it is not (SG_ERR_PEER_LOST
+ * when the peer went silent, its connection broke or it closed the session); msg (optional, cap
+ * bytes) receives the detail. Returns SG_OK or SG_ERR_INVALID_HANDLE. Since 0.1. */
+SG_API sg_status_t sg_session_error(sg_session_t session, sg_status_t *status, char *msg, size_t cap);
+
 /* Closes a session; its unreleased transfers are canceled. NULL accepted. Since 0.1. */
 SG_API sg_status_t sg_session_destroy(sg_session_t session);
 
@@ -417,6 +427,9 @@ typedef struct sg_transfer_options {
      * layer_order_count = num_layers. Borrowed for the call. */
     const uint32_t *layer_order;
     size_t layer_order_count;
+    /* Nanoseconds from the expect/post call by which the transfer must complete; 0 = none. When it
+     * passes, the transfer fails with SG_ERR_DEADLINE on this side and the peer is told. */
+    uint64_t deadline_ns;
 } sg_transfer_options_t;
 
 /* Fills struct_size and defaults. Since 0.1. */

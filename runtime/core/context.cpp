@@ -56,6 +56,7 @@ Context::Context(const sg_context_options_t &opt) : id(random_u64()), opt_(opt) 
     spin_us_ = opt.progress_spin_us;
     if (const char *s = std::getenv("SG_PROGRESS_SPIN_US")) spin_us_ = uint32_t(std::strtoul(s, nullptr, 10));
     max_ops_ = opt.max_ops_in_flight ? opt.max_ops_in_flight : 64;
+    peer_timeout_ns_ = uint64_t(opt.peer_timeout_ms ? opt.peer_timeout_ms : 2000) * 1000000;
     boot_id_ = read_boot_id();
     netns_ = read_netns_inode();
 
@@ -216,7 +217,55 @@ size_t Context::poll_locked() {
     return n;
 }
 
+// Keep-alives, peer loss and deadlines; cheap, and run at most every 10 ms.
+void Context::check_timers_locked() {
+    const uint64_t now = now_ns();
+    if (now < next_timer_check_ns_) return;
+    next_timer_check_ns_ = now + 10000000;
+    for (auto &[peer_id, weak] : sessions_) {
+        auto s = weak.lock();
+        if (!s || s->closed) continue;
+        if (now - s->last_heard_ns > peer_timeout_ns_) {
+            lose_session(*s, SG_ERR_PEER_LOST,
+                         "peer sent nothing for " + std::to_string((now - s->last_heard_ns) / 1000000) +
+                             " ms (peer_timeout_ms " + std::to_string(peer_timeout_ns_ / 1000000) + ")");
+            continue;
+        }
+        if (s->may_send && s->outbox.empty() && now - s->last_sent_ns > peer_timeout_ns_ / 4) {
+            wire::Ping ping;
+            ping.sent_ns = now;
+            std::vector<uint8_t> out;
+            wire::encode(out, id, ping);
+            send(*s, out);
+        }
+        auto expire = [&](auto &map) {
+            for (auto &[k, t] : map)
+                if (t->deadline_abs_ns && now > t->deadline_abs_ns && !t->finished())
+                    fail_transfer(*t, SG_ERR_DEADLINE, "transfer '" + t->request_id + "' missed its deadline", true);
+        };
+        expire(s->expects);
+        expire(s->posts);
+        expire(s->unmatched_posts);
+    }
+}
+
+// The peer is gone (silent, connection broken, or closed): every pending transfer on the session
+// fails at once, and nothing more is sent on it.
+void Context::lose_session(Session &s, sg_status_t status, const std::string &why) {
+    if (s.closed) return;
+    s.closed = true;
+    s.error = status;
+    s.error_message = why;
+    if (status != SG_ERR_PEER_LOST || why != "peer closed the session")
+        log.log(SG_LOG_ERROR, "session with peer " + std::to_string(s.peer_ctx_id) + " lost: " + why);
+    for (auto &[k, t] : s.expects) fail_transfer(*t, status, why, false);
+    for (auto &[k, t] : s.posts) fail_transfer(*t, status, why, false);
+    for (auto &[k, t] : s.unmatched_posts) fail_transfer(*t, status, why, false);
+    cv.notify_all();
+}
+
 void Context::schedule_locked() {
+    check_timers_locked();
     // rxm answers EAGAIN while a connection is being set up, so queued control messages are retried
     // on every pass.
     for (auto &[peer_id, weak] : sessions_)
@@ -269,6 +318,7 @@ void Context::flush_outbox(Session &s) {
         int rc = s.tp->post_send(s.peer, c->bytes.data(), c->bytes.size(), nullptr, c);
         if (rc == -EAGAIN) return;
         s.outbox.pop_front();
+        s.last_sent_ns = now_ns();
     }
 }
 
@@ -285,6 +335,12 @@ void Context::on_complete(void *cookie, int status, const char *error_text) {
     if (log.enabled(SG_LOG_DEBUG))
         log.log(SG_LOG_DEBUG, "completion kind " + std::to_string(int(c->kind)) + " status " + std::to_string(status));
     if (c->kind != OpCookie::Kind::Send) ops_inflight_--;
+    const bool connection_broke = status == -ECONNRESET || status == -EPIPE || status == -ENOTCONN ||
+                                  status == -ECONNABORTED || status == -ECONNREFUSED || status == -EHOSTUNREACH ||
+                                  status == -ETIMEDOUT;
+    if (connection_broke && c->session && !c->session->closed)
+        lose_session(*c->session, SG_ERR_PEER_LOST,
+                     std::string("connection to the peer broke: ") + (error_text ? error_text : ""));
     if (t) {
         t->inflight--;
         if (status) {
@@ -304,7 +360,7 @@ void Context::on_complete(void *cookie, int status, const char *error_text) {
             }
             maybe_send_notices(*t);
         }
-    } else if (status) {
+    } else if (status && !connection_broke) {
         log.log(SG_LOG_WARN, std::string("control message failed: ") + (error_text ? error_text : ""));
     }
     if (c->kind == OpCookie::Kind::StagedWrite && c->session) c->session->free_send_slots |= 1u << c->staging_slot;
@@ -343,6 +399,7 @@ void Context::deliver_orphans(Session &s) {
 
 void Context::handle(Session &s, const wire::FrameHeader &h, std::span<const uint8_t> body) {
     if (log.enabled(SG_LOG_DEBUG)) log.log(SG_LOG_DEBUG, "message type " + std::to_string(int(h.type)) + " from peer");
+    s.last_heard_ns = now_ns();
     if (!s.may_send) {
         s.may_send = true;  // the peer's connection exists now; ours can follow on it
         flush_outbox(s);
@@ -486,13 +543,12 @@ void Context::handle(Session &s, const wire::FrameHeader &h, std::span<const uin
             s.unmatched_expects.erase(m.request_id);
             return;
         }
-        case wire::MsgType::Bye: {
-            s.closed = true;
-            s.error = SG_ERR_PEER_LOST;
-            s.error_message = "peer closed the session";
-            for (auto &[k, t] : s.expects) fail_transfer(*t, SG_ERR_PEER_LOST, s.error_message, false);
-            for (auto &[k, t] : s.posts) fail_transfer(*t, SG_ERR_PEER_LOST, s.error_message, false);
-            for (auto &[k, t] : s.unmatched_posts) fail_transfer(*t, SG_ERR_PEER_LOST, s.error_message, false);
+        case wire::MsgType::Bye:
+            lose_session(s, SG_ERR_PEER_LOST, "peer closed the session");
+            return;
+        case wire::MsgType::Ping: {
+            wire::Ping m;
+            check(wire::decode(body, m), "Ping");
             return;
         }
         case wire::MsgType::Hello: return;  // only meaningful at bootstrap
@@ -566,6 +622,7 @@ std::shared_ptr<Session> Context::open_session(const wire::Hello &peer, const sg
     auto s = std::make_shared<Session>(this, peer, opt);
     sessions_[peer.ctx_id] = s;
     s->may_send = id < peer.ctx_id;
+    s->last_heard_ns = s->last_sent_ns = now_ns();
     // Tell the peer where our staging slots are; it may stage into them from now on.
     wire::HandleExport ex;
     ex.handle_id = kStagingHandleId;
@@ -693,6 +750,7 @@ std::shared_ptr<Transfer> Context::expect(const std::shared_ptr<Session> &s, con
     auto t = std::make_shared<Transfer>(this, s, false, rid, pool, table, num_tokens, opt);
     t->id = next_xfer_id_++;
     t->stats.start_ns = now_ns();
+    if (opt.deadline_ns) t->deadline_abs_ns = t->stats.start_ns + opt.deadline_ns;
     s->expects[t->id] = t;
     wire::Expect m;
     m.request_id = rid;
@@ -740,6 +798,7 @@ std::shared_ptr<Transfer> Context::post(const std::shared_ptr<Session> &s, const
     s->canceled_unmatched.erase(rid);  // a new post of the id supersedes an earlier cancel
     auto t = std::make_shared<Transfer>(this, s, true, rid, pool, table, num_tokens, opt);
     t->order = std::move(order);
+    if (opt.deadline_ns) t->deadline_abs_ns = now_ns() + opt.deadline_ns;
     if (opt.flags & SG_TRANSFER_ALL_LAYERS_WRITTEN) {
         const uint64_t now = now_ns();
         for (auto &L : t->layers) {

@@ -86,6 +86,8 @@ class Session {
     bool closed = false;
     sg_status_t error = SG_OK;
     std::string error_message;
+    uint64_t last_heard_ns = 0;  // any frame from the peer
+    uint64_t last_sent_ns = 0;   // any frame to the peer accepted by the provider
 
     // Our pools registered for this session (one registration per region) and exported.
     struct LocalReg {
@@ -132,6 +134,7 @@ class Transfer {
     const uint64_t num_tokens;
     sg_transfer_options_t options{};
     uint64_t id = 0;  // decode side: our id, sent in Expect; prefill side: the peer's, from Expect
+    uint64_t deadline_abs_ns = 0;  // CLOCK_MONOTONIC; 0 = none
 
     sg_status_t status = SG_IN_PROGRESS;
     std::string error;
@@ -234,6 +237,8 @@ class Context : public transport::CompletionSink {
     void complete_if_done(Transfer &t);
     void maybe_layer_ready(Transfer &t, uint32_t layer);
     bool choose_staging(Session &s);
+    void check_timers_locked();
+    void lose_session(Session &s, sg_status_t status, const std::string &why);
     void record_layer_rate(Transfer &t, Transfer::Layer &L);
     void match(Session &s, const std::shared_ptr<Transfer> &t, const wire::Expect &e);
     void handle(Session &s, const wire::FrameHeader &h, std::span<const uint8_t> body);
@@ -248,6 +253,8 @@ class Context : public transport::CompletionSink {
     uint64_t max_op_bytes_ = 16ull << 20;
     uint32_t max_ops_ = 64;
     uint32_t spin_us_ = 50;
+    uint64_t peer_timeout_ns_ = 2000000000ull;
+    uint64_t next_timer_check_ns_ = 0;
     uint32_t ops_inflight_ = 0;
     uint64_t next_xfer_id_ = 1;
     std::map<uint64_t, std::weak_ptr<Session>> sessions_;  // by peer context id

@@ -20,6 +20,7 @@
 //   TransferDone   1 decode_xfer_id u64, 2 bytes u64
 //   Cancel, Error  1 request_id bytes, 2 decode_xfer_id u64, 3 status i32, 4 message bytes
 //   Bye            1 status i32
+//   Ping           1 sent_ns u64
 //
 // Every tag of v1.0 is required and must appear exactly once, Hello's endpoint excepted (0..n
 // times). Strings and packed arrays are required too but may be zero bytes long: requiring them
@@ -297,6 +298,10 @@ void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Bye &m) {
     encode_frame(out, sender_ctx, MsgType::Bye, [&] { int_field(out, 1, m.status); });
 }
 
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Ping &m) {
+    encode_frame(out, sender_ctx, MsgType::Ping, [&] { int_field(out, 1, m.sent_ns); });
+}
+
 void append_raw_field(std::vector<uint8_t> &out, size_t frame_start, uint16_t tag, std::span<const uint8_t> value) {
     if (frame_start > out.size() || out.size() - frame_start < kFrameHeaderBytes)
         throw std::out_of_range("append_raw_field: no frame header at frame_start");
@@ -321,7 +326,7 @@ DecodeError decode_header(std::span<const uint8_t> frame, FrameHeader &hdr, std:
     hdr.sender_ctx = load<uint64_t>(p + 12);
     hdr.body_len = load<uint32_t>(p + 20);
     if (hdr.proto_major != kProtoMajor) return E::VersionMismatch;
-    if (type < static_cast<uint16_t>(MsgType::Hello) || type > static_cast<uint16_t>(MsgType::Bye))
+    if (type < static_cast<uint16_t>(MsgType::Hello) || type > static_cast<uint16_t>(MsgType::Ping))
         return E::UnknownType;
     hdr.type = static_cast<MsgType>(type);
     if (hdr.body_len > kMaxBodyBytes) return E::TooLarge;
@@ -452,6 +457,10 @@ DecodeError decode(std::span<const uint8_t> body, TransferError &m) {
 
 DecodeError decode(std::span<const uint8_t> body, Bye &m) {
     return walk(body, {1}, [&](uint16_t, Bytes v) { return get(v, m.status); });
+}
+
+DecodeError decode(std::span<const uint8_t> body, Ping &m) {
+    return walk(body, {1}, [&](uint16_t, Bytes v) { return get(v, m.sent_ns); });
 }
 
 }  // namespace sg::wire

@@ -36,6 +36,7 @@ enum class MsgType : uint16_t {
     Cancel = 8,        // either way: the transfer is canceled (status carried)
     Error = 9,         // either way: the transfer failed (status and message)
     Bye = 10,          // graceful close of the session
+    Ping = 11,         // liveness: sent when a session has been quiet, so silence means loss
 };
 
 enum class DecodeError {
@@ -146,6 +147,10 @@ struct Bye {
     int32_t status = 0;
 };
 
+struct Ping {
+    uint64_t sent_ns = 0;  // sender's CLOCK_MONOTONIC, for diagnostics only
+};
+
 // Encoding appends one whole frame (header + body) to out.
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Hello &m);
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const HandleExport &m);
@@ -156,6 +161,7 @@ void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const StagingCredit 
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const TransferDone &m);
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const TransferError &m, MsgType type);
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Bye &m);
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Ping &m);
 
 // Parses the frame header and checks magic, major version and that body_len fits in `frame`.
 // On success `body` is the body's bytes (a view into frame).
@@ -171,6 +177,7 @@ DecodeError decode(std::span<const uint8_t> body, StagingCredit &m);
 DecodeError decode(std::span<const uint8_t> body, TransferDone &m);
 DecodeError decode(std::span<const uint8_t> body, TransferError &m);
 DecodeError decode(std::span<const uint8_t> body, Bye &m);
+DecodeError decode(std::span<const uint8_t> body, Ping &m);
 
 // For tests of forward compatibility: appends a field with an arbitrary tag to the last frame in
 // `out` (fixing its body_len), as a newer peer would.
