@@ -284,6 +284,76 @@ SG_API sg_status_t sg_context_get_param(sg_context_t h, sg_param_t p, uint64_t *
     });
 }
 
+SG_API void sg_context_stats_init(sg_context_stats_t *s) {
+    if (!s) return;
+    std::memset(s, 0, sizeof *s);
+    s->struct_size = sizeof *s;
+}
+
+namespace {
+sg_context_stats_t snapshot(core::Context &ctx) {
+    std::lock_guard lock(ctx.mu);
+    sg_context_stats_t s = ctx.counters;
+    s.struct_size = sizeof s;
+    return s;
+}
+}  // namespace
+
+SG_API sg_status_t sg_context_stats(sg_context_t h, sg_context_stats_t *out) {
+    return guard(nullptr, [&] {
+        auto ctx = lookup(contexts(), raw(h), "context");
+        need(out, "out");
+        if (out->struct_size < sizeof(size_t)) fail(SG_ERR_INVALID_ARGUMENT, "out->struct_size is not set");
+        sg_context_stats_t s = snapshot(*ctx);
+        const size_t n = std::min(out->struct_size, sizeof s);
+        s.struct_size = n;
+        std::memcpy(static_cast<void *>(out), &s, n);
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_context_metrics_text(sg_context_t h, char *buf, size_t cap, size_t *len) {
+    return guard(nullptr, [&] {
+        auto ctx = lookup(contexts(), raw(h), "context");
+        need(len, "len");
+        const sg_context_stats_t s = snapshot(*ctx);
+        struct Metric {
+            const char *name, *type, *help;
+            uint64_t value;
+        };
+        const Metric metrics[] = {
+            {"smartgen_bytes_total{path=\"direct\"}", "counter", "Payload bytes sent, by path.", s.bytes_direct},
+            {"smartgen_bytes_total{path=\"staged\"}", nullptr, nullptr, s.bytes_staged},
+            {"smartgen_rma_ops_total", "counter", "RMA operations posted.", s.rma_ops},
+            {"smartgen_staging_copies_total", "counter", "memcpy calls made by staging pack and unpack.", s.staging_copies},
+            {"smartgen_messages_total{direction=\"sent\"}", "counter", "Control messages.", s.messages_sent},
+            {"smartgen_messages_total{direction=\"received\"}", nullptr, nullptr, s.messages_received},
+            {"smartgen_retries_total", "counter", "Posts the provider refused for now and that were retried.", s.retries},
+            {"smartgen_transfers_total{result=\"completed\"}", "counter", "Transfers finished, by result.",
+             s.transfers_completed},
+            {"smartgen_transfers_total{result=\"failed\"}", nullptr, nullptr, s.transfers_failed},
+            {"smartgen_transfers_canceled_total", "counter", "Transfers canceled.", s.transfers_canceled},
+            {"smartgen_deadlines_hit_total", "counter", "Transfers that missed their deadline.", s.deadlines_hit},
+            {"smartgen_peers_lost_total", "counter", "Sessions whose peer was lost.", s.peers_lost},
+            {"smartgen_sessions_open", "gauge", "Sessions currently open.", s.sessions_open},
+        };
+        std::string text;
+        for (const Metric &m : metrics) {
+            if (m.type) {
+                std::string base(m.name);
+                base = base.substr(0, base.find('{'));
+                text += "# HELP " + base + " " + m.help + "\n# TYPE " + base + " " + m.type + "\n";
+            }
+            text += std::string(m.name) + " " + std::to_string(m.value) + "\n";
+        }
+        *len = text.size();
+        if (!buf || cap <= text.size())
+            fail(SG_ERR_BUFFER_TOO_SMALL, "metrics text needs " + std::to_string(text.size() + 1) + " bytes");
+        std::memcpy(buf, text.c_str(), text.size() + 1);
+        return SG_OK;
+    });
+}
+
 // ---- providers ----
 SG_API sg_status_t sg_provider_query(const char *local_addr, sg_provider_info_t *out, size_t capacity, size_t *count) {
     return guard(nullptr, [&] {

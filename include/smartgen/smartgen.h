@@ -258,6 +258,38 @@ SG_API sg_status_t sg_context_get_param(sg_context_t ctx, sg_param_t param, uint
 /* Bounds of a tunable (inclusive). Since 0.1. */
 SG_API sg_status_t sg_param_bounds(sg_param_t param, uint64_t *min_value, uint64_t *max_value);
 
+/* Context-wide counters since creation; monotonic except sessions_open. */
+typedef struct sg_context_stats {
+    size_t struct_size;          /* set by sg_context_stats_init */
+    uint64_t bytes_direct;       /* payload bytes sent with direct RMA writes */
+    uint64_t bytes_staged;       /* payload bytes sent through the staging path */
+    uint64_t rma_ops;            /* RMA operations posted */
+    uint64_t staging_copies;     /* memcpy calls of staging, pack (prefill) and unpack (decode) */
+    uint64_t messages_sent;      /* control messages accepted by the provider */
+    uint64_t messages_received;  /* control messages received */
+    uint64_t retries;            /* posts the provider answered with EAGAIN, retried later */
+    uint64_t transfers_completed;
+    uint64_t transfers_failed;   /* any error, including the three below */
+    uint64_t transfers_canceled;
+    uint64_t deadlines_hit;
+    uint64_t peers_lost;         /* sessions lost to silence, a broken connection or the peer's close */
+    uint64_t sessions_open;
+} sg_context_stats_t;
+
+/* Sets struct_size and clears the rest. Since 0.1. */
+SG_API void sg_context_stats_init(sg_context_stats_t *stats);
+
+/* Snapshot of the context's counters into *out. Thread-safe; takes the context's lock briefly.
+ * Returns SG_OK, SG_ERR_INVALID_HANDLE, SG_ERR_INVALID_ARGUMENT (out NULL or struct_size unset).
+ * Since 0.1. */
+SG_API sg_status_t sg_context_stats(sg_context_t ctx, sg_context_stats_t *out);
+
+/* The same counters in the Prometheus text exposition format (version 0.0.4), for the host to serve:
+ * "smartgen_rma_ops_total 12", with HELP and TYPE lines. buf may be NULL with cap 0 to learn the
+ * size; *len receives the bytes needed without the NUL. SG_ERR_BUFFER_TOO_SMALL when cap <= *len.
+ * Since 0.1. */
+SG_API sg_status_t sg_context_metrics_text(sg_context_t ctx, char *buf, size_t cap, size_t *len);
+
 /* ---------------------------------------------------------------------------------------------
  * Providers (what smartgen-info shows)
  * ------------------------------------------------------------------------------------------- */

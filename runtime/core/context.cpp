@@ -254,6 +254,7 @@ void Context::check_timers_locked() {
 void Context::lose_session(Session &s, sg_status_t status, const std::string &why) {
     if (s.closed) return;
     s.closed = true;
+    counters.peers_lost++;
     s.error = status;
     s.error_message = why;
     if (status != SG_ERR_PEER_LOST || why != "peer closed the session")
@@ -316,9 +317,13 @@ void Context::flush_outbox(Session &s) {
         OpCookie *c = s.outbox.front();
         // Messages are small and the provider copies or registers them itself unless FI_MR_LOCAL.
         int rc = s.tp->post_send(s.peer, c->bytes.data(), c->bytes.size(), nullptr, c);
-        if (rc == -EAGAIN) return;
+        if (rc == -EAGAIN) {
+            counters.retries++;
+            return;
+        }
         s.outbox.pop_front();
         s.last_sent_ns = now_ns();
+        counters.messages_sent++;
     }
 }
 
@@ -400,6 +405,7 @@ void Context::deliver_orphans(Session &s) {
 void Context::handle(Session &s, const wire::FrameHeader &h, std::span<const uint8_t> body) {
     if (log.enabled(SG_LOG_DEBUG)) log.log(SG_LOG_DEBUG, "message type " + std::to_string(int(h.type)) + " from peer");
     s.last_heard_ns = now_ns();
+    counters.messages_received++;
     if (!s.may_send) {
         s.may_send = true;  // the peer's connection exists now; ours can follow on it
         flush_outbox(s);
@@ -492,6 +498,7 @@ void Context::handle(Session &s, const wire::FrameHeader &h, std::span<const uin
                     std::memcpy(t.pool->region(layer, seg.region % L.regions_per_layer()) + seg.offset, src + pos,
                                 seg.length);
                     pos += seg.length;
+                    counters.staging_copies++;
                     t.stats.staging_copies++;
                     t.stats.staged_bytes += seg.length;
                 }
@@ -621,6 +628,7 @@ std::shared_ptr<Session> Context::open_session(const wire::Hello &peer, const sg
         fail(SG_ERR_DUPLICATE, "a session with this peer context already exists");
     auto s = std::make_shared<Session>(this, peer, opt);
     sessions_[peer.ctx_id] = s;
+    counters.sessions_open++;
     s->may_send = id < peer.ctx_id;
     s->last_heard_ns = s->last_sent_ns = now_ns();
     // Tell the peer where our staging slots are; it may stage into them from now on.
@@ -708,7 +716,7 @@ void Context::close_session(Session &s) {
         give_cookie(c);
     }
     s.outbox.clear();
-    sessions_.erase(s.peer_ctx_id);
+    if (sessions_.erase(s.peer_ctx_id)) counters.sessions_open--;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -922,6 +930,7 @@ bool Context::post_plain_op(Transfer &t) {
     int rc = s.tp->post_write(s.peer, std::span(iov, op.niov), dr.base + op.dst_offset, dr.key, c);
     if (rc == -EAGAIN) {
         give_cookie(c);
+        counters.retries++;
         return false;
     }
     ops_inflight_++;
@@ -929,6 +938,8 @@ bool Context::post_plain_op(Transfer &t) {
     t.layers[layer].outstanding++;
     t.stats.rma_ops++;
     t.stats.bytes += op.len;
+    counters.rma_ops++;
+    counters.bytes_direct += op.len;
     t.next_op++;
     return true;
 }
@@ -962,6 +973,7 @@ bool Context::post_staged_chunk(Transfer &t) {
             std::memcpy(pack + used, op.iov[i].addr, op.iov[i].len);
             used += op.iov[i].len;
             t.stats.staging_copies++;
+            counters.staging_copies++;
         }
         chunk.segments.push_back({layer * t.dst->regions_per_layer + op.dst_region, op.dst_offset, op.len});
     }
@@ -977,8 +989,11 @@ bool Context::post_staged_chunk(Transfer &t) {
                               peer_area.key, c);
     if (rc == -EAGAIN) {
         give_cookie(c);
+        counters.retries++;
         return false;
     }
+    counters.rma_ops++;
+    counters.bytes_staged += used;
     s.free_peer_slots &= ~(1u << rslot);
     s.free_send_slots &= ~(1u << lslot);
     ops_inflight_++;
@@ -1088,6 +1103,7 @@ void Context::complete_if_done(Transfer &t) {
     }
     t.status = SG_OK;
     t.stats.end_ns = now_ns();
+    counters.transfers_completed++;
     cv.notify_all();
 }
 
@@ -1095,6 +1111,9 @@ void Context::fail_transfer(Transfer &t, sg_status_t status, const std::string &
     if (t.finished()) return;
     t.status = status;
     t.error = message;
+    counters.transfers_failed++;
+    if (status == SG_ERR_CANCELED) counters.transfers_canceled++;
+    if (status == SG_ERR_DEADLINE) counters.deadlines_hit++;
     t.stats.end_ns = now_ns();
     if (t.post_side && !t.matched) {
         Session &s = *t.session;

@@ -213,6 +213,7 @@ class Context : public transport::CompletionSink {
 
     std::mutex mu;
     std::condition_variable cv;
+    sg_context_stats_t counters{};  // guarded by mu
     Logger log;
     uint64_t id;
     std::vector<std::unique_ptr<transport::Transport>> transports;

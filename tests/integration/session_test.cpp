@@ -377,6 +377,53 @@ TEST_P(RdmaProvider, MovesAPoolWhenADeviceIsPresent) {
 
 INSTANTIATE_TEST_SUITE_P(Fabrics, RdmaProvider, ::testing::Values("verbs", "efa"));
 
+TEST(Session, CountersAndPrometheusText) {
+    Pair p;
+    Pool src(p.prefill.h, 2, 2, 32, 8, 16), dst(p.decode.h, 2, 2, 32, 8, 16);
+    ASSERT_EQ(sg_session_export_kv(p.ps, src.kv), SG_OK);
+    ASSERT_EQ(sg_session_export_kv(p.ds, dst.kv), SG_OK);
+    const std::vector<uint32_t> t = {3, 9, 1, 12};
+    sg_transfer_options_t o;
+    sg_transfer_options_init(&o);
+    o.flags = SG_TRANSFER_ALL_LAYERS_WRITTEN;
+    sg_transfer_t x = nullptr, y = nullptr, z = nullptr;
+    ASSERT_EQ(sg_transfer_expect(p.ds, "m", dst.kv, t.data(), 4, 32, nullptr, &y, nullptr), SG_OK);
+    ASSERT_EQ(sg_transfer_post(p.ps, "m", src.kv, t.data(), 4, 32, &o, &x, nullptr), SG_OK);
+    ASSERT_EQ(sg_transfer_wait(x, 5 * kSecond), SG_OK);
+    ASSERT_EQ(sg_transfer_wait(y, 5 * kSecond), SG_OK);
+    ASSERT_EQ(sg_transfer_post(p.ps, "never", src.kv, t.data(), 4, 32, nullptr, &z, nullptr), SG_OK);
+    ASSERT_EQ(sg_transfer_cancel(z), SG_OK);
+    sg_transfer_stats_t ts;
+    sg_transfer_stats_init(&ts);
+    ASSERT_EQ(sg_transfer_stats(x, &ts), SG_OK);
+
+    sg_context_stats_t cs;
+    sg_context_stats_init(&cs);
+    ASSERT_EQ(sg_context_stats(p.prefill.h, &cs), SG_OK);
+    EXPECT_EQ(cs.transfers_completed, 1u);
+    EXPECT_EQ(cs.transfers_failed, 1u);
+    EXPECT_EQ(cs.transfers_canceled, 1u);
+    EXPECT_EQ(cs.rma_ops, ts.rma_ops);
+    EXPECT_EQ(cs.bytes_direct + cs.bytes_staged, ts.bytes);
+    EXPECT_EQ(cs.sessions_open, 1u);
+    EXPECT_GT(cs.messages_sent, 0u);
+    EXPECT_GT(cs.messages_received, 0u);
+    EXPECT_EQ(cs.peers_lost, 0u);
+
+    size_t len = 0;
+    ASSERT_EQ(sg_context_metrics_text(p.prefill.h, nullptr, 0, &len), SG_ERR_BUFFER_TOO_SMALL);
+    std::string text(len + 1, '\0');
+    ASSERT_EQ(sg_context_metrics_text(p.prefill.h, text.data(), text.size(), &len), SG_OK);
+    text.resize(len);
+    EXPECT_NE(text.find("# TYPE smartgen_rma_ops_total counter\n"), std::string::npos) << text;
+    EXPECT_NE(text.find("\nsmartgen_rma_ops_total " + std::to_string(ts.rma_ops) + "\n"), std::string::npos) << text;
+    EXPECT_NE(text.find("smartgen_transfers_total{result=\"completed\"} 1\n"), std::string::npos) << text;
+    EXPECT_NE(text.find("# TYPE smartgen_sessions_open gauge\n"), std::string::npos) << text;
+    sg_transfer_release(x);
+    sg_transfer_release(y);
+    sg_transfer_release(z);
+}
+
 TEST(Session, TunablesHaveBounds) {
     Ctx c;
     uint64_t lo = 0, hi = 0, v = 0;
