@@ -3,7 +3,7 @@
 #   1. scripts/setup-deps.sh (installs missing Debian packages)
 #   2. release preset: configure, build, ctest (every test)
 #   3. asan preset:    configure, build, ctest with AddressSanitizer + LeakSanitizer
-# (run_tsan_phase exists for ThreadSanitizer but is not run yet.)
+#   4. tsan preset:    configure, build, the concurrency, session and failure tests under ThreadSanitizer
 # Prints the duration of each phase; exits nonzero when any step fails.
 # SMARTGEN_CTEST_ARGS: extra ctest arguments for every phase (e.g. "-j2" or "--repeat until-pass:2").
 set -euo pipefail
@@ -77,16 +77,19 @@ run_asan_phase() {
     preset_build_and_test asan
 }
 
-# ThreadSanitizer phase: defined for CI, not run yet (add `run_phase tsan run_tsan_phase` below).
+# ThreadSanitizer: the tests that run threads against each other (concurrency, sessions, failures).
+# die_after_fork=0: the failure tests fork a peer process that starts its own threads, which is
+# allowed by SmartGen's fork rule (a child makes its own context) but TSan refuses by default.
 run_tsan_phase() {
-  TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1${TSAN_OPTIONS:+:$TSAN_OPTIONS}" \
-    preset_build_and_test tsan
+  TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:die_after_fork=0${TSAN_OPTIONS:+:$TSAN_OPTIONS}" \
+    preset_build_and_test tsan -R '^(Concurrency|Session|Failure)\.'
 }
 
 TOTAL_START=$(now_ms)
 run_phase deps run_deps_phase
 run_phase release run_release_phase
 run_phase asan run_asan_phase
+run_phase tsan run_tsan_phase
 PHASE_NAMES+=("total")
 PHASE_TIMES+=("$(( $(now_ms) - TOTAL_START ))")
 PHASE_RESULTS+=("ok")
