@@ -237,6 +237,15 @@ SG_API sg_status_t sg_context_destroy(sg_context_t h) {
     });
 }
 
+SG_API sg_status_t sg_context_event_fd(sg_context_t h, int *fd) {
+    return guard(nullptr, [&] {
+        auto ctx = lookup(contexts(), raw(h), "context");
+        need(fd, "fd");
+        *fd = ctx->event_fd();
+        return SG_OK;
+    });
+}
+
 SG_API sg_status_t sg_context_progress(sg_context_t h) {
     return guard(nullptr, [&] {
         lookup(contexts(), raw(h), "context")->progress_once();
@@ -562,6 +571,31 @@ SG_API sg_status_t sg_session_export_kv(sg_session_t sh, sg_kv_handle_t kh) {
 SG_API sg_status_t sg_session_provider(sg_session_t sh, char *buf, size_t cap) {
     return guard(nullptr, [&] {
         copy_string(lookup(sessions(), raw(sh), "session")->provider, buf, cap);
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_session_notify(sg_session_t sh, const void *data, size_t len) {
+    return guard(nullptr, [&] {
+        auto s = lookup(sessions(), raw(sh), "session");
+        if (!data && len) fail(SG_ERR_INVALID_ARGUMENT, "data is NULL");
+        s->ctx->notify(*s, std::span(static_cast<const uint8_t *>(data), len));
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_session_next_notification(sg_session_t sh, void *buf, size_t cap, size_t *len) {
+    return guard(nullptr, [&] {
+        auto s = lookup(sessions(), raw(sh), "session");
+        need(len, "len");
+        std::lock_guard lock(s->ctx->mu);
+        if (s->notifications.empty()) return SG_ERR_AGAIN;  // the normal "nothing yet", not recorded
+        const auto &front = s->notifications.front();
+        *len = front.size();
+        if (!buf || cap < front.size())
+            fail(SG_ERR_BUFFER_TOO_SMALL, "notification needs " + std::to_string(front.size()) + " bytes");
+        std::memcpy(buf, front.data(), front.size());
+        s->notifications.pop_front();
         return SG_OK;
     });
 }

@@ -220,6 +220,13 @@ SG_API sg_status_t sg_context_create(const sg_context_options_t *options, sg_con
  * concurrently with other calls on the same context's objects. Since 0.1. */
 SG_API sg_status_t sg_context_destroy(sg_context_t ctx);
 
+/* A file descriptor (an eventfd, close-on-exec, owned by the context: do not close it) that becomes
+ * readable whenever something happened that a host may want to look at: a layer became ready, a
+ * transfer completed or failed, a session was lost, a notification arrived. Put it in an
+ * epoll/poll loop; after it fires, read 8 bytes from it to re-arm, then test the transfers and
+ * sessions of interest. Since 0.1. */
+SG_API sg_status_t sg_context_event_fd(sg_context_t ctx, int *fd);
+
 /* Drives progress once (poll completions, run the scheduler) without blocking. Needed only when the
  * context was created with progress_thread = false; harmless otherwise. Since 0.1. */
 SG_API sg_status_t sg_context_progress(sg_context_t ctx);
@@ -425,6 +432,21 @@ SG_API sg_status_t sg_session_export_kv(sg_session_t session, sg_kv_handle_t han
 
 /* Provider the session runs on, into buf. Since 0.1. */
 SG_API sg_status_t sg_session_provider(sg_session_t session, char *buf, size_t cap);
+
+#define SG_NOTIFY_MAX 4096 /* bytes of one application notification */
+
+/* Sends a small opaque message (at most SG_NOTIFY_MAX bytes, copied) to the peer, in order with the
+ * session's other control messages: the first token, positions, an id, so a host needs no second
+ * channel. Returns SG_OK, SG_ERR_INVALID_ARGUMENT (len 0 or > SG_NOTIFY_MAX), SG_ERR_PEER_LOST
+ * (session closed or lost), SG_ERR_INVALID_HANDLE. Since 0.1. */
+SG_API sg_status_t sg_session_notify(sg_session_t session, const void *data, size_t len);
+
+/* Takes the oldest notification that arrived on the session into buf (cap bytes); *len receives
+ * its size. Returns SG_OK; SG_ERR_AGAIN when none is waiting (not an error: poll again, or wait
+ * for the context's event fd); SG_ERR_BUFFER_TOO_SMALL with *len set and the message kept.
+ * At most 4096 notifications wait per session; beyond that the oldest are dropped and counted in
+ * the log. Since 0.1. */
+SG_API sg_status_t sg_session_next_notification(sg_session_t session, void *buf, size_t cap, size_t *len);
 
 /* Health of a session: *status is SG_OK while it is usable, else why it is not (SG_ERR_PEER_LOST
  * when the peer went silent, its connection broke or it closed the session); msg (optional, cap

@@ -93,6 +93,8 @@ Context::Context(const sg_context_options_t &opt) : id(random_u64()), opt_(opt) 
 
     cookie_store_.reserve(size_t(max_ops_) + 64);
     wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    event_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (event_fd_ < 0) fail(SG_ERR_INTERNAL, std::string("eventfd: ") + std::strerror(errno));
     epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
     if (wake_fd_ < 0 || epoll_fd_ < 0) fail(SG_ERR_INTERNAL, std::string("eventfd/epoll: ") + std::strerror(errno));
     epoll_event ev{};
@@ -115,7 +117,26 @@ Context::~Context() {
     }
     transports.clear();
     if (wake_fd_ >= 0) ::close(wake_fd_);
+    if (event_fd_ >= 0) ::close(event_fd_);
     if (epoll_fd_ >= 0) ::close(epoll_fd_);
+}
+
+void Context::signal_event() {
+    uint64_t one = 1;
+    (void)!::write(event_fd_, &one, sizeof one);
+}
+
+void Context::notify(Session &s, std::span<const uint8_t> data) {
+    if (data.empty() || data.size() > wire::kMaxNotifyBytes)
+        fail(SG_ERR_INVALID_ARGUMENT, "a notification holds 1 to SG_NOTIFY_MAX (4096) bytes");
+    std::lock_guard lock(mu);
+    if (s.closed) fail(s.error ? s.error : SG_ERR_PEER_LOST, "session is closed: " + s.error_message);
+    wire::Notify m;
+    m.payload.assign(data.begin(), data.end());
+    std::vector<uint8_t> out;
+    wire::encode(out, id, m);
+    send(s, out);
+    wake();
 }
 
 void Context::wake() {
@@ -255,6 +276,7 @@ void Context::lose_session(Session &s, sg_status_t status, const std::string &wh
     if (s.closed) return;
     s.closed = true;
     counters.peers_lost++;
+    signal_event();
     s.error = status;
     s.error_message = why;
     if (status != SG_ERR_PEER_LOST || why != "peer closed the session")
@@ -556,6 +578,19 @@ void Context::handle(Session &s, const wire::FrameHeader &h, std::span<const uin
         case wire::MsgType::Ping: {
             wire::Ping m;
             check(wire::decode(body, m), "Ping");
+            return;
+        }
+        case wire::MsgType::Notify: {
+            wire::Notify m;
+            check(wire::decode(body, m), "Notify");
+            if (s.notifications.size() >= 4096) {
+                s.notifications.pop_front();
+                if (s.notifications_dropped++ % 1024 == 0)
+                    log.log(SG_LOG_WARN, "notifications are not being taken; dropping the oldest (" +
+                                             std::to_string(s.notifications_dropped) + " so far)");
+            }
+            s.notifications.push_back(std::move(m.payload));
+            signal_event();
             return;
         }
         case wire::MsgType::Hello: return;  // only meaningful at bootstrap
@@ -1091,6 +1126,7 @@ void Context::maybe_layer_ready(Transfer &t, uint32_t layer) {
     t.residency.set_layer(layer);
     t.stats.layers_ready++;
     complete_if_done(t);
+    signal_event();
     cv.notify_all();
 }
 
@@ -1104,6 +1140,7 @@ void Context::complete_if_done(Transfer &t) {
     t.status = SG_OK;
     t.stats.end_ns = now_ns();
     counters.transfers_completed++;
+    signal_event();
     cv.notify_all();
 }
 
@@ -1112,6 +1149,7 @@ void Context::fail_transfer(Transfer &t, sg_status_t status, const std::string &
     t.status = status;
     t.error = message;
     counters.transfers_failed++;
+    signal_event();
     if (status == SG_ERR_CANCELED) counters.transfers_canceled++;
     if (status == SG_ERR_DEADLINE) counters.deadlines_hit++;
     t.stats.end_ns = now_ns();

@@ -86,6 +86,8 @@ class Session {
     bool closed = false;
     sg_status_t error = SG_OK;
     std::string error_message;
+    std::deque<std::vector<uint8_t>> notifications;  // received, not yet taken by the host
+    uint64_t notifications_dropped = 0;
     uint64_t last_heard_ns = 0;  // any frame from the peer
     uint64_t last_sent_ns = 0;   // any frame to the peer accepted by the provider
 
@@ -205,6 +207,9 @@ class Context : public transport::CompletionSink {
     void cancel(Transfer &t, sg_status_t why, const std::string &message);
     void release(Transfer &t);
     void progress_once();
+    void notify(Session &s, std::span<const uint8_t> data);
+    int event_fd() const { return event_fd_; }
+    void signal_event();
 
     wire::Hello hello() const;
     std::vector<uint8_t> metadata() const;
@@ -267,6 +272,7 @@ class Context : public transport::CompletionSink {
     std::thread progress_;
     std::atomic<bool> stop_{false};
     int wake_fd_ = -1;
+    int event_fd_ = -1;  // the host's: readable when something happened
     int epoll_fd_ = -1;
     std::string boot_id_;
     uint64_t netns_ = 0;

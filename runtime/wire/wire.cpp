@@ -21,6 +21,7 @@
 //   Cancel, Error  1 request_id bytes, 2 decode_xfer_id u64, 3 status i32, 4 message bytes
 //   Bye            1 status i32
 //   Ping           1 sent_ns u64
+//   Notify         1 payload bytes (<= kMaxNotifyBytes)
 //
 // Every tag of v1.0 is required and must appear exactly once, Hello's endpoint excepted (0..n
 // times). Strings and packed arrays are required too but may be zero bytes long: requiring them
@@ -302,6 +303,11 @@ void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Ping &m) {
     encode_frame(out, sender_ctx, MsgType::Ping, [&] { int_field(out, 1, m.sent_ns); });
 }
 
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Notify &m) {
+    encode_frame(out, sender_ctx, MsgType::Notify,
+                 [&] { bytes_field(out, 1, m.payload.data(), m.payload.size()); });
+}
+
 void append_raw_field(std::vector<uint8_t> &out, size_t frame_start, uint16_t tag, std::span<const uint8_t> value) {
     if (frame_start > out.size() || out.size() - frame_start < kFrameHeaderBytes)
         throw std::out_of_range("append_raw_field: no frame header at frame_start");
@@ -326,7 +332,7 @@ DecodeError decode_header(std::span<const uint8_t> frame, FrameHeader &hdr, std:
     hdr.sender_ctx = load<uint64_t>(p + 12);
     hdr.body_len = load<uint32_t>(p + 20);
     if (hdr.proto_major != kProtoMajor) return E::VersionMismatch;
-    if (type < static_cast<uint16_t>(MsgType::Hello) || type > static_cast<uint16_t>(MsgType::Ping))
+    if (type < static_cast<uint16_t>(MsgType::Hello) || type > static_cast<uint16_t>(MsgType::Notify))
         return E::UnknownType;
     hdr.type = static_cast<MsgType>(type);
     if (hdr.body_len > kMaxBodyBytes) return E::TooLarge;
@@ -461,6 +467,10 @@ DecodeError decode(std::span<const uint8_t> body, Bye &m) {
 
 DecodeError decode(std::span<const uint8_t> body, Ping &m) {
     return walk(body, {1}, [&](uint16_t, Bytes v) { return get(v, m.sent_ns); });
+}
+
+DecodeError decode(std::span<const uint8_t> body, Notify &m) {
+    return walk(body, {1}, [&](uint16_t, Bytes v) { return get(v, m.payload, kMaxNotifyBytes); });
 }
 
 }  // namespace sg::wire

@@ -37,7 +37,10 @@ enum class MsgType : uint16_t {
     Error = 9,         // either way: the transfer failed (status and message)
     Bye = 10,          // graceful close of the session
     Ping = 11,         // liveness: sent when a session has been quiet, so silence means loss
+    Notify = 12,       // an application's own small message (first token, positions, ids)
 };
+
+inline constexpr size_t kMaxNotifyBytes = 4096;
 
 enum class DecodeError {
     None = 0,
@@ -151,6 +154,10 @@ struct Ping {
     uint64_t sent_ns = 0;  // sender's CLOCK_MONOTONIC, for diagnostics only
 };
 
+struct Notify {
+    std::vector<uint8_t> payload;  // at most kMaxNotifyBytes
+};
+
 // Encoding appends one whole frame (header + body) to out.
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Hello &m);
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const HandleExport &m);
@@ -162,6 +169,7 @@ void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const TransferDone &
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const TransferError &m, MsgType type);
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Bye &m);
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Ping &m);
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Notify &m);
 
 // Parses the frame header and checks magic, major version and that body_len fits in `frame`.
 // On success `body` is the body's bytes (a view into frame).
@@ -178,6 +186,7 @@ DecodeError decode(std::span<const uint8_t> body, TransferDone &m);
 DecodeError decode(std::span<const uint8_t> body, TransferError &m);
 DecodeError decode(std::span<const uint8_t> body, Bye &m);
 DecodeError decode(std::span<const uint8_t> body, Ping &m);
+DecodeError decode(std::span<const uint8_t> body, Notify &m);
 
 // For tests of forward compatibility: appends a field with an arbitrary tag to the last frame in
 // `out` (fixing its body_len), as a newer peer would.

@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <poll.h>
+#include <unistd.h>
+
 #include <cstring>
 #include <numeric>
 #include <string>
@@ -422,6 +425,71 @@ TEST(Session, CountersAndPrometheusText) {
     sg_transfer_release(x);
     sg_transfer_release(y);
     sg_transfer_release(z);
+}
+
+bool readable(int fd, int timeout_ms) {
+    pollfd p{fd, POLLIN, 0};
+    return ::poll(&p, 1, timeout_ms) == 1;
+}
+
+void drain(int fd) {
+    uint64_t v;
+    while (::read(fd, &v, sizeof v) == sizeof v) {
+    }
+}
+
+// Notifications travel in order; the context's event fd tells an epoll-style host when to look.
+TEST(Session, NotificationsAndEventFd) {
+    Pair p;
+    int efd = -1;
+    ASSERT_EQ(sg_context_event_fd(p.decode.h, &efd), SG_OK);
+    ASSERT_GE(efd, 0);
+    drain(efd);
+    char buf[SG_NOTIFY_MAX];
+    size_t len = 0;
+    EXPECT_EQ(sg_session_next_notification(p.ds, buf, sizeof buf, &len), SG_ERR_AGAIN);
+    for (int i = 0; i < 100; ++i) {
+        const std::string msg = "first-token:" + std::to_string(i);
+        ASSERT_EQ(sg_session_notify(p.ps, msg.data(), msg.size()), SG_OK);
+    }
+    std::vector<char> big(SG_NOTIFY_MAX + 1, 'x');
+    EXPECT_EQ(sg_session_notify(p.ps, big.data(), big.size()), SG_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(sg_session_notify(p.ps, big.data(), 0), SG_ERR_INVALID_ARGUMENT);
+    ASSERT_EQ(sg_session_notify(p.ps, big.data(), SG_NOTIFY_MAX), SG_OK);
+    ASSERT_TRUE(readable(efd, 5000));
+    for (int i = 0; i < 100; ++i) {
+        sg_status_t st;
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+        while ((st = sg_session_next_notification(p.ds, buf, sizeof buf, &len)) == SG_ERR_AGAIN &&
+               std::chrono::steady_clock::now() < deadline)
+            readable(efd, 100), drain(efd);
+        ASSERT_EQ(st, SG_OK);
+        EXPECT_EQ(std::string(buf, len), "first-token:" + std::to_string(i));
+    }
+    sg_status_t st;
+    while ((st = sg_session_next_notification(p.ds, buf, 10, &len)) == SG_ERR_AGAIN) readable(efd, 100);
+    EXPECT_EQ(st, SG_ERR_BUFFER_TOO_SMALL);
+    EXPECT_EQ(len, size_t(SG_NOTIFY_MAX));
+    ASSERT_EQ(sg_session_next_notification(p.ds, buf, sizeof buf, &len), SG_OK);
+    EXPECT_EQ(len, size_t(SG_NOTIFY_MAX));
+
+    // A completed transfer also makes the fd readable.
+    drain(efd);
+    Pool src(p.prefill.h, 1, 1, 16, 4, 4), dst(p.decode.h, 1, 1, 16, 4, 4);
+    ASSERT_EQ(sg_session_export_kv(p.ps, src.kv), SG_OK);
+    ASSERT_EQ(sg_session_export_kv(p.ds, dst.kv), SG_OK);
+    const uint32_t t[1] = {2};
+    sg_transfer_options_t o;
+    sg_transfer_options_init(&o);
+    o.flags = SG_TRANSFER_ALL_LAYERS_WRITTEN;
+    sg_transfer_t x = nullptr, y = nullptr;
+    ASSERT_EQ(sg_transfer_expect(p.ds, "ev", dst.kv, t, 1, 4, nullptr, &y, nullptr), SG_OK);
+    ASSERT_EQ(sg_transfer_post(p.ps, "ev", src.kv, t, 1, 4, &o, &x, nullptr), SG_OK);
+    ASSERT_TRUE(readable(efd, 5000));
+    EXPECT_EQ(sg_transfer_wait(y, 5 * kSecond), SG_OK);
+    EXPECT_EQ(sg_transfer_wait(x, 5 * kSecond), SG_OK);
+    sg_transfer_release(x);
+    sg_transfer_release(y);
 }
 
 TEST(Session, TunablesHaveBounds) {

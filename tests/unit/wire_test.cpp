@@ -136,6 +136,7 @@ std::vector<Buf> corpus() {
     add([](Buf &b) { encode(b, kCtx, sample_error(), MsgType::Error); });
     add([](Buf &b) { encode(b, kCtx, Bye{-1}); });
     add([](Buf &b) { encode(b, kCtx, Ping{123456789}); });
+    add([](Buf &b) { encode(b, kCtx, Notify{{1, 2, 3, 4, 5}}); });
     return frames;
 }
 
@@ -156,6 +157,7 @@ DecodeError decode_frame(Bytes frame) {
     case MsgType::Error: { TransferError m; return decode(body, m); }
     case MsgType::Bye: { Bye m; return decode(body, m); }
     case MsgType::Ping: { Ping m; return decode(body, m); }
+    case MsgType::Notify: { Notify m; return decode(body, m); }
     }
     return E::UnknownType;
 }
@@ -163,10 +165,10 @@ DecodeError decode_frame(Bytes frame) {
 // Runs every body decoder on the same bytes, whatever they are.
 void decode_as_every_type(Bytes body) {
     Hello a; HandleExport b; Expect c; LayerReady d; StagedChunk e; StagingCredit f; TransferDone g;
-    TransferError h; Bye i; Ping j;
+    TransferError h; Bye i; Ping j; Notify k;
     (void)decode(body, a); (void)decode(body, b); (void)decode(body, c); (void)decode(body, d);
     (void)decode(body, e); (void)decode(body, f); (void)decode(body, g); (void)decode(body, h);
-    (void)decode(body, i); (void)decode(body, j);
+    (void)decode(body, i); (void)decode(body, j); (void)decode(body, k);
 }
 
 // An exact-size heap copy, so that reading one byte past the end trips AddressSanitizer.
@@ -256,6 +258,8 @@ TEST(WireRoundTrip, SmallMessages) {
     EXPECT_EQ(round_trip(Bye{-2147483647 - 1}), Bye{-2147483647 - 1});
     EXPECT_EQ(round_trip(Bye{0}), Bye{0});
     EXPECT_EQ(round_trip(Ping{0xfedcba9876543210ull}).sent_ns, 0xfedcba9876543210ull);
+    const std::vector<uint8_t> note(4096, 0x5a);
+    EXPECT_EQ(round_trip(Notify{note}).payload, note);
 }
 
 TEST(WireRoundTrip, CancelAndErrorShareABody) {
@@ -383,7 +387,7 @@ TEST(WireHeader, UnknownType) {
     encode(buf, kCtx, Bye{});
     FrameHeader h;
     Bytes body;
-    for (uint16_t t : {0, 12, 0x100, 0xffff}) {
+    for (uint16_t t : {0, 13, 0x100, 0xffff}) {
         buf[8] = static_cast<uint8_t>(t);
         buf[9] = static_cast<uint8_t>(t >> 8);
         EXPECT_EQ(decode_header(buf, h, body), E::UnknownType) << t;
