@@ -117,6 +117,9 @@ sg_context_options_t default_context_options() {
     o.max_ops_in_flight = 64;
     o.log_level = SG_LOG_WARN;
     o.peer_timeout_ms = 2000;
+    o.max_bytes_in_flight = 64ull << 20;
+    o.max_session_bytes_in_flight = 32ull << 20;
+    o.max_transfers_per_session = 1024;
     return o;
 }
 

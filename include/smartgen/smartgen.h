@@ -201,6 +201,16 @@ typedef struct sg_context_options {
      * of it. Default 2000; 0 means the default. A broken connection reported by the fabric is
      * detected sooner. */
     uint32_t peer_timeout_ms;
+    /* Payload bytes of RMA writes in flight, per context and per session: the scheduler waits for
+     * completions before posting more, so a priority change takes effect within about this much
+     * data. Defaults 64 MiB and 32 MiB; 0 means the default. One operation larger than the bound
+     * still goes when nothing else is in flight. */
+    uint64_t max_bytes_in_flight;
+    uint64_t max_session_bytes_in_flight;
+    /* Unfinished transfers (posted or expected, not yet complete) a session accepts; beyond it
+     * sg_transfer_post and sg_transfer_expect return SG_ERR_AGAIN instead of blocking. Default 1024;
+     * 0 means the default. */
+    uint32_t max_transfers_per_session;
 } sg_context_options_t;
 
 /* Fills defaults, struct_size and header_version. Since 0.1. */
@@ -498,7 +508,9 @@ SG_API void sg_transfer_options_init(sg_transfer_options_t *options);
  * num_blocks, or too few blocks for num_tokens: checked before any byte moves); SG_ERR_DUPLICATE
  * (request id already expected on this session); SG_ERR_INVALID_STATE (dst not exported to the
  * session); SG_ERR_INVALID_HANDLE. Layout mismatches with the source are reported on the transfer
- * (SG_ERR_LAYOUT_MISMATCH from sg_transfer_test/wait) once the post side is known. Since 0.1. */
+ * (SG_ERR_LAYOUT_MISMATCH from sg_transfer_test/wait) once the post side is known.
+ * SG_ERR_AGAIN when the session already has max_transfers_per_session unfinished transfers: finish
+ * or release some, then retry. Since 0.1. */
 SG_API sg_status_t sg_transfer_expect(sg_session_t session, const char *request_id, sg_kv_handle_t dst,
                                       const uint32_t *block_ids, size_t num_blocks, uint64_t num_tokens,
                                       const sg_transfer_options_t *options, sg_transfer_t *out,

@@ -57,6 +57,9 @@ Context::Context(const sg_context_options_t &opt) : id(random_u64()), opt_(opt) 
     if (const char *s = std::getenv("SG_PROGRESS_SPIN_US")) spin_us_ = uint32_t(std::strtoul(s, nullptr, 10));
     max_ops_ = opt.max_ops_in_flight ? opt.max_ops_in_flight : 64;
     peer_timeout_ns_ = uint64_t(opt.peer_timeout_ms ? opt.peer_timeout_ms : 2000) * 1000000;
+    if (opt.max_bytes_in_flight) max_bytes_ = opt.max_bytes_in_flight;
+    if (opt.max_session_bytes_in_flight) max_session_bytes_ = opt.max_session_bytes_in_flight;
+    if (opt.max_transfers_per_session) max_transfers_per_session_ = opt.max_transfers_per_session;
     boot_id_ = read_boot_id();
     netns_ = read_netns_inode();
 
@@ -296,7 +299,12 @@ void Context::schedule_locked() {
     // Highest priority first; stable so equal priorities keep arrival order.
     std::stable_sort(active_.begin(), active_.end(),
                      [](const auto &a, const auto &b) { return a->options.priority > b->options.priority; });
-    for (size_t i = 0; i < active_.size(); ++i) pump(*active_[i]);
+    // Transfers take turns, a quota of operations each, so equal priorities share a session fairly
+    // and a higher priority is served first on every pass.
+    for (bool any = true; any;) {
+        any = false;
+        for (size_t i = 0; i < active_.size(); ++i) any = pump(*active_[i], 16) || any;
+    }
     active_.erase(std::remove_if(active_.begin(), active_.end(),
                                  [](const auto &t) { return t->finished() || (t->done_sent && !t->inflight); }),
                   active_.end());
@@ -315,6 +323,7 @@ OpCookie *Context::take_cookie() {
 void Context::give_cookie(OpCookie *c) {
     c->xfer = nullptr;
     c->session = nullptr;
+    c->len = 0;
     c->bytes.clear();
     free_cookies_.push_back(c);
 }
@@ -361,7 +370,11 @@ void Context::on_complete(void *cookie, int status, const char *error_text) {
     Transfer *t = c->xfer;
     if (log.enabled(SG_LOG_DEBUG))
         log.log(SG_LOG_DEBUG, "completion kind " + std::to_string(int(c->kind)) + " status " + std::to_string(status));
-    if (c->kind != OpCookie::Kind::Send) ops_inflight_--;
+    if (c->kind != OpCookie::Kind::Send) {
+        ops_inflight_--;
+        bytes_inflight_ -= c->len;
+        if (c->session) c->session->bytes_inflight -= c->len;
+    }
     const bool connection_broke = status == -ECONNRESET || status == -EPIPE || status == -ENOTCONN ||
                                   status == -ECONNABORTED || status == -ECONNREFUSED || status == -EHOSTUNREACH ||
                                   status == -ETIMEDOUT;
@@ -788,6 +801,9 @@ std::shared_ptr<Transfer> Context::expect(const std::shared_ptr<Session> &s, con
     if (s->closed) fail(s->error ? s->error : SG_ERR_PEER_LOST, "session is closed");
     if (!s->local_regs.count(pool->id))
         fail(SG_ERR_INVALID_STATE, "the destination pool was not exported to this session (sg_session_export_kv)");
+    if (s->unfinished() >= max_transfers_per_session_)
+        fail(SG_ERR_AGAIN, "the session has " + std::to_string(max_transfers_per_session_) +
+                               " unfinished transfers (max_transfers_per_session); retry after some finish");
     for (auto &[k, t] : s->expects)
         if (t->request_id == rid && !t->finished()) fail(SG_ERR_DUPLICATE, std::string("request '") + rid + "' is already expected");
     auto t = std::make_shared<Transfer>(this, s, false, rid, pool, table, num_tokens, opt);
@@ -838,6 +854,9 @@ std::shared_ptr<Transfer> Context::post(const std::shared_ptr<Session> &s, const
         fail(SG_ERR_DUPLICATE, std::string("request '") + rid + "' is already posted on this session");
     if (!s->local_regs.count(pool->id))
         fail(SG_ERR_INVALID_STATE, "the source pool was not exported to this session (sg_session_export_kv)");
+    if (s->unfinished() >= max_transfers_per_session_)
+        fail(SG_ERR_AGAIN, "the session has " + std::to_string(max_transfers_per_session_) +
+                               " unfinished transfers (max_transfers_per_session); retry after some finish");
     s->canceled_unmatched.erase(rid);  // a new post of the id supersedes an earlier cancel
     auto t = std::make_shared<Transfer>(this, s, true, rid, pool, table, num_tokens, opt);
     t->order = std::move(order);
@@ -893,7 +912,7 @@ void Context::layer_written(Transfer &t, uint32_t layer) {
     if (!t.layers[layer].written) {
         t.layers[layer].written = true;
         t.layers[layer].written_ns = now_ns();
-        if (t.matched && !t.finished()) pump(t);
+        if (t.matched && !t.finished()) pump(t, 16);
     }
     wake();
 }
@@ -969,6 +988,9 @@ bool Context::post_plain_op(Transfer &t) {
         return false;
     }
     ops_inflight_++;
+    c->len = op.len;
+    bytes_inflight_ += op.len;
+    s.bytes_inflight += op.len;
     t.inflight++;
     t.layers[layer].outstanding++;
     t.stats.rma_ops++;
@@ -1029,6 +1051,9 @@ bool Context::post_staged_chunk(Transfer &t) {
     }
     counters.rma_ops++;
     counters.bytes_staged += used;
+    c->len = used;
+    bytes_inflight_ += used;
+    s.bytes_inflight += used;
     s.free_peer_slots &= ~(1u << rslot);
     s.free_send_slots &= ~(1u << lslot);
     ops_inflight_++;
@@ -1049,23 +1074,42 @@ bool Context::post_staged_chunk(Transfer &t) {
     return true;
 }
 
-void Context::pump(Transfer &t) {
-    if (!t.matched || t.finished()) return;
+bool Context::may_post_bytes(const Session &s, uint64_t len) const {
+    if (bytes_inflight_ == 0) return true;  // an operation larger than the bound still goes alone
+    return bytes_inflight_ + len <= max_bytes_ && s.bytes_inflight + len <= max_session_bytes_;
+}
+
+// Posts up to `quota` operations of t; returns whether it posted any (so the caller may give the
+// transfer another turn).
+bool Context::pump(Transfer &t, uint32_t quota) {
+    if (!t.matched || t.finished()) return false;
     flush_outbox(*t.session);
+    uint32_t posted = 0;
     for (;;) {
         if (t.cur_layer < 0 || t.layers[size_t(t.cur_layer)].posted) {
             if (!start_next_layer(t)) break;
         }
         Transfer::Layer &L = t.layers[size_t(t.cur_layer)];
-        while (t.next_op < t.ops.size() && ops_inflight_ < max_ops_) {
+        while (t.next_op < t.ops.size() && ops_inflight_ < max_ops_ && posted < quota &&
+               may_post_bytes(*t.session, t.ops[t.next_op].len)) {
             if (!(t.cur_staged ? post_staged_chunk(t) : post_plain_op(t))) break;
+            posted++;
         }
-        if (t.next_op < t.ops.size()) break;  // resources exhausted; resume on a completion
+        if (t.next_op < t.ops.size()) break;  // out of resources or of this turn's quota
         L.posted = true;
         maybe_send_notices(t);
-        if (t.finished()) return;
+        if (t.finished()) return posted > 0;
     }
     maybe_send_notices(t);
+    return posted > 0;
+}
+
+size_t Session::unfinished() const {
+    size_t n = 0;
+    for (auto &[k, t] : expects) n += !t->finished();
+    for (auto &[k, t] : posts) n += !t->finished();
+    for (auto &[k, t] : unmatched_posts) n += !t->finished();
+    return n;
 }
 
 // Sends LayerReady for every posted layer whose notice may go now, in send order, and TransferDone

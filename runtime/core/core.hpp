@@ -70,6 +70,7 @@ struct OpCookie {
     Session *session = nullptr;
     uint32_t layer = 0;
     uint32_t staging_slot = 0;
+    uint64_t len = 0;  // payload bytes of a write, for the in-flight bounds
     Vec<uint8_t> bytes;  // message body for sends; segment list encoding for staged writes
 };
 
@@ -119,6 +120,9 @@ class Session {
     // staged [1] on this session; 0 while unmeasured. Drives SG_STAGING_AUTO.
     double path_rate[2] = {0, 0};
     uint32_t candidate_layers = 0;
+    uint64_t bytes_inflight = 0;
+    // Unfinished transfers of the session, against max_transfers_per_session.
+    size_t unfinished() const;
 };
 
 class Transfer {
@@ -232,7 +236,8 @@ class Context : public transport::CompletionSink {
     void progress_loop();
     size_t poll_locked();
     void schedule_locked();
-    void pump(Transfer &t);
+    bool pump(Transfer &t, uint32_t quota);
+    bool may_post_bytes(const Session &s, uint64_t len) const;
     bool start_next_layer(Transfer &t);
     bool post_plain_op(Transfer &t);
     bool post_staged_chunk(Transfer &t);
@@ -262,6 +267,9 @@ class Context : public transport::CompletionSink {
     uint64_t peer_timeout_ns_ = 2000000000ull;
     uint64_t next_timer_check_ns_ = 0;
     uint32_t ops_inflight_ = 0;
+    uint64_t bytes_inflight_ = 0;
+    uint64_t max_bytes_ = 64ull << 20, max_session_bytes_ = 32ull << 20;
+    uint32_t max_transfers_per_session_ = 1024;
     uint64_t next_xfer_id_ = 1;
     std::map<uint64_t, std::weak_ptr<Session>> sessions_;  // by peer context id
     std::vector<std::shared_ptr<Transfer>> active_;        // prefill transfers with work to do

@@ -492,6 +492,65 @@ TEST(Session, NotificationsAndEventFd) {
     sg_transfer_release(y);
 }
 
+// A full request queue answers SG_ERR_AGAIN instead of blocking; a small in-flight bound still moves
+// everything (it only paces the writes).
+TEST(Session, FullQueueAnswersAgainAndSmallBoundsStillMoveData) {
+    sg_context_options_t o;
+    sg_context_options_init(&o);
+    o.provider = "tcp";
+    o.max_transfers_per_session = 2;
+    o.max_bytes_in_flight = 8192;
+    o.max_session_bytes_in_flight = 4096;
+    sg_context_t a = nullptr, b = nullptr;
+    ASSERT_EQ(sg_context_create(&o, &a, nullptr), SG_OK);
+    ASSERT_EQ(sg_context_create(&o, &b, nullptr), SG_OK);
+    size_t la = 0, lb = 0;
+    sg_context_get_metadata(a, nullptr, 0, &la);
+    sg_context_get_metadata(b, nullptr, 0, &lb);
+    std::vector<uint8_t> ma(la), mb(lb);
+    ASSERT_EQ(sg_context_get_metadata(a, ma.data(), la, &la), SG_OK);
+    ASSERT_EQ(sg_context_get_metadata(b, mb.data(), lb, &lb), SG_OK);
+    sg_session_t sa = nullptr, sb = nullptr;
+    ASSERT_EQ(sg_session_from_metadata(a, mb.data(), lb, nullptr, &sa, nullptr), SG_OK);
+    ASSERT_EQ(sg_session_from_metadata(b, ma.data(), la, nullptr, &sb, nullptr), SG_OK);
+    {
+        Pool src(a, 2, 2, 32, 8, 32), dst(b, 2, 2, 32, 8, 32);
+        src.fill(21);
+        ASSERT_EQ(sg_session_export_kv(sa, src.kv), SG_OK);
+        ASSERT_EQ(sg_session_export_kv(sb, dst.kv), SG_OK);
+        const std::vector<uint32_t> t1 = {1, 5, 9, 13, 17, 21, 25, 29}, t2 = {0, 4, 8, 12, 16, 20, 24, 28};
+        sg_transfer_t x1 = nullptr, x2 = nullptr, x3 = nullptr, y1 = nullptr, y2 = nullptr;
+        ASSERT_EQ(sg_transfer_post(sa, "q1", src.kv, t1.data(), 8, 64, nullptr, &x1, nullptr), SG_OK);
+        ASSERT_EQ(sg_transfer_post(sa, "q2", src.kv, t2.data(), 8, 64, nullptr, &x2, nullptr), SG_OK);
+        EXPECT_EQ(sg_transfer_post(sa, "q3", src.kv, t2.data(), 8, 64, nullptr, &x3, nullptr), SG_ERR_AGAIN);
+        EXPECT_EQ(x3, nullptr);
+        ASSERT_EQ(sg_transfer_expect(sb, "q1", dst.kv, t1.data(), 8, 64, nullptr, &y1, nullptr), SG_OK);
+        ASSERT_EQ(sg_transfer_expect(sb, "q2", dst.kv, t2.data(), 8, 64, nullptr, &y2, nullptr), SG_OK);
+        for (uint32_t l = 0; l < 2; ++l) {
+            ASSERT_EQ(sg_transfer_layer_written(x1, l, nullptr), SG_OK);
+            ASSERT_EQ(sg_transfer_layer_written(x2, l, nullptr), SG_OK);
+        }
+        EXPECT_EQ(sg_transfer_wait(y1, 5 * kSecond), SG_OK);
+        EXPECT_EQ(sg_transfer_wait(y2, 5 * kSecond), SG_OK);
+        EXPECT_EQ(sg_transfer_wait(x1, 5 * kSecond), SG_OK);
+        EXPECT_EQ(sg_transfer_wait(x2, 5 * kSecond), SG_OK);
+        const size_t be = 8 * 2 * 32;  // elements of one block
+        for (uint32_t l = 0; l < 2; ++l)
+            for (const auto *tab : {&t1, &t2})
+                for (uint32_t blk : *tab) {
+                    EXPECT_EQ(std::memcmp(&src.k[l][blk * be], &dst.k[l][blk * be], be * 2), 0) << blk;
+                    EXPECT_EQ(std::memcmp(&src.v[l][blk * be], &dst.v[l][blk * be], be * 2), 0) << blk;
+                }
+        // Finished transfers no longer count against the queue.
+        EXPECT_EQ(sg_transfer_post(sa, "q3", src.kv, t2.data(), 8, 64, nullptr, &x3, nullptr), SG_OK);
+        for (sg_transfer_t h : {x1, x2, x3, y1, y2}) sg_transfer_release(h);
+    }
+    sg_session_destroy(sa);
+    sg_session_destroy(sb);
+    sg_context_destroy(a);
+    sg_context_destroy(b);
+}
+
 TEST(Session, TunablesHaveBounds) {
     Ctx c;
     uint64_t lo = 0, hi = 0, v = 0;
