@@ -3,6 +3,8 @@
 // transfer and session must report SG_ERR_PEER_LOST.
 #include "pair_harness.hpp"
 
+#include <dirent.h>
+
 #include <chrono>
 #include <vector>
 
@@ -34,6 +36,15 @@ struct SmallPool {
         layout.layer_base_count = layers;
     }
 };
+
+int open_fds() {
+    int n = 0;
+    if (DIR *d = opendir("/proc/self/fd")) {
+        while (readdir(d)) n++;
+        closedir(d);
+    }
+    return n;
+}
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -83,6 +94,10 @@ TEST(Failure, DeadlineFailsBothSides) {
 
 // The decode process is killed after the first layer arrived; prefill is the survivor.
 TEST(Failure, PrefillSurvivesDecodeKilledMidTransfer) {
+    // libfabric opens a few process-wide descriptors once; a throwaway context pays for them so
+    // the baseline below measures what a session's lifetime leaves behind.
+    sg_context_destroy(sgtest::make_context("tcp"));
+    const int fds_before = open_fds();
     sg_context_t ctx = sgtest::make_context("tcp");
     ASSERT_TRUE(ctx);
     sg_listener_t lis = nullptr;
@@ -149,6 +164,9 @@ TEST(Failure, PrefillSurvivesDecodeKilledMidTransfer) {
     sg_kv_deregister(kv);
     sg_listener_destroy(lis);
     EXPECT_EQ(sg_context_destroy(ctx), SG_OK);
+    close(ready_pipe[0]);
+    close(ready_pipe[1]);
+    EXPECT_EQ(open_fds(), fds_before) << "descriptors left open after the session and context were destroyed";
 }
 
 // The prefill process is killed between layers; decode is the survivor, waiting for data.
