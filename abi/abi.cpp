@@ -512,25 +512,25 @@ sg_session_t add_session(core::Context &ctx, const sg::wire::Hello &peer, const 
 }
 }  // namespace
 
-SG_API sg_status_t sg_session_accept(sg_listener_t h, const sg_session_options_t *options, uint32_t timeout_ms,
+SG_API sg_status_t sg_session_accept(sg_listener_t h, const sg_session_options_t *options, uint64_t timeout_ns,
                                      sg_session_t *out, sg_error_info_t *err) {
     return guard(err, [&] {
         auto l = lookup(listeners(), raw(h), "listener");
         need(out, "out");
         core::Context &ctx = *l->ctx;  // a listener never outlives its context (context_destroy closes it)
-        sg::wire::Hello peer = core::accept_hello(*l, ctx.hello(), ctx.id, timeout_ms);
+        sg::wire::Hello peer = core::accept_hello(*l, ctx.hello(), ctx.id, timeout_ns);
         *out = add_session(ctx, peer, options);
         return SG_OK;
     });
 }
 
 SG_API sg_status_t sg_session_connect(sg_context_t h, const char *addr, uint16_t port, const sg_session_options_t *options,
-                                      uint32_t timeout_ms, sg_session_t *out, sg_error_info_t *err) {
+                                      uint64_t timeout_ns, sg_session_t *out, sg_error_info_t *err) {
     return guard(err, [&] {
         auto ctx = lookup(contexts(), raw(h), "context");
         need(out, "out");
         need(addr, "addr");
-        sg::wire::Hello peer = core::connect_hello(addr, port, ctx->hello(), ctx->id, timeout_ms);
+        sg::wire::Hello peer = core::connect_hello(addr, port, ctx->hello(), ctx->id, timeout_ns);
         *out = add_session(*ctx, peer, options);
         return SG_OK;
     });

@@ -300,7 +300,7 @@ static int run_decode(int port_fd, const char *provider)
 
     sg_session_options_init(&sopts); /* provider NULL: shm for a same-host peer when available */
     sg_error_info_init(&err);
-    check(sg_session_connect(ctx, "127.0.0.1", port, &sopts, TIMEOUT_MS, &session, &err),
+    check(sg_session_connect(ctx, "127.0.0.1", port, &sopts, TIMEOUT_MS * 1000000ull, &session, &err),
           "sg_session_connect", &err);
     check(sg_session_provider(session, session_provider, sizeof session_provider),
           "sg_session_provider", NULL);
@@ -413,7 +413,7 @@ static int run_prefill(int port_fd, const char *provider)
 
     sg_session_options_init(&sopts);
     sg_error_info_init(&err);
-    check(sg_session_accept(listener, &sopts, TIMEOUT_MS, &session, &err), "sg_session_accept", &err);
+    check(sg_session_accept(listener, &sopts, TIMEOUT_MS * 1000000ull, &session, &err), "sg_session_accept", &err);
     /* One peer is all this program expects; the session outlives its listener. */
     check(sg_listener_destroy(listener), "sg_listener_destroy", NULL);
 

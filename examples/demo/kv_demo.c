@@ -609,7 +609,7 @@ static int run_decode(uint16_t tcp_port)
         check(sg_context_create(&copts, &ctx, &err), "sg_context_create", &err);
         sg_session_options_init(&sopts);
         sg_error_info_init(&err);
-        check(sg_session_connect(ctx, "127.0.0.1", (uint16_t)hello.port, &sopts, WAIT_TIMEOUT_MS, &session, &err),
+        check(sg_session_connect(ctx, "127.0.0.1", (uint16_t)hello.port, &sopts, WAIT_TIMEOUT_MS * 1000000ull, &session, &err),
               "sg_session_connect", &err);
         kv = pool_register(ctx, &pool);
         check(sg_session_export_kv(session, kv), "sg_session_export_kv", NULL);
@@ -749,7 +749,7 @@ static int run_prefill(int tcp_listen_fd)
         ctl_send(MSG_HELLO, (uint32_t)pi, &hello);
         sg_session_options_init(&sopts);
         sg_error_info_init(&err);
-        check(sg_session_accept(listener, &sopts, WAIT_TIMEOUT_MS, &session, &err), "sg_session_accept", &err);
+        check(sg_session_accept(listener, &sopts, WAIT_TIMEOUT_MS * 1000000ull, &session, &err), "sg_session_accept", &err);
         check(sg_listener_destroy(listener), "sg_listener_destroy", NULL);
         check(sg_session_provider(session, res[pi].provider, sizeof res[pi].provider), "sg_session_provider",
               NULL);

@@ -409,16 +409,16 @@ SG_API sg_status_t sg_listener_port(sg_listener_t listener, uint16_t *port);
 SG_API sg_status_t sg_listener_destroy(sg_listener_t listener);
 
 /* Accepts one peer on the listener and runs the bootstrap exchange (protocol version, endpoint
- * names). Blocks up to timeout_ms. Returns SG_OK; SG_ERR_TIMEOUT; SG_ERR_VERSION_MISMATCH (peer
+ * names). Blocks up to timeout_ns (like every timeout in this header, in nanoseconds). Returns SG_OK; SG_ERR_TIMEOUT; SG_ERR_VERSION_MISMATCH (peer
  * speaks another protocol major); SG_ERR_PROTOCOL (malformed message); SG_ERR_PEER_LOST.
  * Since 0.1. */
 SG_API sg_status_t sg_session_accept(sg_listener_t listener, const sg_session_options_t *options,
-                                     uint32_t timeout_ms, sg_session_t *out, sg_error_info_t *err);
+                                     uint64_t timeout_ns, sg_session_t *out, sg_error_info_t *err);
 
-/* Connects to a listener at addr:port and runs the bootstrap exchange. Blocks up to timeout_ms.
+/* Connects to a listener at addr:port and runs the bootstrap exchange. Blocks up to timeout_ns.
  * Same statuses as sg_session_accept, plus SG_ERR_CONNECT. Since 0.1. */
 SG_API sg_status_t sg_session_connect(sg_context_t ctx, const char *addr, uint16_t port,
-                                      const sg_session_options_t *options, uint32_t timeout_ms,
+                                      const sg_session_options_t *options, uint64_t timeout_ns,
                                       sg_session_t *out, sg_error_info_t *err);
 
 /* Writes this context's metadata blob (protocol version, endpoint names, host identity) for hosts

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -154,8 +155,8 @@ std::unique_ptr<Listener> listen_on(Context *ctx, const char *addr, uint16_t por
     return l;
 }
 
-wire::Hello accept_hello(Listener &l, const wire::Hello &mine, uint64_t my_ctx, uint32_t timeout_ms) {
-    const uint64_t deadline = now_ns() + uint64_t(timeout_ms) * 1000000;
+wire::Hello accept_hello(Listener &l, const wire::Hello &mine, uint64_t my_ctx, uint64_t timeout_ns) {
+    const uint64_t deadline = now_ns() + std::min<uint64_t>(timeout_ns, uint64_t(1) << 62);
     wait_fd(l.fd, POLLIN, deadline, "waiting for a peer to connect");
     Fd c;
     c.fd = ::accept4(l.fd, nullptr, nullptr, SOCK_CLOEXEC);
@@ -164,8 +165,8 @@ wire::Hello accept_hello(Listener &l, const wire::Hello &mine, uint64_t my_ctx, 
 }
 
 wire::Hello connect_hello(const char *addr, uint16_t port, const wire::Hello &mine, uint64_t my_ctx,
-                          uint32_t timeout_ms) {
-    const uint64_t deadline = now_ns() + uint64_t(timeout_ms) * 1000000;
+                          uint64_t timeout_ns) {
+    const uint64_t deadline = now_ns() + std::min<uint64_t>(timeout_ns, uint64_t(1) << 62);
     socklen_t len;
     sockaddr_storage ss = make_addr(addr, port, len);
     Fd c;

@@ -289,9 +289,9 @@ class Context : public transport::CompletionSink {
 // ---- bootstrap (bootstrap.cpp) ----
 std::unique_ptr<Listener> listen_on(Context *ctx, const char *addr, uint16_t port);
 // Accepts one peer and exchanges Hello frames; returns the peer's Hello.
-wire::Hello accept_hello(Listener &l, const wire::Hello &mine, uint64_t my_ctx, uint32_t timeout_ms);
+wire::Hello accept_hello(Listener &l, const wire::Hello &mine, uint64_t my_ctx, uint64_t timeout_ns);
 wire::Hello connect_hello(const char *addr, uint16_t port, const wire::Hello &mine, uint64_t my_ctx,
-                          uint32_t timeout_ms);
+                          uint64_t timeout_ns);
 wire::Hello parse_metadata(std::span<const uint8_t> blob);
 std::string read_boot_id();
 uint64_t read_netns_inode();

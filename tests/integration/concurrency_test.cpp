@@ -71,8 +71,8 @@ TEST(Concurrency, EightThreadsPostToFourSessions) {
     sg_listener_port(lis, &port);
     std::vector<sg_session_t> ps(kSessions), ds(kSessions);
     for (int s = 0; s < kSessions; ++s) {
-        std::thread c([&, s] { EXPECT_EQ(sg_session_connect(decode[s], "127.0.0.1", port, nullptr, 5000, &ds[s], nullptr), SG_OK); });
-        ASSERT_EQ(sg_session_accept(lis, nullptr, 5000, &ps[s], nullptr), SG_OK);
+        std::thread c([&, s] { EXPECT_EQ(sg_session_connect(decode[s], "127.0.0.1", port, nullptr, 5 * kSecond, &ds[s], nullptr), SG_OK); });
+        ASSERT_EQ(sg_session_accept(lis, nullptr, 5 * kSecond, &ps[s], nullptr), SG_OK);
         c.join();
     }
     Pool src(prefill);

@@ -58,8 +58,8 @@ TEST(Failure, DeadlineFailsBothSides) {
     uint16_t port = 0;
     sg_listener_port(l, &port);
     sg_session_t sa = nullptr, sb = nullptr;
-    std::thread t([&] { EXPECT_EQ(sg_session_connect(b, "127.0.0.1", port, nullptr, 5000, &sb, nullptr), SG_OK); });
-    ASSERT_EQ(sg_session_accept(l, nullptr, 5000, &sa, nullptr), SG_OK);
+    std::thread t([&] { EXPECT_EQ(sg_session_connect(b, "127.0.0.1", port, nullptr, 5 * kSecond, &sb, nullptr), SG_OK); });
+    ASSERT_EQ(sg_session_accept(l, nullptr, 5 * kSecond, &sa, nullptr), SG_OK);
     t.join();
     SmallPool ps, pd;
     sg_kv_handle_t ks = nullptr, kd = nullptr;
@@ -116,7 +116,7 @@ TEST(Failure, PrefillSurvivesDecodeKilledMidTransfer) {
         sg_context_t c = sgtest::make_context("tcp");
         CHILD_CHECK(c, "context");
         sg_session_t s = nullptr;
-        CHILD_CHECK(sg_session_connect(c, "127.0.0.1", port, nullptr, 5000, &s, nullptr) == SG_OK, "connect");
+        CHILD_CHECK(sg_session_connect(c, "127.0.0.1", port, nullptr, 5 * kSecond, &s, nullptr) == SG_OK, "connect");
         SmallPool dst;
         sg_kv_handle_t kv = nullptr;
         CHILD_CHECK(sg_kv_register(c, &dst.layout, &kv, nullptr) == SG_OK, "register");
@@ -137,7 +137,7 @@ TEST(Failure, PrefillSurvivesDecodeKilledMidTransfer) {
     (void)!write(fds[1], &port, sizeof port);
     close(fds[1]);
     sg_session_t s = nullptr;
-    ASSERT_EQ(sg_session_accept(lis, nullptr, 5000, &s, nullptr), SG_OK);
+    ASSERT_EQ(sg_session_accept(lis, nullptr, 5 * kSecond, &s, nullptr), SG_OK);
     sg_kv_handle_t kv = nullptr;
     ASSERT_EQ(sg_kv_register(ctx, &pool.layout, &kv, nullptr), SG_OK);
     ASSERT_EQ(sg_session_export_kv(s, kv), SG_OK);
@@ -184,7 +184,7 @@ TEST(Failure, DecodeSurvivesPrefillKilledBetweenLayers) {
         sg_context_t c = sgtest::make_context("tcp");
         CHILD_CHECK(c, "context");
         sg_session_t s = nullptr;
-        CHILD_CHECK(sg_session_connect(c, "127.0.0.1", port, nullptr, 5000, &s, nullptr) == SG_OK, "connect");
+        CHILD_CHECK(sg_session_connect(c, "127.0.0.1", port, nullptr, 5 * kSecond, &s, nullptr) == SG_OK, "connect");
         SmallPool src;
         sg_kv_handle_t kv = nullptr;
         CHILD_CHECK(sg_kv_register(c, &src.layout, &kv, nullptr) == SG_OK, "register");
@@ -197,7 +197,7 @@ TEST(Failure, DecodeSurvivesPrefillKilledBetweenLayers) {
         _exit(0);
     }
     sg_session_t s = nullptr;
-    ASSERT_EQ(sg_session_accept(lis, nullptr, 5000, &s, nullptr), SG_OK);
+    ASSERT_EQ(sg_session_accept(lis, nullptr, 5 * kSecond, &s, nullptr), SG_OK);
     SmallPool pool;
     sg_kv_handle_t kv = nullptr;
     ASSERT_EQ(sg_kv_register(ctx, &pool.layout, &kv, nullptr), SG_OK);

@@ -137,7 +137,7 @@ int decode_side(const char *provider, uint16_t port, uint64_t run_seed, int coun
     sg_context_t ctx = sgtest::make_context(provider);
     CHILD_CHECK(ctx, "context");
     sg_session_t s = nullptr;
-    CHILD_CHECK(sg_session_connect(ctx, "127.0.0.1", port, nullptr, 5000, &s, nullptr) == SG_OK, "connect");
+    CHILD_CHECK(sg_session_connect(ctx, "127.0.0.1", port, nullptr, 5 * kSecond, &s, nullptr) == SG_OK, "connect");
     Pool pool(dst_shape);
     sg_kv_handle_t kv = nullptr;
     CHILD_CHECK(sg_kv_register(ctx, &pool.layout, &kv, nullptr) == SG_OK, "register");
@@ -205,7 +205,7 @@ void run_prefill(const RunConfig &cfg) {
         },
         [&] {
             sg_session_t s = nullptr;
-            ASSERT_EQ(sg_session_accept(lis, nullptr, 5000, &s, nullptr), SG_OK) << sg_last_error_message();
+            ASSERT_EQ(sg_session_accept(lis, nullptr, 5 * kSecond, &s, nullptr), SG_OK) << sg_last_error_message();
             char prov[64];
             ASSERT_EQ(sg_session_provider(s, prov, sizeof prov), SG_OK);
             EXPECT_STREQ(prov, transport_name(cfg.provider));

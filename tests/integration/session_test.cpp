@@ -78,8 +78,8 @@ struct Pair {
         uint16_t port = 0;
         EXPECT_EQ(sg_listener_port(l, &port), SG_OK);
         EXPECT_NE(port, 0);
-        std::thread t([&] { EXPECT_EQ(sg_session_connect(decode.h, "127.0.0.1", port, nullptr, 5000, &ds, nullptr), SG_OK); });
-        EXPECT_EQ(sg_session_accept(l, nullptr, 5000, &ps, nullptr), SG_OK) << sg_last_error_message();
+        std::thread t([&] { EXPECT_EQ(sg_session_connect(decode.h, "127.0.0.1", port, nullptr, 5 * kSecond, &ds, nullptr), SG_OK); });
+        EXPECT_EQ(sg_session_accept(l, nullptr, 5 * kSecond, &ps, nullptr), SG_OK) << sg_last_error_message();
         t.join();
         EXPECT_EQ(sg_listener_destroy(l), SG_OK);
     }
@@ -571,13 +571,13 @@ TEST(Session, ConnectFailuresAreReported) {
     sg_session_t s = nullptr;
     sg_error_info_t err;
     sg_error_info_init(&err);
-    EXPECT_EQ(sg_session_connect(c.h, "localhost", 1, nullptr, 500, &s, &err), SG_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(sg_session_connect(c.h, "localhost", 1, nullptr, kSecond / 2, &s, &err), SG_ERR_INVALID_ARGUMENT);
     EXPECT_NE(std::string(err.message).find("literal"), std::string::npos);
     // Port 1 on loopback: nothing listens there.
-    EXPECT_EQ(sg_session_connect(c.h, "127.0.0.1", 1, nullptr, 500, &s, &err), SG_ERR_CONNECT);
+    EXPECT_EQ(sg_session_connect(c.h, "127.0.0.1", 1, nullptr, kSecond / 2, &s, &err), SG_ERR_CONNECT);
     sg_listener_t l = nullptr;
     ASSERT_EQ(sg_listener_create(c.h, "127.0.0.1", 0, &l, nullptr), SG_OK);
-    EXPECT_EQ(sg_session_accept(l, nullptr, 50, &s, nullptr), SG_ERR_TIMEOUT);
+    EXPECT_EQ(sg_session_accept(l, nullptr, 50 * kMs, &s, nullptr), SG_ERR_TIMEOUT);
     sg_listener_destroy(l);
 }
 
