@@ -95,6 +95,18 @@ std::vector<uint32_t> iota_table(size_t n, uint32_t start = 0) {
     return t;
 }
 
+// Joins two contexts by exchanging their metadata blobs, as a host with its own channel would.
+void join_by_metadata(sg_context_t a, sg_context_t b, sg_session_t *sa, sg_session_t *sb) {
+    size_t la = 0, lb = 0;
+    sg_context_get_metadata(a, nullptr, 0, &la);
+    sg_context_get_metadata(b, nullptr, 0, &lb);
+    std::vector<uint8_t> ma(la), mb(lb);
+    ASSERT_EQ(sg_context_get_metadata(a, ma.data(), la, &la), SG_OK);
+    ASSERT_EQ(sg_context_get_metadata(b, mb.data(), lb, &lb), SG_OK);
+    ASSERT_EQ(sg_session_from_metadata(a, mb.data(), lb, nullptr, sa, nullptr), SG_OK);
+    ASSERT_EQ(sg_session_from_metadata(b, ma.data(), la, nullptr, sb, nullptr), SG_OK);
+}
+
 TEST(Session, MetadataBlobsMakeAWorkingSession) {
     Ctx a, b;
     size_t len = 0;
@@ -345,15 +357,8 @@ TEST_P(RdmaProvider, MovesAPoolWhenADeviceIsPresent) {
     ASSERT_EQ(st, SG_OK) << err.message;
     sg_context_t b = nullptr;
     ASSERT_EQ(sg_context_create(&o, &b, &err), SG_OK) << err.message;
-    size_t la = 0, lb = 0;
-    sg_context_get_metadata(a, nullptr, 0, &la);
-    sg_context_get_metadata(b, nullptr, 0, &lb);
-    std::vector<uint8_t> ma(la), mb(lb);
-    ASSERT_EQ(sg_context_get_metadata(a, ma.data(), la, &la), SG_OK);
-    ASSERT_EQ(sg_context_get_metadata(b, mb.data(), lb, &lb), SG_OK);
     sg_session_t sa = nullptr, sb = nullptr;
-    ASSERT_EQ(sg_session_from_metadata(a, mb.data(), lb, nullptr, &sa, nullptr), SG_OK);
-    ASSERT_EQ(sg_session_from_metadata(b, ma.data(), la, nullptr, &sb, nullptr), SG_OK);
+    ASSERT_NO_FATAL_FAILURE(join_by_metadata(a, b, &sa, &sb));
     {
         Pool src(a, 2, 2, 64, 16, 8), dst(b, 2, 2, 64, 16, 8);
         src.fill(9);
@@ -504,15 +509,8 @@ TEST(Session, FullQueueAnswersAgainAndSmallBoundsStillMoveData) {
     sg_context_t a = nullptr, b = nullptr;
     ASSERT_EQ(sg_context_create(&o, &a, nullptr), SG_OK);
     ASSERT_EQ(sg_context_create(&o, &b, nullptr), SG_OK);
-    size_t la = 0, lb = 0;
-    sg_context_get_metadata(a, nullptr, 0, &la);
-    sg_context_get_metadata(b, nullptr, 0, &lb);
-    std::vector<uint8_t> ma(la), mb(lb);
-    ASSERT_EQ(sg_context_get_metadata(a, ma.data(), la, &la), SG_OK);
-    ASSERT_EQ(sg_context_get_metadata(b, mb.data(), lb, &lb), SG_OK);
     sg_session_t sa = nullptr, sb = nullptr;
-    ASSERT_EQ(sg_session_from_metadata(a, mb.data(), lb, nullptr, &sa, nullptr), SG_OK);
-    ASSERT_EQ(sg_session_from_metadata(b, ma.data(), la, nullptr, &sb, nullptr), SG_OK);
+    ASSERT_NO_FATAL_FAILURE(join_by_metadata(a, b, &sa, &sb));
     {
         Pool src(a, 2, 2, 32, 8, 32), dst(b, 2, 2, 32, 8, 32);
         src.fill(21);
