@@ -199,7 +199,8 @@ typedef struct sg_context_options {
     /* A session whose peer has sent nothing for this long is lost: the session and every pending
      * transfer on it fail with SG_ERR_PEER_LOST. Quiet sessions send a small keep-alive every quarter
      * of it. Default 2000; 0 means the default. A broken connection reported by the fabric is
-     * detected sooner. */
+     * detected sooner. A context without a progress thread must call sg_context_progress (or wait)
+     * well within this time, or its peers will consider it lost. */
     uint32_t peer_timeout_ms;
     /* Payload bytes of RMA writes in flight, per context and per session: the scheduler waits for
      * completions before posting more, so a priority change takes effect within about this much
