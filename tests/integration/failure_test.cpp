@@ -94,20 +94,13 @@ TEST(Failure, DeadlineFailsBothSides) {
 
 // The decode process is killed after the first layer arrived; prefill is the survivor.
 TEST(Failure, PrefillSurvivesDecodeKilledMidTransfer) {
-    // libfabric opens a few process-wide descriptors once; a throwaway context pays for them so
-    // the baseline below measures what a session's lifetime leaves behind.
-    sg_context_destroy(sgtest::make_context("tcp"));
-    const int fds_before = open_fds();
-    sg_context_t ctx = sgtest::make_context("tcp");
-    ASSERT_TRUE(ctx);
-    sg_listener_t lis = nullptr;
-    SmallPool pool;
+    // Fork before this process makes any SmartGen call, so the child inherits no library threads
+    // or locks.
     int ready_pipe[2];
     ASSERT_EQ(pipe(ready_pipe), 0);
-    pid_t child_pid = 0;
     int fds[2];
     ASSERT_EQ(pipe(fds), 0);
-    child_pid = fork();
+    const pid_t child_pid = fork();
     if (child_pid == 0) {
         close(fds[1]);
         alarm(60);
@@ -131,6 +124,15 @@ TEST(Failure, PrefillSurvivesDecodeKilledMidTransfer) {
         _exit(0);
     }
     close(fds[0]);
+    // libfabric opens a few process-wide descriptors once; a throwaway context pays for them so
+    // the baseline measures what a session's lifetime leaves behind. It counts fds[1] and both
+    // ends of ready_pipe, which the test closes itself.
+    sg_context_destroy(sgtest::make_context("tcp"));
+    const int fds_before = open_fds();
+    sg_context_t ctx = sgtest::make_context("tcp");
+    ASSERT_TRUE(ctx);
+    sg_listener_t lis = nullptr;
+    SmallPool pool;
     ASSERT_EQ(sg_listener_create(ctx, "127.0.0.1", 0, &lis, nullptr), SG_OK);
     uint16_t port = 0;
     sg_listener_port(lis, &port);
@@ -166,21 +168,21 @@ TEST(Failure, PrefillSurvivesDecodeKilledMidTransfer) {
     EXPECT_EQ(sg_context_destroy(ctx), SG_OK);
     close(ready_pipe[0]);
     close(ready_pipe[1]);
-    EXPECT_EQ(open_fds(), fds_before) << "descriptors left open after the session and context were destroyed";
+    EXPECT_EQ(open_fds(), fds_before - 3) << "descriptors left open after the session and context were destroyed";
 }
 
 // The prefill process is killed between layers; decode is the survivor, waiting for data.
 TEST(Failure, DecodeSurvivesPrefillKilledBetweenLayers) {
-    sg_context_t ctx = sgtest::make_context("tcp");
-    ASSERT_TRUE(ctx);
-    sg_listener_t lis = nullptr;
-    ASSERT_EQ(sg_listener_create(ctx, "127.0.0.1", 0, &lis, nullptr), SG_OK);
-    uint16_t port = 0;
-    sg_listener_port(lis, &port);
+    // Fork before this process makes any SmartGen call, so the child inherits no library threads
+    // or locks; it learns the port through a pipe.
+    int fds[2];
+    ASSERT_EQ(pipe(fds), 0);
     pid_t child_pid = fork();
     if (child_pid == 0) {
+        close(fds[1]);
         alarm(60);
-        // A fresh context in the child; the parent's handles are never touched here.
+        uint16_t port = 0;
+        if (read(fds[0], &port, sizeof port) != sizeof port) _exit(3);
         sg_context_t c = sgtest::make_context("tcp");
         CHILD_CHECK(c, "context");
         sg_session_t s = nullptr;
@@ -196,6 +198,15 @@ TEST(Failure, DecodeSurvivesPrefillKilledBetweenLayers) {
         pause();  // killed before layer 1
         _exit(0);
     }
+    close(fds[0]);
+    sg_context_t ctx = sgtest::make_context("tcp");
+    ASSERT_TRUE(ctx);
+    sg_listener_t lis = nullptr;
+    ASSERT_EQ(sg_listener_create(ctx, "127.0.0.1", 0, &lis, nullptr), SG_OK);
+    uint16_t port = 0;
+    sg_listener_port(lis, &port);
+    (void)!write(fds[1], &port, sizeof port);
+    close(fds[1]);
     sg_session_t s = nullptr;
     ASSERT_EQ(sg_session_accept(lis, nullptr, 5 * kSecond, &s, nullptr), SG_OK);
     SmallPool pool;
