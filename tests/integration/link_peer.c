@@ -1,0 +1,104 @@
+/* One side of the link-down test (tests/integration/netns_link_down.sh), public header only.
+ *   link_peer decode  LOCAL_ADDR PORT            listens, expects "link", waits
+ *   link_peer prefill LOCAL_ADDR PEER_ADDR PORT  connects, posts "link", writes layer 0, waits
+ * Each prints "READY" once layer 0 is across, then waits for the transfer to end. It exits 0 only
+ * when the transfer fails with SG_ERR_PEER_LOST within 3 s of the link going down (the script
+ * signals that moment by writing a line to our stdin), and prints the time it took. */
+#define _POSIX_C_SOURCE 200809L
+#include <smartgen/smartgen.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define NS 1000000000ull
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void die(const char *what, sg_status_t st) {
+    fprintf(stderr, "link_peer: %s: %s (%s)\n", what, sg_status_str(st), sg_last_error_message());
+    exit(1);
+}
+#define CHECK(call, what)                \
+    do {                                 \
+        sg_status_t st_ = (call);        \
+        if (st_ != SG_OK) die(what, st_); \
+    } while (0)
+
+int main(int argc, char **argv) {
+    if (argc < 4) {
+        fprintf(stderr, "usage: link_peer decode LOCAL PORT | link_peer prefill LOCAL PEER PORT\n");
+        return 2;
+    }
+    const int prefill = strcmp(argv[1], "prefill") == 0;
+    sg_context_options_t o;
+    sg_context_options_init(&o);
+    o.provider = "tcp";
+    o.local_addr = argv[2];
+    sg_context_t ctx;
+    CHECK(sg_context_create(&o, &ctx, NULL), "context");
+
+    enum { LAYERS = 4, BLOCKS = 16, ELEMS = 16 * 2 * 64 };
+    static uint16_t k[LAYERS][BLOCKS * ELEMS], v[LAYERS][BLOCKS * ELEMS];
+    void *kp[LAYERS], *vp[LAYERS];
+    for (int l = 0; l < LAYERS; ++l) {
+        kp[l] = k[l];
+        vp[l] = v[l];
+    }
+    sg_kv_layout_t lay;
+    sg_kv_layout_init(&lay);
+    lay.num_layers = LAYERS;
+    lay.num_kv_heads = 2;
+    lay.head_dim = 64;
+    lay.tokens_per_block = 16;
+    lay.num_blocks = BLOCKS;
+    lay.layer_k_base = kp;
+    lay.layer_v_base = vp;
+    lay.layer_base_count = LAYERS;
+    sg_kv_handle_t kv;
+    CHECK(sg_kv_register(ctx, &lay, &kv, NULL), "register");
+
+    sg_session_t s;
+    if (prefill) {
+        CHECK(sg_session_connect(ctx, argv[3], (uint16_t)atoi(argv[4]), NULL, 10 * NS, &s, NULL), "connect");
+    } else {
+        sg_listener_t l;
+        CHECK(sg_listener_create(ctx, argv[2], (uint16_t)atoi(argv[3]), &l, NULL), "listen");
+        CHECK(sg_session_accept(l, NULL, 10 * NS, &s, NULL), "accept");
+        sg_listener_destroy(l);
+    }
+    CHECK(sg_session_export_kv(s, kv), "export");
+    const uint32_t table[4] = {0, 1, 2, 3};
+    sg_transfer_t x;
+    if (prefill) {
+        CHECK(sg_transfer_post(s, "link", kv, table, 4, 64, NULL, &x, NULL), "post");
+        CHECK(sg_transfer_layer_written(x, 0, NULL), "layer 0");
+        /* Prefill's layer 0 is ready once its writes completed and the notice went out. */
+        CHECK(sg_transfer_wait_layer(x, 0, 10 * NS), "layer 0 delivered");
+    } else {
+        CHECK(sg_transfer_expect(s, "link", kv, table, 4, 64, NULL, &x, NULL), "expect");
+        CHECK(sg_transfer_wait_layer(x, 0, 10 * NS), "layer 0 arrived");
+    }
+    printf("READY\n");
+    fflush(stdout);
+    char line[16];
+    if (!fgets(line, sizeof line, stdin)) return 1; /* the script took the link down */
+    const double t0 = now_s();
+    if (prefill) CHECK(sg_transfer_layer_written(x, 1, NULL), "layer 1"); /* work toward a dead link */
+    const sg_status_t st = sg_transfer_wait(x, 5 * NS);
+    const double took = now_s() - t0;
+    sg_status_t se = SG_OK;
+    sg_session_error(s, &se, NULL, 0);
+    printf("%s: transfer %s, session %s after %.0f ms\n", argv[1], sg_status_str(st), sg_status_str(se), took * 1000);
+    sg_transfer_release(x);
+    sg_session_destroy(s);
+    sg_kv_deregister(kv);
+    sg_context_destroy(ctx);
+    return (st == SG_ERR_PEER_LOST && se == SG_ERR_PEER_LOST && took < 3.0) ? 0 : 1;
+}
