@@ -8,7 +8,9 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -547,6 +549,52 @@ TEST(Session, FullQueueAnswersAgainAndSmallBoundsStillMoveData) {
     sg_session_destroy(sb);
     sg_context_destroy(a);
     sg_context_destroy(b);
+}
+
+// A decode engine restarts: its old session is reported lost, and a new session to the same
+// prefill context reuses the same registered pool handle.
+TEST(Session, ReconnectAfterPeerRestartKeepsHandles) {
+    Ctx prefill;
+    sg_listener_t l = nullptr;
+    ASSERT_EQ(sg_listener_create(prefill.h, "127.0.0.1", 0, &l, nullptr), SG_OK);
+    uint16_t port = 0;
+    sg_listener_port(l, &port);
+    Pool src(prefill.h, 2, 2, 32, 8, 16);
+    src.fill(77);
+    const std::vector<uint32_t> t = {4, 2, 9};
+    for (int round = 0; round < 2; ++round) {
+        auto decode = std::make_unique<Ctx>();
+        sg_session_t ps = nullptr, ds = nullptr;
+        std::thread c([&] { EXPECT_EQ(sg_session_connect(decode->h, "127.0.0.1", port, nullptr, 5 * kSecond, &ds, nullptr), SG_OK); });
+        ASSERT_EQ(sg_session_accept(l, nullptr, 5 * kSecond, &ps, nullptr), SG_OK);
+        c.join();
+        {
+            Pool dst(decode->h, 2, 2, 32, 8, 16);
+            ASSERT_EQ(sg_session_export_kv(ps, src.kv), SG_OK);  // same handle, new session
+            ASSERT_EQ(sg_session_export_kv(ds, dst.kv), SG_OK);
+            sg_transfer_options_t o;
+            sg_transfer_options_init(&o);
+            o.flags = SG_TRANSFER_ALL_LAYERS_WRITTEN;
+            sg_transfer_t x = nullptr, y = nullptr;
+            ASSERT_EQ(sg_transfer_expect(ds, "again", dst.kv, t.data(), 3, 24, nullptr, &y, nullptr), SG_OK);
+            ASSERT_EQ(sg_transfer_post(ps, "again", src.kv, t.data(), 3, 24, &o, &x, nullptr), SG_OK);
+            EXPECT_EQ(sg_transfer_wait(y, 5 * kSecond), SG_OK) << "round " << round;
+            EXPECT_EQ(sg_transfer_wait(x, 5 * kSecond), SG_OK) << "round " << round;
+            const size_t be = 8 * 2 * 32;
+            for (uint32_t blk : t) EXPECT_EQ(std::memcmp(&src.k[1][blk * be], &dst.k[1][blk * be], be * 2), 0);
+            sg_transfer_release(x);
+            sg_transfer_release(y);
+            sg_session_destroy(ds);
+        }
+        decode.reset();  // the decode engine goes away
+        sg_status_t st = SG_OK;
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+        while (sg_session_error(ps, &st, nullptr, 0) == SG_OK && st == SG_OK && std::chrono::steady_clock::now() < deadline)
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        EXPECT_EQ(st, SG_ERR_PEER_LOST);
+        sg_session_destroy(ps);
+    }
+    sg_listener_destroy(l);
 }
 
 TEST(Session, TunablesHaveBounds) {
