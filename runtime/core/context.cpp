@@ -860,6 +860,7 @@ std::shared_ptr<Transfer> Context::post(const std::shared_ptr<Session> &s, const
     s->canceled_unmatched.erase(rid);  // a new post of the id supersedes an earlier cancel
     auto t = std::make_shared<Transfer>(this, s, true, rid, pool, table, num_tokens, opt);
     t->order = std::move(order);
+    t->src_reg = &s->local_regs.at(pool->id);  // map nodes are stable for the session's life
     if (opt.deadline_ns) t->deadline_abs_ns = now_ns() + opt.deadline_ns;
     if (opt.flags & SG_TRANSFER_ALL_LAYERS_WRITTEN) {
         const uint64_t now = now_ns();
@@ -970,7 +971,7 @@ bool Context::post_plain_op(Transfer &t) {
     const plan::Op &op = t.ops[t.next_op];
     Session &s = *t.session;
     const uint32_t layer = uint32_t(t.cur_layer);
-    const Session::LocalReg &lr = s.local_regs.at(t.pool->id);
+    const Session::LocalReg &lr = *t.src_reg;
     const uint32_t rpl = t.pool->layout.regions_per_layer();
     transport::LocalIov iov[plan::kMaxIov];
     for (uint32_t i = 0; i < op.niov; ++i)
@@ -1118,13 +1119,11 @@ size_t Session::unfinished() const {
 void Context::maybe_send_notices(Transfer &t) {
     if (t.finished() || !t.matched) return;
     const bool saw = t.session->tp->caps().send_after_write;
-    bool all = true;
-    for (uint32_t l : t.order) {
+    // Layers before notice_pos are settled; each call only looks at the few still in flight.
+    for (size_t i = t.notice_pos; i < t.order.size(); ++i) {
+        const uint32_t l = t.order[i];
         Transfer::Layer &L = t.layers[l];
-        if (!L.posted) {
-            all = false;
-            break;  // notices go in send order
-        }
+        if (!L.posted) break;  // notices go in send order
         if (!L.notice_sent && (saw || L.outstanding == 0)) {
             wire::LayerReady m;
             m.decode_xfer_id = t.id;
@@ -1136,10 +1135,7 @@ void Context::maybe_send_notices(Transfer &t) {
             send(*t.session, out, &t);
             L.notice_sent = true;
         }
-        if (!L.notice_sent) {
-            all = false;
-            break;
-        }
+        if (!L.notice_sent) break;
         if (L.outstanding == 0 && !L.ready) {
             record_layer_rate(t, L);
             L.ready = true;
@@ -1147,9 +1143,9 @@ void Context::maybe_send_notices(Transfer &t) {
             t.residency.set_layer(l);
             t.stats.layers_ready++;
         }
-        if (!L.ready) all = false;
+        if (i == t.notice_pos && L.ready) t.notice_pos++;
     }
-    if (all && !t.done_sent) {
+    if (t.notice_pos == t.order.size() && !t.done_sent) {
         wire::TransferDone m;
         m.decode_xfer_id = t.id;
         m.bytes = t.stats.bytes;

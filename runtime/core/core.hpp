@@ -168,7 +168,9 @@ class Transfer {
     const RemotePool *dst = nullptr;
     Vec<uint32_t> dst_table;
     std::vector<uint32_t> order;
-    size_t order_pos = 0;  // next entry of `order` to compile
+    size_t order_pos = 0;   // next entry of `order` to compile
+    size_t notice_pos = 0;  // entries of `order` whose notice went and whose writes all completed
+    const Session::LocalReg *src_reg = nullptr;  // the source pool's registration on the session
     int64_t cur_layer = -1;
     bool cur_staged = false;
     Vec<plan::Op> ops;
