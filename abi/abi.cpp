@@ -186,6 +186,8 @@ SG_API const char *sg_status_str(sg_status_t s) {
         SG_CASE(SG_ERR_PEER_LOST)
         SG_CASE(SG_ERR_PROTOCOL)
         SG_CASE(SG_ERR_DEADLINE)
+        SG_CASE(SG_ERR_AUTH_FAILED)
+        SG_CASE(SG_ERR_AUTH_REQUIRED)
         SG_CASE(SG_ERR_CONNECT)
         SG_CASE(SG_ERR_REMOTE)
         SG_CASE(SG_ERR_UNSUPPORTED)
@@ -348,6 +350,8 @@ SG_API sg_status_t sg_context_metrics_text(sg_context_t h, char *buf, size_t cap
             {"smartgen_deadlines_hit_total", "counter", "Transfers that missed their deadline.", s.deadlines_hit},
             {"smartgen_peers_lost_total", "counter", "Sessions whose peer was lost.", s.peers_lost},
             {"smartgen_sessions_open", "gauge", "Sessions currently open.", s.sessions_open},
+            {"smartgen_auth_failures_total", "counter", "Sessions refused by authentication.", s.auth_failures},
+            {"smartgen_stalls_total", "counter", "Times a transfer with work waited for the in-flight bounds.", s.stalls},
         };
         std::string text;
         for (const Metric &m : metrics) {
@@ -505,10 +509,24 @@ SG_API sg_status_t sg_listener_destroy(sg_listener_t h) {
 }
 
 namespace {
-sg_session_t add_session(core::Context &ctx, const sg::wire::Hello &peer, const sg_session_options_t *options) {
+sg_session_t add_session(core::Context &ctx, const sg::wire::Hello &peer, const sg_session_options_t *options,
+                         bool authenticated) {
     sg_session_options_t o = read_sized(options, default_session_options(), "options");
-    auto s = ctx.open_session(peer, o);
+    auto s = ctx.open_session(peer, o, authenticated);
     return wrap<sg_session_t>(sessions().add(std::move(s)));
+}
+
+extern "C++" template <class F> sg::wire::Hello counting_auth_failures(core::Context &ctx, F &&bootstrap) {
+    try {
+        return bootstrap();
+    } catch (const sg::Error &e) {
+        if (e.status() == SG_ERR_AUTH_FAILED || e.status() == SG_ERR_AUTH_REQUIRED) {
+            std::lock_guard lock(ctx.mu);
+            ctx.counters.auth_failures++;
+            ctx.log.log(SG_LOG_ERROR, "session refused: " + e.message());
+        }
+        throw;
+    }
 }
 }  // namespace
 
@@ -518,8 +536,8 @@ SG_API sg_status_t sg_session_accept(sg_listener_t h, const sg_session_options_t
         auto l = lookup(listeners(), raw(h), "listener");
         need(out, "out");
         core::Context &ctx = *l->ctx;  // a listener never outlives its context (context_destroy closes it)
-        sg::wire::Hello peer = core::accept_hello(*l, ctx.hello(), ctx.id, timeout_ns);
-        *out = add_session(ctx, peer, options);
+        sg::wire::Hello peer = counting_auth_failures(ctx, [&] { return core::accept_hello(*l, ctx, timeout_ns); });
+        *out = add_session(ctx, peer, options, true);
         return SG_OK;
     });
 }
@@ -530,8 +548,9 @@ SG_API sg_status_t sg_session_connect(sg_context_t h, const char *addr, uint16_t
         auto ctx = lookup(contexts(), raw(h), "context");
         need(out, "out");
         need(addr, "addr");
-        sg::wire::Hello peer = core::connect_hello(addr, port, ctx->hello(), ctx->id, timeout_ns);
-        *out = add_session(*ctx, peer, options);
+        sg::wire::Hello peer =
+            counting_auth_failures(*ctx, [&] { return core::connect_hello(addr, port, *ctx, timeout_ns); });
+        *out = add_session(*ctx, peer, options, true);
         return SG_OK;
     });
 }
@@ -555,9 +574,18 @@ SG_API sg_status_t sg_session_from_metadata(sg_context_t h, const void *blob, si
         auto ctx = lookup(contexts(), raw(h), "context");
         need(out, "out");
         need(blob, "blob");
-        sg::wire::Hello peer = core::parse_metadata(std::span(static_cast<const uint8_t *>(blob), len));
-        *out = add_session(*ctx, peer, options);
+        sg::wire::Hello peer = counting_auth_failures(
+            *ctx, [&] { return core::parse_metadata(*ctx, std::span(static_cast<const uint8_t *>(blob), len)); });
+        // The blob proves who made it, not who uses it now: the fabric challenge-response decides.
+        *out = add_session(*ctx, peer, options, false);
         return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_session_wait_ready(sg_session_t sh, uint64_t timeout_ns) {
+    return guard(nullptr, [&] {
+        auto s = lookup(sessions(), raw(sh), "session");
+        return s->ctx->wait_ready(*s, timeout_ns);
     });
 }
 

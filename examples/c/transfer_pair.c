@@ -129,6 +129,32 @@ static void check_wait(sg_status_t status, const char *what)
     check(status, what, NULL);
 }
 
+/* ---- the shared key ---------------------------------------------------------------------------
+ * Sessions are authenticated with a pre-shared key. Here both processes come from one fork, so a
+ * random key made before the fork is the secret they share; separate hosts would read the same
+ * key from a secret store, or name its file in SG_AUTH_KEY_FILE (then auth_key stays NULL and the
+ * library reads the file). */
+static unsigned char g_auth_key[32];
+
+static int make_auth_key(void)
+{
+    FILE *f = fopen("/dev/urandom", "rb");
+    size_t n = f ? fread(g_auth_key, 1, sizeof g_auth_key, f) : 0;
+
+    if (f) fclose(f);
+    return n == sizeof g_auth_key ? 0 : -1;
+}
+
+static void use_auth_key(sg_context_options_t *opts)
+{
+    const char *file = getenv("SG_AUTH_KEY_FILE");
+
+    if (file == NULL || *file == '\0') {
+        opts->auth_key = g_auth_key;
+        opts->auth_key_len = sizeof g_auth_key;
+    }
+}
+
 /* ---- the common setup ---------------------------------------------------------------------- */
 static sg_context_t make_context(const char *provider)
 {
@@ -138,6 +164,7 @@ static sg_context_t make_context(const char *provider)
 
     sg_context_options_init(&opts); /* sets struct_size and header_version: always call it */
     opts.provider = provider;       /* NULL = rank what is present */
+    use_auth_key(&opts);
     /* local_addr stays NULL = 127.0.0.1, right for two processes on one host. */
     sg_error_info_init(&err);
     check(sg_context_create(&opts, &ctx, &err), "sg_context_create", &err);
@@ -511,6 +538,10 @@ int main(int argc, char **argv)
     alarm(WATCHDOG_S);
 
     /* Fork before any SmartGen call (see the top of the file); the pipe carries the port. */
+    if (make_auth_key() != 0) {
+        fprintf(stderr, "cannot read /dev/urandom for the session key\n");
+        return 1;
+    }
     if (pipe(fds) != 0) {
         perror("pipe");
         return 1;

@@ -64,6 +64,32 @@
 #define PREFILL_FILL 0x5Au /* bytes outside the request, source side */
 #define DECODE_FILL 0xA5u  /* bytes outside the request, destination side */
 
+/* ---- the shared key ---------------------------------------------------------------------------
+ * Sessions are authenticated with a pre-shared key. Here both processes come from one fork, so a
+ * random key made before the fork is the secret they share; separate hosts would read the same
+ * key from a secret store, or name its file in SG_AUTH_KEY_FILE (then auth_key stays NULL and the
+ * library reads the file). */
+static unsigned char g_auth_key[32];
+
+static int make_auth_key(void)
+{
+    FILE *f = fopen("/dev/urandom", "rb");
+    size_t n = f ? fread(g_auth_key, 1, sizeof g_auth_key, f) : 0;
+
+    if (f) fclose(f);
+    return n == sizeof g_auth_key ? 0 : -1;
+}
+
+static void use_auth_key(sg_context_options_t *opts)
+{
+    const char *file = getenv("SG_AUTH_KEY_FILE");
+
+    if (file == NULL || *file == '\0') {
+        opts->auth_key = g_auth_key;
+        opts->auth_key_len = sizeof g_auth_key;
+    }
+}
+
 /* ---- configuration, identical in both processes (parsed before the fork) ---------------------- */
 typedef struct config {
     uint64_t tokens;
@@ -605,6 +631,7 @@ static int run_decode(uint16_t tcp_port)
 
         sg_context_options_init(&copts);
         copts.provider = g_cfg.providers[pi];
+        use_auth_key(&copts);
         sg_error_info_init(&err);
         check(sg_context_create(&copts, &ctx, &err), "sg_context_create", &err);
         sg_session_options_init(&sopts);
@@ -739,6 +766,7 @@ static int run_prefill(int tcp_listen_fd)
         watchdog();
         sg_context_options_init(&copts);
         copts.provider = g_cfg.providers[pi];
+        use_auth_key(&copts);
         sg_error_info_init(&err);
         check(sg_context_create(&copts, &ctx, &err), "sg_context_create", &err);
         sg_error_info_init(&err);
@@ -971,6 +999,10 @@ int main(int argc, char **argv)
     watchdog();
 
     /* Plain sockets and pipes only before the fork: no SmartGen call yet (see the top). */
+    if (make_auth_key() != 0) {
+        fprintf(stderr, "cannot read /dev/urandom for the session key\n");
+        return 1;
+    }
     if (pipe(to_child) != 0 || pipe(to_parent) != 0) {
         perror("pipe");
         return 1;

@@ -99,6 +99,11 @@ typedef enum sg_status {
     SG_ERR_DEADLINE = -203,
     SG_ERR_CONNECT = -204,
     SG_ERR_REMOTE = -205,
+    /* The peer's key proof did not match this context's key, or the peer rejected ours. */
+    SG_ERR_AUTH_FAILED = -206,
+    /* One side has an authentication key and the other none (or, at sg_context_create, neither a
+     * key nor allow_unauthenticated was given). */
+    SG_ERR_AUTH_REQUIRED = -207,
     /* -300..-399: not supported here (build, provider, memory kind). */
     SG_ERR_UNSUPPORTED = -300,
     SG_ERR_NO_PROVIDER = -301,
@@ -212,6 +217,21 @@ typedef struct sg_context_options {
      * sg_transfer_post and sg_transfer_expect return SG_ERR_AGAIN instead of blocking. Default 1024;
      * 0 means the default. */
     uint32_t max_transfers_per_session;
+    /* Authentication. Sessions are authenticated by a pre-shared key of 32 to 4096 bytes: each side
+     * proves it holds the key with an HMAC-SHA256 challenge-response bound to fresh nonces from the
+     * other side, in both directions, before any memory key of either side is sent. The key comes
+     * from auth_key/auth_key_len (copied at creation; the caller may wipe its copy afterwards) or,
+     * when auth_key is NULL, from the file named by the environment variable SG_AUTH_KEY_FILE (read
+     * once at creation; a trailing newline is not part of the key; a file readable by group or
+     * others is logged as a warning). Without a key, sg_context_create fails with
+     * SG_ERR_AUTH_REQUIRED unless allow_unauthenticated is true. A context with a key never
+     * accepts a peer without one (SG_ERR_AUTH_REQUIRED on both sides); different keys give
+     * SG_ERR_AUTH_FAILED on both sides. Not provided: confidentiality or integrity of the KV data
+     * and control messages on the wire after authentication — use a private network or the fabric's
+     * own protection where that matters. */
+    const void *auth_key;
+    size_t auth_key_len;
+    bool allow_unauthenticated;
 } sg_context_options_t;
 
 /* Fills defaults, struct_size and header_version. Since 0.1. */
@@ -292,6 +312,8 @@ typedef struct sg_context_stats {
     uint64_t deadlines_hit;
     uint64_t peers_lost;         /* sessions lost to silence, a broken connection or the peer's close */
     uint64_t sessions_open;
+    uint64_t auth_failures;      /* sessions refused: wrong key, or one side without a key */
+    uint64_t stalls;             /* times a transfer with work waited for the in-flight bounds */
 } sg_context_stats_t;
 
 /* Sets struct_size and clears the rest. Since 0.1. */
@@ -410,9 +432,11 @@ SG_API sg_status_t sg_listener_port(sg_listener_t listener, uint16_t *port);
 SG_API sg_status_t sg_listener_destroy(sg_listener_t listener);
 
 /* Accepts one peer on the listener and runs the bootstrap exchange (protocol version, endpoint
- * names). Blocks up to timeout_ns (like every timeout in this header, in nanoseconds). Returns SG_OK; SG_ERR_TIMEOUT; SG_ERR_VERSION_MISMATCH (peer
- * speaks another protocol major); SG_ERR_PROTOCOL (malformed message); SG_ERR_PEER_LOST.
- * Since 0.1. */
+ * names) and, with a key, the challenge-response in both directions: the session returned is
+ * authenticated. Blocks up to timeout_ns (like every timeout in this header, in nanoseconds).
+ * Returns SG_OK; SG_ERR_TIMEOUT; SG_ERR_VERSION_MISMATCH (peer speaks another protocol major);
+ * SG_ERR_AUTH_FAILED (different keys); SG_ERR_AUTH_REQUIRED (one side has no key);
+ * SG_ERR_PROTOCOL (malformed message); SG_ERR_PEER_LOST. Since 0.1. */
 SG_API sg_status_t sg_session_accept(sg_listener_t listener, const sg_session_options_t *options,
                                      uint64_t timeout_ns, sg_session_t *out, sg_error_info_t *err);
 
@@ -427,13 +451,23 @@ SG_API sg_status_t sg_session_connect(sg_context_t ctx, const char *addr, uint16
  * Returns SG_OK or SG_ERR_BUFFER_TOO_SMALL (with *len set). Since 0.1. */
 SG_API sg_status_t sg_context_get_metadata(sg_context_t ctx, void *buf, size_t cap, size_t *len);
 
-/* Makes a session from a peer's metadata blob. Both sides load the other's blob. Messages from the
- * peer that arrive before this call are kept and delivered to the session. Returns SG_OK;
- * SG_ERR_PROTOCOL (truncated or corrupt blob); SG_ERR_VERSION_MISMATCH; SG_ERR_DUPLICATE (a session
- * with that peer exists). Since 0.1. */
+/* Makes a session from a peer's metadata blob. Both sides load the other's blob, within
+ * peer_timeout_ms of each other. Messages from the peer that arrive before this call are kept and
+ * delivered to the session. With a key, the blob must carry a valid signature, and the session then
+ * runs the challenge-response over the fabric before anything else: until both sides have proven
+ * the key, no memory key leaves either side and transfers wait (sg_session_wait_ready waits for
+ * it). Returns SG_OK; SG_ERR_PROTOCOL (truncated or corrupt blob); SG_ERR_VERSION_MISMATCH;
+ * SG_ERR_AUTH_FAILED (unsigned blob or signed with another key); SG_ERR_AUTH_REQUIRED (one side
+ * has no key); SG_ERR_DUPLICATE (a session with that peer exists). Since 0.1. */
 SG_API sg_status_t sg_session_from_metadata(sg_context_t ctx, const void *blob, size_t len,
                                             const sg_session_options_t *options, sg_session_t *out,
                                             sg_error_info_t *err);
+
+/* Waits until the session is authenticated and usable: SG_OK; the session's error when it failed
+ * (SG_ERR_AUTH_FAILED when the peer's proof did not match or it rejected ours, SG_ERR_PEER_LOST);
+ * SG_ERR_TIMEOUT. Sessions from sg_session_accept/connect are ready at once. Thread-safe.
+ * Since 0.1. */
+SG_API sg_status_t sg_session_wait_ready(sg_session_t session, uint64_t timeout_ns);
 
 /* Registers a KV pool for this session (a fresh random 64-bit key per region) and sends its
  * descriptor to the peer, which can then address it; no other peer can. Export the destination pool

@@ -1,4 +1,5 @@
-// Bootstrap: a TCP listener and connector that exchange one Hello frame each way, with deadlines.
+// Bootstrap: a TCP listener and connector that exchange one Hello frame each way and, when the
+// contexts have keys, prove them to each other (auth.hpp), all within the caller's deadline.
 // Sockets are close-on-exec and every send uses MSG_NOSIGNAL, so a vanished peer never raises
 // SIGPIPE in the host process.
 #include "core/core.hpp"
@@ -110,20 +111,54 @@ wire::Hello decode_hello_frame(std::span<const uint8_t> frame) {
     e = wire::decode(body, hello);
     if (e != wire::DecodeError::None) fail(SG_ERR_PROTOCOL, std::string("bad Hello: ") + wire::decode_error_str(e));
     if (hello.ctx_id != h.sender_ctx) fail(SG_ERR_PROTOCOL, "Hello names another context than its frame");
+    if (hello.auth == wire::AuthMode::HmacSha256 && hello.nonce.size() != wire::kNonceBytes)
+        fail(SG_ERR_PROTOCOL, "Hello asks for authentication but carries no nonce");
     return hello;
 }
 
-wire::Hello exchange(int fd, const wire::Hello &mine, uint64_t my_ctx, uint64_t deadline) {
-    std::vector<uint8_t> out;
-    wire::encode(out, my_ctx, mine);
-    send_all(fd, out.data(), out.size(), deadline);
+std::vector<uint8_t> recv_frame(int fd, uint64_t deadline) {
     std::vector<uint8_t> in(wire::kFrameHeaderBytes);
     recv_all(fd, in.data(), in.size(), deadline);
     const uint32_t body_len = uint32_t(in[20]) | uint32_t(in[21]) << 8 | uint32_t(in[22]) << 16 | uint32_t(in[23]) << 24;
     if (body_len > wire::kMaxFrameBytes) fail(SG_ERR_PROTOCOL, "bootstrap frame too large");
     in.resize(in.size() + body_len);
     recv_all(fd, in.data() + wire::kFrameHeaderBytes, body_len, deadline);
-    return decode_hello_frame(in);
+    return in;
+}
+
+template <class M> M recv_message(int fd, uint64_t deadline, wire::MsgType type, const char *what) {
+    std::vector<uint8_t> in = recv_frame(fd, deadline);
+    wire::FrameHeader h;
+    std::span<const uint8_t> body;
+    M m;
+    if (wire::decode_header(in, h, body) != wire::DecodeError::None || h.type != type ||
+        wire::decode(body, m) != wire::DecodeError::None)
+        fail(SG_ERR_PROTOCOL, std::string("bad ") + what + " during bootstrap");
+    return m;
+}
+
+// One Hello each way, then (both sides keyed) one proof each way over both Hellos, then one
+// verdict each way, so that a refusal is reported with the same status on both sides.
+wire::Hello exchange(int fd, const Context &ctx, uint64_t deadline) {
+    std::vector<uint8_t> out;
+    wire::encode(out, ctx.id, ctx.hello());
+    send_all(fd, out.data(), out.size(), deadline);
+    const std::vector<uint8_t> in = recv_frame(fd, deadline);
+    wire::Hello peer = decode_hello_frame(in);
+    check_auth_policy(ctx, peer);
+    if (ctx.key().empty()) return peer;
+    std::vector<uint8_t> frame;
+    wire::encode(frame, ctx.id, wire::AuthProof{auth::bootstrap_proof(ctx.key(), out, in)});
+    send_all(fd, frame.data(), frame.size(), deadline);
+    const auto proof = recv_message<wire::AuthProof>(fd, deadline, wire::MsgType::AuthProof, "AuthProof");
+    const bool ok = auth::mac_equal(proof.mac, auth::bootstrap_proof(ctx.key(), in, out));
+    frame.clear();
+    wire::encode(frame, ctx.id, wire::AuthResult{ok ? 1u : 0u});
+    send_all(fd, frame.data(), frame.size(), deadline);
+    if (!ok) fail(SG_ERR_AUTH_FAILED, "the peer's key proof does not match this context's key (the two sides hold different keys)");
+    const auto verdict = recv_message<wire::AuthResult>(fd, deadline, wire::MsgType::AuthResult, "AuthResult");
+    if (!verdict.accepted) fail(SG_ERR_AUTH_FAILED, "the peer rejected this context's key proof (the two sides hold different keys)");
+    return peer;
 }
 
 }  // namespace
@@ -155,17 +190,16 @@ std::unique_ptr<Listener> listen_on(Context *ctx, const char *addr, uint16_t por
     return l;
 }
 
-wire::Hello accept_hello(Listener &l, const wire::Hello &mine, uint64_t my_ctx, uint64_t timeout_ns) {
+wire::Hello accept_hello(Listener &l, const Context &ctx, uint64_t timeout_ns) {
     const uint64_t deadline = now_ns() + std::min<uint64_t>(timeout_ns, uint64_t(1) << 62);
     wait_fd(l.fd, POLLIN, deadline, "waiting for a peer to connect");
     Fd c;
     c.fd = ::accept4(l.fd, nullptr, nullptr, SOCK_CLOEXEC);
     if (c.fd < 0) fail(SG_ERR_CONNECT, errno_text("accept"));
-    return exchange(c.fd, mine, my_ctx, deadline);
+    return exchange(c.fd, ctx, deadline);
 }
 
-wire::Hello connect_hello(const char *addr, uint16_t port, const wire::Hello &mine, uint64_t my_ctx,
-                          uint64_t timeout_ns) {
+wire::Hello connect_hello(const char *addr, uint16_t port, const Context &ctx, uint64_t timeout_ns) {
     const uint64_t deadline = now_ns() + std::min<uint64_t>(timeout_ns, uint64_t(1) << 62);
     socklen_t len;
     sockaddr_storage ss = make_addr(addr, port, len);
@@ -182,10 +216,30 @@ wire::Hello connect_hello(const char *addr, uint16_t port, const wire::Hello &mi
     ::getsockopt(c.fd, SOL_SOCKET, SO_ERROR, &err, &elen);
     if (err)
         fail(SG_ERR_CONNECT, std::string("connect to ") + addr + ":" + std::to_string(port) + ": " + std::strerror(err));
-    return exchange(c.fd, mine, my_ctx, deadline);
+    return exchange(c.fd, ctx, deadline);
 }
 
-wire::Hello parse_metadata(std::span<const uint8_t> blob) { return decode_hello_frame(blob); }
+void check_auth_policy(const Context &ctx, const wire::Hello &peer) {
+    const bool peer_keyed = peer.auth == wire::AuthMode::HmacSha256;
+    if (!ctx.key().empty() && !peer_keyed)
+        fail(SG_ERR_AUTH_REQUIRED, "the peer has no authentication key and this context requires one");
+    if (ctx.key().empty() && peer_keyed)
+        fail(SG_ERR_AUTH_REQUIRED, "the peer requires authentication and this context has no key "
+                                   "(set auth_key or SG_AUTH_KEY_FILE)");
+}
+
+wire::Hello parse_metadata(const Context &ctx, std::span<const uint8_t> blob) {
+    wire::Hello peer = decode_hello_frame(blob);
+    check_auth_policy(ctx, peer);
+    if (ctx.key().empty()) return peer;
+    const size_t frame_len = wire::kFrameHeaderBytes + (size_t(blob[20]) | size_t(blob[21]) << 8 |
+                                                        size_t(blob[22]) << 16 | size_t(blob[23]) << 24);
+    if (blob.size() != frame_len + wire::kMacBytes)
+        fail(SG_ERR_AUTH_FAILED, "the metadata blob carries no signature");
+    if (!auth::mac_equal(blob.subspan(frame_len), auth::blob_mac(ctx.key(), blob.first(frame_len))))
+        fail(SG_ERR_AUTH_FAILED, "the metadata blob is not signed with this context's key");
+    return peer;
+}
 
 std::string read_boot_id() {
     std::ifstream f("/proc/sys/kernel/random/boot_id");

@@ -53,6 +53,15 @@ void StagingArea::release(transport::Transport *tp) noexcept {
 // ---------------------------------------------------------------------------------------------
 Context::Context(const sg_context_options_t &opt) : id(random_u64()), opt_(opt) {
     log = Logger(parse_log_level(std::getenv("SG_LOG_LEVEL"), opt.log_level), opt.log_fn, opt.log_user);
+    std::string key_warning;
+    key_ = auth::load_key(opt.auth_key, opt.auth_key_len, key_warning);
+    if (!key_warning.empty()) log.log(SG_LOG_WARN, key_warning);
+    if (key_.empty() && !opt.allow_unauthenticated)
+        fail(SG_ERR_AUTH_REQUIRED, "no authentication key: set options.auth_key or SG_AUTH_KEY_FILE, or set "
+                                   "options.allow_unauthenticated for a trusted network");
+    // The options struct outlives nothing; the key now lives only in key_.
+    opt_.auth_key = nullptr;
+    opt_.auth_key_len = 0;
     spin_us_ = opt.progress_spin_us;
     if (const char *s = std::getenv("SG_PROGRESS_SPIN_US")) spin_us_ = uint32_t(std::strtoul(s, nullptr, 10));
     max_ops_ = opt.max_ops_in_flight ? opt.max_ops_in_flight : 64;
@@ -153,12 +162,20 @@ wire::Hello Context::hello() const {
     h.boot_id = boot_id_;
     h.netns_inode = netns_;
     for (auto &t : transports) h.endpoints.push_back({t->caps().provider, t->local_address()});
+    if (!key_.empty()) {
+        h.auth = wire::AuthMode::HmacSha256;
+        h.nonce = auth::random_nonce();
+    }
     return h;
 }
 
 std::vector<uint8_t> Context::metadata() const {
     std::vector<uint8_t> out;
     wire::encode(out, id, hello());
+    if (!key_.empty()) {
+        const auth::Mac mac = auth::blob_mac(key_, out);
+        out.insert(out.end(), mac.begin(), mac.end());
+    }
     return out;
 }
 
@@ -278,7 +295,7 @@ void Context::check_timers_locked() {
 void Context::lose_session(Session &s, sg_status_t status, const std::string &why) {
     if (s.closed) return;
     s.closed = true;
-    counters.peers_lost++;
+    if (status == SG_ERR_PEER_LOST) counters.peers_lost++;
     signal_event();
     s.error = status;
     s.error_message = why;
@@ -295,7 +312,7 @@ void Context::schedule_locked() {
     // rxm answers EAGAIN while a connection is being set up, so queued control messages are retried
     // on every pass.
     for (auto &[peer_id, weak] : sessions_)
-        if (auto s = weak.lock(); s && !s->outbox.empty()) flush_outbox(*s);
+        if (auto s = weak.lock(); s && (!s->outbox.empty() || !s->auth_outbox.empty())) flush_outbox(*s);
     // Highest priority first; stable so equal priorities keep arrival order.
     std::stable_sort(active_.begin(), active_.end(),
                      [](const auto &a, const auto &b) { return a->options.priority > b->options.priority; });
@@ -343,19 +360,33 @@ void Context::send(Session &s, const std::vector<uint8_t> &frame, Transfer *t) {
     flush_outbox(s);
 }
 
+void Context::send_auth(Session &s, const std::vector<uint8_t> &frame) {
+    OpCookie *c = take_cookie();
+    c->kind = OpCookie::Kind::Send;
+    c->session = &s;
+    c->bytes.assign(frame.begin(), frame.end());
+    s.auth_outbox.push_back(c);
+    flush_outbox(s);
+}
+
 void Context::flush_outbox(Session &s) {
-    while (s.may_send && !s.outbox.empty()) {
-        OpCookie *c = s.outbox.front();
-        // Messages are small and the provider copies or registers them itself unless FI_MR_LOCAL.
-        int rc = s.tp->post_send(s.peer, c->bytes.data(), c->bytes.size(), nullptr, c);
-        if (rc == -EAGAIN) {
-            counters.retries++;
-            return;
+    // Sends the queue's head until the provider pushes back; false when it did.
+    auto drain = [&](std::deque<OpCookie *> &queue) {
+        while (!queue.empty()) {
+            OpCookie *c = queue.front();
+            // Messages are small and the provider copies or registers them itself unless FI_MR_LOCAL.
+            if (s.tp->post_send(s.peer, c->bytes.data(), c->bytes.size(), nullptr, c) == -EAGAIN) {
+                counters.retries++;
+                return false;
+            }
+            queue.pop_front();
+            s.last_sent_ns = now_ns();
+            counters.messages_sent++;
         }
-        s.outbox.pop_front();
-        s.last_sent_ns = now_ns();
-        counters.messages_sent++;
-    }
+        return true;
+    };
+    if (!s.may_send || !drain(s.auth_outbox)) return;
+    if (s.authenticated) drain(s.outbox);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -422,8 +453,19 @@ void Context::on_message(std::span<const uint8_t> bytes) {
         if (q.size() < 4096) q.emplace_back(bytes.begin(), bytes.end());
         return;
     }
+    const bool auth_frame = h.type == wire::MsgType::AuthChallenge || h.type == wire::MsgType::AuthProof ||
+                            h.type == wire::MsgType::AuthResult;
+    if (!s->authenticated && !auth_frame) {
+        // The peer proved itself to us already and spoke; its proof to us may still be on its way.
+        s->last_heard_ns = now_ns();
+        if (s->held_frames.size() < 4096) s->held_frames.emplace_back(bytes.begin(), bytes.end());
+        return;
+    }
     try {
-        handle(*s, h, body);
+        if (auth_frame)
+            handle_auth(*s, h, body);
+        else
+            handle(*s, h, body);
     } catch (const Error &err) {
         log.log(SG_LOG_WARN, "control message from peer rejected: " + err.message());
     }
@@ -607,6 +649,89 @@ void Context::handle(Session &s, const wire::FrameHeader &h, std::span<const uin
             return;
         }
         case wire::MsgType::Hello: return;  // only meaningful at bootstrap
+        case wire::MsgType::AuthChallenge:
+        case wire::MsgType::AuthProof:
+        case wire::MsgType::AuthResult: return;  // on_message routes them to handle_auth
+    }
+}
+
+// Fabric challenge-response of sessions made from metadata blobs: each side challenges with a fresh
+// nonce and answers the other's challenge; a side trusts the peer once the peer's answer checks.
+void Context::handle_auth(Session &s, const wire::FrameHeader &h, std::span<const uint8_t> body) {
+    s.last_heard_ns = now_ns();
+    counters.messages_received++;
+    if (!s.may_send) {
+        s.may_send = true;
+        flush_outbox(s);
+    }
+    if (s.closed || key_.empty()) return;
+    auto check = [](wire::DecodeError e, const char *what) {
+        if (e != wire::DecodeError::None) fail(SG_ERR_PROTOCOL, std::string(what) + ": " + wire::decode_error_str(e));
+    };
+    switch (h.type) {
+        case wire::MsgType::AuthChallenge: {
+            // Only sessions the host opened from a blob answer: a bootstrapped session proved itself
+            // already, and answering anyone would make this context an oracle.
+            if (s.auth_nonce.empty()) return;
+            wire::AuthChallenge m;
+            check(wire::decode(body, m), "AuthChallenge");
+            std::vector<uint8_t> out;
+            wire::encode(out, id, wire::AuthProof{auth::fabric_proof(key_, id, s.peer_ctx_id, m.nonce)});
+            send_auth(s, out);
+            return;
+        }
+        case wire::MsgType::AuthProof: {
+            if (s.authenticated || s.auth_nonce.empty()) return;
+            wire::AuthProof m;
+            check(wire::decode(body, m), "AuthProof");
+            const bool ok = auth::mac_equal(m.mac, auth::fabric_proof(key_, s.peer_ctx_id, id, s.auth_nonce));
+            std::vector<uint8_t> out;
+            wire::encode(out, id, wire::AuthResult{ok ? 1u : 0u});
+            send_auth(s, out);
+            if (!ok) {
+                counters.auth_failures++;
+                lose_session(s, SG_ERR_AUTH_FAILED,
+                             "the peer's key proof does not match this context's key (the two sides hold different keys)");
+                return;
+            }
+            s.authenticated = true;
+            log.log(SG_LOG_INFO, "session with peer " + std::to_string(s.peer_ctx_id) + " authenticated over the fabric");
+            flush_outbox(s);
+            auto held = std::move(s.held_frames);
+            s.held_frames.clear();
+            for (auto &f : held) on_message(f);
+            cv.notify_all();
+            signal_event();
+            return;
+        }
+        case wire::MsgType::AuthResult: {
+            wire::AuthResult m;
+            check(wire::decode(body, m), "AuthResult");
+            if (!m.accepted) {
+                counters.auth_failures++;
+                lose_session(s, SG_ERR_AUTH_FAILED,
+                             "the peer rejected this context's key proof (the two sides hold different keys)");
+            }
+            return;
+        }
+        default: return;
+    }
+}
+
+sg_status_t Context::wait_ready(Session &s, uint64_t timeout_ns) {
+    const uint64_t deadline = now_ns() + std::min<uint64_t>(timeout_ns, uint64_t(1) << 62);
+    std::unique_lock lock(mu);
+    for (;;) {
+        if (s.closed) fail(s.error ? s.error : SG_ERR_PEER_LOST, "session failed: " + s.error_message);
+        if (s.authenticated) return SG_OK;
+        const uint64_t now = now_ns();
+        if (now >= deadline) fail(SG_ERR_TIMEOUT, "the session is not authenticated yet");
+        if (progress_.joinable()) {
+            cv.wait_for(lock, std::chrono::nanoseconds(std::min<uint64_t>(deadline - now, 10000000)));
+        } else {
+            poll_locked();
+            schedule_locked();
+        }
     }
 }
 
@@ -668,7 +793,8 @@ Session::~Session() {
     if (tp) tp->remove_peer(peer);
 }
 
-std::shared_ptr<Session> Context::open_session(const wire::Hello &peer, const sg_session_options_t &opt) {
+std::shared_ptr<Session> Context::open_session(const wire::Hello &peer, const sg_session_options_t &opt,
+                                               bool authenticated) {
     if (peer.ctx_id == id) fail(SG_ERR_INVALID_ARGUMENT, "a context cannot open a session with itself");
     std::lock_guard lock(mu);
     auto it = sessions_.find(peer.ctx_id);
@@ -679,6 +805,13 @@ std::shared_ptr<Session> Context::open_session(const wire::Hello &peer, const sg
     counters.sessions_open++;
     s->may_send = id < peer.ctx_id;
     s->last_heard_ns = s->last_sent_ns = now_ns();
+    s->authenticated = authenticated || key_.empty();
+    if (!s->authenticated) {
+        s->auth_nonce = auth::random_nonce();
+        std::vector<uint8_t> challenge;
+        wire::encode(challenge, id, wire::AuthChallenge{s->auth_nonce});
+        send_auth(*s, challenge);
+    }
     // Tell the peer where our staging slots are; it may stage into them from now on.
     wire::HandleExport ex;
     ex.handle_id = kStagingHandleId;
@@ -1096,7 +1229,13 @@ bool Context::pump(Transfer &t, uint32_t quota) {
             if (!(t.cur_staged ? post_staged_chunk(t) : post_plain_op(t))) break;
             posted++;
         }
-        if (t.next_op < t.ops.size()) break;  // out of resources or of this turn's quota
+        if (t.next_op < t.ops.size()) {  // out of resources or of this turn's quota
+            const bool stalled = posted < quota && !may_post_bytes(*t.session, t.ops[t.next_op].len);
+            if (stalled && !t.stalled) counters.stalls++;
+            t.stalled = stalled;
+            break;
+        }
+        t.stalled = false;
         L.posted = true;
         maybe_send_notices(t);
         if (t.finished()) return posted > 0;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include "common/common.hpp"
+#include "core/auth.hpp"
 #include "kv/kv.hpp"
 #include "plan/plan.hpp"
 #include "transport/transport.hpp"
@@ -105,6 +106,13 @@ class Session {
     std::map<uint64_t, std::shared_ptr<Transfer>> expects;             // decode: by decode xfer id
     std::map<std::string, std::shared_ptr<Transfer>> posts;            // prefill: matched, by request id
     std::deque<OpCookie *> outbox;  // sends not yet accepted by the provider, kept in order
+    // Authentication. Sessions bootstrapped over TCP are proven before they exist; sessions made
+    // from metadata blobs prove themselves over the fabric first: until the peer's proof arrives,
+    // only auth messages leave (auth_outbox) and the peer's other frames wait in held_frames.
+    bool authenticated = true;
+    std::vector<uint8_t> auth_nonce;  // our challenge to the peer
+    std::deque<OpCookie *> auth_outbox;
+    std::deque<std::vector<uint8_t>> held_frames;
     // Only one side may open the fabric connection: when both RDM endpoints connect to each other at
     // once, tcp;ofi_rxm can lose both connections. The context with the lower id speaks first; the
     // other holds its outbox until it hears from the peer.
@@ -177,6 +185,7 @@ class Transfer {
     size_t next_op = 0;
     bool done_sent = false;
     bool canceled_locally = false;
+    bool stalled = false;  // waiting for the in-flight bounds (counted once per episode)
 
     // Decode side.
     bool done_received = false;
@@ -199,7 +208,12 @@ class Context : public transport::CompletionSink {
     // ---- API operations (each takes the lock itself) ----
     std::shared_ptr<KvPool> register_kv(const sg_kv_layout_t &layout);
     void deregister_kv(KvPool &pool);
-    std::shared_ptr<Session> open_session(const wire::Hello &peer, const sg_session_options_t &opt);
+    // authenticated: the peer proved the key during bootstrap (or neither side has one); false makes
+    // the session run the fabric challenge-response before anything else.
+    std::shared_ptr<Session> open_session(const wire::Hello &peer, const sg_session_options_t &opt, bool authenticated);
+    // Waits until the session is authenticated (SG_OK); throws its error when it failed, and
+    // SG_ERR_TIMEOUT when timeout_ns passed first.
+    sg_status_t wait_ready(Session &s, uint64_t timeout_ns);
     void export_kv(Session &s, KvPool &pool);
     void close_session(Session &s);
     std::shared_ptr<Transfer> expect(const std::shared_ptr<Session> &s, const char *request_id,
@@ -217,8 +231,11 @@ class Context : public transport::CompletionSink {
     int event_fd() const { return event_fd_; }
     void signal_event();
 
+    // A Hello with a fresh nonce (bootstrap) and the metadata blob: a Hello frame, followed by its
+    // HMAC when the context has a key.
     wire::Hello hello() const;
     std::vector<uint8_t> metadata() const;
+    const auth::Key &key() const { return key_; }
     void set_param(sg_param_t p, uint64_t v);
     uint64_t get_param(sg_param_t p) const;
 
@@ -245,6 +262,8 @@ class Context : public transport::CompletionSink {
     bool post_staged_chunk(Transfer &t);
     void maybe_send_notices(Transfer &t);
     void send(Session &s, const std::vector<uint8_t> &frame, Transfer *t = nullptr);
+    void send_auth(Session &s, const std::vector<uint8_t> &frame);
+    void handle_auth(Session &s, const wire::FrameHeader &h, std::span<const uint8_t> body);
     void flush_outbox(Session &s);
     void fail_transfer(Transfer &t, sg_status_t status, const std::string &message, bool tell_peer);
     void complete_if_done(Transfer &t);
@@ -261,6 +280,7 @@ class Context : public transport::CompletionSink {
     void wake();
 
     sg_context_options_t opt_{};
+    auth::Key key_;
     uint64_t staging_threshold_ = 256 * 1024;
     uint64_t staging_policy_ = SG_STAGING_AUTO;
     uint64_t max_op_bytes_ = 16ull << 20;
@@ -290,11 +310,14 @@ class Context : public transport::CompletionSink {
 
 // ---- bootstrap (bootstrap.cpp) ----
 std::unique_ptr<Listener> listen_on(Context *ctx, const char *addr, uint16_t port);
-// Accepts one peer and exchanges Hello frames; returns the peer's Hello.
-wire::Hello accept_hello(Listener &l, const wire::Hello &mine, uint64_t my_ctx, uint64_t timeout_ns);
-wire::Hello connect_hello(const char *addr, uint16_t port, const wire::Hello &mine, uint64_t my_ctx,
-                          uint64_t timeout_ns);
-wire::Hello parse_metadata(std::span<const uint8_t> blob);
+// Accepts one peer, exchanges Hello frames and, when the context has a key, proves it both ways
+// (SG_ERR_AUTH_FAILED / SG_ERR_AUTH_REQUIRED otherwise); returns the peer's Hello.
+wire::Hello accept_hello(Listener &l, const Context &ctx, uint64_t timeout_ns);
+wire::Hello connect_hello(const char *addr, uint16_t port, const Context &ctx, uint64_t timeout_ns);
+// Parses a peer's metadata blob and checks its signature against the context's key.
+wire::Hello parse_metadata(const Context &ctx, std::span<const uint8_t> blob);
+// Refuses a peer whose authentication mode does not match ours.
+void check_auth_policy(const Context &ctx, const wire::Hello &peer);
 std::string read_boot_id();
 uint64_t read_netns_inode();
 uint64_t random_u64();

@@ -5,7 +5,8 @@
 // with kOptionalBit set, which older decoders skip):
 //   Hello          1 proto_major u16, 2 proto_minor u16, 3 ctx_id u64, 4 boot_id bytes,
 //                  5 netns_inode u64, 6 endpoint (repeated, one per endpoint, in order), whose
-//                  value is itself a field sequence: 1 provider bytes, 2 address bytes
+//                  value is itself a field sequence: 1 provider bytes, 2 address bytes;
+//                  7 auth mode u32, 8 nonce bytes (32)
 //   HandleExport   1 handle_id u64, 2 num_layers u32, 3 num_kv_heads u32, 4 head_dim u32,
 //                  5 tokens_per_block u32, 6 num_blocks u64, 7 dtype u32, 8 packing u32,
 //                  9 block_order u32, 10 mem_kind u32, 11 block_stride_bytes u64,
@@ -22,6 +23,9 @@
 //   Bye            1 status i32
 //   Ping           1 sent_ns u64
 //   Notify         1 payload bytes (<= kMaxNotifyBytes)
+//   AuthChallenge  1 nonce bytes (32)
+//   AuthProof      1 mac bytes (32)
+//   AuthResult     1 accepted u32 (0 or 1)
 //
 // Every tag of v1.0 is required and must appear exactly once, Hello's endpoint excepted (0..n
 // times). Strings and packed arrays are required too but may be zero bytes long: requiring them
@@ -208,6 +212,8 @@ void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Hello &m) {
             bytes_field(out, 2, ep.address.data(), ep.address.size());
             end_field(out, at);
         }
+        int_field(out, 7, static_cast<uint32_t>(m.auth));
+        bytes_field(out, 8, m.nonce.data(), m.nonce.size());
     });
 }
 
@@ -308,6 +314,18 @@ void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Notify &m) {
                  [&] { bytes_field(out, 1, m.payload.data(), m.payload.size()); });
 }
 
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const AuthChallenge &m) {
+    encode_frame(out, sender_ctx, MsgType::AuthChallenge, [&] { bytes_field(out, 1, m.nonce.data(), m.nonce.size()); });
+}
+
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const AuthProof &m) {
+    encode_frame(out, sender_ctx, MsgType::AuthProof, [&] { bytes_field(out, 1, m.mac.data(), m.mac.size()); });
+}
+
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const AuthResult &m) {
+    encode_frame(out, sender_ctx, MsgType::AuthResult, [&] { int_field(out, 1, m.accepted); });
+}
+
 void append_raw_field(std::vector<uint8_t> &out, size_t frame_start, uint16_t tag, std::span<const uint8_t> value) {
     if (frame_start > out.size() || out.size() - frame_start < kFrameHeaderBytes)
         throw std::out_of_range("append_raw_field: no frame header at frame_start");
@@ -332,7 +350,7 @@ DecodeError decode_header(std::span<const uint8_t> frame, FrameHeader &hdr, std:
     hdr.sender_ctx = load<uint64_t>(p + 12);
     hdr.body_len = load<uint32_t>(p + 20);
     if (hdr.proto_major != kProtoMajor) return E::VersionMismatch;
-    if (type < static_cast<uint16_t>(MsgType::Hello) || type > static_cast<uint16_t>(MsgType::Notify))
+    if (type < static_cast<uint16_t>(MsgType::Hello) || type > static_cast<uint16_t>(MsgType::AuthResult))
         return E::UnknownType;
     hdr.type = static_cast<MsgType>(type);
     if (hdr.body_len > kMaxBodyBytes) return E::TooLarge;
@@ -343,7 +361,8 @@ DecodeError decode_header(std::span<const uint8_t> frame, FrameHeader &hdr, std:
 
 DecodeError decode(std::span<const uint8_t> body, Hello &m) {
     m.endpoints.clear();
-    return walk(body, {6, 1u << 6}, [&](uint16_t tag, Bytes v) {
+    uint32_t auth = 0;
+    const E e = walk(body, {8, 1u << 6}, [&](uint16_t tag, Bytes v) {
         switch (tag) {
         case 1: return get(v, m.proto_major);
         case 2: return get(v, m.proto_minor);
@@ -357,9 +376,16 @@ DecodeError decode(std::span<const uint8_t> body, Hello &m) {
                 return etag == 1 ? get(ev, ep.provider, kMaxNameBytes) : get(ev, ep.address, kMaxAddressBytes);
             });
         }
+        case 7: return get(v, auth);
+        // Empty when the sender has no key: nothing to bind.
+        case 8: return v.empty() || v.size() == kNonceBytes ? get(v, m.nonce, kNonceBytes) : E::BadValue;
         }
         return kUnreachable;
     });
+    if (e != E::None) return e;
+    if (auth > static_cast<uint32_t>(AuthMode::HmacSha256)) return E::BadValue;
+    m.auth = static_cast<AuthMode>(auth);
+    return E::None;
 }
 
 DecodeError decode(std::span<const uint8_t> body, HandleExport &m) {
@@ -471,6 +497,20 @@ DecodeError decode(std::span<const uint8_t> body, Ping &m) {
 
 DecodeError decode(std::span<const uint8_t> body, Notify &m) {
     return walk(body, {1}, [&](uint16_t, Bytes v) { return get(v, m.payload, kMaxNotifyBytes); });
+}
+
+DecodeError decode(std::span<const uint8_t> body, AuthChallenge &m) {
+    return walk(body, {1}, [&](uint16_t, Bytes v) { return v.size() == kNonceBytes ? get(v, m.nonce, kNonceBytes) : E::BadValue; });
+}
+
+DecodeError decode(std::span<const uint8_t> body, AuthProof &m) {
+    return walk(body, {1}, [&](uint16_t, Bytes v) { return v.size() == kMacBytes ? get(v, m.mac, kMacBytes) : E::BadValue; });
+}
+
+DecodeError decode(std::span<const uint8_t> body, AuthResult &m) {
+    const E e = walk(body, {1}, [&](uint16_t, Bytes v) { return get(v, m.accepted); });
+    if (e == E::None && m.accepted > 1) return E::BadValue;
+    return e;
 }
 
 }  // namespace sg::wire

@@ -38,7 +38,14 @@ enum class MsgType : uint16_t {
     Bye = 10,          // graceful close of the session
     Ping = 11,         // liveness: sent when a session has been quiet, so silence means loss
     Notify = 12,       // an application's own small message (first token, positions, ids)
+    AuthChallenge = 13,  // a fresh nonce the peer must prove key possession against
+    AuthProof = 14,      // HMAC over the transcript, answering a challenge
+    AuthResult = 15,     // whether the sender accepted the peer's proof
 };
+
+inline constexpr size_t kNonceBytes = 32;
+inline constexpr size_t kMacBytes = 32;  // HMAC-SHA256
+enum class AuthMode : uint32_t { None = 0, HmacSha256 = 1 };
 
 inline constexpr size_t kMaxNotifyBytes = 4096;
 
@@ -75,6 +82,8 @@ struct Hello {
         std::vector<uint8_t> address;     // fi_getname() bytes
     };
     std::vector<Endpoint> endpoints;      // one per provider the context opened
+    AuthMode auth = AuthMode::None;       // what the sender requires of its peers
+    std::vector<uint8_t> nonce;           // kNonceBytes, fresh per bootstrap (binds the proofs)
 };
 
 struct Region {
@@ -158,6 +167,18 @@ struct Notify {
     std::vector<uint8_t> payload;  // at most kMaxNotifyBytes
 };
 
+struct AuthChallenge {
+    std::vector<uint8_t> nonce;  // kNonceBytes
+};
+
+struct AuthProof {
+    std::vector<uint8_t> mac;  // kMacBytes
+};
+
+struct AuthResult {
+    uint32_t accepted = 0;  // 1: the peer's proof matched our key
+};
+
 // Encoding appends one whole frame (header + body) to out.
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Hello &m);
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const HandleExport &m);
@@ -170,6 +191,9 @@ void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const TransferError 
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Bye &m);
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Ping &m);
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Notify &m);
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const AuthChallenge &m);
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const AuthProof &m);
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const AuthResult &m);
 
 // Parses the frame header and checks magic, major version and that body_len fits in `frame`.
 // On success `body` is the body's bytes (a view into frame).
@@ -187,6 +211,9 @@ DecodeError decode(std::span<const uint8_t> body, TransferError &m);
 DecodeError decode(std::span<const uint8_t> body, Bye &m);
 DecodeError decode(std::span<const uint8_t> body, Ping &m);
 DecodeError decode(std::span<const uint8_t> body, Notify &m);
+DecodeError decode(std::span<const uint8_t> body, AuthChallenge &m);
+DecodeError decode(std::span<const uint8_t> body, AuthProof &m);
+DecodeError decode(std::span<const uint8_t> body, AuthResult &m);
 
 // For tests of forward compatibility: appends a field with an arbitrary tag to the last frame in
 // `out` (fixing its body_len), as a newer peer would.

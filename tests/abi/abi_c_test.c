@@ -10,6 +10,8 @@
  */
 #include <smartgen/smartgen.h>
 
+#include "../test_key.h"
+
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -88,6 +90,8 @@ static const struct {
     STATUS_ROW(SG_ERR_DEADLINE, -203),
     STATUS_ROW(SG_ERR_CONNECT, -204),
     STATUS_ROW(SG_ERR_REMOTE, -205),
+    STATUS_ROW(SG_ERR_AUTH_FAILED, -206),
+    STATUS_ROW(SG_ERR_AUTH_REQUIRED, -207),
     STATUS_ROW(SG_ERR_UNSUPPORTED, -300),
     STATUS_ROW(SG_ERR_NO_PROVIDER, -301),
     STATUS_ROW(SG_ERR_INTERNAL, -399),
@@ -238,6 +242,7 @@ static sg_status_t make_context(sg_context_t *ctx)
 
     sg_context_options_init(&opts);
     opts.progress_thread = true;
+    SG_TEST_USE_KEY(opts);
     sg_error_info_init(&err);
     return sg_context_create(&opts, ctx, &err);
 }
@@ -319,6 +324,33 @@ static void test_kv_handles(void)
     CHECK_STATUS(sg_context_destroy(ctx), SG_OK, "sg_context_destroy after the KV tests");
 }
 
+/* Authentication is mandatory unless waived, and a key is at least 32 bytes. */
+static void test_auth_options(void)
+{
+    sg_context_options_t opts;
+    sg_error_info_t err;
+    sg_context_t ctx = NULL;
+
+    sg_context_options_init(&opts);
+    CHECK(opts.auth_key == NULL && opts.auth_key_len == 0 && !opts.allow_unauthenticated,
+          "sg_context_options_init: no key, authentication required");
+    sg_error_info_init(&err);
+    CHECK_STATUS(sg_context_create(&opts, &ctx, &err), SG_ERR_AUTH_REQUIRED, "sg_context_create without a key");
+    CHECK(ctx == NULL, "no context is written on SG_ERR_AUTH_REQUIRED");
+    opts.auth_key = "0123456789abcdef0123456789abcde"; /* 31 bytes */
+    opts.auth_key_len = 31;
+    CHECK_STATUS(sg_context_create(&opts, &ctx, &err), SG_ERR_INVALID_ARGUMENT, "sg_context_create with a 31-byte key");
+    opts.auth_key_len = 32;
+    opts.auth_key = "0123456789abcdef0123456789abcdef";
+    CHECK_STATUS(sg_context_create(&opts, &ctx, &err), SG_OK, "sg_context_create with a 32-byte key");
+    CHECK_STATUS(sg_context_destroy(ctx), SG_OK, "sg_context_destroy of the keyed context");
+    sg_context_options_init(&opts);
+    opts.allow_unauthenticated = true;
+    ctx = NULL;
+    CHECK_STATUS(sg_context_create(&opts, &ctx, &err), SG_OK, "sg_context_create with allow_unauthenticated");
+    CHECK_STATUS(sg_context_destroy(ctx), SG_OK, "sg_context_destroy of the unauthenticated context");
+}
+
 static void test_version_mismatch(void)
 {
     sg_context_options_t opts;
@@ -382,6 +414,7 @@ int main(void)
     test_context_handles();
     test_kv_handles();
     test_version_mismatch();
+    test_auth_options();
     test_params();
 
     printf("%d passed, %d failed\n", g_passed, g_failed);

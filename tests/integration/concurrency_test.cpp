@@ -3,6 +3,8 @@
 // under ThreadSanitizer by the tsan preset.
 #include <smartgen/smartgen.h>
 
+#include "../test_key.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -48,6 +50,7 @@ sg_context_t make(void) {
     sg_context_options_t o;
     sg_context_options_init(&o);
     o.provider = "tcp";
+    SG_TEST_USE_KEY(o);
     sg_context_t c = nullptr;
     EXPECT_EQ(sg_context_create(&o, &c, nullptr), SG_OK) << sg_last_error_message();
     return c;

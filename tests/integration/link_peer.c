@@ -7,6 +7,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include <smartgen/smartgen.h>
 
+#include "../test_key.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +43,7 @@ int main(int argc, char **argv) {
     sg_context_options_init(&o);
     o.provider = "tcp";
     o.local_addr = argv[2];
+    SG_TEST_USE_KEY(o);
     sg_context_t ctx;
     CHECK(sg_context_create(&o, &ctx, NULL), "context");
 

@@ -4,6 +4,8 @@
 
 #include <smartgen/smartgen.h>
 
+#include "../test_key.h"
+
 #include <gtest/gtest.h>
 
 #include <csignal>
@@ -35,6 +37,7 @@ inline sg_context_t make_context(const char *provider) {
     sg_context_options_t o;
     sg_context_options_init(&o);
     o.provider = provider;
+    SG_TEST_USE_KEY(o);
     sg_context_t ctx = nullptr;
     sg_error_info_t err;
     sg_error_info_init(&err);

@@ -3,6 +3,8 @@
 // byte moves, timeouts, cancel, host-driven progress.
 #include <smartgen/smartgen.h>
 
+#include "../test_key.h"
+
 #include <gtest/gtest.h>
 
 #include <poll.h>
@@ -28,6 +30,7 @@ struct Ctx {
         sg_context_options_init(&o);
         o.provider = provider;
         o.progress_thread = progress_thread;
+        SG_TEST_USE_KEY(o);
         EXPECT_EQ(sg_context_create(&o, &h, nullptr), SG_OK) << sg_last_error_message();
     }
     ~Ctx() { EXPECT_EQ(sg_context_destroy(h), SG_OK); }
@@ -350,6 +353,7 @@ TEST_P(RdmaProvider, MovesAPoolWhenADeviceIsPresent) {
     sg_context_options_t o;
     sg_context_options_init(&o);
     o.provider = GetParam();
+    SG_TEST_USE_KEY(o);
     sg_context_t a = nullptr;
     sg_error_info_t err;
     sg_error_info_init(&err);
@@ -508,6 +512,7 @@ TEST(Session, FullQueueAnswersAgainAndSmallBoundsStillMoveData) {
     o.max_transfers_per_session = 2;
     o.max_bytes_in_flight = 8192;
     o.max_session_bytes_in_flight = 4096;
+    SG_TEST_USE_KEY(o);
     sg_context_t a = nullptr, b = nullptr;
     ASSERT_EQ(sg_context_create(&o, &a, nullptr), SG_OK);
     ASSERT_EQ(sg_context_create(&o, &b, nullptr), SG_OK);

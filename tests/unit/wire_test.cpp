@@ -26,8 +26,8 @@ static bool operator==(const Region &a, const Region &b) { return tie(a) == tie(
 static bool operator==(const Segment &a, const Segment &b) { return tie(a) == tie(b); }
 static bool operator==(const LayoutDesc &a, const LayoutDesc &b) { return tie(a) == tie(b); }
 static bool operator==(const Hello &a, const Hello &b) {
-    return std::tie(a.proto_major, a.proto_minor, a.ctx_id, a.boot_id, a.netns_inode, a.endpoints) ==
-           std::tie(b.proto_major, b.proto_minor, b.ctx_id, b.boot_id, b.netns_inode, b.endpoints);
+    return std::tie(a.proto_major, a.proto_minor, a.ctx_id, a.boot_id, a.netns_inode, a.endpoints, a.auth, a.nonce) ==
+           std::tie(b.proto_major, b.proto_minor, b.ctx_id, b.boot_id, b.netns_inode, b.endpoints, b.auth, b.nonce);
 }
 static bool operator==(const HandleExport &a, const HandleExport &b) {
     return std::tie(a.handle_id, a.layout, a.regions_per_layer, a.regions) ==
@@ -76,6 +76,8 @@ Hello sample_hello() {
     m.endpoints.push_back({"tcp;ofi_rxm", {0x02, 0x00, 0x1f, 0x90, 0x7f, 0x00, 0x00, 0x01}});
     m.endpoints.push_back({"shm", {}});
     m.endpoints.push_back({"", {0x00, 0xff, 0x00}});
+    m.auth = AuthMode::HmacSha256;
+    for (size_t i = 0; i < kNonceBytes; ++i) m.nonce.push_back(uint8_t(i * 7 + 1));
     return m;
 }
 
@@ -137,6 +139,9 @@ std::vector<Buf> corpus() {
     add([](Buf &b) { encode(b, kCtx, Bye{-1}); });
     add([](Buf &b) { encode(b, kCtx, Ping{123456789}); });
     add([](Buf &b) { encode(b, kCtx, Notify{{1, 2, 3, 4, 5}}); });
+    add([](Buf &b) { encode(b, kCtx, AuthChallenge{std::vector<uint8_t>(kNonceBytes, 0x5a)}); });
+    add([](Buf &b) { encode(b, kCtx, AuthProof{std::vector<uint8_t>(kMacBytes, 0xa5)}); });
+    add([](Buf &b) { encode(b, kCtx, AuthResult{1}); });
     return frames;
 }
 
@@ -158,6 +163,9 @@ DecodeError decode_frame(Bytes frame) {
     case MsgType::Bye: { Bye m; return decode(body, m); }
     case MsgType::Ping: { Ping m; return decode(body, m); }
     case MsgType::Notify: { Notify m; return decode(body, m); }
+    case MsgType::AuthChallenge: { AuthChallenge m; return decode(body, m); }
+    case MsgType::AuthProof: { AuthProof m; return decode(body, m); }
+    case MsgType::AuthResult: { AuthResult m; return decode(body, m); }
     }
     return E::UnknownType;
 }
@@ -165,10 +173,11 @@ DecodeError decode_frame(Bytes frame) {
 // Runs every body decoder on the same bytes, whatever they are.
 void decode_as_every_type(Bytes body) {
     Hello a; HandleExport b; Expect c; LayerReady d; StagedChunk e; StagingCredit f; TransferDone g;
-    TransferError h; Bye i; Ping j; Notify k;
+    TransferError h; Bye i; Ping j; Notify k; AuthChallenge l; AuthProof m; AuthResult n;
     (void)decode(body, a); (void)decode(body, b); (void)decode(body, c); (void)decode(body, d);
     (void)decode(body, e); (void)decode(body, f); (void)decode(body, g); (void)decode(body, h);
-    (void)decode(body, i); (void)decode(body, j); (void)decode(body, k);
+    (void)decode(body, i); (void)decode(body, j); (void)decode(body, k); (void)decode(body, l);
+    (void)decode(body, m); (void)decode(body, n);
 }
 
 // An exact-size heap copy, so that reading one byte past the end trips AddressSanitizer.
@@ -260,6 +269,39 @@ TEST(WireRoundTrip, SmallMessages) {
     EXPECT_EQ(round_trip(Ping{0xfedcba9876543210ull}).sent_ns, 0xfedcba9876543210ull);
     const std::vector<uint8_t> note(4096, 0x5a);
     EXPECT_EQ(round_trip(Notify{note}).payload, note);
+}
+
+TEST(WireRoundTrip, AuthMessages) {
+    const std::vector<uint8_t> nonce(kNonceBytes, 0x11), mac(kMacBytes, 0x22);
+    EXPECT_EQ(round_trip(AuthChallenge{nonce}).nonce, nonce);
+    EXPECT_EQ(round_trip(AuthProof{mac}).mac, mac);
+    EXPECT_EQ(round_trip(AuthResult{1}).accepted, 1u);
+    EXPECT_EQ(round_trip(AuthResult{0}).accepted, 0u);
+    // A nonce or MAC of another length is refused rather than padded or cut.
+    for (size_t n : {size_t(0), size_t(31), size_t(33)}) {
+        Buf b;
+        encode(b, kCtx, AuthProof{std::vector<uint8_t>(n, 1)});
+        FrameHeader h;
+        Bytes body;
+        ASSERT_EQ(decode_header(b, h, body), E::None);
+        AuthProof p;
+        EXPECT_EQ(decode(body, p), E::BadValue) << n;
+    }
+    Buf b;
+    encode(b, kCtx, AuthResult{2});
+    FrameHeader h;
+    Bytes body;
+    ASSERT_EQ(decode_header(b, h, body), E::None);
+    AuthResult r;
+    EXPECT_EQ(decode(body, r), E::BadValue);
+    // A Hello's nonce is empty (no key) or exactly 32 bytes.
+    Hello hello = sample_hello();
+    hello.nonce.resize(16);
+    Buf hb;
+    encode(hb, kCtx, hello);
+    ASSERT_EQ(decode_header(hb, h, body), E::None);
+    Hello back;
+    EXPECT_EQ(decode(body, back), E::BadValue);
 }
 
 TEST(WireRoundTrip, CancelAndErrorShareABody) {
@@ -387,7 +429,7 @@ TEST(WireHeader, UnknownType) {
     encode(buf, kCtx, Bye{});
     FrameHeader h;
     Bytes body;
-    for (uint16_t t : {0, 13, 0x100, 0xffff}) {
+    for (uint16_t t : {0, 16, 0x100, 0xffff}) {
         buf[8] = static_cast<uint8_t>(t);
         buf[9] = static_cast<uint8_t>(t >> 8);
         EXPECT_EQ(decode_header(buf, h, body), E::UnknownType) << t;
@@ -558,7 +600,7 @@ TEST(WireFields, HelloEndpointsAreBounded) {
 }
 
 TEST(WireFields, EndpointFieldsFollowTheSameRules) {
-    const Buf base = Body{}.num(1, 1, 2).num(2, 0, 2).num(3, 5, 8).raw(4, {}).num(5, 6, 8).b;
+    const Buf base = Body{}.num(1, 1, 2).num(2, 0, 2).num(3, 5, 8).raw(4, {}).num(5, 6, 8).num(7, 0, 4).raw(8, {}).b;
     auto with_endpoint = [&](const Buf &ep) {
         Buf b = base;
         Body::le(6, 2, b);
