@@ -818,6 +818,14 @@ SG_API sg_status_t sg_transfer_cancel(sg_transfer_t h) {
     });
 }
 
+SG_API sg_status_t sg_transfer_wait_quiesced(sg_transfer_t h, uint64_t timeout_ns) {
+    return guard(nullptr, [&] {
+        auto t = lookup(transfers(), raw(h), "transfer");
+        t->ctx->wait_quiesced(*t, timeout_ns);
+        return SG_OK;
+    });
+}
+
 SG_API sg_status_t sg_transfer_release(sg_transfer_t h) {
     return guard(nullptr, [&] {
         if (!h) return SG_OK;

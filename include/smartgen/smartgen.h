@@ -620,12 +620,25 @@ SG_API sg_status_t sg_transfer_stats(sg_transfer_t xfer, sg_transfer_stats_t *ou
  * expect call, and layers count as written at once); 0 while not ready. Since 0.1. */
 SG_API sg_status_t sg_transfer_layer_time(sg_transfer_t xfer, uint32_t layer, uint64_t *ns);
 
-/* Cancels the transfer on this side and tells the peer; its status becomes SG_ERR_CANCELED unless it
- * had already completed. Operations already posted finish before release returns. Since 0.1. */
+/* Cancels the transfer on this side and tells the peer, whose transfer of the same request fails
+ * with SG_ERR_CANCELED too (also when the peer expects or posts the request id only later); its
+ * status becomes SG_ERR_CANCELED unless it had already completed. Returns at once: the blocks may be
+ * reused only once the transfer is quiesced (sg_transfer_wait_quiesced). Since 0.1. */
 SG_API sg_status_t sg_transfer_cancel(sg_transfer_t xfer);
 
-/* Releases a transfer handle. An incomplete transfer is canceled first; release returns once no
- * operation of it is in flight. NULL accepted. Since 0.1. */
+/* Waits until the transfer is quiesced: it has finished (completed, failed, canceled, missed its
+ * deadline or lost its peer), no operation of it is in flight on this side, and — decode side — the
+ * peer can no longer write into its blocks (the peer confirmed that its writes stopped, or the
+ * session is lost and its memory registrations are closed). From then on the transfer's blocks may
+ * be reused. Returns SG_OK; SG_ERR_TIMEOUT (still running, or the confirmation has not come);
+ * SG_ERR_INVALID_HANDLE. Thread-safe. Since 0.1. */
+SG_API sg_status_t sg_transfer_wait_quiesced(sg_transfer_t xfer, uint64_t timeout_ns);
+
+/* Releases a transfer handle. An incomplete transfer is canceled first; release then waits until
+ * the transfer is quiesced (see sg_transfer_wait_quiesced). A peer that stays silent is lost after
+ * peer_timeout_ms; one that answers but never confirms is, after twice that, treated as broken and
+ * its session fails with SG_ERR_PROTOCOL (its registrations closed), so release always returns.
+ * NULL accepted. Since 0.1. */
 SG_API sg_status_t sg_transfer_release(sg_transfer_t xfer);
 
 #ifdef __cplusplus

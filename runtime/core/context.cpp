@@ -265,6 +265,7 @@ void Context::check_timers_locked() {
     next_timer_check_ns_ = now + 10000000;
     for (auto &[peer_id, weak] : sessions_) {
         auto s = weak.lock();
+        if (s && s->closed && !s->regs_dropped) drop_registrations(*s);
         if (!s || s->closed) continue;
         if (now - s->last_heard_ns > peer_timeout_ns_) {
             lose_session(*s, SG_ERR_PEER_LOST,
@@ -304,6 +305,7 @@ void Context::lose_session(Session &s, sg_status_t status, const std::string &wh
     for (auto &[k, t] : s.expects) fail_transfer(*t, status, why, false);
     for (auto &[k, t] : s.posts) fail_transfer(*t, status, why, false);
     for (auto &[k, t] : s.unmatched_posts) fail_transfer(*t, status, why, false);
+    drop_registrations(s);
     cv.notify_all();
 }
 
@@ -431,9 +433,11 @@ void Context::on_complete(void *cookie, int status, const char *error_text) {
             }
             maybe_send_notices(*t);
         }
+        if (t->finished()) maybe_send_quiesced(*t);
     } else if (status && !connection_broke) {
         log.log(SG_LOG_WARN, std::string("control message failed: ") + (error_text ? error_text : ""));
     }
+    if (c->session && c->session->closed && !c->session->regs_dropped) drop_registrations(*c->session);
     if (c->kind == OpCookie::Kind::StagedWrite && c->session) c->session->free_send_slots |= 1u << c->staging_slot;
     give_cookie(c);
 }
@@ -523,10 +527,11 @@ void Context::handle(Session &s, const wire::FrameHeader &h, std::span<const uin
                 e.decode_xfer_id = m.decode_xfer_id;
                 e.status = c->second.first;
                 e.message = c->second.second;
-                s.canceled_unmatched.erase(c);
+                e.from_post_side = 1;
                 std::vector<uint8_t> out;
                 wire::encode(out, id, e, e.status == SG_ERR_CANCELED ? wire::MsgType::Cancel : wire::MsgType::Error);
                 send(s, out);
+                send_quiesced(s, m.decode_xfer_id);
                 return;
             }
             auto p = s.unmatched_posts.find(m.request_id);
@@ -603,7 +608,41 @@ void Context::handle(Session &s, const wire::FrameHeader &h, std::span<const uin
             auto it = s.expects.find(m.decode_xfer_id);
             if (it == s.expects.end()) return;
             it->second->done_received = true;
+            it->second->quiesced = true;  // every write completed before the peer sent this
             complete_if_done(*it->second);
+            cv.notify_all();
+            return;
+        }
+        case wire::MsgType::Quiesced: {
+            wire::Quiesced m;
+            check(wire::decode(body, m), "Quiesced");
+            auto it = s.expects.find(m.decode_xfer_id);
+            if (it == s.expects.end()) return;
+            it->second->quiesced = true;
+            signal_event();
+            cv.notify_all();
+            return;
+        }
+        case wire::MsgType::CancelAck: {
+            wire::CancelAck m;
+            check(wire::decode(body, m), "CancelAck");
+            s.canceled_unmatched.erase(m.request_id);
+            if (m.recorded) {
+                if (s.unmatched_posts.count(m.request_id) || s.posts.count(m.request_id)) {
+                    // Posted again before the acknowledgement came: lift the remembered cancel now.
+                    std::vector<uint8_t> out;
+                    wire::encode(out, id, wire::Reposted{m.request_id});
+                    send(s, out);
+                } else if (s.repost_needed.size() < 65536) {
+                    s.repost_needed.insert(m.request_id);
+                }
+            }
+            return;
+        }
+        case wire::MsgType::Reposted: {
+            wire::Reposted m;
+            check(wire::decode(body, m), "Reposted");
+            s.peer_canceled.erase(m.request_id);
             return;
         }
         case wire::MsgType::Cancel:
@@ -614,17 +653,43 @@ void Context::handle(Session &s, const wire::FrameHeader &h, std::span<const uin
             if (st >= 0) st = SG_ERR_REMOTE;
             const std::string why = std::string(h.type == wire::MsgType::Cancel ? "peer canceled" : "peer failed") +
                                     " the transfer: " + m.message;
-            if (m.decode_xfer_id) {
-                auto it = s.expects.find(m.decode_xfer_id);
-                if (it != s.expects.end()) fail_transfer(*it->second, st, why, false);
-            } else {
-                // The post side gave up before it knew our id: match by request id.
+            if (m.from_post_side) {
+                // We expect: the prefill side gave up. Its Quiesced (or, for a cancel before the
+                // match, the answer to our Expect) tells us when its writes have stopped.
+                if (m.decode_xfer_id) {
+                    auto it = s.expects.find(m.decode_xfer_id);
+                    if (it != s.expects.end()) fail_transfer(*it->second, st, why, false);
+                    return;
+                }
+                // It gave up before it knew our id: match by request id, and acknowledge so that
+                // it knows which of our Expects were sent before we heard of this.
+                bool any = false;
                 for (auto &[k, t] : s.expects)
-                    if (t->request_id == m.request_id && !t->finished()) fail_transfer(*t, st, why, false);
+                    if (t->request_id == m.request_id && !t->finished()) {
+                        fail_transfer(*t, st, why, false);
+                        any = true;
+                    }
+                wire::CancelAck ack;
+                ack.request_id = m.request_id;
+                if (!any && s.peer_canceled.size() < 65536) {
+                    s.peer_canceled[m.request_id] = {st, why};
+                    ack.recorded = 1;
+                }
+                std::vector<uint8_t> out;
+                wire::encode(out, id, ack);
+                send(s, out);
+                return;
             }
+            // We post: the decode side withdrew its Expect. Answer Quiesced once nothing of ours
+            // can still land in its blocks.
             auto p = s.posts.find(m.request_id);
-            if (p != s.posts.end()) fail_transfer(*p->second, st, why, false);
-            s.unmatched_expects.erase(m.request_id);
+            if (p != s.posts.end() && p->second->id == m.decode_xfer_id && !p->second->is_quiesced()) {
+                fail_transfer(*p->second, st, why, false);  // Quiesced follows from maybe_send_quiesced
+                if (p->second->status != SG_OK) return;
+            }
+            auto u = s.unmatched_expects.find(m.request_id);
+            if (u != s.unmatched_expects.end() && u->second.decode_xfer_id == m.decode_xfer_id) s.unmatched_expects.erase(u);
+            send_quiesced(s, m.decode_xfer_id);
             return;
         }
         case wire::MsgType::Bye:
@@ -943,6 +1008,14 @@ std::shared_ptr<Transfer> Context::expect(const std::shared_ptr<Session> &s, con
     t->id = next_xfer_id_++;
     t->stats.start_ns = now_ns();
     if (opt.deadline_ns) t->deadline_abs_ns = t->stats.start_ns + opt.deadline_ns;
+    if (auto c = s->peer_canceled.find(rid); c != s->peer_canceled.end()) {
+        // The prefill side canceled this request before we expected it: nothing will be sent.
+        s->expects[t->id] = t;
+        fail_transfer(*t, c->second.first, c->second.second, false);
+        t->quiesced = true;
+        s->peer_canceled.erase(c);
+        return t;
+    }
     s->expects[t->id] = t;
     wire::Expect m;
     m.request_id = rid;
@@ -990,7 +1063,12 @@ std::shared_ptr<Transfer> Context::post(const std::shared_ptr<Session> &s, const
     if (s->unfinished() >= max_transfers_per_session_)
         fail(SG_ERR_AGAIN, "the session has " + std::to_string(max_transfers_per_session_) +
                                " unfinished transfers (max_transfers_per_session); retry after some finish");
-    s->canceled_unmatched.erase(rid);  // a new post of the id supersedes an earlier cancel
+    if (s->repost_needed.erase(rid)) {
+        // The decode side remembers that the id was canceled; this post is a new request.
+        std::vector<uint8_t> out;
+        wire::encode(out, id, wire::Reposted{rid});
+        send(*s, out);
+    }
     auto t = std::make_shared<Transfer>(this, s, true, rid, pool, table, num_tokens, opt);
     t->order = std::move(order);
     t->src_reg = &s->local_regs.at(pool->id);  // map nodes are stable for the session's life
@@ -1345,11 +1423,62 @@ void Context::fail_transfer(Transfer &t, sg_status_t status, const std::string &
         m.decode_xfer_id = t.id;
         m.status = status;
         m.message = message;
+        m.from_post_side = t.post_side ? 1 : 0;
         std::vector<uint8_t> out;
         wire::encode(out, id, m, status == SG_ERR_CANCELED ? wire::MsgType::Cancel : wire::MsgType::Error);
         send(*t.session, out);
     }
+    maybe_send_quiesced(t);
     cv.notify_all();
+}
+
+void Context::send_quiesced(Session &s, uint64_t decode_xfer_id) {
+    std::vector<uint8_t> out;
+    wire::encode(out, id, wire::Quiesced{decode_xfer_id});
+    send(s, out);
+}
+
+// Prefill: after a transfer that answered an Expect failed, tell the decode side once its last
+// write completed.
+void Context::maybe_send_quiesced(Transfer &t) {
+    if (!t.post_side || !t.id || !t.finished() || t.status == SG_OK || t.inflight || t.quiesce_sent) return;
+    t.quiesce_sent = true;
+    send_quiesced(*t.session, t.id);
+}
+
+bool Transfer::is_quiesced() const {
+    if (!finished()) return false;
+    if (post_side) return inflight == 0;
+    // A lost session's registrations are closed (drop_registrations), so nothing can land.
+    return quiesced || session->closed;
+}
+
+void Context::wait_quiesced(Transfer &t, uint64_t timeout_ns) {
+    const uint64_t deadline = now_ns() + std::min<uint64_t>(timeout_ns, uint64_t(1) << 62);
+    std::unique_lock lock(mu);
+    while (!t.is_quiesced()) {
+        const uint64_t now = now_ns();
+        if (now >= deadline)
+            fail(SG_ERR_TIMEOUT, t.finished() ? "the peer has not confirmed that its writes stopped"
+                                              : "the transfer is still in progress");
+        if (progress_.joinable()) {
+            cv.wait_for(lock, std::chrono::nanoseconds(std::min<uint64_t>(deadline - now, 10000000)));
+        } else {
+            poll_locked();
+            schedule_locked();
+        }
+    }
+}
+
+// Closes a lost session's registrations as soon as none of our writes uses them, so a peer that
+// is only silent, not gone, cannot write into our blocks any more.
+void Context::drop_registrations(Session &s) {
+    if (s.regs_dropped || s.bytes_inflight) return;
+    for (auto &[pool_id, reg] : s.local_regs) {
+        for (auto &r : reg.regions) s.tp->deregister(r);
+        reg.regions.clear();
+    }
+    s.regs_dropped = true;
 }
 
 sg_status_t Context::wait(Transfer &t, int64_t layer, uint64_t timeout_ns) {
@@ -1387,16 +1516,21 @@ void Context::cancel(Transfer &t, sg_status_t why, const std::string &message) {
 void Context::release(Transfer &t) {
     std::unique_lock lock(mu);
     if (!t.finished()) fail_transfer(t, SG_ERR_CANCELED, "released before completion", true);
-    // Quiesce: no operation of this transfer may still reference its cookies or memory.
-    const uint64_t deadline = now_ns() + 5000000000ull;
-    while (t.inflight && now_ns() < deadline) {
+    // Quiesce: no operation of ours may still reference the transfer, and on the decode side the
+    // peer must have confirmed that its writes stopped. A silent peer is lost after
+    // peer_timeout_ms anyway; one that keeps talking but never confirms is treated as broken.
+    const uint64_t deadline = now_ns() + std::max<uint64_t>(5000000000ull, 2 * peer_timeout_ns_ + 1000000000ull);
+    while (!t.is_quiesced() && now_ns() < deadline) {
         if (progress_.joinable()) {
             cv.wait_for(lock, std::chrono::milliseconds(1));
         } else {
             poll_locked();
-            flush_outbox(*t.session);
+            schedule_locked();
         }
     }
+    if (!t.post_side && !t.is_quiesced())
+        lose_session(*t.session, SG_ERR_PROTOCOL,
+                     "the peer did not confirm that its writes for '" + t.request_id + "' stopped");
     Session &s = *t.session;
     if (t.inflight) {
         // Completions still name this transfer: keep it alive until the context goes away rather

@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -101,8 +102,13 @@ class Session {
     std::map<uint64_t, RemotePool> remote_pools;      // peer's pool id -> descriptor
     std::map<std::string, std::shared_ptr<Transfer>> unmatched_posts;  // prefill: waiting for Expect
     std::map<std::string, wire::Expect> unmatched_expects;             // prefill: waiting for post
-    // prefill: posts canceled before their Expect arrived; that Expect is answered with a Cancel.
+    // prefill: posts canceled before their Expect arrived. Until the decode side acknowledges the
+    // cancel (CancelAck), any Expect of the id was sent before it heard of the cancel and is
+    // answered with Cancel + Quiesced, even when the id has been posted again meanwhile.
     std::map<std::string, std::pair<sg_status_t, std::string>> canceled_unmatched;
+    std::set<std::string> repost_needed;  // prefill: ids whose cancel the decode side remembers
+    // decode: cancels by request id that arrived before any expect of the id.
+    std::map<std::string, std::pair<sg_status_t, std::string>> peer_canceled;
     std::map<uint64_t, std::shared_ptr<Transfer>> expects;             // decode: by decode xfer id
     std::map<std::string, std::shared_ptr<Transfer>> posts;            // prefill: matched, by request id
     std::deque<OpCookie *> outbox;  // sends not yet accepted by the provider, kept in order
@@ -129,6 +135,7 @@ class Session {
     double path_rate[2] = {0, 0};
     uint32_t candidate_layers = 0;
     uint64_t bytes_inflight = 0;
+    bool regs_dropped = false;  // registrations closed after the session was lost
     // Unfinished transfers of the session, against max_transfers_per_session.
     size_t unfinished() const;
 };
@@ -189,8 +196,15 @@ class Transfer {
 
     // Decode side.
     bool done_received = false;
+    // The peer confirmed that no write for this transfer will come any more (TransferDone or
+    // Quiesced), or it never learned of it.
+    bool quiesced = false;
+    bool quiesce_sent = false;  // prefill: Quiesced sent after a failure
 
     bool finished() const { return status != SG_IN_PROGRESS; }
+    // No operation of it is in flight and the peer can no longer write into the decode side's
+    // blocks for it: its blocks may be reused.
+    bool is_quiesced() const;
 };
 
 struct Listener {
@@ -226,6 +240,8 @@ class Context : public transport::CompletionSink {
     sg_status_t wait(Transfer &t, int64_t layer, uint64_t timeout_ns);  // layer -1: whole transfer
     void cancel(Transfer &t, sg_status_t why, const std::string &message);
     void release(Transfer &t);
+    // Waits until t is quiesced; throws SG_ERR_TIMEOUT when timeout_ns passes first.
+    void wait_quiesced(Transfer &t, uint64_t timeout_ns);
     void progress_once();
     void notify(Session &s, std::span<const uint8_t> data);
     int event_fd() const { return event_fd_; }
@@ -266,6 +282,9 @@ class Context : public transport::CompletionSink {
     void handle_auth(Session &s, const wire::FrameHeader &h, std::span<const uint8_t> body);
     void flush_outbox(Session &s);
     void fail_transfer(Transfer &t, sg_status_t status, const std::string &message, bool tell_peer);
+    void maybe_send_quiesced(Transfer &t);
+    void drop_registrations(Session &s);
+    void send_quiesced(Session &s, uint64_t decode_xfer_id);
     void complete_if_done(Transfer &t);
     void maybe_layer_ready(Transfer &t, uint32_t layer);
     bool choose_staging(Session &s);

@@ -19,13 +19,17 @@
 //                  5 segments: packed 20-byte records {u32 region, u64 offset, u64 length}
 //   StagingCredit  1 slot u32
 //   TransferDone   1 decode_xfer_id u64, 2 bytes u64
-//   Cancel, Error  1 request_id bytes, 2 decode_xfer_id u64, 3 status i32, 4 message bytes
+//   Cancel, Error  1 request_id bytes, 2 decode_xfer_id u64, 3 status i32, 4 message bytes,
+//                  5 from_post_side u32 (0 or 1)
 //   Bye            1 status i32
 //   Ping           1 sent_ns u64
 //   Notify         1 payload bytes (<= kMaxNotifyBytes)
 //   AuthChallenge  1 nonce bytes (32)
 //   AuthProof      1 mac bytes (32)
 //   AuthResult     1 accepted u32 (0 or 1)
+//   Quiesced       1 decode_xfer_id u64
+//   CancelAck      1 request_id bytes, 2 recorded u32 (0 or 1)
+//   Reposted       1 request_id bytes
 //
 // Every tag of v1.0 is required and must appear exactly once, Hello's endpoint excepted (0..n
 // times). Strings and packed arrays are required too but may be zero bytes long: requiring them
@@ -298,7 +302,23 @@ void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const TransferError 
         int_field(out, 2, m.decode_xfer_id);
         int_field(out, 3, m.status);
         str_field(out, 4, m.message);
+        int_field(out, 5, m.from_post_side);
     });
+}
+
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Quiesced &m) {
+    encode_frame(out, sender_ctx, MsgType::Quiesced, [&] { int_field(out, 1, m.decode_xfer_id); });
+}
+
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const CancelAck &m) {
+    encode_frame(out, sender_ctx, MsgType::CancelAck, [&] {
+        str_field(out, 1, m.request_id);
+        int_field(out, 2, m.recorded);
+    });
+}
+
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Reposted &m) {
+    encode_frame(out, sender_ctx, MsgType::Reposted, [&] { str_field(out, 1, m.request_id); });
 }
 
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Bye &m) {
@@ -350,7 +370,7 @@ DecodeError decode_header(std::span<const uint8_t> frame, FrameHeader &hdr, std:
     hdr.sender_ctx = load<uint64_t>(p + 12);
     hdr.body_len = load<uint32_t>(p + 20);
     if (hdr.proto_major != kProtoMajor) return E::VersionMismatch;
-    if (type < static_cast<uint16_t>(MsgType::Hello) || type > static_cast<uint16_t>(MsgType::AuthResult))
+    if (type < static_cast<uint16_t>(MsgType::Hello) || type > static_cast<uint16_t>(MsgType::Reposted))
         return E::UnknownType;
     hdr.type = static_cast<MsgType>(type);
     if (hdr.body_len > kMaxBodyBytes) return E::TooLarge;
@@ -476,15 +496,17 @@ DecodeError decode(std::span<const uint8_t> body, TransferDone &m) {
 }
 
 DecodeError decode(std::span<const uint8_t> body, TransferError &m) {
-    return walk(body, {4}, [&](uint16_t tag, Bytes v) {
+    const E e = walk(body, {5}, [&](uint16_t tag, Bytes v) {
         switch (tag) {
         case 1: return get(v, m.request_id, kMaxNameBytes);
         case 2: return get(v, m.decode_xfer_id);
         case 3: return get(v, m.status);
         case 4: return get(v, m.message, kMaxBodyBytes);
+        case 5: return get(v, m.from_post_side);
         }
         return kUnreachable;
     });
+    return e == E::None && m.from_post_side > 1 ? E::BadValue : e;
 }
 
 DecodeError decode(std::span<const uint8_t> body, Bye &m) {
@@ -511,6 +533,21 @@ DecodeError decode(std::span<const uint8_t> body, AuthResult &m) {
     const E e = walk(body, {1}, [&](uint16_t, Bytes v) { return get(v, m.accepted); });
     if (e == E::None && m.accepted > 1) return E::BadValue;
     return e;
+}
+
+DecodeError decode(std::span<const uint8_t> body, Quiesced &m) {
+    return walk(body, {1}, [&](uint16_t, Bytes v) { return get(v, m.decode_xfer_id); });
+}
+
+DecodeError decode(std::span<const uint8_t> body, CancelAck &m) {
+    const E e = walk(body, {2}, [&](uint16_t tag, Bytes v) {
+        return tag == 1 ? get(v, m.request_id, kMaxNameBytes) : get(v, m.recorded);
+    });
+    return e == E::None && m.recorded > 1 ? E::BadValue : e;
+}
+
+DecodeError decode(std::span<const uint8_t> body, Reposted &m) {
+    return walk(body, {1}, [&](uint16_t, Bytes v) { return get(v, m.request_id, kMaxNameBytes); });
 }
 
 }  // namespace sg::wire

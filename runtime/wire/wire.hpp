@@ -41,6 +41,9 @@ enum class MsgType : uint16_t {
     AuthChallenge = 13,  // a fresh nonce the peer must prove key possession against
     AuthProof = 14,      // HMAC over the transcript, answering a challenge
     AuthResult = 15,     // whether the sender accepted the peer's proof
+    Quiesced = 16,       // prefill -> decode: no write for this Expect will come any more
+    CancelAck = 17,      // decode -> prefill: a cancel by request id arrived (see TransferError)
+    Reposted = 18,       // prefill -> decode: a request id canceled before its match is posted again
 };
 
 inline constexpr size_t kNonceBytes = 32;
@@ -153,6 +156,22 @@ struct TransferError {  // Cancel and Error share this body
     uint64_t decode_xfer_id = 0;  // 0 when unknown (e.g. the prefill side cancels before a match)
     int32_t status = 0;
     std::string message;
+    // Which side sent it: a context can post and expect the same request id on one session, and
+    // each side numbers its transfers on its own, so the id alone is ambiguous.
+    uint32_t from_post_side = 0;
+};
+
+struct Quiesced {
+    uint64_t decode_xfer_id = 0;
+};
+
+struct CancelAck {
+    std::string request_id;
+    uint32_t recorded = 0;  // 1: no expect of the id existed, so decode remembers the cancel
+};
+
+struct Reposted {
+    std::string request_id;
 };
 
 struct Bye {
@@ -194,6 +213,9 @@ void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Notify &m);
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const AuthChallenge &m);
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const AuthProof &m);
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const AuthResult &m);
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Quiesced &m);
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const CancelAck &m);
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Reposted &m);
 
 // Parses the frame header and checks magic, major version and that body_len fits in `frame`.
 // On success `body` is the body's bytes (a view into frame).
@@ -214,6 +236,9 @@ DecodeError decode(std::span<const uint8_t> body, Notify &m);
 DecodeError decode(std::span<const uint8_t> body, AuthChallenge &m);
 DecodeError decode(std::span<const uint8_t> body, AuthProof &m);
 DecodeError decode(std::span<const uint8_t> body, AuthResult &m);
+DecodeError decode(std::span<const uint8_t> body, Quiesced &m);
+DecodeError decode(std::span<const uint8_t> body, CancelAck &m);
+DecodeError decode(std::span<const uint8_t> body, Reposted &m);
 
 // For tests of forward compatibility: appends a field with an arbitrary tag to the last frame in
 // `out` (fixing its body_len), as a newer peer would.

@@ -292,6 +292,63 @@ TEST(Session, WaitTimesOutWithInProgressAndCancelReachesThePeer) {
 
 // A post canceled before the decode side expected it still reaches the decode side, whenever its
 // expect comes (regression: the cancel named no decode transfer and was dropped).
+// After a cancel on either side, both transfers reach the quiesced state: nothing of them is in
+// flight and the prefill side will not write into the decode side's blocks any more.
+TEST(Session, CancelOnEitherSideQuiescesBothTransfers) {
+    Pair p;
+    Pool src(p.prefill.h, 2, 1, 16, 4, 8), dst(p.decode.h, 2, 1, 16, 4, 8);
+    ASSERT_EQ(sg_session_export_kv(p.ps, src.kv), SG_OK);
+    ASSERT_EQ(sg_session_export_kv(p.ds, dst.kv), SG_OK);
+    const uint32_t t[2] = {0, 1};
+    for (bool decode_cancels : {true, false}) {
+        sg_transfer_t x = nullptr, y = nullptr;
+        ASSERT_EQ(sg_transfer_expect(p.ds, "q", dst.kv, t, 2, 8, nullptr, &y, nullptr), SG_OK);
+        ASSERT_EQ(sg_transfer_post(p.ps, "q", src.kv, t, 2, 8, nullptr, &x, nullptr), SG_OK);
+        ASSERT_EQ(sg_transfer_layer_written(x, 0, nullptr), SG_OK);
+        ASSERT_EQ(sg_transfer_wait_layer(y, 0, 5 * kSecond), SG_OK);
+        // Running transfers are not quiesced.
+        EXPECT_EQ(sg_transfer_wait_quiesced(y, 10 * kMs), SG_ERR_TIMEOUT);
+        EXPECT_EQ(sg_transfer_wait_quiesced(x, 0), SG_ERR_TIMEOUT);
+        ASSERT_EQ(sg_transfer_cancel(decode_cancels ? y : x), SG_OK);
+        EXPECT_EQ(sg_transfer_wait(x, 5 * kSecond), SG_ERR_CANCELED) << decode_cancels;
+        EXPECT_EQ(sg_transfer_wait(y, 5 * kSecond), SG_ERR_CANCELED) << decode_cancels;
+        EXPECT_EQ(sg_transfer_wait_quiesced(y, 5 * kSecond), SG_OK) << decode_cancels;
+        EXPECT_EQ(sg_transfer_wait_quiesced(x, 5 * kSecond), SG_OK) << decode_cancels;
+        EXPECT_EQ(sg_transfer_release(x), SG_OK);
+        EXPECT_EQ(sg_transfer_release(y), SG_OK);
+    }
+}
+
+// A request id canceled before its match and posted again at once: the decode side's Expect that
+// was already on its way must not match the new post (it is answered with a cancel), and the next
+// Expect of the id gets the new post's data.
+TEST(Session, CancelThenRepostNeverMatchesAStaleExpect) {
+    Pair p;
+    Pool src(p.prefill.h, 1, 1, 16, 4, 8), dst(p.decode.h, 1, 1, 16, 4, 8);
+    ASSERT_EQ(sg_session_export_kv(p.ps, src.kv), SG_OK);
+    ASSERT_EQ(sg_session_export_kv(p.ds, dst.kv), SG_OK);
+    const uint32_t t[2] = {0, 1};
+    sg_transfer_options_t all;
+    sg_transfer_options_init(&all);
+    all.flags = SG_TRANSFER_ALL_LAYERS_WRITTEN;
+    for (int round = 0; round < 20; ++round) {
+        const std::string rid = "again-" + std::to_string(round);
+        sg_transfer_t x = nullptr, y = nullptr, x2 = nullptr, y2 = nullptr;
+        ASSERT_EQ(sg_transfer_post(p.ps, rid.c_str(), src.kv, t, 2, 8, nullptr, &x, nullptr), SG_OK);
+        ASSERT_EQ(sg_transfer_cancel(x), SG_OK);
+        ASSERT_EQ(sg_transfer_expect(p.ds, rid.c_str(), dst.kv, t, 2, 8, nullptr, &y, nullptr), SG_OK);
+        ASSERT_EQ(sg_transfer_release(x), SG_OK);
+        ASSERT_EQ(sg_transfer_post(p.ps, rid.c_str(), src.kv, t, 2, 8, &all, &x2, nullptr), SG_OK);
+        EXPECT_EQ(sg_transfer_wait(y, 5 * kSecond), SG_ERR_CANCELED) << round;
+        EXPECT_EQ(sg_transfer_release(y), SG_OK);
+        ASSERT_EQ(sg_transfer_expect(p.ds, rid.c_str(), dst.kv, t, 2, 8, nullptr, &y2, nullptr), SG_OK);
+        EXPECT_EQ(sg_transfer_wait(y2, 5 * kSecond), SG_OK) << round << ": " << sg_last_error_message();
+        EXPECT_EQ(sg_transfer_wait(x2, 5 * kSecond), SG_OK) << round;
+        sg_transfer_release(x2);
+        sg_transfer_release(y2);
+    }
+}
+
 TEST(Session, CancelBeforeMatchReachesALaterExpect) {
     Pair p;
     Pool src(p.prefill.h, 1, 1, 16, 4, 8), dst(p.decode.h, 1, 1, 16, 4, 8);

@@ -50,8 +50,8 @@ static bool operator==(const TransferDone &a, const TransferDone &b) {
     return a.decode_xfer_id == b.decode_xfer_id && a.bytes == b.bytes;
 }
 static bool operator==(const TransferError &a, const TransferError &b) {
-    return std::tie(a.request_id, a.decode_xfer_id, a.status, a.message) ==
-           std::tie(b.request_id, b.decode_xfer_id, b.status, b.message);
+    return std::tie(a.request_id, a.decode_xfer_id, a.status, a.message, a.from_post_side) ==
+           std::tie(b.request_id, b.decode_xfer_id, b.status, b.message, b.from_post_side);
 }
 static bool operator==(const Bye &a, const Bye &b) { return a.status == b.status; }
 }  // namespace sg::wire
@@ -118,6 +118,7 @@ TransferError sample_error() {
     m.decode_xfer_id = 12;
     m.status = -7;
     m.message = std::string("peer went away\0with a NUL", 25);
+    m.from_post_side = 1;
     return m;
 }
 
@@ -142,6 +143,9 @@ std::vector<Buf> corpus() {
     add([](Buf &b) { encode(b, kCtx, AuthChallenge{std::vector<uint8_t>(kNonceBytes, 0x5a)}); });
     add([](Buf &b) { encode(b, kCtx, AuthProof{std::vector<uint8_t>(kMacBytes, 0xa5)}); });
     add([](Buf &b) { encode(b, kCtx, AuthResult{1}); });
+    add([](Buf &b) { encode(b, kCtx, Quiesced{77}); });
+    add([](Buf &b) { encode(b, kCtx, CancelAck{"req-9", 1}); });
+    add([](Buf &b) { encode(b, kCtx, Reposted{"req-9"}); });
     return frames;
 }
 
@@ -166,6 +170,9 @@ DecodeError decode_frame(Bytes frame) {
     case MsgType::AuthChallenge: { AuthChallenge m; return decode(body, m); }
     case MsgType::AuthProof: { AuthProof m; return decode(body, m); }
     case MsgType::AuthResult: { AuthResult m; return decode(body, m); }
+    case MsgType::Quiesced: { Quiesced m; return decode(body, m); }
+    case MsgType::CancelAck: { CancelAck m; return decode(body, m); }
+    case MsgType::Reposted: { Reposted m; return decode(body, m); }
     }
     return E::UnknownType;
 }
@@ -174,10 +181,12 @@ DecodeError decode_frame(Bytes frame) {
 void decode_as_every_type(Bytes body) {
     Hello a; HandleExport b; Expect c; LayerReady d; StagedChunk e; StagingCredit f; TransferDone g;
     TransferError h; Bye i; Ping j; Notify k; AuthChallenge l; AuthProof m; AuthResult n;
+    Quiesced o; CancelAck p; Reposted q;
     (void)decode(body, a); (void)decode(body, b); (void)decode(body, c); (void)decode(body, d);
     (void)decode(body, e); (void)decode(body, f); (void)decode(body, g); (void)decode(body, h);
     (void)decode(body, i); (void)decode(body, j); (void)decode(body, k); (void)decode(body, l);
-    (void)decode(body, m); (void)decode(body, n);
+    (void)decode(body, m); (void)decode(body, n); (void)decode(body, o); (void)decode(body, p);
+    (void)decode(body, q);
 }
 
 // An exact-size heap copy, so that reading one byte past the end trips AddressSanitizer.
@@ -277,6 +286,11 @@ TEST(WireRoundTrip, AuthMessages) {
     EXPECT_EQ(round_trip(AuthProof{mac}).mac, mac);
     EXPECT_EQ(round_trip(AuthResult{1}).accepted, 1u);
     EXPECT_EQ(round_trip(AuthResult{0}).accepted, 0u);
+    EXPECT_EQ(round_trip(Quiesced{1ull << 60}).decode_xfer_id, 1ull << 60);
+    const CancelAck ack = round_trip(CancelAck{"r", 1});
+    EXPECT_EQ(ack.request_id, "r");
+    EXPECT_EQ(ack.recorded, 1u);
+    EXPECT_EQ(round_trip(Reposted{"again"}).request_id, "again");
     // A nonce or MAC of another length is refused rather than padded or cut.
     for (size_t n : {size_t(0), size_t(31), size_t(33)}) {
         Buf b;
@@ -429,7 +443,7 @@ TEST(WireHeader, UnknownType) {
     encode(buf, kCtx, Bye{});
     FrameHeader h;
     Bytes body;
-    for (uint16_t t : {0, 16, 0x100, 0xffff}) {
+    for (uint16_t t : {0, 19, 0x100, 0xffff}) {
         buf[8] = static_cast<uint8_t>(t);
         buf[9] = static_cast<uint8_t>(t >> 8);
         EXPECT_EQ(decode_header(buf, h, body), E::UnknownType) << t;
