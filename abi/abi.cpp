@@ -98,6 +98,12 @@ T read_sized(const T *in, const T &defaults, const char *what) {
     return out;
 }
 
+// A blocking call inside a transfer event callback would stall the progress thread it runs on.
+void not_in_callback(const char *fn) {
+    if (core::in_event_callback())
+        fail(SG_ERR_INVALID_STATE, std::string(fn) + " may not be called from a transfer event callback (it blocks)");
+}
+
 void need(const void *p, const char *name) {
     if (!p) fail(SG_ERR_INVALID_ARGUMENT, std::string(name) + " is NULL");
 }
@@ -230,6 +236,7 @@ SG_API sg_status_t sg_context_create(const sg_context_options_t *options, sg_con
 
 SG_API sg_status_t sg_context_destroy(sg_context_t h) {
     return guard(nullptr, [&] {
+        not_in_callback("sg_context_destroy");
         if (!h) return SG_OK;
         auto ctx = contexts().remove(raw(h));
         if (!ctx) fail(SG_ERR_INVALID_HANDLE, "context handle is not live");
@@ -533,6 +540,7 @@ extern "C++" template <class F> sg::wire::Hello counting_auth_failures(core::Con
 SG_API sg_status_t sg_session_accept(sg_listener_t h, const sg_session_options_t *options, uint64_t timeout_ns,
                                      sg_session_t *out, sg_error_info_t *err) {
     return guard(err, [&] {
+        not_in_callback("sg_session_accept");
         auto l = lookup(listeners(), raw(h), "listener");
         need(out, "out");
         core::Context &ctx = *l->ctx;  // a listener never outlives its context (context_destroy closes it)
@@ -545,6 +553,7 @@ SG_API sg_status_t sg_session_accept(sg_listener_t h, const sg_session_options_t
 SG_API sg_status_t sg_session_connect(sg_context_t h, const char *addr, uint16_t port, const sg_session_options_t *options,
                                       uint64_t timeout_ns, sg_session_t *out, sg_error_info_t *err) {
     return guard(err, [&] {
+        not_in_callback("sg_session_connect");
         auto ctx = lookup(contexts(), raw(h), "context");
         need(out, "out");
         need(addr, "addr");
@@ -584,6 +593,7 @@ SG_API sg_status_t sg_session_from_metadata(sg_context_t h, const void *blob, si
 
 SG_API sg_status_t sg_session_wait_ready(sg_session_t sh, uint64_t timeout_ns) {
     return guard(nullptr, [&] {
+        not_in_callback("sg_session_wait_ready");
         auto s = lookup(sessions(), raw(sh), "session");
         return s->ctx->wait_ready(*s, timeout_ns);
     });
@@ -646,8 +656,18 @@ SG_API sg_status_t sg_session_error(sg_session_t sh, sg_status_t *status, char *
     });
 }
 
+SG_API sg_status_t sg_session_close(sg_session_t sh, uint64_t timeout_ns) {
+    return guard(nullptr, [&] {
+        not_in_callback("sg_session_close");
+        auto s = lookup(sessions(), raw(sh), "session");
+        s->ctx->close_gracefully(*s, timeout_ns);
+        return SG_OK;
+    });
+}
+
 SG_API sg_status_t sg_session_destroy(sg_session_t sh) {
     return guard(nullptr, [&] {
+        not_in_callback("sg_session_destroy");
         if (!sh) return SG_OK;
         auto s = sessions().remove(raw(sh));
         if (!s) fail(SG_ERR_INVALID_HANDLE, "session handle is not live");
@@ -675,7 +695,9 @@ sg_status_t start_transfer(bool post_side, sg_session_t sh, const char *rid, sg_
         if (!o.paths) o.paths = SG_PATH_FULL;
         std::span<const uint32_t> table(ids, n);
         auto t = post_side ? s->ctx->post(s, rid, p, table, num_tokens, o) : s->ctx->expect(s, rid, p, table, num_tokens, o);
+        core::Transfer &xfer = *t;
         *out = wrap<sg_transfer_t>(transfers().add(std::move(t)));
+        xfer.ctx->set_api_handle(xfer, *out);
         return SG_OK;
     });
 }
@@ -718,6 +740,7 @@ SG_API sg_status_t sg_transfer_test(sg_transfer_t h) {
 
 SG_API sg_status_t sg_transfer_wait(sg_transfer_t h, uint64_t timeout_ns) {
     return guard(nullptr, [&] {
+        not_in_callback("sg_transfer_wait");
         auto t = lookup(transfers(), raw(h), "transfer");
         sg_status_t st = t->ctx->wait(*t, -1, timeout_ns);
         if (st < 0) record(st, t->error, nullptr);
@@ -727,6 +750,7 @@ SG_API sg_status_t sg_transfer_wait(sg_transfer_t h, uint64_t timeout_ns) {
 
 SG_API sg_status_t sg_transfer_wait_layer(sg_transfer_t h, uint32_t layer, uint64_t timeout_ns) {
     return guard(nullptr, [&] {
+        not_in_callback("sg_transfer_wait_layer");
         auto t = lookup(transfers(), raw(h), "transfer");
         if (layer >= t->layers.size()) fail(SG_ERR_OUT_OF_RANGE, "layer " + std::to_string(layer) + " >= num_layers");
         sg_status_t st = t->ctx->wait(*t, layer, timeout_ns);
@@ -820,6 +844,7 @@ SG_API sg_status_t sg_transfer_cancel(sg_transfer_t h) {
 
 SG_API sg_status_t sg_transfer_wait_quiesced(sg_transfer_t h, uint64_t timeout_ns) {
     return guard(nullptr, [&] {
+        not_in_callback("sg_transfer_wait_quiesced");
         auto t = lookup(transfers(), raw(h), "transfer");
         t->ctx->wait_quiesced(*t, timeout_ns);
         return SG_OK;
@@ -829,8 +854,10 @@ SG_API sg_status_t sg_transfer_wait_quiesced(sg_transfer_t h, uint64_t timeout_n
 SG_API sg_status_t sg_transfer_release(sg_transfer_t h) {
     return guard(nullptr, [&] {
         if (!h) return SG_OK;
+        not_in_callback("sg_transfer_release");
         auto t = transfers().remove(raw(h));
         if (!t) fail(SG_ERR_INVALID_HANDLE, "transfer handle is not live");
+        t->released.store(true, std::memory_order_release);
         t->ctx->release(*t);
         return SG_OK;
     });

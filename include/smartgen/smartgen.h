@@ -168,6 +168,26 @@ typedef struct sg_listener_s *sg_listener_t;
 typedef struct sg_session_s *sg_session_t;
 typedef struct sg_transfer_s *sg_transfer_t;
 
+/* Transfer events, for the optional callback (sg_context_options_t.transfer_event_fn). */
+typedef enum sg_transfer_event {
+    SG_EVENT_LAYER_READY = 1, /* a layer is complete on this side: decode, its bytes are in place;
+                                 prefill, its writes completed */
+    SG_EVENT_FINISHED = 2,    /* the transfer finished; status says how */
+    SG_EVENT_QUIESCED = 3     /* the transfer is quiesced (sg_transfer_wait_quiesced): its blocks may
+                                 be reused */
+} sg_transfer_event_t;
+
+/* Transfer event callback. Runs on the progress thread (or, without one, inside
+ * sg_context_progress), never with a library lock held, in the order the events happened per
+ * transfer. request_id is borrowed for the call. It may call the non-blocking functions of this
+ * header — sg_transfer_status/test/layer_state/residency/stats/layer_time, sg_transfer_cancel,
+ * sg_transfer_layer_written, sg_session_notify, sg_session_next_notification, sg_session_error,
+ * sg_context_stats — and must not block: the waiting and tearing-down functions (sg_*_wait*,
+ * sg_transfer_release, sg_session_close/destroy, sg_session_accept/connect, sg_context_destroy)
+ * return SG_ERR_INVALID_STATE when called from it. Events of a released transfer are not delivered. */
+typedef void (*sg_transfer_event_fn)(void *user, sg_transfer_t xfer, const char *request_id,
+                                     sg_transfer_event_t event, uint32_t layer, sg_status_t status);
+
 typedef enum sg_log_level {
     SG_LOG_OFF = 0,
     SG_LOG_ERROR = 1,
@@ -232,6 +252,9 @@ typedef struct sg_context_options {
     const void *auth_key;
     size_t auth_key_len;
     bool allow_unauthenticated;
+    /* Optional transfer event callback (see sg_transfer_event_fn) and its user pointer. */
+    sg_transfer_event_fn transfer_event_fn;
+    void *transfer_event_user;
 } sg_context_options_t;
 
 /* Fills defaults, struct_size and header_version. Since 0.1. */
@@ -498,7 +521,15 @@ SG_API sg_status_t sg_session_next_notification(sg_session_t session, void *buf,
  * bytes) receives the detail. Returns SG_OK or SG_ERR_INVALID_HANDLE. Since 0.1. */
 SG_API sg_status_t sg_session_error(sg_session_t session, sg_status_t *status, char *msg, size_t cap);
 
-/* Closes a session; its unreleased transfers are canceled. NULL accepted. Since 0.1. */
+/* Graceful close: the session takes no new transfers (post/expect answer SG_ERR_INVALID_STATE),
+ * waits up to timeout_ns until every transfer on it has finished and is quiesced, then tells the
+ * peer (whose session then reports SG_ERR_PEER_LOST "peer closed the session" without failing
+ * anything) and closes. Returns SG_OK; SG_ERR_TIMEOUT with the session still draining (call again,
+ * or sg_session_destroy to cancel what is left); SG_ERR_INVALID_HANDLE. The handle stays valid
+ * until sg_session_destroy. Since 0.1. */
+SG_API sg_status_t sg_session_close(sg_session_t session, uint64_t timeout_ns);
+
+/* Closes a session at once; its unfinished transfers are canceled. NULL accepted. Since 0.1. */
 SG_API sg_status_t sg_session_destroy(sg_session_t session);
 
 /* ---------------------------------------------------------------------------------------------

@@ -16,7 +16,8 @@ namespace sg::core {
 
 namespace {
 
-constexpr uint64_t kStagingHandleId = 0;  // HandleExport id reserved for a session's staging area
+constexpr uint64_t kStagingHandleId = 0;
+constexpr const char *kPeerClosed = "peer closed the session";  // HandleExport id reserved for a session's staging area
 // Keeps a chunk notice (20 bytes a segment) well inside one receive buffer.
 constexpr size_t kMaxSegmentsPerChunk = 4096;
 
@@ -215,6 +216,7 @@ void Context::progress_loop() {
             n = poll_locked();
             schedule_locked();
         }
+        if (events_pending_.load(std::memory_order_acquire)) dispatch_events();
         const uint64_t now = now_ns();
         if (n) {
             last_work = now;
@@ -250,6 +252,62 @@ void Context::progress_once() {
         schedule_locked();
     }
     if (n) cv.notify_all();
+    if (events_pending_.load(std::memory_order_acquire)) dispatch_events();
+}
+
+namespace {
+thread_local bool t_in_event_callback = false;
+}
+
+bool in_event_callback() { return t_in_event_callback; }
+
+void Context::emit(Transfer &t, sg_transfer_event_t type, uint32_t layer, sg_status_t status) {
+    if (!opt_.transfer_event_fn || t.released.load(std::memory_order_relaxed)) return;
+    events_.push_back({t.shared_from_this(), type, layer, status});
+    events_pending_.store(true, std::memory_order_release);
+    wake();
+}
+
+void Context::note_quiesced(Transfer &t) {
+    if (t.quiesced_event_sent || !t.is_quiesced()) return;
+    t.quiesced_event_sent = true;
+    emit(t, SG_EVENT_QUIESCED, 0, t.status);
+}
+
+void Context::set_api_handle(Transfer &t, void *handle) {
+    t.api_handle.store(handle, std::memory_order_release);
+    if (opt_.transfer_event_fn) wake();  // events that waited for the handle may go now
+}
+
+void Context::dispatch_events() {
+    // One dispatcher at a time keeps each transfer's events in order.
+    if (t_in_event_callback) return;
+    std::unique_lock dispatching(dispatch_mu_, std::try_to_lock);
+    if (!dispatching.owns_lock()) return;
+    std::vector<Event> batch, later;
+    {
+        std::lock_guard lock(mu);
+        batch.swap(events_);
+        events_pending_.store(false, std::memory_order_relaxed);
+    }
+    t_in_event_callback = true;
+    for (Event &e : batch) {
+        if (e.t->released.load(std::memory_order_acquire)) continue;
+        void *h = e.t->api_handle.load(std::memory_order_acquire);
+        if (!h) {
+            // The ABI has not handed the transfer out yet; a transfer nobody else holds never will.
+            if (e.t.use_count() > 1) later.push_back(std::move(e));
+            continue;
+        }
+        opt_.transfer_event_fn(opt_.transfer_event_user, static_cast<sg_transfer_t>(h), e.t->request_id.c_str(), e.type,
+                               e.layer, e.status);
+    }
+    t_in_event_callback = false;
+    if (!later.empty()) {
+        std::lock_guard lock(mu);
+        events_.insert(events_.begin(), std::make_move_iterator(later.begin()), std::make_move_iterator(later.end()));
+        events_pending_.store(true, std::memory_order_release);
+    }
 }
 
 size_t Context::poll_locked() {
@@ -296,16 +354,18 @@ void Context::check_timers_locked() {
 void Context::lose_session(Session &s, sg_status_t status, const std::string &why) {
     if (s.closed) return;
     s.closed = true;
-    if (status == SG_ERR_PEER_LOST) counters.peers_lost++;
+    const bool peer_closed = status == SG_ERR_PEER_LOST && why == kPeerClosed;
+    if (status == SG_ERR_PEER_LOST && !peer_closed) counters.peers_lost++;
     signal_event();
     s.error = status;
     s.error_message = why;
-    if (status != SG_ERR_PEER_LOST || why != "peer closed the session")
-        log.log(SG_LOG_ERROR, "session with peer " + std::to_string(s.peer_ctx_id) + " lost: " + why);
+    if (!peer_closed) log.log(SG_LOG_ERROR, "session with peer " + std::to_string(s.peer_ctx_id) + " lost: " + why);
     for (auto &[k, t] : s.expects) fail_transfer(*t, status, why, false);
     for (auto &[k, t] : s.posts) fail_transfer(*t, status, why, false);
     for (auto &[k, t] : s.unmatched_posts) fail_transfer(*t, status, why, false);
     drop_registrations(s);
+    for (auto &[k, t] : s.expects) note_quiesced(*t);
+    for (auto &[k, t] : s.posts) note_quiesced(*t);
     cv.notify_all();
 }
 
@@ -433,7 +493,10 @@ void Context::on_complete(void *cookie, int status, const char *error_text) {
             }
             maybe_send_notices(*t);
         }
-        if (t->finished()) maybe_send_quiesced(*t);
+        if (t->finished()) {
+            maybe_send_quiesced(*t);
+            note_quiesced(*t);
+        }
     } else if (status && !connection_broke) {
         log.log(SG_LOG_WARN, std::string("control message failed: ") + (error_text ? error_text : ""));
     }
@@ -610,6 +673,7 @@ void Context::handle(Session &s, const wire::FrameHeader &h, std::span<const uin
             it->second->done_received = true;
             it->second->quiesced = true;  // every write completed before the peer sent this
             complete_if_done(*it->second);
+            note_quiesced(*it->second);
             cv.notify_all();
             return;
         }
@@ -619,6 +683,7 @@ void Context::handle(Session &s, const wire::FrameHeader &h, std::span<const uin
             auto it = s.expects.find(m.decode_xfer_id);
             if (it == s.expects.end()) return;
             it->second->quiesced = true;
+            note_quiesced(*it->second);
             signal_event();
             cv.notify_all();
             return;
@@ -693,7 +758,7 @@ void Context::handle(Session &s, const wire::FrameHeader &h, std::span<const uin
             return;
         }
         case wire::MsgType::Bye:
-            lose_session(s, SG_ERR_PEER_LOST, "peer closed the session");
+            lose_session(s, SG_ERR_PEER_LOST, kPeerClosed);
             return;
         case wire::MsgType::Ping: {
             wire::Ping m;
@@ -965,6 +1030,37 @@ void Context::close_session(Session &s) {
     if (sessions_.erase(s.peer_ctx_id)) counters.sessions_open--;
 }
 
+void Context::close_gracefully(Session &s, uint64_t timeout_ns) {
+    const uint64_t deadline = now_ns() + std::min<uint64_t>(timeout_ns, uint64_t(1) << 62);
+    {
+        std::unique_lock lock(mu);
+        s.draining = true;
+        auto running = [&] {
+            size_t n = s.unmatched_posts.size();
+            for (auto &[k, t] : s.expects) n += !t->is_quiesced();
+            for (auto &[k, t] : s.posts) n += !t->is_quiesced();
+            return n;
+        };
+        for (size_t n; !s.closed && (n = running()) > 0;) {
+            const uint64_t now = now_ns();
+            if (now >= deadline)
+                fail(SG_ERR_TIMEOUT, std::to_string(n) + " transfer(s) still running on the session; it keeps draining");
+            if (progress_.joinable()) {
+                cv.wait_for(lock, std::chrono::nanoseconds(std::min<uint64_t>(deadline - now, 10000000)));
+            } else {
+                poll_locked();
+                schedule_locked();
+            }
+        }
+    }
+    close_session(s);  // nothing left to cancel: says Bye and closes
+    std::lock_guard lock(mu);
+    if (s.error == SG_OK) {
+        s.error = SG_ERR_INVALID_STATE;
+        s.error_message = "closed by sg_session_close";
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Transfers
 // ---------------------------------------------------------------------------------------------
@@ -997,6 +1093,7 @@ std::shared_ptr<Transfer> Context::expect(const std::shared_ptr<Session> &s, con
     kv::check_block_table(pool->layout, table, num_tokens);
     std::lock_guard lock(mu);
     if (s->closed) fail(s->error ? s->error : SG_ERR_PEER_LOST, "session is closed");
+    if (s->draining) fail(SG_ERR_INVALID_STATE, "session is closing (sg_session_close)");
     if (!s->local_regs.count(pool->id))
         fail(SG_ERR_INVALID_STATE, "the destination pool was not exported to this session (sg_session_export_kv)");
     if (s->unfinished() >= max_transfers_per_session_)
@@ -1011,8 +1108,8 @@ std::shared_ptr<Transfer> Context::expect(const std::shared_ptr<Session> &s, con
     if (auto c = s->peer_canceled.find(rid); c != s->peer_canceled.end()) {
         // The prefill side canceled this request before we expected it: nothing will be sent.
         s->expects[t->id] = t;
-        fail_transfer(*t, c->second.first, c->second.second, false);
         t->quiesced = true;
+        fail_transfer(*t, c->second.first, c->second.second, false);
         s->peer_canceled.erase(c);
         return t;
     }
@@ -1056,6 +1153,7 @@ std::shared_ptr<Transfer> Context::post(const std::shared_ptr<Session> &s, const
     if (opt.paths & ~SG_PATH_FULL) fail(SG_ERR_UNSUPPORTED, "only SG_PATH_FULL is implemented in this version");
     std::lock_guard lock(mu);
     if (s->closed) fail(s->error ? s->error : SG_ERR_PEER_LOST, "session is closed");
+    if (s->draining) fail(SG_ERR_INVALID_STATE, "session is closing (sg_session_close)");
     if (s->unmatched_posts.count(rid) || s->posts.count(rid))
         fail(SG_ERR_DUPLICATE, std::string("request '") + rid + "' is already posted on this session");
     if (!s->local_regs.count(pool->id))
@@ -1359,6 +1457,7 @@ void Context::maybe_send_notices(Transfer &t) {
             L.ready_ns = now_ns();
             t.residency.set_layer(l);
             t.stats.layers_ready++;
+            emit(t, SG_EVENT_LAYER_READY, l, SG_OK);
         }
         if (i == t.notice_pos && L.ready) t.notice_pos++;
     }
@@ -1382,6 +1481,7 @@ void Context::maybe_layer_ready(Transfer &t, uint32_t layer) {
     L.ready_ns = now_ns();
     t.residency.set_layer(layer);
     t.stats.layers_ready++;
+    emit(t, SG_EVENT_LAYER_READY, layer, SG_OK);
     complete_if_done(t);
     signal_event();
     cv.notify_all();
@@ -1397,6 +1497,8 @@ void Context::complete_if_done(Transfer &t) {
     t.status = SG_OK;
     t.stats.end_ns = now_ns();
     counters.transfers_completed++;
+    emit(t, SG_EVENT_FINISHED, 0, SG_OK);
+    note_quiesced(t);
     signal_event();
     cv.notify_all();
 }
@@ -1429,6 +1531,8 @@ void Context::fail_transfer(Transfer &t, sg_status_t status, const std::string &
         send(*t.session, out);
     }
     maybe_send_quiesced(t);
+    emit(t, SG_EVENT_FINISHED, 0, status);
+    note_quiesced(t);
     cv.notify_all();
 }
 

@@ -123,6 +123,7 @@ class Session {
     // once, tcp;ofi_rxm can lose both connections. The context with the lower id speaks first; the
     // other holds its outbox until it hears from the peer.
     bool may_send = false;
+    bool draining = false;  // sg_session_close: no new transfers
 
     StagingArea recv_staging;  // the peer writes here
     StagingArea send_staging;  // we pack here
@@ -140,7 +141,7 @@ class Session {
     size_t unfinished() const;
 };
 
-class Transfer {
+class Transfer : public std::enable_shared_from_this<Transfer> {
   public:
     Transfer(Context *ctx, std::shared_ptr<Session> s, bool post_side, std::string request_id,
              std::shared_ptr<KvPool> pool, std::span<const uint32_t> table, uint64_t num_tokens,
@@ -200,6 +201,11 @@ class Transfer {
     // Quiesced), or it never learned of it.
     bool quiesced = false;
     bool quiesce_sent = false;  // prefill: Quiesced sent after a failure
+    bool quiesced_event_sent = false;
+    // The C handle, for event callbacks: set once the ABI has registered the transfer; events
+    // wait until then and are dropped once the host released it.
+    std::atomic<void *> api_handle{nullptr};
+    std::atomic<bool> released{false};
 
     bool finished() const { return status != SG_IN_PROGRESS; }
     // No operation of it is in flight and the peer can no longer write into the decode side's
@@ -240,6 +246,11 @@ class Context : public transport::CompletionSink {
     sg_status_t wait(Transfer &t, int64_t layer, uint64_t timeout_ns);  // layer -1: whole transfer
     void cancel(Transfer &t, sg_status_t why, const std::string &message);
     void release(Transfer &t);
+    // sg_session_close: drain, then say Bye. Throws SG_ERR_TIMEOUT (still draining) on timeout.
+    void close_gracefully(Session &s, uint64_t timeout_ns);
+    void set_api_handle(Transfer &t, void *handle);
+    // Runs queued transfer event callbacks; call without mu held.
+    void dispatch_events();
     // Waits until t is quiesced; throws SG_ERR_TIMEOUT when timeout_ns passes first.
     void wait_quiesced(Transfer &t, uint64_t timeout_ns);
     void progress_once();
@@ -283,6 +294,8 @@ class Context : public transport::CompletionSink {
     void flush_outbox(Session &s);
     void fail_transfer(Transfer &t, sg_status_t status, const std::string &message, bool tell_peer);
     void maybe_send_quiesced(Transfer &t);
+    void emit(Transfer &t, sg_transfer_event_t type, uint32_t layer, sg_status_t status);
+    void note_quiesced(Transfer &t);
     void drop_registrations(Session &s);
     void send_quiesced(Session &s, uint64_t decode_xfer_id);
     void complete_if_done(Transfer &t);
@@ -316,6 +329,15 @@ class Context : public transport::CompletionSink {
     std::vector<std::shared_ptr<Transfer>> active_;        // prefill transfers with work to do
     std::vector<std::shared_ptr<Transfer>> lingering_;     // released with operations still in flight
     std::map<uint64_t, std::vector<std::vector<uint8_t>>> orphans_;  // frames from peers not yet known
+    struct Event {
+        std::shared_ptr<Transfer> t;
+        sg_transfer_event_t type;
+        uint32_t layer;
+        sg_status_t status;
+    };
+    std::vector<Event> events_;  // guarded by mu
+    std::atomic<bool> events_pending_{false};
+    std::mutex dispatch_mu_;
     std::vector<std::unique_ptr<OpCookie>> cookie_store_;
     std::vector<OpCookie *> free_cookies_;
     std::thread progress_;
@@ -326,6 +348,9 @@ class Context : public transport::CompletionSink {
     std::string boot_id_;
     uint64_t netns_ = 0;
 };
+
+// True on a thread that is running a transfer event callback: blocking calls refuse to run there.
+bool in_event_callback();
 
 // ---- bootstrap (bootstrap.cpp) ----
 std::unique_ptr<Listener> listen_on(Context *ctx, const char *addr, uint16_t port);

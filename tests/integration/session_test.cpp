@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -347,6 +348,129 @@ TEST(Session, CancelThenRepostNeverMatchesAStaleExpect) {
         sg_transfer_release(x2);
         sg_transfer_release(y2);
     }
+}
+
+// Graceful close: new transfers are refused, running ones finish, then the peer is told.
+TEST(Session, GracefulCloseDrainsThenCloses) {
+    Pair p;
+    Pool src(p.prefill.h, 2, 1, 16, 4, 8), dst(p.decode.h, 2, 1, 16, 4, 8);
+    src.fill(5);
+    ASSERT_EQ(sg_session_export_kv(p.ps, src.kv), SG_OK);
+    ASSERT_EQ(sg_session_export_kv(p.ds, dst.kv), SG_OK);
+    const uint32_t t[2] = {0, 1};
+    sg_transfer_t x = nullptr, y = nullptr, z = nullptr;
+    ASSERT_EQ(sg_transfer_expect(p.ds, "drain", dst.kv, t, 2, 8, nullptr, &y, nullptr), SG_OK);
+    ASSERT_EQ(sg_transfer_post(p.ps, "drain", src.kv, t, 2, 8, nullptr, &x, nullptr), SG_OK);
+    ASSERT_EQ(sg_transfer_layer_written(x, 0, nullptr), SG_OK);
+    EXPECT_EQ(sg_session_close(p.ps, 30 * kMs), SG_ERR_TIMEOUT);  // layer 1 is not written yet
+    EXPECT_EQ(sg_transfer_post(p.ps, "late", src.kv, t, 2, 8, nullptr, &z, nullptr), SG_ERR_INVALID_STATE);
+    ASSERT_EQ(sg_transfer_layer_written(x, 1, nullptr), SG_OK);
+    EXPECT_EQ(sg_session_close(p.ps, 5 * kSecond), SG_OK) << sg_last_error_message();
+    EXPECT_EQ(sg_transfer_wait(x, 0), SG_OK);
+    EXPECT_EQ(sg_transfer_wait(y, 5 * kSecond), SG_OK);
+    // Blocks 0 and 1 (4 tokens x 16 values each) of the last layer arrived.
+    EXPECT_TRUE(std::equal(src.k[1].begin(), src.k[1].begin() + 128, dst.k[1].begin()));
+    // The decode side hears of the close; nothing failed and no peer counts as lost.
+    sg_status_t st = SG_OK;
+    for (int i = 0; i < 500 && st == SG_OK; ++i) {
+        ASSERT_EQ(sg_session_error(p.ds, &st, nullptr, 0), SG_OK);
+        if (st == SG_OK) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_EQ(st, SG_ERR_PEER_LOST);
+    char msg[128];
+    sg_session_error(p.ds, &st, msg, sizeof msg);
+    EXPECT_NE(std::string(msg).find("closed"), std::string::npos) << msg;
+    sg_context_stats_t stats;
+    sg_context_stats_init(&stats);
+    ASSERT_EQ(sg_context_stats(p.decode.h, &stats), SG_OK);
+    EXPECT_EQ(stats.peers_lost, 0u);
+    EXPECT_EQ(stats.transfers_failed, 0u);
+    sg_transfer_release(x);
+    sg_transfer_release(y);
+}
+
+// Transfer events reach the callback on the progress thread, in order, and a blocking call made
+// from the callback is refused instead of stalling that thread.
+struct EventLog {
+    std::mutex mu;
+    struct Entry {
+        sg_transfer_t xfer;
+        std::string rid;
+        sg_transfer_event_t event;
+        uint32_t layer;
+        sg_status_t status;
+        std::thread::id thread;
+        sg_status_t wait_from_callback, status_from_callback;
+    };
+    std::vector<Entry> entries;
+    static void record(void *user, sg_transfer_t xfer, const char *rid, sg_transfer_event_t event, uint32_t layer,
+                       sg_status_t status) {
+        auto *log = static_cast<EventLog *>(user);
+        sg_status_t current = SG_OK;
+        const sg_status_t got = sg_transfer_status(xfer, &current, nullptr, 0);
+        const sg_status_t wait = sg_transfer_wait(xfer, 0);
+        std::lock_guard lock(log->mu);
+        log->entries.push_back({xfer, rid, event, layer, status, std::this_thread::get_id(), wait, got});
+    }
+};
+
+TEST(Session, TransferEventsRunOnTheProgressThread) {
+    EventLog events;
+    sg_context_options_t o;
+    sg_context_options_init(&o);
+    o.provider = "tcp";
+    SG_TEST_USE_KEY(o);
+    sg_context_t a = nullptr, b = nullptr;
+    ASSERT_EQ(sg_context_create(&o, &a, nullptr), SG_OK);
+    o.transfer_event_fn = &EventLog::record;
+    o.transfer_event_user = &events;
+    ASSERT_EQ(sg_context_create(&o, &b, nullptr), SG_OK);
+    sg_session_t sa = nullptr, sb = nullptr;
+    ASSERT_NO_FATAL_FAILURE(join_by_metadata(a, b, &sa, &sb));
+    {
+        Pool src(a, 3, 1, 16, 4, 8), dst(b, 3, 1, 16, 4, 8);
+        ASSERT_EQ(sg_session_export_kv(sa, src.kv), SG_OK);
+        ASSERT_EQ(sg_session_export_kv(sb, dst.kv), SG_OK);
+        const uint32_t t[2] = {0, 1};
+        sg_transfer_options_t all;
+        sg_transfer_options_init(&all);
+        all.flags = SG_TRANSFER_ALL_LAYERS_WRITTEN;
+        sg_transfer_t x = nullptr, y = nullptr;
+        ASSERT_EQ(sg_transfer_expect(sb, "events", dst.kv, t, 2, 8, nullptr, &y, nullptr), SG_OK);
+        ASSERT_EQ(sg_transfer_post(sa, "events", src.kv, t, 2, 8, &all, &x, nullptr), SG_OK);
+        ASSERT_EQ(sg_transfer_wait(y, 5 * kSecond), SG_OK);
+        ASSERT_EQ(sg_transfer_wait_quiesced(y, 5 * kSecond), SG_OK);
+        for (int i = 0; i < 500; ++i) {
+            {
+                std::lock_guard lock(events.mu);
+                if (!events.entries.empty() && events.entries.back().event == SG_EVENT_QUIESCED) break;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        std::lock_guard lock(events.mu);
+        ASSERT_EQ(events.entries.size(), 5u);
+        for (uint32_t l = 0; l < 3; ++l) {
+            EXPECT_EQ(events.entries[l].event, SG_EVENT_LAYER_READY);
+            EXPECT_EQ(events.entries[l].layer, l);
+        }
+        EXPECT_EQ(events.entries[3].event, SG_EVENT_FINISHED);
+        EXPECT_EQ(events.entries[3].status, SG_OK);
+        EXPECT_EQ(events.entries[4].event, SG_EVENT_QUIESCED);
+        for (auto &e : events.entries) {
+            EXPECT_EQ(e.xfer, y);
+            EXPECT_EQ(e.rid, "events");
+            EXPECT_NE(e.thread, std::this_thread::get_id());
+            EXPECT_EQ(e.status_from_callback, SG_OK);
+            EXPECT_EQ(e.wait_from_callback, SG_ERR_INVALID_STATE);
+        }
+        EXPECT_EQ(sg_transfer_wait(x, 5 * kSecond), SG_OK);
+        sg_transfer_release(x);
+        sg_transfer_release(y);
+    }
+    sg_session_destroy(sa);
+    sg_session_destroy(sb);
+    sg_context_destroy(a);
+    sg_context_destroy(b);
 }
 
 TEST(Session, CancelBeforeMatchReachesALaterExpect) {
