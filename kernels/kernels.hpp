@@ -1,0 +1,177 @@
+// kernels/: the numeric work behind selection — page digests and Quest scores, window attention
+// (SnapKV), heavy-hitter block sums (H2O), and top-k — as reference CPU kernels in cpu/. Depends on
+// the C++ standard library only (CUDA kernels, when they come, sit behind this same header), so it
+// knows nothing of the runtime's error type: arguments are preconditions, listed on each function and
+// checked by the caller (runtime/select), and asserted in debug builds. Kernels are pure functions of
+// their arguments, safe to run concurrently, and do not allocate (the top_k overload that returns a
+// vector aside): the ones that need working memory take it from the caller.
+//
+// Shapes: keys and queries are [token][head][element] tensors seen through a View, whose rows may sit
+// anywhere (token-major or head-major blocks, padded strides); a paged pool is handled by calling a
+// kernel once per block on a View of that block. Query heads map to KV heads as in grouped-query
+// attention: kv_head = q_head / (q_heads / kv_heads). Everything computed is fp32.
+#pragma once
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace sg::kernels {
+
+enum class DType : uint8_t { fp32, fp16, bf16 };
+
+constexpr size_t dtype_bytes(DType d) { return d == DType::fp32 ? 4 : 2; }
+
+// ---- element conversions (IEEE binary16 and bfloat16, bit patterns in uint16_t) ----
+
+// Exact, branch-free apart from a select, so loops over it vectorise. Subnormals, infinities and
+// NaNs are kept.
+inline float fp16_to_float(uint16_t h) {
+    // Shifting exponent and mantissa into place and multiplying by 2^112 rebiases normals and
+    // normalises subnormals in one go; only Inf/NaN need their exponent forced to all ones.
+    const float magic = std::bit_cast<float>(uint32_t(254 - 15) << 23);
+    const float was_infnan = std::bit_cast<float>(uint32_t(127 + 16) << 23);
+    const float f = std::bit_cast<float>(uint32_t(h & 0x7fffu) << 13) * magic;
+    uint32_t u = std::bit_cast<uint32_t>(f);
+    if (f >= was_infnan) u |= 255u << 23;
+    u |= uint32_t(h & 0x8000u) << 16;
+    return std::bit_cast<float>(u);
+}
+
+inline float bf16_to_float(uint16_t b) { return std::bit_cast<float>(uint32_t(b) << 16); }
+
+// Round to nearest, ties to even; overflow goes to infinity, NaN stays NaN (quiet).
+inline uint16_t float_to_fp16(float f) {
+    uint32_t x = std::bit_cast<uint32_t>(f);
+    const uint16_t sign = uint16_t((x >> 16) & 0x8000u);
+    x &= 0x7fffffffu;
+    if (x >= 0x7f800000u) return sign | (x > 0x7f800000u ? 0x7e00u : 0x7c00u);
+    if (x >= 0x477ff000u) return sign | 0x7c00u;  // >= 65520 rounds past the largest half
+    if (x < 0x38800000u) {
+        // Below 2^-14 the result is subnormal: adding 0.5 makes the FPU round at the half's ulp.
+        const float denorm_magic = 0.5f;
+        const float r = std::bit_cast<float>(x) + denorm_magic;
+        return sign | uint16_t(std::bit_cast<uint32_t>(r) - std::bit_cast<uint32_t>(denorm_magic));
+    }
+    const uint32_t odd = (x >> 13) & 1u;
+    x += 0xc8000fffu + odd;  // rebias the exponent by -112 and round to nearest even
+    return sign | uint16_t(x >> 13);
+}
+
+inline uint16_t float_to_bf16(float f) {
+    const uint32_t x = std::bit_cast<uint32_t>(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return uint16_t((x >> 16) | 0x40u);
+    return uint16_t((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+// ---- views ----
+
+// A [token][head][element] tensor: row (t, h) is `dim` contiguous elements starting at element
+// t * token_stride + h * head_stride of `data`. Strides count elements, not bytes.
+struct View {
+    const void *data = nullptr;
+    DType dtype = DType::fp16;
+    uint64_t tokens = 0;
+    uint32_t heads = 0;
+    uint32_t dim = 0;
+    uint64_t token_stride = 0;
+    uint64_t head_stride = 0;
+};
+
+// [token][head][dim], rows packed.
+inline View token_major(const void *data, DType dtype, uint64_t tokens, uint32_t heads, uint32_t dim) {
+    return {data, dtype, tokens, heads, dim, uint64_t(heads) * dim, dim};
+}
+
+// [head][row][dim] with `rows_per_head` rows per head (a head-major block holds tokens_per_block rows
+// per head even when fewer tokens are valid); the first `tokens` rows of each head are seen.
+inline View head_major(const void *data, DType dtype, uint64_t tokens, uint32_t heads, uint32_t dim,
+                       uint64_t rows_per_head) {
+    return {data, dtype, tokens, heads, dim, dim, rows_per_head * dim};
+}
+
+// Tokens [first, first + count) of v. Precondition: first + count <= v.tokens.
+inline View slice(const View &v, uint64_t first, uint64_t count) {
+    View s = v;
+    s.data = static_cast<const uint8_t *>(v.data) + first * v.token_stride * dtype_bytes(v.dtype);
+    s.tokens = count;
+    return s;
+}
+
+// How the query heads that share a KV head are combined into that KV head's score.
+enum class Combine : uint8_t { max, sum };
+
+// Largest head dimension the kernels accept (they keep one converted row on the stack).
+inline constexpr uint32_t kMaxHeadDim = 1024;
+
+constexpr uint64_t num_blocks(uint64_t tokens, uint32_t tokens_per_block) {
+    return (tokens + tokens_per_block - 1) / tokens_per_block;
+}
+
+// ---- page digest and Quest ----
+
+// Floats in the digest of `blocks` blocks: [block][kv_head][2][dim], the min row then the max row.
+constexpr uint64_t digest_floats(uint64_t blocks, uint32_t kv_heads, uint32_t dim) {
+    return blocks * kv_heads * 2 * dim;
+}
+
+// Element-wise min and max of each KV head's keys over each block of `tokens_per_block` tokens; the
+// last block may be partial and then covers only the valid tokens. (NaN keys give unspecified rows.)
+// out: digest_floats(num_blocks(keys.tokens, tokens_per_block), keys.heads, keys.dim) floats.
+// Preconditions: tokens_per_block >= 1, 1 <= keys.dim <= kMaxHeadDim.
+void page_digest(const View &keys, uint32_t tokens_per_block, float *out);
+
+// Quest upper bound of q·k over each block: score = Σ_i max(q_i·min_i, q_i·max_i), per query head,
+// then the query heads of each KV head combined. Row 0 of `query` is used (heads = query heads).
+// digest: as page_digest writes it, for `blocks` blocks and `kv_heads` heads of dimension query.dim.
+// out: [block][kv_head], blocks * kv_heads floats.
+// Preconditions: query.heads is a positive multiple of kv_heads; 1 <= query.dim <= kMaxHeadDim.
+void quest_scores(const float *digest, uint64_t blocks, uint32_t kv_heads, const View &query, Combine combine,
+                  float *out);
+
+// ---- window attention (SnapKV) ----
+
+// Working memory window_attention needs, in floats.
+size_t window_scratch_floats(const View &keys, const View &queries);
+
+// For each KV head and key token: Σ over the W = queries.tokens queries of softmax(q·k/√dim), where
+// query w sits at position first_query_pos + w and sees keys 0..position (causal), summed per query
+// head, then the query heads of the KV head combined. out: [kv_head][token], keys.heads * keys.tokens
+// floats. Preconditions: queries.heads is a positive multiple of keys.heads; queries.dim == keys.dim
+// <= kMaxHeadDim; scratch holds window_scratch_floats(keys, queries) floats.
+void window_attention(const View &keys, const View &queries, uint64_t first_query_pos, Combine combine,
+                      std::span<float> scratch, float *out);
+
+// Per-token scores [head][token] (rows `tokens` apart) summed per block, after an optional max-pool
+// over each token's neighbourhood of `pool` tokens (odd; 1 = none; clipped at the ends) as SnapKV
+// smooths its votes. out: [block][head], num_blocks(tokens, tokens_per_block) * heads floats.
+void block_scores(const float *token_scores, uint32_t heads, uint64_t tokens, uint32_t tokens_per_block, uint32_t pool,
+                  float *out);
+
+size_t snapkv_scratch_floats(const View &keys, const View &queries);
+
+// window_attention then block_scores: SnapKV's per-block scores, out [block][kv_head].
+void snapkv_scores(const View &keys, const View &queries, uint64_t first_query_pos, Combine combine,
+                   uint32_t tokens_per_block, uint32_t pool, std::span<float> scratch, float *out);
+
+// ---- heavy hitters (H2O) ----
+
+// Accumulated attention supplied by the engine, acc[h * head_stride + t] for `heads` heads (KV heads,
+// or query heads that are combined into their KV head) and `tokens` tokens, summed per block.
+// out: [block][kv_head]. Preconditions: heads is a positive multiple of kv_heads; head_stride >= tokens.
+void h2o_scores(const float *acc, uint32_t heads, uint64_t tokens, uint64_t head_stride, uint32_t kv_heads,
+                Combine combine, uint32_t tokens_per_block, float *out);
+
+// ---- top-k ----
+
+// Reorders `candidates` (indices into scores) so that its first min(k, size) entries are the best,
+// best first: higher score wins, equal scores go to the lower index, NaN ranks below everything.
+// O(n) selection then a sort of the k chosen.
+void top_k(std::span<const float> scores, std::span<uint32_t> candidates, size_t k);
+
+// The best min(k, scores.size()) indices of scores, best first.
+std::vector<uint32_t> top_k(std::span<const float> scores, size_t k);
+
+}  // namespace sg::kernels

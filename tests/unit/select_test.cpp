@@ -1,0 +1,1070 @@
+// Unit tests for kernels/ and runtime/select. Each kernel is checked against a direct evaluation of
+// its formula in double precision on random data, through every dtype and several key layouts
+// (token-major, head-major with spare rows, odd strides); storage outside a view holds a large
+// sentinel, so a kernel that reads past its view fails loudly. Then top-k ties, budgets (rounding,
+// sinks and recent inside the budget, dense heads, the three forms, a total budget), the union across
+// heads, profile JSON (round trip and invalid files named by path), and a planted needle that Quest
+// must always find at budget 1/16.
+#include "kernels.hpp"
+#include "select/select.hpp"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace sg::select {
+namespace {
+
+using kernels::Combine;
+using kernels::DType;
+using kernels::View;
+
+// ---- reference element decoding, written from the formats' definitions (not from kernels.hpp) ----
+
+double ref_fp16(uint16_t h) {
+    const double sign = h & 0x8000 ? -1.0 : 1.0;
+    const int e = (h >> 10) & 31, m = h & 1023;
+    if (e == 0) return sign * std::ldexp(m, -24);
+    if (e == 31) return m ? std::numeric_limits<double>::quiet_NaN() : sign * std::numeric_limits<double>::infinity();
+    return sign * std::ldexp(1024 + m, e - 25);
+}
+
+double ref_bf16(uint16_t b) {
+    const double sign = b & 0x8000 ? -1.0 : 1.0;
+    const int e = (b >> 7) & 255, m = b & 127;
+    if (e == 0) return sign * std::ldexp(m, -133);
+    if (e == 255) return m ? std::numeric_limits<double>::quiet_NaN() : sign * std::numeric_limits<double>::infinity();
+    return sign * std::ldexp(128 + m, e - 134);
+}
+
+const char *dtype_name(DType d) { return d == DType::fp32 ? "fp32" : d == DType::fp16 ? "fp16" : "bf16"; }
+
+enum class Shape { token_major, head_major, strided };
+const char *shape_name(Shape s) {
+    return s == Shape::token_major ? "token-major" : s == Shape::head_major ? "head-major" : "strided";
+}
+
+constexpr float kSentinel = 30000.f;  // representable in every dtype, and far above any real value
+
+// A [token][head][dim] tensor stored in some dtype and shape; at() reads an element independently.
+struct Tensor {
+    DType dtype;
+    std::vector<uint8_t> storage;
+    View view;
+
+    void put(uint64_t index, float v) {
+        uint8_t *p = storage.data() + index * kernels::dtype_bytes(dtype);
+        if (dtype == DType::fp32) {
+            std::memcpy(p, &v, 4);
+        } else {
+            const uint16_t h = dtype == DType::fp16 ? kernels::float_to_fp16(v) : kernels::float_to_bf16(v);
+            std::memcpy(p, &h, 2);
+        }
+    }
+    uint64_t index(uint64_t t, uint32_t h, uint32_t i) const {
+        return t * view.token_stride + h * view.head_stride + i;
+    }
+    double at(uint64_t t, uint32_t h, uint32_t i) const {
+        const uint8_t *p = storage.data() + index(t, h, i) * kernels::dtype_bytes(dtype);
+        if (dtype == DType::fp32) {
+            float f;
+            std::memcpy(&f, p, 4);
+            return f;
+        }
+        uint16_t x;
+        std::memcpy(&x, p, 2);
+        return dtype == DType::fp16 ? ref_fp16(x) : ref_bf16(x);
+    }
+};
+
+template <class Gen>
+Tensor make_tensor(DType dtype, Shape shape, uint64_t tokens, uint32_t heads, uint32_t dim, Gen &&gen) {
+    Tensor x;
+    x.dtype = dtype;
+    uint64_t elements = 0;
+    switch (shape) {
+        case Shape::token_major:
+            x.view = kernels::token_major(nullptr, dtype, tokens, heads, dim);
+            elements = tokens * heads * dim;
+            break;
+        case Shape::head_major: {
+            const uint64_t rows = tokens + 5;  // spare rows per head, as in a partly filled block
+            x.view = kernels::head_major(nullptr, dtype, tokens, heads, dim, rows);
+            elements = rows * heads * dim;
+            break;
+        }
+        case Shape::strided:
+            x.view = {nullptr, dtype, tokens, heads, dim, uint64_t(heads) * (dim + 3) + 7, dim + 3};
+            elements = tokens * x.view.token_stride;
+            break;
+    }
+    x.storage.resize(std::max<uint64_t>(elements, 1) * kernels::dtype_bytes(dtype));
+    for (uint64_t e = 0; e < elements; ++e) x.put(e, kSentinel);
+    for (uint64_t t = 0; t < tokens; ++t)
+        for (uint32_t h = 0; h < heads; ++h)
+            for (uint32_t i = 0; i < dim; ++i) x.put(x.index(t, h, i), gen(t, h, i));
+    x.view.data = x.storage.data();
+    return x;
+}
+
+template <class Rng>
+Tensor random_tensor(Rng &rng, DType dtype, Shape shape, uint64_t tokens, uint32_t heads, uint32_t dim) {
+    std::normal_distribution<float> normal;
+    return make_tensor(dtype, shape, tokens, heads, dim, [&](uint64_t, uint32_t, uint32_t) { return normal(rng); });
+}
+
+double combine(Combine c, bool first, double acc, double v) {
+    return first ? v : c == Combine::max ? std::max(acc, v) : acc + v;
+}
+
+// ---- reference kernels ----
+
+// [block][head][2][dim] in double.
+std::vector<double> ref_digest(const Tensor &k, uint32_t tpb) {
+    const View &v = k.view;
+    const uint64_t nb = kernels::num_blocks(v.tokens, tpb);
+    std::vector<double> out(nb * v.heads * 2 * v.dim);
+    for (uint64_t b = 0; b < nb; ++b)
+        for (uint32_t h = 0; h < v.heads; ++h)
+            for (uint32_t i = 0; i < v.dim; ++i) {
+                double lo = INFINITY, hi = -INFINITY;
+                for (uint64_t t = b * tpb; t < std::min<uint64_t>(v.tokens, (b + 1) * tpb); ++t) {
+                    lo = std::min(lo, k.at(t, h, i));
+                    hi = std::max(hi, k.at(t, h, i));
+                }
+                out[((b * v.heads + h) * 2 + 0) * v.dim + i] = lo;
+                out[((b * v.heads + h) * 2 + 1) * v.dim + i] = hi;
+            }
+    return out;
+}
+
+// Scores and a matching tolerance (from the magnitude of the terms summed), [block][kv_head].
+struct Expected {
+    std::vector<double> value, tol;
+};
+
+Expected ref_quest(const std::vector<double> &digest, uint64_t nb, uint32_t kvh, const Tensor &q, Combine c) {
+    const uint32_t dim = q.view.dim, group = q.view.heads / kvh;
+    Expected e{std::vector<double>(nb * kvh), std::vector<double>(nb * kvh)};
+    for (uint64_t b = 0; b < nb; ++b)
+        for (uint32_t g = 0; g < kvh; ++g) {
+            double acc = 0, mag = 0;
+            for (uint32_t j = 0; j < group; ++j) {
+                double s = 0;
+                for (uint32_t i = 0; i < dim; ++i) {
+                    const double qi = q.at(0, g * group + j, i);
+                    const double lo = digest[((b * kvh + g) * 2) * dim + i],
+                                 hi = digest[((b * kvh + g) * 2 + 1) * dim + i];
+                    s += std::max(qi * lo, qi * hi);
+                    mag += std::fabs(qi) * std::max(std::fabs(lo), std::fabs(hi));
+                }
+                acc = combine(c, j == 0, acc, s);
+            }
+            e.value[b * kvh + g] = acc;
+            e.tol[b * kvh + g] = 1e-5 * mag + 1e-6;
+        }
+    return e;
+}
+
+// [kv_head][token]: Σ_w softmax over visible keys, per query head, combined over the group.
+std::vector<double> ref_window(const Tensor &k, const Tensor &q, uint64_t first_pos, Combine c) {
+    const uint64_t n = k.view.tokens, window = q.view.tokens;
+    const uint32_t kvh = k.view.heads, dim = k.view.dim, group = q.view.heads / kvh;
+    std::vector<double> out(kvh * n, 0.0), head(n), logits(n);
+    for (uint32_t g = 0; g < kvh; ++g)
+        for (uint32_t j = 0; j < group; ++j) {
+            const uint32_t h = g * group + j;
+            std::fill(head.begin(), head.end(), 0.0);
+            for (uint64_t w = 0; w < window; ++w) {
+                const uint64_t visible = std::min(n, first_pos + w + 1);
+                double m = -INFINITY;
+                for (uint64_t t = 0; t < visible; ++t) {
+                    double s = 0;
+                    for (uint32_t i = 0; i < dim; ++i) s += q.at(w, h, i) * k.at(t, g, i);
+                    logits[t] = s / std::sqrt(double(dim));
+                    m = std::max(m, logits[t]);
+                }
+                double z = 0;
+                for (uint64_t t = 0; t < visible; ++t) z += std::exp(logits[t] - m);
+                for (uint64_t t = 0; t < visible; ++t) head[t] += std::exp(logits[t] - m) / z;
+            }
+            for (uint64_t t = 0; t < n; ++t) out[g * n + t] = combine(c, j == 0, out[g * n + t], head[t]);
+        }
+    return out;
+}
+
+// [block][head] from [head][token] scores, max-pooled over `pool` tokens first.
+std::vector<double> ref_blocks(const std::vector<double> &tok, uint32_t heads, uint64_t n, uint32_t tpb,
+                               uint32_t pool) {
+    const uint64_t nb = kernels::num_blocks(n, tpb);
+    const int64_t r = pool / 2;
+    std::vector<double> out(nb * heads, 0.0);
+    for (uint32_t h = 0; h < heads; ++h)
+        for (uint64_t t = 0; t < n; ++t) {
+            double m = -INFINITY;
+            for (int64_t u = int64_t(t) - r; u <= int64_t(t) + r; ++u)
+                if (u >= 0 && u < int64_t(n)) m = std::max(m, tok[h * n + uint64_t(u)]);
+            out[(t / tpb) * heads + h] += m;
+        }
+    return out;
+}
+
+// ---- element conversions ----
+
+TEST(Convert, Fp16ToFloatMatchesDefinitionForAllValues) {
+    for (uint32_t h = 0; h < 65536; ++h) {
+        const double want = ref_fp16(uint16_t(h));
+        const float got = kernels::fp16_to_float(uint16_t(h));
+        if (std::isnan(want)) {
+            ASSERT_TRUE(std::isnan(got)) << std::hex << h;
+        } else {
+            ASSERT_EQ(double(got), want) << std::hex << h;
+        }
+    }
+}
+
+TEST(Convert, Bf16ToFloatMatchesDefinitionForAllValues) {
+    for (uint32_t b = 0; b < 65536; ++b) {
+        const double want = ref_bf16(uint16_t(b));
+        const float got = kernels::bf16_to_float(uint16_t(b));
+        if (std::isnan(want)) {
+            ASSERT_TRUE(std::isnan(got)) << std::hex << b;
+        } else {
+            ASSERT_EQ(double(got), want) << std::hex << b;
+        }
+    }
+}
+
+// float -> half/bf16 picks the nearest representable value, ties to even: checked against the
+// neighbours of the result, for floats spread over every exponent the formats have.
+template <class Encode, class Decode>
+void check_rounding(Encode encode, Decode decode, double max_finite) {
+    std::mt19937_64 rng(7);
+    std::uniform_real_distribution<double> mant(1.0, 2.0);
+    std::uniform_int_distribution<int> exp(-30, 17);
+    for (int i = 0; i < 200000; ++i) {
+        const float f = float((rng() & 1 ? -1 : 1) * std::ldexp(mant(rng), exp(rng)));
+        const uint16_t h = encode(f);
+        const double got = decode(h);
+        if (std::fabs(double(f)) > max_finite) continue;  // overflow is checked separately
+        ASSERT_TRUE(std::isfinite(got)) << f;
+        for (int d : {-1, 1}) {
+            const uint16_t nb = uint16_t(h + d);
+            if ((nb & 0x8000) != (h & 0x8000)) continue;
+            const double other = decode(nb);
+            if (!std::isfinite(other)) continue;
+            const double e0 = std::fabs(double(f) - got), e1 = std::fabs(double(f) - other);
+            ASSERT_LE(e0, e1) << "f=" << f << " h=" << h;
+            if (e0 == e1) {
+                ASSERT_EQ(h & 1, 0) << "tie not to even: f=" << f;
+            }
+        }
+    }
+}
+
+TEST(Convert, FloatToHalfAndBf16RoundToNearestEven) {
+    check_rounding(kernels::float_to_fp16, ref_fp16, 65504.0);
+    check_rounding(kernels::float_to_bf16, ref_bf16, 3.0e38);
+    EXPECT_EQ(kernels::float_to_fp16(65520.f), 0x7c00);
+    EXPECT_EQ(kernels::float_to_fp16(-1e10f), 0xfc00);
+    EXPECT_EQ(kernels::float_to_fp16(65519.f), 0x7bff);
+    EXPECT_TRUE(std::isnan(kernels::fp16_to_float(kernels::float_to_fp16(NAN))));
+    EXPECT_TRUE(std::isnan(kernels::bf16_to_float(kernels::float_to_bf16(NAN))));
+    for (uint32_t h = 0; h < 65536; ++h) {
+        if (!std::isnan(ref_fp16(uint16_t(h)))) {
+            ASSERT_EQ(kernels::float_to_fp16(kernels::fp16_to_float(uint16_t(h))), h) << std::hex << h;
+        }
+    }
+}
+
+// ---- digest and Quest ----
+
+struct KernelCase {
+    DType dtype;
+    Shape shape;
+};
+
+void PrintTo(const KernelCase &c, std::ostream *os) { *os << dtype_name(c.dtype) << " " << shape_name(c.shape); }
+
+std::string case_name(const testing::TestParamInfo<KernelCase> &info) {
+    return std::string(dtype_name(info.param.dtype)) + "_" +
+           (info.param.shape == Shape::token_major  ? "token_major"
+            : info.param.shape == Shape::head_major ? "head_major"
+                                                    : "strided");
+}
+
+class Kernels : public testing::TestWithParam<KernelCase> {};
+
+TEST_P(Kernels, PageDigestIsElementwiseMinMax) {
+    std::mt19937_64 rng(11 + int(GetParam().dtype) * 3 + int(GetParam().shape));
+    for (const uint64_t tokens : {1ull, 15ull, 16ull, 17ull, 200ull})
+        for (const uint32_t dim : {1u, 16u, 37u, 128u}) {
+            SCOPED_TRACE("tokens " + std::to_string(tokens) + " dim " + std::to_string(dim));
+            const uint32_t tpb = 16, heads = 3;
+            const Tensor k = random_tensor(rng, GetParam().dtype, GetParam().shape, tokens, heads, dim);
+            const uint64_t nb = kernels::num_blocks(tokens, tpb);
+            std::vector<float> got(kernels::digest_floats(nb, heads, dim));
+            kernels::page_digest(k.view, tpb, got.data());
+            const std::vector<double> want = ref_digest(k, tpb);
+            for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(double(got[i]), want[i]) << "element " << i;
+        }
+}
+
+TEST_P(Kernels, QuestScoreIsUpperBoundFormula) {
+    std::mt19937_64 rng(21 + int(GetParam().dtype) * 3 + int(GetParam().shape));
+    for (const Combine c : {Combine::max, Combine::sum})
+        for (const uint32_t group : {1u, 4u})
+            for (const uint32_t dim : {8u, 37u, 128u}) {
+                SCOPED_TRACE(std::string(c == Combine::max ? "max" : "sum") + " group " + std::to_string(group) +
+                             " dim " + std::to_string(dim));
+                const uint32_t tpb = 16, kvh = 2;
+                const uint64_t tokens = 16 * 9 + 5;  // partial last block
+                const Tensor k = random_tensor(rng, GetParam().dtype, GetParam().shape, tokens, kvh, dim);
+                const Tensor q = random_tensor(rng, GetParam().dtype, GetParam().shape, 1, kvh * group, dim);
+                const uint64_t nb = kernels::num_blocks(tokens, tpb);
+                std::vector<float> digest(kernels::digest_floats(nb, kvh, dim)), got(nb * kvh);
+                kernels::page_digest(k.view, tpb, digest.data());
+                kernels::quest_scores(digest.data(), nb, kvh, q.view, c, got.data());
+                const Expected want = ref_quest(ref_digest(k, tpb), nb, kvh, q, c);
+                for (size_t i = 0; i < got.size(); ++i)
+                    ASSERT_NEAR(got[i], want.value[i], want.tol[i]) << "score " << i;
+            }
+}
+
+// ---- window attention (SnapKV) ----
+
+TEST_P(Kernels, WindowAttentionIsSummedCausalSoftmax) {
+    std::mt19937_64 rng(31 + int(GetParam().dtype) * 3 + int(GetParam().shape));
+    struct Case {
+        uint64_t tokens, window, first;
+        uint32_t group, dim;
+    };
+    const Case cases[] = {
+        {100, 8, 92, 1, 16},   // the usual: the last W prompt queries
+        {77, 5, 72, 4, 37},    // GQA, odd sizes
+        {130, 16, 40, 2, 64},  // queries mid-prompt: later keys are invisible to all of them
+        {1, 1, 0, 2, 8},       // one token
+        {70, 80, 0, 1, 8},     // a window longer than the prompt
+    };
+    for (const Combine c : {Combine::max, Combine::sum})
+        for (const Case &cs : cases) {
+            SCOPED_TRACE("tokens " + std::to_string(cs.tokens) + " window " + std::to_string(cs.window) + " group " +
+                         std::to_string(cs.group) + (c == Combine::max ? " max" : " sum"));
+            const uint32_t kvh = 2;
+            const Tensor k = random_tensor(rng, GetParam().dtype, GetParam().shape, cs.tokens, kvh, cs.dim);
+            const Tensor q = random_tensor(rng, GetParam().dtype, GetParam().shape, cs.window, kvh * cs.group, cs.dim);
+            std::vector<float> scratch(kernels::window_scratch_floats(k.view, q.view)), got(kvh * cs.tokens);
+            kernels::window_attention(k.view, q.view, cs.first, c, scratch, got.data());
+            const std::vector<double> want = ref_window(k, q, cs.first, c);
+            const double tol = 2e-6 * double(cs.window) * cs.group;
+            for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], tol) << "token score " << i;
+
+            for (const uint32_t pool : {1u, 3u, 7u}) {
+                const uint32_t tpb = 16;
+                const uint64_t nb = kernels::num_blocks(cs.tokens, tpb);
+                std::vector<float> blocks(nb * kvh), snap(nb * kvh);
+                std::vector<float> snap_scratch(kernels::snapkv_scratch_floats(k.view, q.view));
+                kernels::snapkv_scores(k.view, q.view, cs.first, c, tpb, pool, snap_scratch, snap.data());
+                const std::vector<double> want_blocks = ref_blocks(want, kvh, cs.tokens, tpb, pool);
+                for (size_t i = 0; i < snap.size(); ++i)
+                    ASSERT_NEAR(snap[i], want_blocks[i], tol * tpb) << "pool " << pool << " block score " << i;
+            }
+        }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllDtypesAndLayouts, Kernels,
+    testing::Values(KernelCase{DType::fp32, Shape::token_major}, KernelCase{DType::fp32, Shape::head_major},
+                    KernelCase{DType::fp32, Shape::strided}, KernelCase{DType::fp16, Shape::token_major},
+                    KernelCase{DType::fp16, Shape::head_major}, KernelCase{DType::fp16, Shape::strided},
+                    KernelCase{DType::bf16, Shape::token_major}, KernelCase{DType::bf16, Shape::head_major},
+                    KernelCase{DType::bf16, Shape::strided}),
+    case_name);
+
+// Queries and keys need not share a dtype.
+TEST(Kernels, WindowAttentionMixedDtypes) {
+    std::mt19937_64 rng(5);
+    const Tensor k = random_tensor(rng, DType::bf16, Shape::head_major, 50, 2, 24);
+    const Tensor q = random_tensor(rng, DType::fp32, Shape::token_major, 6, 4, 24);
+    std::vector<float> scratch(kernels::window_scratch_floats(k.view, q.view)), got(2 * 50);
+    kernels::window_attention(k.view, q.view, 44, Combine::sum, scratch, got.data());
+    const std::vector<double> want = ref_window(k, q, 44, Combine::sum);
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-5) << i;
+}
+
+TEST(Kernels, BlockScoresPoolingEdges) {
+    std::mt19937_64 rng(9);
+    std::uniform_real_distribution<float> u(0.f, 1.f);
+    for (const uint64_t n : {1ull, 2ull, 5ull, 16ull, 33ull, 100ull, 257ull})
+        for (const uint32_t pool : {1u, 3u, 5u, 9u, 31u})
+            for (const uint32_t tpb : {1u, 4u, 16u}) {
+                const uint32_t heads = 2;
+                std::vector<float> tok(heads * n);
+                for (auto &x : tok) x = u(rng);
+                const std::vector<double> tok_d(tok.begin(), tok.end());
+                std::vector<float> got(kernels::num_blocks(n, tpb) * heads);
+                kernels::block_scores(tok.data(), heads, n, tpb, pool, got.data());
+                const std::vector<double> want = ref_blocks(tok_d, heads, n, tpb, pool);
+                for (size_t i = 0; i < got.size(); ++i)
+                    ASSERT_NEAR(got[i], want[i], 1e-5 * tpb) << "n " << n << " pool " << pool << " tpb " << tpb;
+            }
+}
+
+// ---- heavy hitters (H2O) ----
+
+TEST(Kernels, HeavyHitterBlockSums) {
+    std::mt19937_64 rng(13);
+    std::uniform_real_distribution<float> u(0.f, 2.f);
+    for (const Combine c : {Combine::max, Combine::sum})
+        for (const uint32_t group : {1u, 3u})
+            for (const uint64_t n : {1ull, 40ull, 161ull}) {
+                const uint32_t kvh = 2, heads = kvh * group, tpb = 16;
+                const uint64_t stride = n + 3;
+                std::vector<float> acc(heads * stride, kSentinel);
+                for (uint32_t h = 0; h < heads; ++h)
+                    for (uint64_t t = 0; t < n; ++t) acc[h * stride + t] = u(rng);
+                const uint64_t nb = kernels::num_blocks(n, tpb);
+                std::vector<float> got(nb * kvh);
+                kernels::h2o_scores(acc.data(), heads, n, stride, kvh, c, tpb, got.data());
+                for (uint64_t b = 0; b < nb; ++b)
+                    for (uint32_t g = 0; g < kvh; ++g) {
+                        double want = 0;
+                        for (uint64_t t = b * tpb; t < std::min(n, (b + 1) * tpb); ++t) {
+                            double v = 0;
+                            for (uint32_t j = 0; j < group; ++j)
+                                v = combine(c, j == 0, v, acc[(g * group + j) * stride + t]);
+                            want += v;
+                        }
+                        ASSERT_NEAR(got[b * kvh + g], want, 1e-5 * tpb * group) << "block " << b << " head " << g;
+                    }
+            }
+}
+
+// ---- paged pools: one call per block gives the digest of the whole sequence ----
+
+TEST(Kernels, DigestOfPagedHeadMajorPoolMatchesContiguous) {
+    std::mt19937_64 rng(17);
+    const uint32_t tpb = 16, heads = 4, dim = 32, pool_blocks = 12;
+    const uint64_t tokens = 16 * 7 + 9;
+    const uint64_t nb = kernels::num_blocks(tokens, tpb);
+    std::vector<uint32_t> table(pool_blocks);
+    std::iota(table.begin(), table.end(), 0u);
+    std::shuffle(table.begin(), table.end(), rng);
+    table.resize(nb);
+    // The pool: blocks of [head][tpb][dim] fp16; the same keys also token-major and contiguous.
+    std::vector<uint16_t> pool(size_t(pool_blocks) * heads * tpb * dim, kernels::float_to_fp16(kSentinel));
+    const Tensor flat = random_tensor(rng, DType::fp16, Shape::token_major, tokens, heads, dim);
+    for (uint64_t t = 0; t < tokens; ++t)
+        for (uint32_t h = 0; h < heads; ++h)
+            for (uint32_t i = 0; i < dim; ++i)
+                pool[((size_t(table[t / tpb]) * heads + h) * tpb + t % tpb) * dim + i] =
+                    kernels::float_to_fp16(float(flat.at(t, h, i)));
+    std::vector<float> want(kernels::digest_floats(nb, heads, dim)), got(want.size());
+    kernels::page_digest(flat.view, tpb, want.data());
+    for (uint64_t b = 0; b < nb; ++b) {
+        const uint64_t valid = std::min<uint64_t>(tpb, tokens - b * tpb);
+        const View block = kernels::head_major(pool.data() + size_t(table[b]) * heads * tpb * dim, DType::fp16, valid,
+                                               heads, dim, tpb);
+        kernels::page_digest(block, tpb, got.data() + kernels::digest_floats(b, heads, dim));
+    }
+    EXPECT_EQ(got, want);
+
+    // slice() views a run of tokens of a larger view.
+    std::vector<float> part(kernels::digest_floats(2, heads, dim));
+    kernels::page_digest(kernels::slice(flat.view, 2 * tpb, 2 * tpb), tpb, part.data());
+    EXPECT_TRUE(std::equal(part.begin(), part.end(), want.begin() + kernels::digest_floats(2, heads, dim)));
+}
+
+// ---- top-k ----
+
+std::vector<uint32_t> ref_top_k(const std::vector<float> &s, size_t k) {
+    std::vector<uint32_t> idx(s.size());
+    std::iota(idx.begin(), idx.end(), 0u);
+    const auto key = [&](uint32_t i) { return std::isnan(s[i]) ? -INFINITY : double(s[i]); };
+    std::stable_sort(idx.begin(), idx.end(), [&](uint32_t a, uint32_t b) { return key(a) > key(b); });
+    idx.resize(std::min(k, idx.size()));
+    return idx;
+}
+
+TEST(TopK, TiesGoToTheLowerIndex) {
+    const std::vector<float> s = {1, 3, 3, 2, 3, 2};
+    EXPECT_EQ(kernels::top_k(s, 2), (std::vector<uint32_t>{1, 2}));
+    EXPECT_EQ(kernels::top_k(s, 4), (std::vector<uint32_t>{1, 2, 4, 3}));
+    EXPECT_EQ(kernels::top_k(s, 0), std::vector<uint32_t>{});
+    EXPECT_EQ(kernels::top_k(s, 99), (std::vector<uint32_t>{1, 2, 4, 3, 5, 0}));
+    const std::vector<float> flat(10, 0.5f);
+    EXPECT_EQ(kernels::top_k(flat, 3), (std::vector<uint32_t>{0, 1, 2}));
+    const std::vector<float> nan = {NAN, -INFINITY, 0.f, NAN};
+    EXPECT_EQ(kernels::top_k(nan, 4), (std::vector<uint32_t>{2, 0, 1, 3}));
+}
+
+TEST(TopK, MatchesStableSortOnRandomTies) {
+    std::mt19937_64 rng(3);
+    for (int trial = 0; trial < 500; ++trial) {
+        const size_t n = 1 + rng() % 300;
+        std::vector<float> s(n);
+        for (auto &x : s) x = rng() % 50 == 0 ? NAN : float(rng() % 6);  // many ties
+        const size_t k = rng() % (n + 2);
+        ASSERT_EQ(kernels::top_k(s, k), ref_top_k(s, k)) << "trial " << trial;
+        // Over a shuffled subset of candidates: the same order among them, whatever their input order.
+        std::vector<uint32_t> cand(n);
+        std::iota(cand.begin(), cand.end(), 0u);
+        std::shuffle(cand.begin(), cand.end(), rng);
+        cand.resize(n / 2);
+        std::vector<uint8_t> in(n, 0);
+        for (uint32_t c : cand) in[c] = 1;
+        kernels::top_k(s, cand, k);
+        std::vector<uint32_t> want;
+        for (uint32_t i : ref_top_k(s, n))
+            if (in[i] && want.size() < k) want.push_back(i);
+        ASSERT_EQ(std::vector<uint32_t>(cand.begin(), cand.begin() + std::min(k, cand.size())), want);
+    }
+}
+
+// ---- budgets and selection ----
+
+Profile uniform(uint32_t layers, uint32_t heads, uint32_t tpb, Policy policy, Budget budget, uint32_t sinks = 0,
+                uint32_t recent = 0) {
+    Profile p;
+    p.model = "test";
+    p.num_layers = layers;
+    p.num_kv_heads = heads;
+    p.block_tokens = tpb;
+    p.defaults.policy = policy;
+    p.defaults.budget = budget;
+    p.defaults.sinks = sinks;
+    p.defaults.recent = recent;
+    return p;
+}
+
+std::vector<uint32_t> vec(const Vec<uint32_t> &v) { return std::vector<uint32_t>(v.begin(), v.end()); }
+
+std::vector<uint32_t> range(uint32_t a, uint32_t b) {
+    std::vector<uint32_t> r(b - a);
+    std::iota(r.begin(), r.end(), a);
+    return r;
+}
+
+TEST(Budget, RoundsUpToWholeBlocks) {
+    EXPECT_EQ(budget_blocks(Budget::of_tokens(16), 1000, 16, 0), 1u);
+    EXPECT_EQ(budget_blocks(Budget::of_tokens(17), 1000, 16, 0), 2u);
+    EXPECT_EQ(budget_blocks(Budget::of_tokens(0), 1000, 16, 0), 0u);
+    EXPECT_EQ(budget_blocks(Budget::of_fraction(1.0 / 16), 1000, 16, 0), 4u);  // 62.5 -> 63 tokens -> 4 blocks
+    EXPECT_EQ(budget_blocks(Budget::of_fraction(0.1), 1000, 10, 0), 10u);      // exactly 100 tokens, not 101
+    EXPECT_EQ(budget_blocks(Budget::of_fraction(1.0), 1000, 16, 0), 63u);      // includes the partial block
+    EXPECT_EQ(budget_blocks(Budget::of_bytes(512), 1000, 16, 32), 1u);         // one block is 16 * 32 bytes
+    EXPECT_EQ(budget_blocks(Budget::of_bytes(513), 1000, 16, 32), 2u);
+    EXPECT_EQ(budget_blocks(Budget::of_tokens(1u << 30), 1000, 16, 0), 63u);  // capped at the request
+    EXPECT_EQ(budget_blocks(Budget::of_bytes(UINT64_MAX), 1000, 16, 32), 63u);
+    EXPECT_EQ(budget_blocks(Budget::of_tokens(5), 0, 16, 0), 0u);
+    try {
+        budget_blocks(Budget::of_bytes(100), 1000, 16, 0);
+        FAIL() << "a bytes budget without head_token_bytes was accepted";
+    } catch (const Error &e) {
+        EXPECT_EQ(e.status(), SG_ERR_INVALID_ARGUMENT);
+    }
+}
+
+// Scores that make block b's rank obvious: higher index, higher score, per head reversed on odd heads.
+std::vector<float> ramp(uint64_t nb, uint32_t heads) {
+    std::vector<float> s(nb * heads);
+    for (uint64_t b = 0; b < nb; ++b)
+        for (uint32_t h = 0; h < heads; ++h) s[b * heads + h] = h % 2 ? float(nb - b) : float(b);
+    return s;
+}
+
+TEST(Select, SinksAndRecentCountInsideTheBudget) {
+    // 1000 tokens, 16 per block: 63 blocks. Sinks 16 tokens = block 0; recent 40 tokens = tokens
+    // 960..999 = blocks 60..62. A budget of 8 blocks leaves 4 for the best-scored middle blocks.
+    const Profile p = uniform(1, 2, 16, Policy::quest, Budget::of_tokens(8 * 16), 16, 40);
+    const Selector sel(p, {1000, 64});
+    ASSERT_EQ(sel.num_blocks(), 63u);
+    const LayerSelection s = sel.select_layer(0, ramp(63, 2));
+    EXPECT_EQ(vec(s.heads[0]), (std::vector<uint32_t>{0, 56, 57, 58, 59, 60, 61, 62}));
+    EXPECT_EQ(vec(s.heads[1]), (std::vector<uint32_t>{0, 1, 2, 3, 4, 60, 61, 62}));
+    EXPECT_EQ(s.stats.head_blocks, 16u);
+    EXPECT_EQ(s.stats.budget_blocks, 16u);
+    EXPECT_EQ(s.stats.over_budget_heads, 0u);
+
+    // Sinks and recent alone exceed a 2-block budget: they are still sent, and reported.
+    const Profile tight = uniform(1, 2, 16, Policy::quest, Budget::of_tokens(20), 16, 40);
+    const LayerSelection t = Selector(tight, {1000, 64}).select_layer(0, ramp(63, 2));
+    EXPECT_EQ(vec(t.heads[0]), (std::vector<uint32_t>{0, 60, 61, 62}));
+    EXPECT_EQ(t.stats.over_budget_heads, 2u);
+
+    // Windows larger than the request cover it once.
+    const Profile wide = uniform(1, 1, 16, Policy::quest, Budget::of_tokens(16), 5000, 5000);
+    const Selector ws(wide, {100, 64});
+    EXPECT_FALSE(ws.needs_scores(0));
+    EXPECT_EQ(vec(ws.select_layer(0, {}).heads[0]), range(0, 7));
+}
+
+TEST(Select, SinksRecentPolicyWidensTheWindow) {
+    const Profile p = uniform(1, 1, 16, Policy::sinks_recent, Budget::of_tokens(5 * 16), 16, 16);
+    const Selector sel(p, {640, 64});
+    EXPECT_FALSE(sel.needs_scores(0));
+    EXPECT_EQ(vec(sel.select_layer(0, {}).heads[0]), (std::vector<uint32_t>{0, 36, 37, 38, 39}));
+}
+
+TEST(Select, DenseLayersAndHeadsSelectEverything) {
+    Profile p = uniform(3, 4, 16, Policy::quest, Budget::of_fraction(0.125));
+    p.layers.push_back({1, {.policy = Policy::dense}, {}});
+    p.layers.push_back({2, {}, {{3, {.policy = Policy::dense}}}});
+    const Selector sel(p, {512, 64});  // 32 blocks; 1/8 = 4 blocks
+    const std::vector<float> scores = ramp(32, 4);
+    const LayerSelection l0 = sel.select_layer(0, scores), l1 = sel.select_layer(1, scores),
+                         l2 = sel.select_layer(2, scores);
+    EXPECT_EQ(l0.stats.dense_heads, 0u);
+    EXPECT_EQ(l0.stats.head_blocks, 16u);
+    EXPECT_FALSE(sel.needs_scores(1));
+    EXPECT_EQ(vec(sel.select_layer(1, {}).blocks), range(0, 32));
+    EXPECT_EQ(l1.stats.dense_heads, 4u);
+    EXPECT_EQ(l1.stats.head_blocks, 4u * 32);
+    EXPECT_EQ(l1.stats.budget_blocks, 4u * 32);
+    EXPECT_EQ(vec(l2.heads[3]), range(0, 32));
+    EXPECT_EQ(l2.heads[0].size(), 4u);
+    EXPECT_EQ(l2.stats.dense_heads, 1u);
+    EXPECT_EQ(l2.stats.budget_blocks, 3u * 4 + 32);
+    EXPECT_EQ(vec(l2.blocks), range(0, 32));
+    EXPECT_EQ(sel.budget(2, 3), 32u);
+    EXPECT_EQ(sel.rule(2, 3).policy, Policy::dense);
+}
+
+TEST(Select, TokensFractionAndBytesFormsAgree) {
+    const uint64_t htb = 2 * 128 * 2;  // K+V, head_dim 128, fp16
+    std::mt19937_64 rng(23);
+    std::vector<float> scores(64 * 2);
+    for (auto &x : scores) x = float(rng() % 1000);
+    std::vector<std::vector<uint32_t>> results;
+    for (const Budget b : {Budget::of_tokens(256), Budget::of_fraction(0.25), Budget::of_bytes(256 * htb),
+                           Budget::of_tokens(250), Budget::of_bytes(250 * htb + 1)}) {
+        const LayerSelection s =
+            Selector(uniform(1, 2, 16, Policy::h2o, b, 16, 16), {1024, htb}).select_layer(0, scores);
+        EXPECT_EQ(s.heads[0].size(), 16u);
+        results.push_back(vec(s.heads[0]));
+    }
+    for (const auto &r : results) EXPECT_EQ(r, results[0]);
+}
+
+TEST(Select, BudgetLargerThanTheRequestTakesEverything) {
+    for (const Budget b : {Budget::of_tokens(1u << 20), Budget::of_fraction(1.0), Budget::of_bytes(UINT64_MAX)}) {
+        const Selector sel(uniform(2, 2, 16, Policy::quest, b, 4, 4), {100, 64});
+        EXPECT_EQ(sel.budget(1, 1), 7u);
+        const LayerSelection s = sel.select_layer(1, std::vector<float>(14, 1.f));
+        EXPECT_EQ(vec(s.heads[0]), range(0, 7));
+        EXPECT_EQ(vec(s.blocks), range(0, 7));
+        EXPECT_EQ(s.stats.extra_bytes, 0u);
+        EXPECT_EQ(s.stats.head_bytes, 2u * 100 * 64);
+    }
+}
+
+TEST(Select, UnionReportsExtraBytesOfWholeBlocks) {
+    // Head 0 prefers high blocks, head 1 low ones: their sets are disjoint apart from the sinks and
+    // the recent block, so the union moves every head of blocks only one head wanted.
+    const uint32_t tpb = 16;
+    const uint64_t tokens = 16 * 20 + 7, htb = 256;  // 21 blocks, the last one with 7 tokens
+    const Selector sel(uniform(1, 2, tpb, Policy::quest, Budget::of_tokens(5 * 16), 16, 7), {tokens, htb});
+    const LayerSelection s = sel.select_layer(0, ramp(21, 2));
+    EXPECT_EQ(vec(s.heads[0]), (std::vector<uint32_t>{0, 17, 18, 19, 20}));
+    EXPECT_EQ(vec(s.heads[1]), (std::vector<uint32_t>{0, 1, 2, 3, 20}));
+    EXPECT_EQ(vec(s.blocks), (std::vector<uint32_t>{0, 1, 2, 3, 17, 18, 19, 20}));
+    const uint64_t head_tokens = 2 * (4 * 16 + 7), union_tokens = 7 * 16 + 7;
+    EXPECT_EQ(s.stats.union_blocks, 8u);
+    EXPECT_EQ(s.stats.head_bytes, head_tokens * htb);
+    EXPECT_EQ(s.stats.union_bytes, union_tokens * htb * 2);
+    EXPECT_EQ(s.stats.extra_bytes, s.stats.union_bytes - s.stats.head_bytes);
+}
+
+// Against a naive per-head selection: forced blocks, then the best-scored of the rest by a stable
+// sort, over random profiles with per-layer and per-head overrides.
+TEST(Select, MatchesNaiveSelectionOnRandomProfiles) {
+    std::mt19937_64 rng(29);
+    const Policy policies[] = {Policy::sinks_recent, Policy::quest, Policy::snapkv, Policy::h2o, Policy::dense};
+    for (int trial = 0; trial < 200; ++trial) {
+        const uint32_t layers = 1 + rng() % 3, heads = 1 + rng() % 4, tpb = 1 + rng() % 32;
+        const uint64_t tokens = rng() % 600, htb = 1 + rng() % 512;
+        auto random_budget = [&]() {
+            switch (rng() % 3) {
+                case 0:
+                    return Budget::of_tokens(rng() % 700);
+                case 1:
+                    return Budget::of_fraction(double(1 + rng() % 100) / 100);
+                default:
+                    return Budget::of_bytes(rng() % (700 * htb));
+            }
+        };
+        auto random_rule = [&](bool all) {
+            RuleSpec r;
+            if (all || rng() % 2) r.policy = policies[rng() % 5];
+            if (all || rng() % 2) r.budget = random_budget();
+            if (all || rng() % 2) r.sinks = uint32_t(rng() % 40);
+            if (all || rng() % 2) r.recent = uint32_t(rng() % 80);
+            return r;
+        };
+        Profile p = uniform(layers, heads, tpb, Policy::quest, Budget::of_tokens(0));
+        p.defaults = random_rule(true);
+        for (uint32_t l = 0; l < layers; ++l)
+            if (rng() % 2) {
+                LayerSpec ls{l, random_rule(false), {}};
+                for (uint32_t h = 0; h < heads; ++h)
+                    if (rng() % 2) ls.heads.push_back({h, random_rule(false)});
+                p.layers.push_back(ls);
+            }
+        const Selector sel(p, {tokens, htb});
+        const uint64_t nb = sel.num_blocks();
+        ASSERT_EQ(nb, (tokens + tpb - 1) / tpb);
+        for (uint32_t l = 0; l < layers; ++l) {
+            std::vector<float> scores(nb * heads);
+            for (auto &x : scores) x = float(rng() % 8);
+            const LayerSelection s = sel.select_layer(l, scores);
+            std::set<uint32_t> all;
+            for (uint32_t h = 0; h < heads; ++h) {
+                const Rule r = p.rule(l, h);
+                const Rule resolved = r.policy == Policy::dense ? Rule{Policy::dense, {}, r.sinks, r.recent} : r;
+                ASSERT_EQ(sel.rule(l, h), resolved);
+                std::vector<uint32_t> want;
+                if (r.policy == Policy::dense) {
+                    want = range(0, uint32_t(nb));
+                } else {
+                    std::vector<uint8_t> forced(nb, 0);
+                    for (uint64_t t = 0; t < std::min<uint64_t>(r.sinks, tokens); ++t) forced[t / tpb] = 1;
+                    for (uint64_t t = tokens - std::min<uint64_t>(r.recent, tokens); t < tokens; ++t)
+                        forced[t / tpb] = 1;
+                    const uint64_t nforced = std::count(forced.begin(), forced.end(), 1);
+                    const uint64_t budget = budget_blocks(r.budget, tokens, tpb, htb);
+                    std::vector<float> col(nb, -INFINITY);
+                    for (uint64_t b = 0; b < nb; ++b)
+                        if (!forced[b]) col[b] = r.policy == Policy::sinks_recent ? float(b) : scores[b * heads + h];
+                    std::vector<uint32_t> order = ref_top_k(col, nb);
+                    uint64_t extra = budget > nforced ? budget - nforced : 0;
+                    for (uint32_t b : order)
+                        if (!forced[b] && extra > 0) {
+                            forced[b] = 1;
+                            --extra;
+                        }
+                    for (uint64_t b = 0; b < nb; ++b)
+                        if (forced[b]) want.push_back(uint32_t(b));
+                }
+                ASSERT_EQ(vec(s.heads[h]), want)
+                    << "trial " << trial << " layer " << l << " head " << h << " " << policy_name(r.policy);
+                all.insert(want.begin(), want.end());
+            }
+            ASSERT_EQ(vec(s.blocks), std::vector<uint32_t>(all.begin(), all.end()));
+        }
+    }
+}
+
+TEST(Select, TotalBudgetCountsDenseLayersFirst) {
+    // 4 layers x 2 heads x 64 blocks = 512 units; layer 0 dense (128 units). The others ask for 16
+    // blocks each (96 units) beyond nothing forced.
+    Profile p = uniform(4, 2, 16, Policy::quest, Budget::of_fraction(0.25));
+    p.layers.push_back({0, {.policy = Policy::dense}, {}});
+    const Request req{1024, 64};
+    std::vector<float> scores(64 * 2);
+    std::iota(scores.begin(), scores.end(), 0.f);
+    const auto total_units = [&](const Selector &sel) {
+        uint64_t sum = 0;
+        for (uint32_t l = 0; l < 4; ++l) sum += sel.select_layer(l, scores).stats.head_blocks;
+        return sum;
+    };
+
+    p.total_budget = Budget::of_fraction(0.5);  // 256 units: room for everything asked
+    const Selector roomy(p, req);
+    EXPECT_EQ(roomy.total_budget_blocks(), 256u);
+    EXPECT_EQ(roomy.budget(1, 0), 16u);
+    EXPECT_EQ(total_units(roomy), 128u + 96);
+
+    p.total_budget = Budget::of_fraction(0.375);  // 192 units: 64 left after the dense layer, for 96 asked
+    const Selector shared(p, req);
+    EXPECT_FALSE(shared.over_total_budget());
+    EXPECT_EQ(total_units(shared), 192u);
+    uint64_t eleven = 0;
+    for (uint32_t l = 1; l < 4; ++l)
+        for (uint32_t h = 0; h < 2; ++h) {
+            EXPECT_TRUE(shared.budget(l, h) == 10 || shared.budget(l, h) == 11);
+            eleven += shared.budget(l, h) == 11;
+        }
+    EXPECT_EQ(eleven, 4u);                // 6 x 10 + 4 leftover units
+    EXPECT_EQ(shared.budget(1, 0), 11u);  // leftovers go to the lowest (layer, head) on equal remainders
+
+    p.total_budget = Budget::of_tokens(128);  // 8 blocks x 8 streams = 64 units: less than the dense layer
+    const Selector over(p, req);
+    EXPECT_TRUE(over.over_total_budget());
+    EXPECT_EQ(total_units(over), 128u);  // dense is still sent; nothing else
+    EXPECT_FALSE(over.needs_scores(1));
+
+    p.total_budget = Budget::of_bytes(192 * 16 * 64);
+    EXPECT_EQ(Selector(p, req).total_budget_blocks(), 192u);
+}
+
+TEST(Select, RejectsBadCalls) {
+    const Selector sel(uniform(2, 2, 16, Policy::quest, Budget::of_fraction(0.5)), {100, 64});
+    EXPECT_TRUE(sel.needs_scores(0));
+    try {
+        sel.select_layer(0, std::vector<float>(13));
+        FAIL();
+    } catch (const Error &e) {
+        EXPECT_EQ(e.status(), SG_ERR_INVALID_ARGUMENT);
+        EXPECT_NE(e.message().find("needs 14 scores"), std::string::npos) << e.message();
+    }
+    try {
+        sel.select_layer(2, std::vector<float>(14));
+        FAIL();
+    } catch (const Error &e) {
+        EXPECT_EQ(e.status(), SG_ERR_OUT_OF_RANGE);
+    }
+    try {
+        Selector(uniform(1, 1, 16, Policy::quest, Budget::of_bytes(100)), {100, 0});
+        FAIL();
+    } catch (const Error &e) {
+        EXPECT_EQ(e.status(), SG_ERR_INVALID_ARGUMENT);
+    }
+    // Reusing an output keeps nothing from the previous layer.
+    LayerSelection out;
+    sel.select_layer(0, ramp(7, 2), out);
+    const Selector one_head(uniform(1, 1, 16, Policy::dense, Budget{}), {100, 64});
+    one_head.select_layer(0, {}, out);
+    EXPECT_EQ(out.heads.size(), 1u);
+    EXPECT_EQ(vec(out.blocks), range(0, 7));
+}
+
+// ---- the needle ----
+
+// A block whose keys point along the query is the one attention would pick; Quest must find it at a
+// budget of 1/16 whatever the dtype, layout, GQA grouping and combine mode.
+TEST(Select, QuestAlwaysFindsAPlantedNeedle) {
+    std::mt19937_64 rng(37);
+    std::normal_distribution<float> normal;
+    const DType dtypes[] = {DType::fp32, DType::fp16, DType::bf16};
+    const Shape shapes[] = {Shape::token_major, Shape::head_major, Shape::strided};
+    int found = 0;
+    const int trials = 120;
+    for (int trial = 0; trial < trials; ++trial) {
+        const DType dtype = dtypes[trial % 3];
+        const Shape shape = shapes[(trial / 3) % 3];
+        const Combine c = trial % 2 ? Combine::sum : Combine::max;
+        const uint32_t kvh = 2, group = 1u << (rng() % 3), dim = trial % 4 ? 64 : 128, tpb = 16;
+        const uint64_t tokens = 1024 + rng() % tpb;
+        const uint64_t nb = kernels::num_blocks(tokens, tpb);
+        const uint32_t needle_head = uint32_t(rng() % kvh);
+        const uint64_t needle = 1 + rng() % (nb - 2);  // outside the sink and recent blocks
+        // The query heads of the needle's group share a direction u; the needle's keys are 4u plus noise.
+        std::vector<float> u(dim);
+        for (auto &x : u) x = normal(rng);
+        const Tensor q = make_tensor(dtype, shape, 1, kvh * group, dim, [&](uint64_t, uint32_t h, uint32_t i) {
+            return h / group == needle_head ? u[i] + 0.3f * normal(rng) : normal(rng);
+        });
+        const Tensor k = make_tensor(dtype, shape, tokens, kvh, dim, [&](uint64_t t, uint32_t h, uint32_t i) {
+            return h == needle_head && t / tpb == needle ? 4.f * u[i] + 0.1f * normal(rng) : normal(rng);
+        });
+        std::vector<float> digest(kernels::digest_floats(nb, kvh, dim)), scores(nb * kvh);
+        kernels::page_digest(k.view, tpb, digest.data());
+        kernels::quest_scores(digest.data(), nb, kvh, q.view, c, scores.data());
+        Profile p = uniform(1, kvh, tpb, Policy::quest, Budget::of_fraction(1.0 / 16), 16, 16);
+        p.combine = c;
+        const LayerSelection s =
+            Selector(p, {tokens, 2ull * dim * kernels::dtype_bytes(dtype)}).select_layer(0, scores);
+        const auto &mine = s.heads[needle_head];
+        const bool in_head = std::binary_search(mine.begin(), mine.end(), uint32_t(needle));
+        const bool in_union = std::binary_search(s.blocks.begin(), s.blocks.end(), uint32_t(needle));
+        EXPECT_TRUE(in_head && in_union) << "trial " << trial << " " << dtype_name(dtype) << " " << shape_name(shape)
+                                         << " group " << group << " needle block " << needle;
+        EXPECT_EQ(mine.size(), kernels::num_blocks(kernels::num_blocks(tokens, 16), 16));
+        found += in_head;
+    }
+    EXPECT_EQ(found, trials);
+}
+
+// ---- profiles ----
+
+const char *kProfile = R"({
+  "version": 1,
+  "model": "llama-3-8b",
+  "num_layers": 32,
+  "num_kv_heads": 8,
+  "block_tokens": 16,
+  "combine": "sum",
+  "pool": 7,
+  "total_budget": {"fraction": 0.125},
+  "defaults": {"policy": "quest", "budget": {"fraction": 0.0625}, "sinks": 16, "recent": 64},
+  "layers": [
+    {"layer": 0, "policy": "dense"},
+    {"layer": 1, "policy": "dense"},
+    {"layer": 5, "budget": {"tokens": 2048}, "heads": [{"head": 3, "policy": "dense"}, {"head": 6, "policy": "h2o", "recent": 128}]},
+    {"layer": 31, "policy": "snapkv", "budget": {"bytes": 1048576}, "sinks": 0}
+  ]
+})";
+
+TEST(Profile, ParsesAndResolvesRules) {
+    const Profile p = parse_profile(kProfile);
+    EXPECT_EQ(p.model, "llama-3-8b");
+    EXPECT_EQ(p.combine, Combine::sum);
+    EXPECT_EQ(p.pool, 7u);
+    EXPECT_EQ(p.total_budget, Budget::of_fraction(0.125));
+    EXPECT_EQ(p.rule(0, 4).policy, Policy::dense);
+    EXPECT_EQ(p.rule(2, 0), (Rule{Policy::quest, Budget::of_fraction(0.0625), 16, 64}));
+    EXPECT_EQ(p.rule(5, 0), (Rule{Policy::quest, Budget::of_tokens(2048), 16, 64}));
+    EXPECT_EQ(p.rule(5, 3).policy, Policy::dense);
+    EXPECT_EQ(p.rule(5, 6), (Rule{Policy::h2o, Budget::of_tokens(2048), 16, 128}));
+    EXPECT_EQ(p.rule(31, 7), (Rule{Policy::snapkv, Budget::of_bytes(1048576), 0, 64}));
+    EXPECT_THROW(p.rule(32, 0), Error);
+}
+
+TEST(Profile, JsonRoundTrip) {
+    const Profile p = parse_profile(kProfile);
+    const std::string text = to_json(p);
+    const Profile again = parse_profile(text);
+    EXPECT_EQ(again, p);
+    EXPECT_EQ(to_json(again), text);
+    EXPECT_EQ(nlohmann::json::parse(text), nlohmann::json::parse(kProfile));  // nothing lost or added
+    EXPECT_EQ(parse_profile(to_json(p, -1)), p);                              // compact form too
+
+    // A profile built in code, with fractions that have no short decimal form.
+    Profile q = uniform(3, 2, 32, Policy::snapkv, Budget::of_fraction(1.0 / 3), 4, 0);
+    q.layers.push_back({2, {.budget = Budget::of_fraction(0.1 + 0.2)}, {{1, {.policy = Policy::sinks_recent}}}});
+    EXPECT_EQ(parse_profile(to_json(q)), q);
+}
+
+TEST(Profile, LoadsFromFile) {
+    const std::string path = testing::TempDir() + "select_test_profile.json";
+    {
+        std::FILE *f = std::fopen(path.c_str(), "w");
+        ASSERT_NE(f, nullptr);
+        std::fputs(kProfile, f);
+        std::fclose(f);
+    }
+    EXPECT_EQ(load_profile(path), parse_profile(kProfile));
+    std::remove(path.c_str());
+    try {
+        load_profile(path);
+        FAIL();
+    } catch (const Error &e) {
+        EXPECT_EQ(e.status(), SG_ERR_NOT_FOUND);
+    }
+}
+
+struct BadProfile {
+    const char *what;
+    void (*edit)(nlohmann::json &);
+    const char *path;  // the message must name this
+    sg_status_t status = SG_ERR_INVALID_ARGUMENT;
+};
+
+const BadProfile kBadProfiles[] = {
+    {"fraction above 1",
+     [](nlohmann::json &j) {
+         j["layers"][2]["heads"][1]["budget"] = {{"fraction", 1.5}};
+     },
+     "layers[2].heads[1].budget.fraction"},
+    {"fraction of 0",
+     [](nlohmann::json &j) {
+         j["defaults"]["budget"] = {{"fraction", 0}};
+     },
+     "defaults.budget.fraction"},
+    {"two budget kinds",
+     [](nlohmann::json &j) {
+         j["layers"][3]["budget"] = {{"tokens", 5}, {"bytes", 5}};
+     },
+     "layers[3].budget"},
+    {"unknown budget kind",
+     [](nlohmann::json &j) {
+         j["defaults"]["budget"] = {{"blocks", 5}};
+     },
+     "defaults.budget.blocks"},
+    {"negative token budget",
+     [](nlohmann::json &j) {
+         j["total_budget"] = {{"tokens", -5}};
+     },
+     "total_budget.tokens"},
+    {"unknown policy", [](nlohmann::json &j) { j["layers"][1]["policy"] = "qwest"; }, "layers[1].policy"},
+    {"missing budget for a non-dense head",
+     [](nlohmann::json &j) {
+         j["defaults"] = {{"policy", "dense"}};
+         j["layers"][2].erase("budget");  // head 6 of layer 5 is h2o and now has no budget anywhere
+     },
+     "layers[2].heads[1].budget"},
+    {"missing budget in defaults", [](nlohmann::json &j) { j["defaults"].erase("budget"); }, "defaults.budget"},
+    {"head out of range", [](nlohmann::json &j) { j["layers"][2]["heads"][0]["head"] = 8; }, "layers[2].heads[0].head"},
+    {"duplicate head", [](nlohmann::json &j) { j["layers"][2]["heads"][1]["head"] = 3; }, "layers[2].heads[1].head"},
+    {"layer out of range", [](nlohmann::json &j) { j["layers"][0]["layer"] = 32; }, "layers[0].layer"},
+    {"duplicate layer", [](nlohmann::json &j) { j["layers"][3]["layer"] = 1; }, "layers[3].layer"},
+    {"layer entry without its index", [](nlohmann::json &j) { j["layers"][1].erase("layer"); }, "layers[1].layer"},
+    {"misspelt field",
+     [](nlohmann::json &j) {
+         j["defaults"]["budjet"] = {{"tokens", 1}};
+     },
+     "defaults.budjet"},
+    {"unknown field in a head", [](nlohmann::json &j) { j["layers"][2]["heads"][0]["dense"] = true; },
+     "layers[2].heads[0].dense"},
+    {"negative sinks", [](nlohmann::json &j) { j["layers"][3]["sinks"] = -1; }, "layers[3].sinks"},
+    {"fractional recent", [](nlohmann::json &j) { j["defaults"]["recent"] = 1.5; }, "defaults.recent"},
+    {"even pool", [](nlohmann::json &j) { j["pool"] = 4; }, "pool"},
+    {"bad combine", [](nlohmann::json &j) { j["combine"] = "mean"; }, "combine"},
+    {"no layers", [](nlohmann::json &j) { j["num_layers"] = 0; }, "num_layers"},
+    {"no block size", [](nlohmann::json &j) { j.erase("block_tokens"); }, "block_tokens"},
+    {"empty model", [](nlohmann::json &j) { j["model"] = ""; }, "model"},
+    {"model not a string", [](nlohmann::json &j) { j["model"] = 7; }, "model"},
+    {"heads not an array",
+     [](nlohmann::json &j) {
+         j["layers"][2]["heads"] = {{"head", 1}};
+     },
+     "layers[2].heads"},
+    {"layer not an object", [](nlohmann::json &j) { j["layers"][0] = 3; }, "layers[0]"},
+    {"defaults without policy", [](nlohmann::json &j) { j["defaults"].erase("policy"); }, "defaults.policy"},
+    {"newer version",
+     [](nlohmann::json &j) {
+         j["version"] = 2;
+         j["new_field"] = 1;
+     },
+     "version", SG_ERR_VERSION_MISMATCH},
+};
+
+TEST(Profile, InvalidProfilesNameTheBadField) {
+    for (const BadProfile &bad : kBadProfiles) {
+        SCOPED_TRACE(bad.what);
+        nlohmann::json j = nlohmann::json::parse(kProfile);
+        bad.edit(j);
+        try {
+            parse_profile(j.dump());
+            ADD_FAILURE() << "accepted: " << j.dump();
+        } catch (const Error &e) {
+            EXPECT_EQ(e.status(), bad.status) << e.message();
+            EXPECT_NE(e.message().find(std::string("profile: ") + bad.path + ":"), std::string::npos)
+                << "message \"" << e.message() << "\" does not name " << bad.path;
+        }
+    }
+}
+
+TEST(Profile, MalformedJsonAndCodeBuiltProfiles) {
+    for (const char *text : {"", "{", "[1, 2]", "{\"version\": 1,}"}) {
+        try {
+            parse_profile(text);
+            ADD_FAILURE() << "accepted: " << text;
+        } catch (const Error &e) {
+            EXPECT_EQ(e.status(), SG_ERR_INVALID_ARGUMENT) << e.message();
+            EXPECT_EQ(e.message().rfind("profile: ", 0), 0u) << e.message();
+        }
+    }
+    // Profiles built in code get the same checks, with the same paths, when a Selector takes them.
+    Profile p = uniform(4, 2, 16, Policy::quest, Budget::of_fraction(0.5));
+    p.layers.push_back({1, {}, {{0, {.budget = Budget::of_fraction(2.0)}}}});
+    try {
+        Selector(p, {100, 64});
+        FAIL();
+    } catch (const Error &e) {
+        EXPECT_NE(e.message().find("layers[0].heads[0].budget.fraction"), std::string::npos) << e.message();
+    }
+}
+
+}  // namespace
+}  // namespace sg::select
