@@ -3,11 +3,14 @@
 // sg_last_error_message and the optional sg_error_info_t.
 #include "core/core.hpp"
 #include "core/registry.hpp"
+#include "core/selection.hpp"
 
 #include <smartgen/smartgen.h>
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
+#include <chrono>
 #include <new>
 
 using sg::Error;
@@ -65,6 +68,23 @@ core::Registry<core::Session> &sessions() {
     static core::Registry<core::Session> r(4);
     return r;
 }
+core::Registry<sg::select::Profile> &profiles() {
+    static core::Registry<sg::select::Profile> r(6);
+    return r;
+}
+
+// A selector: the profile applied to one request, with the shape it was made for.
+struct SelectorObj {
+    sg::kv::Layout layout;
+    uint64_t num_tokens;
+    core::LayerSelector sel;
+    sg::select::LayerSelection out;
+};
+core::Registry<SelectorObj> &selectors() {
+    static core::Registry<SelectorObj> r(7);
+    return r;
+}
+
 core::Registry<core::Transfer> &transfers() {
     static core::Registry<core::Transfer> r(5);
     return r;
@@ -194,6 +214,7 @@ SG_API const char *sg_status_str(sg_status_t s) {
         SG_CASE(SG_ERR_DEADLINE)
         SG_CASE(SG_ERR_AUTH_FAILED)
         SG_CASE(SG_ERR_AUTH_REQUIRED)
+        SG_CASE(SG_ERR_LEASE_EXPIRED)
         SG_CASE(SG_ERR_CONNECT)
         SG_CASE(SG_ERR_REMOTE)
         SG_CASE(SG_ERR_UNSUPPORTED)
@@ -676,6 +697,166 @@ SG_API sg_status_t sg_session_destroy(sg_session_t sh) {
     });
 }
 
+// ---- profiles and selectors ----
+SG_API sg_status_t sg_profile_parse(const char *json, size_t len, sg_profile_t *out, sg_error_info_t *err) {
+    return guard(err, [&] {
+        need(out, "out");
+        if (!json && len) fail(SG_ERR_INVALID_ARGUMENT, "json is NULL");
+        auto p = std::make_shared<sg::select::Profile>(sg::select::parse_profile(std::string_view(json ? json : "", len)));
+        *out = wrap<sg_profile_t>(profiles().add(std::move(p)));
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_profile_load(const char *path, sg_profile_t *out, sg_error_info_t *err) {
+    return guard(err, [&] {
+        need(out, "out");
+        need(path, "path");
+        auto p = std::make_shared<sg::select::Profile>(sg::select::load_profile(path));
+        *out = wrap<sg_profile_t>(profiles().add(std::move(p)));
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_profile_to_json(sg_profile_t h, char *buf, size_t cap, size_t *len) {
+    return guard(nullptr, [&] {
+        auto p = lookup(profiles(), raw(h), "profile");
+        need(len, "len");
+        const std::string text = sg::select::to_json(*p);
+        *len = text.size();
+        if (!buf || cap <= text.size())
+            fail(SG_ERR_BUFFER_TOO_SMALL, "the profile needs " + std::to_string(text.size() + 1) + " bytes");
+        std::memcpy(buf, text.c_str(), text.size() + 1);
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_profile_destroy(sg_profile_t h) {
+    return guard(nullptr, [&] {
+        if (!h) return SG_OK;
+        if (!profiles().remove(raw(h))) fail(SG_ERR_INVALID_HANDLE, "profile handle is not live");
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_selector_create(sg_profile_t ph, const sg_kv_layout_t *layout, uint64_t num_tokens,
+                                      sg_selector_t *out, sg_error_info_t *err) {
+    return guard(err, [&] {
+        auto p = lookup(profiles(), raw(ph), "profile");
+        need(out, "out");
+        need(layout, "layout");
+        sg::kv::Layout kl = sg::kv::make_layout_shape(read_layout(layout));
+        if (num_tokens == 0) fail(SG_ERR_INVALID_ARGUMENT, "num_tokens is 0");
+        if (p->block_tokens != kl.tokens_per_block || p->num_layers != kl.num_layers)
+            fail(SG_ERR_LAYOUT_MISMATCH, "the profile is for " + std::to_string(p->num_layers) + " layers of " +
+                                             std::to_string(p->block_tokens) + "-token blocks, the layout has " +
+                                             std::to_string(kl.num_layers) + " of " +
+                                             std::to_string(kl.tokens_per_block));
+        auto obj = std::make_shared<SelectorObj>(SelectorObj{
+            kl, num_tokens, core::LayerSelector(*p, kl.num_kv_heads, kl.head_dim, num_tokens, 2 * kl.row_bytes()), {}});
+        *out = wrap<sg_selector_t>(selectors().add(std::move(obj)));
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_selector_destroy(sg_selector_t h) {
+    return guard(nullptr, [&] {
+        if (!h) return SG_OK;
+        if (!selectors().remove(raw(h))) fail(SG_ERR_INVALID_HANDLE, "selector handle is not live");
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_selector_digest_floats(sg_selector_t h, size_t *floats) {
+    return guard(nullptr, [&] {
+        auto s = lookup(selectors(), raw(h), "selector");
+        need(floats, "floats");
+        *floats = size_t(sg::kernels::digest_floats(sg::kernels::num_blocks(s->num_tokens, s->layout.tokens_per_block),
+                                                    s->layout.num_kv_heads, s->layout.head_dim));
+        return SG_OK;
+    });
+}
+
+namespace {
+// A pool layout supplied with a selector call: its shape must be the selector's.
+sg::kv::Layout checked_pool(const SelectorObj &s, const sg_kv_layout_t *layout, const uint32_t *ids, size_t n) {
+    need(layout, "layout");
+    need(ids, "block_ids");
+    sg::kv::Layout kl = sg::kv::make_layout(read_layout(layout));
+    if (kl.num_kv_heads != s.layout.num_kv_heads || kl.head_dim != s.layout.head_dim ||
+        kl.tokens_per_block != s.layout.tokens_per_block || kl.dtype != s.layout.dtype)
+        fail(SG_ERR_LAYOUT_MISMATCH, "the layout's shape differs from the one the selector was made for");
+    sg::kv::check_block_table(kl, std::span(ids, n), s.num_tokens);
+    return kl;
+}
+const uint8_t *k_region_of(const sg_kv_layout_t *layout, uint32_t layer) {
+    if (layer >= layout->num_layers) fail(SG_ERR_OUT_OF_RANGE, "layer is beyond the layout");
+    return static_cast<const uint8_t *>(layout->layer_k_base[layer]);
+}
+}  // namespace
+
+SG_API sg_status_t sg_selector_digest(sg_selector_t h, const sg_kv_layout_t *layout, uint32_t layer,
+                                      const uint32_t *ids, size_t n, float *out, size_t cap) {
+    return guard(nullptr, [&] {
+        auto s = lookup(selectors(), raw(h), "selector");
+        need(out, "out");
+        const sg::kv::Layout kl = checked_pool(*s, layout, ids, n);
+        const uint64_t need_floats = sg::kernels::digest_floats(
+            sg::kernels::num_blocks(s->num_tokens, kl.tokens_per_block), kl.num_kv_heads, kl.head_dim);
+        if (cap < need_floats) fail(SG_ERR_BUFFER_TOO_SMALL, "digests need " + std::to_string(need_floats) + " floats");
+        core::layer_digest(kl, k_region_of(layout, layer), std::span(ids, n), s->num_tokens, out);
+        return SG_OK;
+    });
+}
+
+SG_API void sg_selector_input_init(sg_selector_input_t *in) {
+    if (!in) return;
+    std::memset(in, 0, sizeof *in);
+    in->struct_size = sizeof *in;
+}
+
+SG_API sg_status_t sg_selector_select(sg_selector_t h, uint32_t layer, const sg_selector_input_t *input, uint32_t *blocks,
+                                      size_t cap, size_t *count) {
+    return guard(nullptr, [&] {
+        auto s = lookup(selectors(), raw(h), "selector");
+        need(count, "count");
+        sg_selector_input_t zero;
+        sg_selector_input_init(&zero);
+        const sg_selector_input_t in = read_sized(input, zero, "input");
+        core::ScoreInput si;
+        si.queries = in.queries;
+        si.num_queries = in.num_queries;
+        si.num_q_heads = in.num_q_heads;
+        si.digests = in.digests;
+        si.accumulated = in.accumulated;
+        sg::kv::Layout kl;
+        if (in.keys_layout) {
+            kl = checked_pool(*s, in.keys_layout, in.block_ids, in.num_block_ids);
+            si.keys_layout = &kl;
+            si.k_region = k_region_of(in.keys_layout, layer);
+            si.table = std::span(in.block_ids, in.num_block_ids);
+        }
+        s->sel.select(layer, si, s->out);
+        *count = s->out.blocks.size();
+        if (!blocks || cap < s->out.blocks.size())
+            fail(SG_ERR_BUFFER_TOO_SMALL, "the selection holds " + std::to_string(s->out.blocks.size()) + " blocks");
+        std::copy(s->out.blocks.begin(), s->out.blocks.end(), blocks);
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_selector_budget_blocks(sg_selector_t h, uint32_t layer, uint64_t *blocks) {
+    return guard(nullptr, [&] {
+        auto s = lookup(selectors(), raw(h), "selector");
+        need(blocks, "blocks");
+        if (layer >= s->layout.num_layers) fail(SG_ERR_OUT_OF_RANGE, "layer is beyond the profile");
+        uint64_t most = 0;
+        for (uint32_t k = 0; k < s->layout.num_kv_heads; ++k) most = std::max(most, s->sel.selector().budget(layer, k));
+        *blocks = most;
+        return SG_OK;
+    });
+}
+
 // ---- transfers ----
 SG_API void sg_transfer_options_init(sg_transfer_options_t *o) {
     if (o) *o = default_transfer_options();
@@ -771,6 +952,87 @@ SG_API sg_status_t sg_transfer_layer_state(sg_transfer_t h, uint32_t layer, uint
     });
 }
 
+SG_API sg_status_t sg_transfer_layer_written_q(sg_transfer_t h, uint32_t layer, const float *queries,
+                                               uint32_t num_queries, uint32_t num_q_heads) {
+    return guard(nullptr, [&] {
+        auto t = lookup(transfers(), raw(h), "transfer");
+        if (num_queries && (!queries || !num_q_heads))
+            fail(SG_ERR_INVALID_ARGUMENT, "queries is NULL or num_q_heads is 0 with num_queries > 0");
+        // Queries feed the proactive path's selection; a SG_PATH_FULL transfer sends the whole layer.
+        t->ctx->layer_written(*t, layer);
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_transfer_wait_layer_state(sg_transfer_t h, uint32_t layer, uint32_t bits, uint64_t timeout_ns) {
+    return guard(nullptr, [&] {
+        not_in_callback("sg_transfer_wait_layer_state");
+        auto t = lookup(transfers(), raw(h), "transfer");
+        if (layer >= t->layers.size()) fail(SG_ERR_OUT_OF_RANGE, "layer " + std::to_string(layer) + " >= num_layers");
+        if (bits & ~(SG_LAYER_WRITTEN | SG_LAYER_READY | SG_LAYER_ESSENTIAL))
+            fail(SG_ERR_INVALID_ARGUMENT, "bits holds values that are not SG_LAYER_*");
+        if (bits & SG_LAYER_ESSENTIAL)
+            fail(SG_ERR_INVALID_STATE, "SG_LAYER_ESSENTIAL needs SG_PATH_PROACTIVE (this version runs SG_PATH_FULL only)");
+        // A layer becomes ready after it was written; waiting for READY covers both bits.
+        if (bits & SG_LAYER_READY || !t->post_side) {
+            sg_status_t st = t->ctx->wait(*t, layer, timeout_ns);
+            if (st < 0) record(st, t->error, nullptr);
+            return st;
+        }
+        const uint64_t deadline = sg::now_ns() + std::min<uint64_t>(timeout_ns, uint64_t(1) << 62);
+        for (;;) {
+            {
+                std::lock_guard lock(t->ctx->mu);
+                if (t->layers[layer].written) return SG_OK;
+            }
+            if (sg::now_ns() >= deadline) return SG_IN_PROGRESS;
+            std::this_thread::sleep_for(std::chrono::microseconds(200));
+        }
+    });
+}
+
+SG_API sg_status_t sg_transfer_digests(sg_transfer_t h, uint32_t, float *, size_t, size_t *count) {
+    return guard(nullptr, [&] {
+        lookup(transfers(), raw(h), "transfer");
+        if (count) *count = 0;
+        fail(SG_ERR_INVALID_STATE, "digests come with SG_PATH_PROACTIVE (this version runs SG_PATH_FULL only)");
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_transfer_fetch(sg_transfer_t h, uint32_t, const uint32_t *, size_t) {
+    return guard(nullptr, [&] {
+        lookup(transfers(), raw(h), "transfer");
+        fail(SG_ERR_INVALID_STATE, "fetching needs SG_PATH_ON_DEMAND (this version runs SG_PATH_FULL only)");
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_transfer_wait_blocks(sg_transfer_t h, uint32_t layer, const uint32_t *blocks, size_t count,
+                                           uint64_t timeout_ns) {
+    return guard(nullptr, [&] {
+        not_in_callback("sg_transfer_wait_blocks");
+        auto t = lookup(transfers(), raw(h), "transfer");
+        if (layer >= t->layers.size()) fail(SG_ERR_OUT_OF_RANGE, "layer " + std::to_string(layer) + " >= num_layers");
+        if (count && !blocks) fail(SG_ERR_INVALID_ARGUMENT, "blocks is NULL");
+        for (size_t i = 0; i < count; ++i)
+            if (blocks[i] >= t->residency.num_blocks())
+                fail(SG_ERR_OUT_OF_RANGE, "blocks[" + std::to_string(i) + "] is beyond the request's block table");
+        auto resident = [&] {
+            std::lock_guard lock(t->ctx->mu);
+            for (size_t i = 0; i < count; ++i)
+                if (!t->residency.test(layer, blocks[i])) return false;
+            return true;
+        };
+        if (resident()) return SG_OK;
+        // On the full path a layer's blocks become resident together, with the layer.
+        sg_status_t st = t->ctx->wait(*t, layer, timeout_ns);
+        if (st < 0) record(st, t->error, nullptr);
+        if (st == SG_OK && !resident()) return SG_IN_PROGRESS;
+        return st;
+    });
+}
+
 SG_API sg_status_t sg_transfer_residency(sg_transfer_t h, uint32_t layer, uint8_t *bitmap, size_t cap, size_t *num_bits) {
     return guard(nullptr, [&] {
         auto t = lookup(transfers(), raw(h), "transfer");
@@ -814,6 +1076,7 @@ SG_API sg_status_t sg_transfer_stats(sg_transfer_t h, sg_transfer_stats_t *out) 
         if (out->struct_size < sizeof(size_t)) fail(SG_ERR_INVALID_ARGUMENT, "out->struct_size is not set");
         std::lock_guard lock(t->ctx->mu);
         sg_transfer_stats_t s = t->stats;
+        s.bytes_full = s.bytes;  // the only path this version runs
         const size_t n = std::min(out->struct_size, sizeof s);
         s.struct_size = n;
         std::memcpy(static_cast<void *>(out), &s, n);

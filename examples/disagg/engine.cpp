@@ -800,6 +800,17 @@ void attend_prompt_rows2(const Model& model, int t, RunState::Buffers& s) {
     }
 }
 
+// An attend set's blocks for one layer: strictly ascending, each inside the prompt.
+void check_attend_blocks(const std::vector<uint32_t>& blocks, int l, uint32_t prompt_blocks) {
+    for (size_t i = 0; i < blocks.size(); ++i) {
+        if (blocks[i] >= prompt_blocks)
+            fail("decode_step: AttendSet layer " + std::to_string(l) + " names block " + std::to_string(blocks[i]) +
+                 ", the prompt has " + std::to_string(prompt_blocks));
+        if (i && blocks[i] <= blocks[i - 1])
+            fail("decode_step: AttendSet layer " + std::to_string(l) + " is not strictly ascending");
+    }
+}
+
 }  // namespace
 
 // ---- inference ------------------------------------------------------------------------------------
@@ -897,19 +908,12 @@ std::span<const float> decode_step(const Model& model, const KvPool& pool, Block
         if (attend->prompt_len < 0 || attend->prompt_len > c.seq_len)
             fail("decode_step: AttendSet prompt_len " + std::to_string(attend->prompt_len) + " is outside 0.." +
                  std::to_string(c.seq_len));
-        if (attend->layer_blocks.size() != size_t(c.n_layers))
-            fail("decode_step: AttendSet has " + std::to_string(attend->layer_blocks.size()) + " layers, the model " +
-                 std::to_string(c.n_layers));
-        const uint32_t prompt_blocks = blocks_for(attend->prompt_len, B);
-        for (int l = 0; l < c.n_layers; ++l) {
-            const auto& blocks = attend->layer_blocks[size_t(l)];
-            for (size_t i = 0; i < blocks.size(); ++i) {
-                if (blocks[i] >= prompt_blocks)
-                    fail("decode_step: AttendSet layer " + std::to_string(l) + " names block " +
-                         std::to_string(blocks[i]) + ", the prompt has " + std::to_string(prompt_blocks));
-                if (i && blocks[i] <= blocks[i - 1])
-                    fail("decode_step: AttendSet layer " + std::to_string(l) + " is not strictly ascending");
-            }
+        if (!attend->select) {
+            if (attend->layer_blocks.size() != size_t(c.n_layers))
+                fail("decode_step: AttendSet has " + std::to_string(attend->layer_blocks.size()) +
+                     " layers, the model " + std::to_string(c.n_layers));
+            for (int l = 0; l < c.n_layers; ++l)
+                check_attend_blocks(attend->layer_blocks[size_t(l)], l, blocks_for(attend->prompt_len, B));
         }
     }
 
@@ -935,15 +939,24 @@ std::span<const float> decode_step(const Model& model, const KvPool& pool, Block
         store(pool.row(l, false, blk, pos % B, 0), s.k.data(), int(kvd), pool.dtype);
         store(pool.row(l, true, blk, pos % B, 0), s.v.data(), int(kvd), pool.dtype);
 
+        // The prompt blocks this layer attends to: nullptr = all of them.
+        const std::vector<uint32_t>* layer_blocks = nullptr;
+        if (attend && attend->select) {
+            layer_blocks = attend->select(l, s.q.data());
+            if (layer_blocks) check_attend_blocks(*layer_blocks, l, blocks_for(attend->prompt_len, B));
+        } else if (attend) {
+            layer_blocks = &attend->layer_blocks[size_t(l)];
+        }
+
         // The positions this step attends to, ascending.
         int n_att = 0;
-        if (!attend) {
+        if (!layer_blocks) {
             for (int u = 0; u < n_pos; ++u) s.positions[size_t(u)] = u;
             n_att = n_pos;
         } else {
             const uint32_t prompt_blocks = blocks_for(attend->prompt_len, B);
             std::fill(s.block_on.begin(), s.block_on.begin() + prompt_blocks, uint8_t{0});
-            for (uint32_t b : attend->layer_blocks[size_t(l)]) s.block_on[b] = 1;
+            for (uint32_t b : *layer_blocks) s.block_on[b] = 1;
             for (int u = 0; u < n_pos; ++u)
                 if (u >= attend->prompt_len || u == pos || s.block_on[size_t(u / B)]) s.positions[size_t(n_att++)] = u;
         }

@@ -231,6 +231,13 @@ struct AttendSet {
     int prompt_len = 0;
     // [layer] -> strictly ascending logical block indices (each < blocks_for(prompt_len, B)).
     std::vector<std::vector<uint32_t>> layer_blocks;
+    // Optional per-layer selection, for selectors that need the step's query of each layer: when set,
+    // decode_step calls it once per layer, in order, on the calling thread, after the layer's query
+    // (q: [n_heads][head_size], after RoPE, unscaled) and the current position's K/V are computed
+    // (the K/V already stored in the pool) and before the layer's attention. It returns the layer's
+    // logical prompt blocks (same rules as layer_blocks; the vector must stay valid until the next
+    // call), or nullptr for every prompt block. layer_blocks is then ignored and may be empty.
+    std::function<const std::vector<uint32_t>*(int layer, const float* q)> select = nullptr;
 };
 
 // True (unmasked) attention of one decode step: for each layer and query head the softmax over all

@@ -654,6 +654,82 @@ TEST(Attend, GeneratedTokensAreAlwaysAttended) {
     }
 }
 
+TEST(Attend, SelectHookEqualsTheSameFixedSets) {
+    LOAD_OR_SKIP(m, "stories260K.bin");
+    const Config& c = m.config();
+    DecodeFixture f(m, 53);
+    const int pos = int(f.prompt.size());
+    AttendSet fixed{pos, std::vector<std::vector<uint32_t>>(size_t(c.n_layers))};
+    for (int l = 0; l < c.n_layers; ++l) fixed.layer_blocks[size_t(l)] = {0, uint32_t(1 + l % 5), 6};
+    const std::vector<float> want(decode_step(m, f.pool.view(), f.table, pos, f.next, f.st, &fixed).begin(),
+                                  f.st.logits().end());
+    std::vector<int> calls;
+    AttendSet hooked{pos, {}};
+    hooked.select = [&](int l, const float* q) {
+        EXPECT_NE(q, nullptr);
+        calls.push_back(l);
+        return &fixed.layer_blocks[size_t(l)];
+    };
+    const std::vector<float> got(decode_step(m, f.pool.view(), f.table, pos, f.next, f.st, &hooked).begin(),
+                                 f.st.logits().end());
+    EXPECT_TRUE(bits_equal(got, want)) << max_abs_diff(got, want);
+    std::vector<int> order(size_t(c.n_layers));
+    for (int l = 0; l < c.n_layers; ++l) order[size_t(l)] = l;
+    EXPECT_EQ(calls, order);
+
+    // nullptr = every prompt block: the same as no restriction.
+    AttendSet dense{pos, {}};
+    dense.select = [](int, const float*) -> const std::vector<uint32_t>* { return nullptr; };
+    const std::vector<float> all(decode_step(m, f.pool.view(), f.table, pos, f.next, f.st).begin(),
+                                 f.st.logits().end());
+    auto got_dense = decode_step(m, f.pool.view(), f.table, pos, f.next, f.st, &dense);
+    EXPECT_TRUE(bits_equal(got_dense, all));
+
+    // A bad answer is named.
+    const std::vector<uint32_t> bad{3, 2};
+    AttendSet wrong{pos, {}};
+    wrong.select = [&](int, const float*) { return &bad; };
+    try {
+        decode_step(m, f.pool.view(), f.table, pos, f.next, f.st, &wrong);
+        ADD_FAILURE() << "no error";
+    } catch (const EngineError& e) {
+        EXPECT_NE(std::string(e.what()).find("not strictly ascending"), std::string::npos) << e.what();
+    }
+}
+
+TEST(Attend, SelectHookSeesTheQueryAttentionUses) {
+    LOAD_OR_SKIP(m, "stories260K.bin");
+    const Config& c = m.config();
+    DecodeFixture f(m, 40);
+    const int pos = int(f.prompt.size()), hs = c.head_size();
+    std::vector<std::vector<float>> seen(size_t(c.n_layers));
+    AttendSet hooked{pos, {}};
+    hooked.select = [&](int l, const float* q) -> const std::vector<uint32_t>* {
+        seen[size_t(l)].assign(q, q + size_t(c.n_heads) * hs);
+        return nullptr;
+    };
+    AttentionProbe probe;
+    decode_step(m, f.pool.view(), f.table, pos, f.next, f.st, &hooked, &probe);
+    // softmax(q . k / sqrt(hs)) over the pool's keys is the probe's true attention.
+    std::vector<float> k(static_cast<size_t>(hs)), p(static_cast<size_t>(pos + 1));
+    for (int l = 0; l < c.n_layers; ++l)
+        for (int h = 0; h < c.n_heads; ++h) {
+            const float* q = seen[size_t(l)].data() + size_t(h) * hs;
+            float mx = -std::numeric_limits<float>::infinity();
+            for (int u = 0; u <= pos; ++u) {
+                read_kv(f.pool.view(), f.table, l, false, u, h / c.kv_mul(), k.data());
+                double d = 0;
+                for (int i = 0; i < hs; ++i) d += double(q[i]) * k[size_t(i)];
+                p[size_t(u)] = float(d / std::sqrt(double(hs)));
+                mx = std::max(mx, p[size_t(u)]);
+            }
+            double sum = 0;
+            for (float& v : p) sum += (v = std::exp(v - mx));
+            for (int u = 0; u <= pos; ++u)
+                ASSERT_NEAR(p[size_t(u)] / sum, probe.row(l, h)[u], 1e-5) << "layer " << l << " head " << h;
+        }
+}
+
 TEST(Prefill, HookRunsOncePerLayerWithThatLayersKvInPlace) {
     LOAD_OR_SKIP(m, "stories260K.bin");
     const Config& c = m.config();

@@ -104,6 +104,9 @@ typedef enum sg_status {
     /* One side has an authentication key and the other none (or, at sg_context_create, neither a
      * key nor allow_unauthenticated was given). */
     SG_ERR_AUTH_REQUIRED = -207,
+    /* The prefill side no longer holds the request's blocks (its lease ended): an on-demand fetch
+     * cannot be served. The decode side keeps what it holds. */
+    SG_ERR_LEASE_EXPIRED = -208,
     /* -300..-399: not supported here (build, provider, memory kind). */
     SG_ERR_UNSUPPORTED = -300,
     SG_ERR_NO_PROVIDER = -301,
@@ -173,8 +176,13 @@ typedef enum sg_transfer_event {
     SG_EVENT_LAYER_READY = 1, /* a layer is complete on this side: decode, its bytes are in place;
                                  prefill, its writes completed */
     SG_EVENT_FINISHED = 2,    /* the transfer finished; status says how */
-    SG_EVENT_QUIESCED = 3     /* the transfer is quiesced (sg_transfer_wait_quiesced): its blocks may
+    SG_EVENT_QUIESCED = 3,    /* the transfer is quiesced (sg_transfer_wait_quiesced): its blocks may
                                  be reused */
+    SG_EVENT_ESSENTIAL_READY = 4, /* decode: a layer's proactive blocks and digests are in place;
+                                     prefill: they were delivered */
+    SG_EVENT_BLOCKS_READY = 5,    /* decode: an on-demand fetch of a layer completed (status says how) */
+    SG_EVENT_LEASE_EXPIRED = 6    /* prefill: the request's lease ended before the decode side held
+                                     everything; later fetches fail with SG_ERR_LEASE_EXPIRED */
 } sg_transfer_event_t;
 
 /* Transfer event callback. Runs on the progress thread (or, without one, inside
@@ -533,11 +541,94 @@ SG_API sg_status_t sg_session_close(sg_session_t session, uint64_t timeout_ns);
 SG_API sg_status_t sg_session_destroy(sg_session_t session);
 
 /* ---------------------------------------------------------------------------------------------
+ * Profiles and selectors
+ * ------------------------------------------------------------------------------------------- */
+/* A selection profile: per layer and KV head, a policy (sinks_recent, quest, snapkv, h2o, dense)
+ * and a budget; JSON, format in docs/profiles.md. Immutable once made; thread-safe to share. */
+typedef struct sg_profile_s *sg_profile_t;
+
+/* Parses a profile from JSON text (len bytes). SG_ERR_INVALID_ARGUMENT with a message naming the bad
+ * field ("layers[3].heads[1].budget: ..."); SG_ERR_VERSION_MISMATCH for another profile version.
+ * Since 0.1. */
+SG_API sg_status_t sg_profile_parse(const char *json, size_t len, sg_profile_t *out, sg_error_info_t *err);
+/* Reads and parses a profile file. SG_ERR_NOT_FOUND when unreadable. Since 0.1. */
+SG_API sg_status_t sg_profile_load(const char *path, sg_profile_t *out, sg_error_info_t *err);
+/* The profile as JSON (canonical form) into buf; *len receives the bytes needed without the NUL.
+ * SG_ERR_BUFFER_TOO_SMALL when cap <= *len. Since 0.1. */
+SG_API sg_status_t sg_profile_to_json(sg_profile_t profile, char *buf, size_t cap, size_t *len);
+/* NULL accepted. A profile may be destroyed while transfers made with it run (they hold a copy).
+ * Since 0.1. */
+SG_API sg_status_t sg_profile_destroy(sg_profile_t profile);
+
+/* A selector applies a profile to one request (its token count and KV shape), without any
+ * transfer: the decode side uses it for its own per-step selection. Not thread-safe per object. */
+typedef struct sg_selector_s *sg_selector_t;
+
+/* layout gives the KV shape (num_layers, num_kv_heads, head_dim, tokens_per_block, dtype); its base
+ * pointers are not used here. The profile's shape must match. Since 0.1. */
+SG_API sg_status_t sg_selector_create(sg_profile_t profile, const sg_kv_layout_t *layout, uint64_t num_tokens,
+                                      sg_selector_t *out, sg_error_info_t *err);
+SG_API sg_status_t sg_selector_destroy(sg_selector_t selector);
+
+/* Floats of one layer's digests: num_blocks * num_kv_heads * 2 * head_dim. Since 0.1. */
+SG_API sg_status_t sg_selector_digest_floats(sg_selector_t selector, size_t *floats);
+
+/* Page digests of one layer (Quest), read from a pool through the request's block table:
+ * out[block][kv_head][0][i] = min over the block's tokens of key element i, [1][i] = max. layout's
+ * base pointers and block_ids (num_blocks entries) address the keys. Since 0.1. */
+SG_API sg_status_t sg_selector_digest(sg_selector_t selector, const sg_kv_layout_t *layout, uint32_t layer,
+                                      const uint32_t *block_ids, size_t num_block_ids, float *out, size_t cap);
+
+typedef struct sg_selector_input {
+    size_t struct_size; /* set by sg_selector_input_init */
+    /* Queries, fp32 [num_queries][num_q_heads][head_dim], after RoPE: the last prompt positions
+     * (SnapKV uses all of them, Quest the last) or, at decode, the current step's query. */
+    const float *queries;
+    uint32_t num_queries;
+    uint32_t num_q_heads; /* a multiple of num_kv_heads (grouped-query attention) */
+    /* Quest: the layer's digests (sg_selector_digest or sg_transfer_digests). */
+    const float *digests;
+    /* SnapKV: the keys, through a layout and the request's block table. */
+    const sg_kv_layout_t *keys_layout;
+    const uint32_t *block_ids;
+    size_t num_block_ids;
+    /* H2O: accumulated attention per KV head and token, fp32 [num_kv_heads][num_tokens]. */
+    const float *accumulated;
+} sg_selector_input_t;
+
+SG_API void sg_selector_input_init(sg_selector_input_t *input);
+
+/* Selects the essential blocks of one layer under its budget: sinks and recent window always, the
+ * rest by the layer's policy, per KV head; the union over heads, sorted, as logical block indices
+ * (positions in the request's block table) into blocks (cap entries), the count into *count.
+ * A dense layer selects every block. Returns SG_OK, SG_ERR_BUFFER_TOO_SMALL (with *count set),
+ * SG_ERR_INVALID_ARGUMENT (an input the policy needs is missing). Since 0.1. */
+SG_API sg_status_t sg_selector_select(sg_selector_t selector, uint32_t layer, const sg_selector_input_t *input,
+                                      uint32_t *blocks, size_t cap, size_t *count);
+
+/* The layer's budget in blocks (per KV head, sinks and recent included, rounded up). Since 0.1. */
+SG_API sg_status_t sg_selector_budget_blocks(sg_selector_t selector, uint32_t layer, uint64_t *blocks);
+
+/* ---------------------------------------------------------------------------------------------
  * Transfers
  * ------------------------------------------------------------------------------------------- */
-/* Paths a plan may use. Bits; values pinned. This version implements SG_PATH_FULL only (every block
- * of the request, layer by layer); the selective paths arrive as new bits with the same calls. */
+/* Paths a transfer uses (post side; the decode side follows). Bits; values pinned.
+ * SG_PATH_FULL: every block, layer by layer as layers are written.
+ * SG_PATH_PROACTIVE: as each layer is written, its essential blocks (chosen with the transfer's
+ *   profile: sinks, recent window, top-scored blocks; dense layers and heads whole) and the layer's
+ *   page digests (per block and KV head, element-wise min and max of the keys) go at once.
+ * SG_PATH_ON_DEMAND: the decode side may fetch blocks it lacks (sg_transfer_fetch); they are served
+ *   before any other traffic of the context.
+ * SG_PATH_SPECULATIVE: whatever has not been sent goes in the background at the lowest priority,
+ *   in small chunks, until the decode side holds everything.
+ * FULL excludes the others; the selective paths need the same tokens_per_block on both sides.
+ * This version runs SG_PATH_FULL only: sg_transfer_post answers SG_ERR_UNSUPPORTED for the other
+ * bits, and the calls that serve them (digests, fetch) answer SG_ERR_INVALID_STATE. Profiles and
+ * selectors below work now, on their own. */
 #define SG_PATH_FULL 0x1u
+#define SG_PATH_PROACTIVE 0x2u
+#define SG_PATH_ON_DEMAND 0x4u
+#define SG_PATH_SPECULATIVE 0x8u
 
 /* Flags of sg_transfer_options_t. */
 #define SG_TRANSFER_ALL_LAYERS_WRITTEN 0x1u /* post: every layer is already written; send at once */
@@ -545,6 +636,8 @@ SG_API sg_status_t sg_session_destroy(sg_session_t session);
 /* Readiness bits of one layer (sg_transfer_layer_state). */
 #define SG_LAYER_WRITTEN 0x1u /* prefill side: the engine marked the layer written */
 #define SG_LAYER_READY 0x2u   /* prefill: all its bytes delivered; decode: all its bytes in place */
+#define SG_LAYER_ESSENTIAL 0x4u /* proactive path: the layer's essential blocks and digests delivered
+                                   (prefill) or in place (decode) */
 
 #define SG_REQUEST_ID_MAX 255 /* bytes of a request id, without the NUL */
 
@@ -560,6 +653,14 @@ typedef struct sg_transfer_options {
     /* Nanoseconds from the expect/post call by which the transfer must complete; 0 = none. When it
      * passes, the transfer fails with SG_ERR_DEADLINE on this side and the peer is told. */
     uint64_t deadline_ns;
+    /* Post side with SG_PATH_PROACTIVE: the profile that decides each layer's essential blocks
+     * (copied at the call). NULL: sinks and recent window only, 1/8 of the blocks. */
+    sg_profile_t profile;
+    /* Post side, selective paths: how long after the last layer is written the prefill side keeps
+     * the request's blocks for on-demand and speculative traffic. When it passes before the decode
+     * side holds everything, the owner gets SG_EVENT_LEASE_EXPIRED and the transfer ends with
+     * SG_ERR_LEASE_EXPIRED on both sides. 0 = until the decode side releases the transfer. */
+    uint64_t lease_ns;
 } sg_transfer_options_t;
 
 /* Fills struct_size and defaults. Since 0.1. */
@@ -600,6 +701,34 @@ SG_API sg_status_t sg_transfer_post(sg_session_t session, const char *request_id
  * Since 0.1. */
 SG_API sg_status_t sg_transfer_layer_written(sg_transfer_t xfer, uint32_t layer, void *cuda_stream);
 
+/* As sg_transfer_layer_written, with the layer's last prompt queries for query-aware selection on
+ * the proactive path: fp32 [num_queries][num_q_heads][head_dim], after RoPE (copied at the call).
+ * Since 0.1. */
+SG_API sg_status_t sg_transfer_layer_written_q(sg_transfer_t xfer, uint32_t layer, const float *queries,
+                                               uint32_t num_queries, uint32_t num_q_heads);
+
+/* Waits until every bit of `bits` (SG_LAYER_*) is set for the layer: SG_OK, SG_IN_PROGRESS on
+ * timeout, or the transfer's error. Since 0.1. */
+SG_API sg_status_t sg_transfer_wait_layer_state(sg_transfer_t xfer, uint32_t layer, uint32_t bits,
+                                                uint64_t timeout_ns);
+
+/* Decode side, proactive path: the layer's page digests as received (fp32, the layout of
+ * sg_selector_digest), into out (cap floats); *count receives the floats. SG_ERR_INVALID_STATE
+ * before SG_LAYER_ESSENTIAL. Since 0.1. */
+SG_API sg_status_t sg_transfer_digests(sg_transfer_t xfer, uint32_t layer, float *out, size_t cap, size_t *count);
+
+/* Decode side, on-demand path: asks for logical blocks (positions in this side's block table) of a
+ * layer that are not resident. Returns at once; residency bits (sg_transfer_residency) and
+ * SG_EVENT_BLOCKS_READY tell when they are in place. SG_ERR_LEASE_EXPIRED when the prefill side no
+ * longer holds them; SG_ERR_INVALID_STATE without SG_PATH_ON_DEMAND. Since 0.1. */
+SG_API sg_status_t sg_transfer_fetch(sg_transfer_t xfer, uint32_t layer, const uint32_t *blocks, size_t count);
+
+/* Decode side: waits until the given logical blocks of a layer are resident. SG_OK, SG_IN_PROGRESS
+ * on timeout, SG_ERR_LEASE_EXPIRED when they can no longer come, or the transfer's error.
+ * Since 0.1. */
+SG_API sg_status_t sg_transfer_wait_blocks(sg_transfer_t xfer, uint32_t layer, const uint32_t *blocks, size_t count,
+                                           uint64_t timeout_ns);
+
 /* Non-blocking completion check: SG_OK when every layer is ready (decode: every byte in place;
  * prefill: every operation completed and the final notice sent, so the source blocks may be
  * reused), SG_IN_PROGRESS otherwise, or the transfer's error. Since 0.1. */
@@ -638,6 +767,14 @@ typedef struct sg_transfer_stats {
     uint64_t layers_ready;  /* layers in SG_LAYER_READY */
     uint64_t start_ns;      /* CLOCK_MONOTONIC when matched */
     uint64_t end_ns;        /* CLOCK_MONOTONIC when complete; 0 while in progress */
+    /* Payload bytes by path (sent, or received on the decode side). */
+    uint64_t bytes_full;
+    uint64_t bytes_proactive;
+    uint64_t bytes_on_demand;
+    uint64_t bytes_speculative;
+    uint64_t digest_bytes;      /* page digests sent or received */
+    uint64_t fetch_requests;    /* on-demand requests (decode: made; prefill: served) */
+    uint64_t fetch_blocks;      /* blocks those requests named that were not yet resident or sent */
 } sg_transfer_stats_t;
 
 /* Sets struct_size and clears the rest. Since 0.1. */

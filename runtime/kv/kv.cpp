@@ -55,6 +55,22 @@ void derive(Layout &l, sg_status_t status, uint64_t stride_in) {
 
 }  // namespace
 
+Layout make_layout_shape(const sg_kv_layout_t &pub) {
+    Layout l;
+    l.num_layers = pub.num_layers;
+    l.num_kv_heads = pub.num_kv_heads;
+    l.head_dim = pub.head_dim;
+    l.tokens_per_block = pub.tokens_per_block;
+    l.num_blocks = pub.num_blocks ? pub.num_blocks : 1;
+    l.dtype = pub.dtype;
+    l.packing = pub.packing;
+    l.order = pub.block_order;
+    l.mem_kind = pub.mem_kind;
+    l.device = pub.device;
+    derive(l, SG_ERR_INVALID_LAYOUT, pub.block_stride_bytes);
+    return l;
+}
+
 Layout make_layout(const sg_kv_layout_t &pub) {
     Layout l;
     l.num_layers = pub.num_layers;

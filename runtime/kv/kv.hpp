@@ -57,6 +57,8 @@ uint64_t dtype_bytes(sg_dtype_t dtype);
 // Validates a public layout (already copied to full size) and derives the rest.
 // Throws Error(SG_ERR_INVALID_LAYOUT) naming the bad field.
 Layout make_layout(const sg_kv_layout_t &pub);
+// The same checks of the shape only (no base pointers; num_blocks 0 taken as 1), for selectors.
+Layout make_layout_shape(const sg_kv_layout_t &pub);
 // Same checks for a descriptor received from a peer (SG_ERR_PROTOCOL on nonsense).
 Layout from_desc(const wire::LayoutDesc &desc);
 

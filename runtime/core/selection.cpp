@@ -1,0 +1,131 @@
+#include "core/selection.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+namespace sg::core {
+
+kernels::DType kernel_dtype(sg_dtype_t dtype) {
+    switch (dtype) {
+        case SG_DTYPE_FP32: return kernels::DType::fp32;
+        case SG_DTYPE_FP16: return kernels::DType::fp16;
+        case SG_DTYPE_BF16: return kernels::DType::bf16;
+        default: fail(SG_ERR_UNSUPPORTED, "selection reads fp32, fp16 or bf16 keys, not fp8");
+    }
+}
+
+namespace {
+
+// A view of one block's K plane holding `tokens` valid tokens.
+kernels::View block_keys(const kv::Layout &L, const uint8_t *k_region, uint32_t block, uint64_t tokens) {
+    const uint8_t *plane = k_region + L.plane(0, block).offset;
+    const kernels::DType dt = kernel_dtype(L.dtype);
+    if (L.order == SG_BLOCK_TOKEN_MAJOR) return kernels::token_major(plane, dt, tokens, L.num_kv_heads, L.head_dim);
+    return kernels::head_major(plane, dt, tokens, L.num_kv_heads, L.head_dim, L.tokens_per_block);
+}
+
+uint64_t tokens_in_block(const kv::Layout &L, uint64_t num_tokens, size_t index) {
+    const uint64_t first = uint64_t(index) * L.tokens_per_block;
+    return std::min<uint64_t>(L.tokens_per_block, num_tokens - first);
+}
+
+}  // namespace
+
+void layer_digest(const kv::Layout &L, const uint8_t *k_region, std::span<const uint32_t> table, uint64_t num_tokens,
+                  float *out) {
+    const uint64_t per_block = kernels::digest_floats(1, L.num_kv_heads, L.head_dim);
+    const uint64_t blocks = kernels::num_blocks(num_tokens, L.tokens_per_block);
+    for (uint64_t b = 0; b < blocks; ++b) {
+        const uint64_t n = tokens_in_block(L, num_tokens, b);
+        kernels::page_digest(block_keys(L, k_region, table[b], n), uint32_t(n), out + b * per_block);
+    }
+}
+
+LayerSelector::LayerSelector(const select::Profile &profile, uint32_t num_kv_heads, uint32_t head_dim,
+                             uint64_t num_tokens, uint64_t head_token_bytes)
+    : profile_(profile), sel_(profile_, select::Request{num_tokens, head_token_bytes}), kv_heads_(num_kv_heads),
+      head_dim_(head_dim), num_tokens_(num_tokens) {
+    if (profile.num_kv_heads != num_kv_heads)
+        fail(SG_ERR_LAYOUT_MISMATCH, "the profile has " + std::to_string(profile.num_kv_heads) +
+                                         " KV heads, the pool " + std::to_string(num_kv_heads));
+}
+
+void LayerSelector::select(uint32_t layer, const ScoreInput &in, select::LayerSelection &out) {
+    if (layer >= sel_.num_layers()) fail(SG_ERR_OUT_OF_RANGE, "layer is beyond the profile");
+    if (!sel_.needs_scores(layer)) {
+        sel_.select_layer(layer, {}, out);
+        return;
+    }
+    const uint64_t nb = sel_.num_blocks();
+    scores_.assign(size_t(nb) * kv_heads_, 0.0f);
+    bool need[5] = {};
+    for (uint32_t h = 0; h < kv_heads_; ++h) need[size_t(sel_.rule(layer, h).policy)] = true;
+    auto query_view = [&](uint64_t first, uint64_t count) {
+        if (!in.queries || !in.num_queries || !in.num_q_heads)
+            fail(SG_ERR_INVALID_ARGUMENT, "layer " + std::to_string(layer) + ": its policy needs queries");
+        if (in.num_q_heads % kv_heads_)
+            fail(SG_ERR_INVALID_ARGUMENT, "num_q_heads must be a multiple of num_kv_heads");
+        const kernels::View all =
+            kernels::token_major(in.queries, kernels::DType::fp32, in.num_queries, in.num_q_heads, head_dim_);
+        return kernels::slice(all, first, count);
+    };
+    // Each policy scores every head; each head keeps the column of its own policy.
+    auto take = [&](select::Policy p) {
+        for (uint32_t h = 0; h < kv_heads_; ++h)
+            if (sel_.rule(layer, h).policy == p)
+                for (uint64_t b = 0; b < nb; ++b) scores_[b * kv_heads_ + h] = head_scores_[b * kv_heads_ + h];
+    };
+    head_scores_.resize(scores_.size());
+    if (need[size_t(select::Policy::quest)]) {
+        if (!in.digests) fail(SG_ERR_INVALID_ARGUMENT, "layer " + std::to_string(layer) + ": quest needs digests");
+        kernels::quest_scores(in.digests, nb, kv_heads_, query_view(in.num_queries - 1, 1), profile_.combine,
+                              head_scores_.data());
+        take(select::Policy::quest);
+    }
+    if (need[size_t(select::Policy::snapkv)]) {
+        if (!in.keys_layout || !in.k_region)
+            fail(SG_ERR_INVALID_ARGUMENT, "layer " + std::to_string(layer) + ": snapkv needs the keys");
+        // The kernel reads one strided view: gather the request's blocks into token order.
+        const kv::Layout &L = *in.keys_layout;
+        const uint64_t row = L.row_bytes();
+        gathered_.resize(size_t(num_tokens_ * kv_heads_ * row));
+        for (uint64_t b = 0; b < nb; ++b) {
+            const uint8_t *plane = in.k_region + L.plane(0, in.table[b]).offset;
+            const uint64_t n = tokens_in_block(L, num_tokens_, b);
+            for (uint64_t t = 0; t < n; ++t)
+                for (uint32_t h = 0; h < kv_heads_; ++h)
+                    std::memcpy(&gathered_[((b * L.tokens_per_block + t) * kv_heads_ + h) * row],
+                                plane + L.row_offset(uint32_t(t), h), row);
+        }
+        const kernels::View keys =
+            kernels::token_major(gathered_.data(), kernel_dtype(L.dtype), num_tokens_, kv_heads_, head_dim_);
+        const kernels::View q = query_view(0, in.num_queries);
+        scratch_.resize(kernels::snapkv_scratch_floats(keys, q));
+        kernels::snapkv_scores(keys, q, num_tokens_ - in.num_queries, profile_.combine, profile_.block_tokens,
+                               profile_.pool, scratch_, head_scores_.data());
+        take(select::Policy::snapkv);
+    }
+    if (need[size_t(select::Policy::h2o)]) {
+        if (!in.accumulated) fail(SG_ERR_INVALID_ARGUMENT, "layer " + std::to_string(layer) + ": h2o needs accumulated attention");
+        kernels::h2o_scores(in.accumulated, kv_heads_, num_tokens_, num_tokens_, kv_heads_, profile_.combine,
+                            profile_.block_tokens, head_scores_.data());
+        take(select::Policy::h2o);
+    }
+    sel_.select_layer(layer, scores_, out);
+}
+
+select::Profile default_profile(uint32_t num_layers, uint32_t num_kv_heads, uint32_t block_tokens) {
+    select::Profile p;
+    p.model = "default";
+    p.num_layers = num_layers;
+    p.num_kv_heads = num_kv_heads;
+    p.block_tokens = block_tokens;
+    p.defaults.policy = select::Policy::sinks_recent;
+    p.defaults.budget = select::Budget::of_fraction(0.125);
+    p.defaults.sinks = block_tokens;
+    p.defaults.recent = block_tokens;
+    select::validate(p);
+    return p;
+}
+
+}  // namespace sg::core

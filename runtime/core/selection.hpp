@@ -1,0 +1,52 @@
+// Selection over a paged pool: reads one layer's keys through a request's block table and turns
+// them, with the profile's policies, into block scores (kernels/) and an essential set (select/).
+// Shared by sg_selector_* (the decode side's own per-step choice) and the proactive path.
+#pragma once
+
+#include "kv/kv.hpp"
+#include "select/select.hpp"
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace sg::core {
+
+kernels::DType kernel_dtype(sg_dtype_t dtype);  // SG_ERR_UNSUPPORTED for fp8
+
+// Page digests of one layer: out[block][kv_head][2][head_dim] (min, max) for the request's blocks.
+void layer_digest(const kv::Layout &L, const uint8_t *k_region, std::span<const uint32_t> table, uint64_t num_tokens,
+                  float *out);
+
+struct ScoreInput {
+    const float *queries = nullptr;  // fp32 [num_queries][num_q_heads][head_dim]
+    uint32_t num_queries = 0, num_q_heads = 0;
+    const float *digests = nullptr;  // quest
+    const kv::Layout *keys_layout = nullptr;  // snapkv: keys through layout + region + table
+    const uint8_t *k_region = nullptr;
+    std::span<const uint32_t> table;
+    const float *accumulated = nullptr;  // h2o: [num_kv_heads][num_tokens]
+};
+
+// Scores and selects one layer. Scratch vectors are reused across calls.
+class LayerSelector {
+  public:
+    LayerSelector(const select::Profile &profile, uint32_t num_kv_heads, uint32_t head_dim, uint64_t num_tokens,
+                  uint64_t head_token_bytes);
+    const select::Selector &selector() const { return sel_; }
+    const select::Profile &profile() const { return profile_; }
+    void select(uint32_t layer, const ScoreInput &in, select::LayerSelection &out);
+
+  private:
+    select::Profile profile_;
+    select::Selector sel_;
+    uint32_t kv_heads_, head_dim_;
+    uint64_t num_tokens_;
+    std::vector<float> scores_, head_scores_, scratch_;
+    std::vector<uint8_t> gathered_;
+};
+
+// The profile used when a proactive transfer names none: sinks and recent window, 1/8 of blocks.
+select::Profile default_profile(uint32_t num_layers, uint32_t num_kv_heads, uint32_t block_tokens);
+
+}  // namespace sg::core
