@@ -255,6 +255,18 @@ void Context::progress_once() {
     if (events_pending_.load(std::memory_order_acquire)) dispatch_events();
 }
 
+// One step of a blocking call's wait, with mu held through `lock`: with a progress thread, sleep
+// until it signals (at most 10 ms, never past the deadline); without one, make progress here.
+void Context::wait_step(std::unique_lock<std::mutex> &lock, uint64_t deadline) {
+    if (progress_.joinable()) {
+        const uint64_t now = now_ns();
+        cv.wait_for(lock, std::chrono::nanoseconds(std::min<uint64_t>(deadline > now ? deadline - now : 0, 10000000)));
+    } else {
+        poll_locked();
+        schedule_locked();
+    }
+}
+
 namespace {
 thread_local bool t_in_event_callback = false;
 }
@@ -856,12 +868,7 @@ sg_status_t Context::wait_ready(Session &s, uint64_t timeout_ns) {
         if (s.authenticated) return SG_OK;
         const uint64_t now = now_ns();
         if (now >= deadline) fail(SG_ERR_TIMEOUT, "the session is not authenticated yet");
-        if (progress_.joinable()) {
-            cv.wait_for(lock, std::chrono::nanoseconds(std::min<uint64_t>(deadline - now, 10000000)));
-        } else {
-            poll_locked();
-            schedule_locked();
-        }
+        wait_step(lock, deadline);
     }
 }
 
@@ -1045,12 +1052,7 @@ void Context::close_gracefully(Session &s, uint64_t timeout_ns) {
             const uint64_t now = now_ns();
             if (now >= deadline)
                 fail(SG_ERR_TIMEOUT, std::to_string(n) + " transfer(s) still running on the session; it keeps draining");
-            if (progress_.joinable()) {
-                cv.wait_for(lock, std::chrono::nanoseconds(std::min<uint64_t>(deadline - now, 10000000)));
-            } else {
-                poll_locked();
-                schedule_locked();
-            }
+            wait_step(lock, deadline);
         }
     }
     close_session(s);  // nothing left to cancel: says Bye and closes
@@ -1565,12 +1567,7 @@ void Context::wait_quiesced(Transfer &t, uint64_t timeout_ns) {
         if (now >= deadline)
             fail(SG_ERR_TIMEOUT, t.finished() ? "the peer has not confirmed that its writes stopped"
                                               : "the transfer is still in progress");
-        if (progress_.joinable()) {
-            cv.wait_for(lock, std::chrono::nanoseconds(std::min<uint64_t>(deadline - now, 10000000)));
-        } else {
-            poll_locked();
-            schedule_locked();
-        }
+        wait_step(lock, deadline);
     }
 }
 
@@ -1624,14 +1621,7 @@ void Context::release(Transfer &t) {
     // peer must have confirmed that its writes stopped. A silent peer is lost after
     // peer_timeout_ms anyway; one that keeps talking but never confirms is treated as broken.
     const uint64_t deadline = now_ns() + std::max<uint64_t>(5000000000ull, 2 * peer_timeout_ns_ + 1000000000ull);
-    while (!t.is_quiesced() && now_ns() < deadline) {
-        if (progress_.joinable()) {
-            cv.wait_for(lock, std::chrono::milliseconds(1));
-        } else {
-            poll_locked();
-            schedule_locked();
-        }
-    }
+    while (!t.is_quiesced() && now_ns() < deadline) wait_step(lock, deadline);
     if (!t.post_side && !t.is_quiesced())
         lose_session(*t.session, SG_ERR_PROTOCOL,
                      "the peer did not confirm that its writes for '" + t.request_id + "' stopped");

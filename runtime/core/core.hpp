@@ -280,6 +280,7 @@ class Context : public transport::CompletionSink {
     void on_message(std::span<const uint8_t> bytes) override;
 
     void progress_loop();
+    void wait_step(std::unique_lock<std::mutex> &lock, uint64_t deadline);
     size_t poll_locked();
     void schedule_locked();
     bool pump(Transfer &t, uint32_t quota);
