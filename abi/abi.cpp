@@ -875,7 +875,10 @@ sg_status_t start_transfer(bool post_side, sg_session_t sh, const char *rid, sg_
         sg_transfer_options_t o = read_sized(options, default_transfer_options(), "options");
         if (!o.paths) o.paths = SG_PATH_FULL;
         std::span<const uint32_t> table(ids, n);
-        auto t = post_side ? s->ctx->post(s, rid, p, table, num_tokens, o) : s->ctx->expect(s, rid, p, table, num_tokens, o);
+        std::shared_ptr<sg::select::Profile> profile;
+        if (post_side && o.profile) profile = lookup(profiles(), raw(o.profile), "profile");
+        auto t = post_side ? s->ctx->post(s, rid, p, table, num_tokens, o, profile.get())
+                           : s->ctx->expect(s, rid, p, table, num_tokens, o);
         core::Transfer &xfer = *t;
         *out = wrap<sg_transfer_t>(transfers().add(std::move(t)));
         xfer.ctx->set_api_handle(xfer, *out);
@@ -947,7 +950,8 @@ SG_API sg_status_t sg_transfer_layer_state(sg_transfer_t h, uint32_t layer, uint
         if (layer >= t->layers.size()) fail(SG_ERR_OUT_OF_RANGE, "layer " + std::to_string(layer) + " >= num_layers");
         std::lock_guard lock(t->ctx->mu);
         const auto &L = t->layers[layer];
-        *state = (L.written ? SG_LAYER_WRITTEN : 0u) | (L.ready ? SG_LAYER_READY : 0u);
+        *state = (L.written ? SG_LAYER_WRITTEN : 0u) | (L.ready ? SG_LAYER_READY : 0u) |
+                 (L.essential ? SG_LAYER_ESSENTIAL : 0u);
         return SG_OK;
     });
 }
@@ -959,7 +963,7 @@ SG_API sg_status_t sg_transfer_layer_written_q(sg_transfer_t h, uint32_t layer, 
         if (num_queries && (!queries || !num_q_heads))
             fail(SG_ERR_INVALID_ARGUMENT, "queries is NULL or num_q_heads is 0 with num_queries > 0");
         // Queries feed the proactive path's selection; a SG_PATH_FULL transfer sends the whole layer.
-        t->ctx->layer_written(*t, layer);
+        t->ctx->layer_written(*t, layer, queries, num_queries, num_q_heads);
         return SG_OK;
     });
 }
@@ -971,39 +975,44 @@ SG_API sg_status_t sg_transfer_wait_layer_state(sg_transfer_t h, uint32_t layer,
         if (layer >= t->layers.size()) fail(SG_ERR_OUT_OF_RANGE, "layer " + std::to_string(layer) + " >= num_layers");
         if (bits & ~(SG_LAYER_WRITTEN | SG_LAYER_READY | SG_LAYER_ESSENTIAL))
             fail(SG_ERR_INVALID_ARGUMENT, "bits holds values that are not SG_LAYER_*");
-        if (bits & SG_LAYER_ESSENTIAL)
-            fail(SG_ERR_INVALID_STATE, "SG_LAYER_ESSENTIAL needs SG_PATH_PROACTIVE (this version runs SG_PATH_FULL only)");
-        // A layer becomes ready after it was written; waiting for READY covers both bits.
-        if (bits & SG_LAYER_READY || !t->post_side) {
-            sg_status_t st = t->ctx->wait(*t, layer, timeout_ns);
-            if (st < 0) record(st, t->error, nullptr);
-            return st;
-        }
-        const uint64_t deadline = sg::now_ns() + std::min<uint64_t>(timeout_ns, uint64_t(1) << 62);
-        for (;;) {
-            {
-                std::lock_guard lock(t->ctx->mu);
-                if (t->layers[layer].written) return SG_OK;
-            }
-            if (sg::now_ns() >= deadline) return SG_IN_PROGRESS;
-            std::this_thread::sleep_for(std::chrono::microseconds(200));
-        }
+        const auto &L = t->layers[layer];
+        bool no_proactive = false;
+        const sg_status_t st = t->ctx->wait_for(*t, timeout_ns, [&] {
+            // The decode side learns the paths at the match; without the proactive path the
+            // essential bit never comes.
+            no_proactive = (bits & SG_LAYER_ESSENTIAL) && t->paths && !(t->paths & SG_PATH_PROACTIVE);
+            if (no_proactive) return true;
+            return (!(bits & SG_LAYER_WRITTEN) || L.written || !t->post_side) && (!(bits & SG_LAYER_READY) || L.ready) &&
+                   (!(bits & SG_LAYER_ESSENTIAL) || L.essential);
+        });
+        if (no_proactive) fail(SG_ERR_INVALID_STATE, "SG_LAYER_ESSENTIAL needs SG_PATH_PROACTIVE, which the transfer lacks");
+        if (st < 0) record(st, t->error, nullptr);
+        return st;
     });
 }
 
-SG_API sg_status_t sg_transfer_digests(sg_transfer_t h, uint32_t, float *, size_t, size_t *count) {
+SG_API sg_status_t sg_transfer_digests(sg_transfer_t h, uint32_t layer, float *out, size_t cap, size_t *count) {
     return guard(nullptr, [&] {
-        lookup(transfers(), raw(h), "transfer");
-        if (count) *count = 0;
-        fail(SG_ERR_INVALID_STATE, "digests come with SG_PATH_PROACTIVE (this version runs SG_PATH_FULL only)");
+        auto t = lookup(transfers(), raw(h), "transfer");
+        need(count, "count");
+        if (layer >= t->layers.size()) fail(SG_ERR_OUT_OF_RANGE, "layer " + std::to_string(layer) + " >= num_layers");
+        std::vector<float> d;
+        if (!t->ctx->digests(*t, layer, d))
+            fail(SG_ERR_INVALID_STATE, t->post_side ? "digests are read on the decode side"
+                                                    : "the layer is not SG_LAYER_ESSENTIAL (or the transfer lacks SG_PATH_PROACTIVE)");
+        *count = d.size();
+        if (!out || cap < d.size())
+            fail(SG_ERR_BUFFER_TOO_SMALL, "out needs " + std::to_string(d.size()) + " floats");
+        std::memcpy(out, d.data(), d.size() * sizeof(float));
         return SG_OK;
     });
 }
 
-SG_API sg_status_t sg_transfer_fetch(sg_transfer_t h, uint32_t, const uint32_t *, size_t) {
+SG_API sg_status_t sg_transfer_fetch(sg_transfer_t h, uint32_t layer, const uint32_t *blocks, size_t count) {
     return guard(nullptr, [&] {
-        lookup(transfers(), raw(h), "transfer");
-        fail(SG_ERR_INVALID_STATE, "fetching needs SG_PATH_ON_DEMAND (this version runs SG_PATH_FULL only)");
+        auto t = lookup(transfers(), raw(h), "transfer");
+        if (count && !blocks) fail(SG_ERR_INVALID_ARGUMENT, "blocks is NULL");
+        t->ctx->fetch(*t, layer, std::span<const uint32_t>(blocks, count));
         return SG_OK;
     });
 }
@@ -1018,18 +1027,15 @@ SG_API sg_status_t sg_transfer_wait_blocks(sg_transfer_t h, uint32_t layer, cons
         for (size_t i = 0; i < count; ++i)
             if (blocks[i] >= t->residency.num_blocks())
                 fail(SG_ERR_OUT_OF_RANGE, "blocks[" + std::to_string(i) + "] is beyond the request's block table");
-        auto resident = [&] {
-            std::lock_guard lock(t->ctx->mu);
+        // Resident blocks stay usable whatever happens to the transfer later (a lease that ended,
+        // a peer that went away): they are checked first.
+        const sg_status_t st = t->ctx->wait_for(*t, timeout_ns, [&] {
             for (size_t i = 0; i < count; ++i)
                 if (!t->residency.test(layer, blocks[i])) return false;
             return true;
-        };
-        if (resident()) return SG_OK;
-        // On the full path a layer's blocks become resident together, with the layer.
-        sg_status_t st = t->ctx->wait(*t, layer, timeout_ns);
+        });
         if (st < 0) record(st, t->error, nullptr);
-        if (st == SG_OK && !resident()) return SG_IN_PROGRESS;
-        return st;
+        return st == SG_OK || st < 0 ? st : SG_IN_PROGRESS;
     });
 }
 
@@ -1076,7 +1082,7 @@ SG_API sg_status_t sg_transfer_stats(sg_transfer_t h, sg_transfer_stats_t *out) 
         if (out->struct_size < sizeof(size_t)) fail(SG_ERR_INVALID_ARGUMENT, "out->struct_size is not set");
         std::lock_guard lock(t->ctx->mu);
         sg_transfer_stats_t s = t->stats;
-        s.bytes_full = s.bytes;  // the only path this version runs
+        s.bytes_full = t->selective() ? 0 : s.bytes;
         const size_t n = std::min(out->struct_size, sizeof s);
         s.struct_size = n;
         std::memcpy(static_cast<void *>(out), &s, n);

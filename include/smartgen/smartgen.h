@@ -32,9 +32,8 @@
  *     handle inherited across fork() (the progress thread and fabric state do not follow); it may
  *     create its own context. Descriptors the library opens are close-on-exec.
  *   - "Since" gives the library version that introduced the function.
- *   - Not provided in this version: authentication of the peer and confidentiality of data on the
- *     wire. Sessions trust the bootstrap network; run them on a private network. (Authentication is
- *     planned as appended option fields and new status codes, without an ABI break.)
+ *   - Not provided in this version: confidentiality and integrity of data on the wire once a
+ *     session is authenticated (see auth_key); run sessions on a private network.
  */
 #ifndef SMARTGEN_SMARTGEN_H
 #define SMARTGEN_SMARTGEN_H
@@ -621,10 +620,12 @@ SG_API sg_status_t sg_selector_budget_blocks(sg_selector_t selector, uint32_t la
  *   before any other traffic of the context.
  * SG_PATH_SPECULATIVE: whatever has not been sent goes in the background at the lowest priority,
  *   in small chunks, until the decode side holds everything.
- * FULL excludes the others; the selective paths need the same tokens_per_block on both sides.
- * This version runs SG_PATH_FULL only: sg_transfer_post answers SG_ERR_UNSUPPORTED for the other
- * bits, and the calls that serve them (digests, fetch) answer SG_ERR_INVALID_STATE. Profiles and
- * selectors below work now, on their own. */
+ * FULL excludes the others (SG_ERR_INVALID_ARGUMENT); the selective paths need the same
+ * tokens_per_block on both sides (else the transfer fails with SG_ERR_LAYOUT_MISMATCH at the match).
+ * Every block moves at most once, under the first path that claims it. Without SG_PATH_SPECULATIVE
+ * a selective transfer never completes on its own: the decode side ends it with
+ * sg_transfer_release (not a cancel on either side: both count it completed), or the lease ends it.
+ * The decode side learns the paths when the prefill side matches the request. */
 #define SG_PATH_FULL 0x1u
 #define SG_PATH_PROACTIVE 0x2u
 #define SG_PATH_ON_DEMAND 0x4u
@@ -702,13 +703,18 @@ SG_API sg_status_t sg_transfer_post(sg_session_t session, const char *request_id
 SG_API sg_status_t sg_transfer_layer_written(sg_transfer_t xfer, uint32_t layer, void *cuda_stream);
 
 /* As sg_transfer_layer_written, with the layer's last prompt queries for query-aware selection on
- * the proactive path: fp32 [num_queries][num_q_heads][head_dim], after RoPE (copied at the call).
+ * the proactive path: fp32 [num_queries][num_q_heads][head_dim], after RoPE (read during the call).
+ * With SG_PATH_PROACTIVE the layer's digests and essential set are computed on the calling thread
+ * before it returns (the writes then go from the progress thread). SG_ERR_INVALID_ARGUMENT when the
+ * profile's policy for the layer needs queries (quest, snapkv) and none are given, or needs
+ * accumulated attention (h2o, which the proactive path cannot take: use it through a selector).
  * Since 0.1. */
 SG_API sg_status_t sg_transfer_layer_written_q(sg_transfer_t xfer, uint32_t layer, const float *queries,
                                                uint32_t num_queries, uint32_t num_q_heads);
 
 /* Waits until every bit of `bits` (SG_LAYER_*) is set for the layer: SG_OK, SG_IN_PROGRESS on
- * timeout, or the transfer's error. Since 0.1. */
+ * timeout, or the transfer's error (bits already set win over a later error). SG_ERR_INVALID_STATE
+ * for SG_LAYER_ESSENTIAL once the transfer is known to run without SG_PATH_PROACTIVE. Since 0.1. */
 SG_API sg_status_t sg_transfer_wait_layer_state(sg_transfer_t xfer, uint32_t layer, uint32_t bits,
                                                 uint64_t timeout_ns);
 
@@ -719,8 +725,11 @@ SG_API sg_status_t sg_transfer_digests(sg_transfer_t xfer, uint32_t layer, float
 
 /* Decode side, on-demand path: asks for logical blocks (positions in this side's block table) of a
  * layer that are not resident. Returns at once; residency bits (sg_transfer_residency) and
- * SG_EVENT_BLOCKS_READY tell when they are in place. SG_ERR_LEASE_EXPIRED when the prefill side no
- * longer holds them; SG_ERR_INVALID_STATE without SG_PATH_ON_DEMAND. Since 0.1. */
+ * SG_EVENT_BLOCKS_READY tell when they are in place. They go before any other traffic of the prefill
+ * side's context (a layer not written yet is served once it is). Blocks resident or already asked
+ * for are not asked for again. SG_ERR_LEASE_EXPIRED when the prefill side no longer holds them;
+ * SG_ERR_INVALID_STATE without SG_PATH_ON_DEMAND, or before the prefill side matched the request;
+ * SG_ERR_OUT_OF_RANGE for a block beyond the request. Since 0.1. */
 SG_API sg_status_t sg_transfer_fetch(sg_transfer_t xfer, uint32_t layer, const uint32_t *blocks, size_t count);
 
 /* Decode side: waits until the given logical blocks of a layer are resident. SG_OK, SG_IN_PROGRESS

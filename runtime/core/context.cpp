@@ -209,6 +209,7 @@ uint64_t Context::get_param(sg_param_t p) const {
 // ---------------------------------------------------------------------------------------------
 void Context::progress_loop() {
     uint64_t last_work = now_ns();
+    uint64_t last_real_work = last_work;  // last pass that completed or received something
     while (!stop_) {
         size_t n;
         {
@@ -219,7 +220,7 @@ void Context::progress_loop() {
         if (events_pending_.load(std::memory_order_acquire)) dispatch_events();
         const uint64_t now = now_ns();
         if (n) {
-            last_work = now;
+            last_work = last_real_work = now;
             cv.notify_all();
             continue;
         }
@@ -230,8 +231,19 @@ void Context::progress_loop() {
             for (auto &t : transports) can_block = t->prepare_wait() && can_block;
         }
         epoll_event evs[4];
-        // Without a wait object (or when one is not ready) sleep briefly instead of spinning hot.
-        int rc = ::epoll_wait(epoll_fd_, evs, 4, can_block ? 100 : 1);
+        // Some providers (shm) do not signal their wait object when the peer writes, so a wait can
+        // oversleep a message by its whole timeout. Within kBusyWindowNs of real work (a transfer
+        // is likely running) nap briefly; later sleep until a wait object fires, or briefly
+        // without one.
+        constexpr uint64_t kBusyWindowNs = 20000000;
+        timespec nap{};
+        if (now - last_real_work < kBusyWindowNs)
+            nap.tv_nsec = 50000;
+        else if (can_block)
+            nap.tv_nsec = 100000000;
+        else
+            nap.tv_nsec = 1000000;
+        int rc = ::epoll_pwait2(epoll_fd_, evs, 4, &nap, nullptr);
         for (int i = 0; i < rc; ++i) {
             if (evs[i].data.fd == wake_fd_) {
                 uint64_t v;
@@ -351,9 +363,18 @@ void Context::check_timers_locked() {
             send(*s, out);
         }
         auto expire = [&](auto &map) {
-            for (auto &[k, t] : map)
+            for (auto &[k, t] : map) {
                 if (t->deadline_abs_ns && now > t->deadline_abs_ns && !t->finished())
                     fail_transfer(*t, SG_ERR_DEADLINE, "transfer '" + t->request_id + "' missed its deadline", true);
+                if (t->lease_deadline_ns && now > t->lease_deadline_ns && !t->finished()) {
+                    emit(*t, SG_EVENT_LEASE_EXPIRED, 0, SG_ERR_LEASE_EXPIRED);
+                    fail_transfer(*t, SG_ERR_LEASE_EXPIRED,
+                                  "the lease of '" + t->request_id + "' ended (" +
+                                      std::to_string(t->options.lease_ns / 1000000) +
+                                      " ms after its last layer was written) before the decode side held every block",
+                                  true);
+                }
+            }
         };
         expire(s->expects);
         expire(s->posts);
@@ -372,9 +393,11 @@ void Context::lose_session(Session &s, sg_status_t status, const std::string &wh
     s.error = status;
     s.error_message = why;
     if (!peer_closed) log.log(SG_LOG_ERROR, "session with peer " + std::to_string(s.peer_ctx_id) + " lost: " + why);
-    for (auto &[k, t] : s.expects) fail_transfer(*t, status, why, false);
-    for (auto &[k, t] : s.posts) fail_transfer(*t, status, why, false);
-    for (auto &[k, t] : s.unmatched_posts) fail_transfer(*t, status, why, false);
+    std::vector<std::shared_ptr<Transfer>> ts;  // fail_transfer takes unmatched posts out of their map
+    for (auto &[k, t] : s.expects) ts.push_back(t);
+    for (auto &[k, t] : s.posts) ts.push_back(t);
+    for (auto &[k, t] : s.unmatched_posts) ts.push_back(t);
+    for (auto &t : ts) fail_transfer(*t, status, why, false);
     drop_registrations(s);
     for (auto &[k, t] : s.expects) note_quiesced(*t);
     for (auto &[k, t] : s.posts) note_quiesced(*t);
@@ -392,9 +415,16 @@ void Context::schedule_locked() {
                      [](const auto &a, const auto &b) { return a->options.priority > b->options.priority; });
     // Transfers take turns, a quota of operations each, so equal priorities share a session fairly
     // and a higher priority is served first on every pass.
-    for (bool any = true; any;) {
-        any = false;
-        for (size_t i = 0; i < active_.size(); ++i) any = pump(*active_[i], 16) || any;
+    // Passes by path: on-demand units of every transfer first, then proactive and full-path work,
+    // then speculative units.
+    for (int pass = 0; pass < 3; ++pass) {
+        for (bool any = true; any;) {
+            any = false;
+            for (size_t i = 0; i < active_.size(); ++i) {
+                Transfer &t = *active_[i];
+                any = (t.selective() ? pump_selective(t, pass, 16) : pass == 1 && pump(t, 16)) || any;
+            }
+        }
     }
     active_.erase(std::remove_if(active_.begin(), active_.end(),
                                  [](const auto &t) { return t->finished() || (t->done_sent && !t->inflight); }),
@@ -414,6 +444,7 @@ OpCookie *Context::take_cookie() {
 void Context::give_cookie(OpCookie *c) {
     c->xfer = nullptr;
     c->session = nullptr;
+    c->unit = nullptr;
     c->len = 0;
     c->bytes.clear();
     free_cookies_.push_back(c);
@@ -479,6 +510,7 @@ void Context::on_complete(void *cookie, int status, const char *error_text) {
         ops_inflight_--;
         bytes_inflight_ -= c->len;
         if (c->session) c->session->bytes_inflight -= c->len;
+        if (c->unit && c->unit->path == SG_PATH_SPECULATIVE && c->session) c->session->speculative_inflight -= c->len;
     }
     const bool connection_broke = status == -ECONNRESET || status == -EPIPE || status == -ENOTCONN ||
                                   status == -ECONNABORTED || status == -ECONNREFUSED || status == -EHOSTUNREACH ||
@@ -496,6 +528,9 @@ void Context::on_complete(void *cookie, int status, const char *error_text) {
             // Completions may come in any order (a rendezvous-sized notice can finish after the
             // done notice), so whichever is last completes the transfer.
             if (t->done_sent) complete_if_done(*t);
+        } else if (c->unit) {
+            c->unit->outstanding--;
+            selective_notices(*t);
         } else {
             Transfer::Layer &L = t->layers[c->layer];
             L.outstanding--;
@@ -726,6 +761,29 @@ void Context::handle(Session &s, const wire::FrameHeader &h, std::span<const uin
         case wire::MsgType::Error: {
             wire::TransferError m;
             check(wire::decode(body, m), "TransferError");
+            if (!m.from_post_side && m.status == 0) {
+                // The decode side released a selective transfer: done, not canceled.
+                auto p = s.posts.find(m.request_id);
+                if (p == s.posts.end() || p->second->id != m.decode_xfer_id) {
+                    send_quiesced(s, m.decode_xfer_id);
+                    return;
+                }
+                Transfer &t = *p->second;
+                if (!t.finished()) {
+                    t.peer_released = true;
+                    t.status = SG_OK;
+                    t.stats.end_ns = now_ns();
+                    counters.transfers_completed++;
+                    emit(t, SG_EVENT_FINISHED, 0, SG_OK);
+                    signal_event();
+                    cv.notify_all();
+                    maybe_send_quiesced(t);
+                    note_quiesced(t);
+                } else if (t.is_quiesced() && t.status == SG_OK) {
+                    send_quiesced(s, m.decode_xfer_id);
+                }
+                return;
+            }
             sg_status_t st = sg_status_t(m.status);
             if (st >= 0) st = SG_ERR_REMOTE;
             const std::string why = std::string(h.type == wire::MsgType::Cancel ? "peer canceled" : "peer failed") +
@@ -735,7 +793,11 @@ void Context::handle(Session &s, const wire::FrameHeader &h, std::span<const uin
                 // match, the answer to our Expect) tells us when its writes have stopped.
                 if (m.decode_xfer_id) {
                     auto it = s.expects.find(m.decode_xfer_id);
-                    if (it != s.expects.end()) fail_transfer(*it->second, st, why, false);
+                    if (it != s.expects.end()) {
+                        if (st == SG_ERR_LEASE_EXPIRED && !it->second->finished())
+                            emit(*it->second, SG_EVENT_LEASE_EXPIRED, 0, st);
+                        fail_transfer(*it->second, st, why, false);
+                    }
                     return;
                 }
                 // It gave up before it knew our id: match by request id, and acknowledge so that
@@ -790,6 +852,10 @@ void Context::handle(Session &s, const wire::FrameHeader &h, std::span<const uin
             signal_event();
             return;
         }
+        case wire::MsgType::Selective:
+        case wire::MsgType::Digests:
+        case wire::MsgType::BlocksReady:
+        case wire::MsgType::Fetch: handle_selective(s, h, body); return;
         case wire::MsgType::Hello: return;  // only meaningful at bootstrap
         case wire::MsgType::AuthChallenge:
         case wire::MsgType::AuthProof:
@@ -1005,8 +1071,11 @@ void Context::close_session(Session &s) {
         wire::encode(out, id, bye);
         send(s, out);
     }
+    // fail_transfer takes an unmatched post out of its map: walk a copy.
     auto fail_all = [&](auto &m) {
-        for (auto &[k, t] : m) fail_transfer(*t, SG_ERR_CANCELED, "session closed", false);
+        std::vector<std::shared_ptr<Transfer>> ts;
+        for (auto &[k, t] : m) ts.push_back(t);
+        for (auto &t : ts) fail_transfer(*t, SG_ERR_CANCELED, "session closed", false);
     };
     fail_all(s.expects);
     fail_all(s.posts);
@@ -1135,7 +1204,8 @@ std::shared_ptr<Transfer> Context::expect(const std::shared_ptr<Session> &s, con
 
 std::shared_ptr<Transfer> Context::post(const std::shared_ptr<Session> &s, const char *rid,
                                         const std::shared_ptr<KvPool> &pool, std::span<const uint32_t> table,
-                                        uint64_t num_tokens, const sg_transfer_options_t &opt) {
+                                        uint64_t num_tokens, const sg_transfer_options_t &opt,
+                                        const select::Profile *profile) {
     check_request_id(rid);
     kv::check_block_table(pool->layout, table, num_tokens);
     const uint32_t nl = pool->layout.num_layers;
@@ -1152,7 +1222,34 @@ std::shared_ptr<Transfer> Context::post(const std::shared_ptr<Session> &s, const
     } else {
         for (uint32_t i = 0; i < nl; ++i) order[i] = i;
     }
-    if (opt.paths & ~SG_PATH_FULL) fail(SG_ERR_UNSUPPORTED, "only SG_PATH_FULL is implemented in this version");
+    const uint32_t all_paths = SG_PATH_FULL | SG_PATH_PROACTIVE | SG_PATH_ON_DEMAND | SG_PATH_SPECULATIVE;
+    const uint32_t paths = opt.paths ? opt.paths : SG_PATH_FULL;
+    if (paths & ~all_paths) fail(SG_ERR_INVALID_ARGUMENT, "options.paths holds bits that are not SG_PATH_*");
+    if ((paths & SG_PATH_FULL) && paths != SG_PATH_FULL)
+        fail(SG_ERR_INVALID_ARGUMENT, "SG_PATH_FULL excludes the selective paths");
+    // Built before taking the lock: selecting the layers of an already written request takes time.
+    auto t = std::make_shared<Transfer>(this, s, true, rid, pool, table, num_tokens, opt);
+    t->paths = paths;
+    t->options.profile = nullptr;  // the handle is the caller's; the transfer holds its own copy
+    t->options.layer_order = nullptr;
+    std::vector<PreparedLayer> prepared;
+    if (t->selective()) {
+        const kv::Layout &L = pool->layout;
+        const uint32_t nb = uint32_t(kernels::num_blocks(num_tokens, L.tokens_per_block));
+        for (auto &layer : t->layers) layer.claimed.assign(nb, 0);
+        if (paths & SG_PATH_PROACTIVE) {
+            kernel_dtype(L.dtype);  // selection reads fp32, fp16 and bf16 keys
+            const select::Profile p = profile ? *profile : default_profile(L.num_layers, L.num_kv_heads, L.tokens_per_block);
+            if (p.num_layers != L.num_layers || p.block_tokens != L.tokens_per_block)
+                fail(SG_ERR_LAYOUT_MISMATCH, "the profile is for " + std::to_string(p.num_layers) + " layers of " +
+                                                 std::to_string(p.block_tokens) + "-token blocks, the pool has " +
+                                                 std::to_string(L.num_layers) + " of " +
+                                                 std::to_string(L.tokens_per_block));
+            t->selector = std::make_unique<LayerSelector>(p, L.num_kv_heads, L.head_dim, num_tokens, 2 * L.row_bytes());
+        }
+        if (opt.flags & SG_TRANSFER_ALL_LAYERS_WRITTEN)
+            for (uint32_t l = 0; l < nl; ++l) prepared.push_back(prepare_layer(*t, l, nullptr, 0, 0));
+    }
     std::lock_guard lock(mu);
     if (s->closed) fail(s->error ? s->error : SG_ERR_PEER_LOST, "session is closed");
     if (s->draining) fail(SG_ERR_INVALID_STATE, "session is closing (sg_session_close)");
@@ -1169,11 +1266,12 @@ std::shared_ptr<Transfer> Context::post(const std::shared_ptr<Session> &s, const
         wire::encode(out, id, wire::Reposted{rid});
         send(*s, out);
     }
-    auto t = std::make_shared<Transfer>(this, s, true, rid, pool, table, num_tokens, opt);
     t->order = std::move(order);
     t->src_reg = &s->local_regs.at(pool->id);  // map nodes are stable for the session's life
     if (opt.deadline_ns) t->deadline_abs_ns = now_ns() + opt.deadline_ns;
-    if (opt.flags & SG_TRANSFER_ALL_LAYERS_WRITTEN) {
+    if (t->selective()) {
+        for (uint32_t l = 0; l < prepared.size(); ++l) commit_layer(*t, l, std::move(prepared[l]));
+    } else if (opt.flags & SG_TRANSFER_ALL_LAYERS_WRITTEN) {
         const uint64_t now = now_ns();
         for (auto &L : t->layers) {
             L.written = true;
@@ -1208,6 +1306,7 @@ void Context::match(Session &s, const std::shared_ptr<Transfer> &t, const wire::
         kv::check_block_table(rp->second.layout, e.block_ids, e.num_tokens);
         t->dst = &rp->second;
         t->dst_table.assign(e.block_ids.begin(), e.block_ids.end());
+        start_selective(*t);
         t->matched = true;
         active_.push_back(t);
     } catch (const Error &err) {
@@ -1216,11 +1315,25 @@ void Context::match(Session &s, const std::shared_ptr<Transfer> &t, const wire::
     }
 }
 
-void Context::layer_written(Transfer &t, uint32_t layer) {
+void Context::layer_written(Transfer &t, uint32_t layer, const float *queries, uint32_t num_queries,
+                            uint32_t num_q_heads) {
     if (!t.post_side) fail(SG_ERR_INVALID_STATE, "layer_written is for the prefill (posting) side");
-    std::lock_guard lock(mu);
     if (layer >= t.layers.size())
         fail(SG_ERR_OUT_OF_RANGE, "layer " + std::to_string(layer) + " >= num_layers " + std::to_string(t.layers.size()));
+    if (t.selective()) {
+        {
+            std::lock_guard lock(mu);
+            if (t.layers[layer].written) return;
+        }
+        // Digests and selection run on the caller's thread, outside the context lock.
+        PreparedLayer prep = prepare_layer(t, layer, queries, num_queries, num_q_heads);
+        std::lock_guard lock(mu);
+        commit_layer(t, layer, std::move(prep));
+        if (t.matched && !t.finished()) pump_selective(t, 1, 16);
+        wake();
+        return;
+    }
+    std::lock_guard lock(mu);
     if (!t.layers[layer].written) {
         t.layers[layer].written = true;
         t.layers[layer].written_ns = now_ns();
@@ -1455,23 +1568,31 @@ void Context::maybe_send_notices(Transfer &t) {
         if (!L.notice_sent) break;
         if (L.outstanding == 0 && !L.ready) {
             record_layer_rate(t, L);
-            L.ready = true;
-            L.ready_ns = now_ns();
             t.residency.set_layer(l);
-            t.stats.layers_ready++;
-            emit(t, SG_EVENT_LAYER_READY, l, SG_OK);
+            mark_ready(t, l);
         }
         if (i == t.notice_pos && L.ready) t.notice_pos++;
     }
-    if (t.notice_pos == t.order.size() && !t.done_sent) {
-        wire::TransferDone m;
-        m.decode_xfer_id = t.id;
-        m.bytes = t.stats.bytes;
-        std::vector<uint8_t> out;
-        wire::encode(out, id, m);
-        t.done_sent = true;
-        send(*t.session, out, &t);
-    }
+    if (t.notice_pos == t.order.size()) send_done(t);
+}
+
+void Context::send_done(Transfer &t) {
+    if (t.done_sent) return;
+    wire::TransferDone m;
+    m.decode_xfer_id = t.id;
+    m.bytes = t.stats.bytes;
+    std::vector<uint8_t> out;
+    wire::encode(out, id, m);
+    t.done_sent = true;
+    send(*t.session, out, &t);
+}
+
+void Context::mark_ready(Transfer &t, uint32_t layer) {
+    Transfer::Layer &L = t.layers[layer];
+    L.ready = true;
+    L.ready_ns = now_ns();
+    t.stats.layers_ready++;
+    emit(t, SG_EVENT_LAYER_READY, layer, SG_OK);
 }
 
 // Decode side: a layer is ready once its notice arrived and every staged chunk it announced has
@@ -1479,11 +1600,8 @@ void Context::maybe_send_notices(Transfer &t) {
 void Context::maybe_layer_ready(Transfer &t, uint32_t layer) {
     Transfer::Layer &L = t.layers[layer];
     if (L.ready || !L.notice_received || L.staged_chunks < L.chunks_announced) return;
-    L.ready = true;
-    L.ready_ns = now_ns();
     t.residency.set_layer(layer);
-    t.stats.layers_ready++;
-    emit(t, SG_EVENT_LAYER_READY, layer, SG_OK);
+    mark_ready(t, layer);
     complete_if_done(t);
     signal_event();
     cv.notify_all();
@@ -1547,7 +1665,9 @@ void Context::send_quiesced(Session &s, uint64_t decode_xfer_id) {
 // Prefill: after a transfer that answered an Expect failed, tell the decode side once its last
 // write completed.
 void Context::maybe_send_quiesced(Transfer &t) {
-    if (!t.post_side || !t.id || !t.finished() || t.status == SG_OK || t.inflight || t.quiesce_sent) return;
+    if (!t.post_side || !t.id || !t.finished() || (t.status == SG_OK && !t.peer_released) || t.inflight ||
+        t.quiesce_sent)
+        return;
     t.quiesce_sent = true;
     send_quiesced(*t.session, t.id);
 }
@@ -1616,7 +1736,12 @@ void Context::cancel(Transfer &t, sg_status_t why, const std::string &message) {
 
 void Context::release(Transfer &t) {
     std::unique_lock lock(mu);
-    if (!t.finished()) fail_transfer(t, SG_ERR_CANCELED, "released before completion", true);
+    if (!t.finished()) {
+        if (!t.post_side && t.selective())
+            end_by_release(t);
+        else
+            fail_transfer(t, SG_ERR_CANCELED, "released before completion", true);
+    }
     // Quiesce: no operation of ours may still reference the transfer, and on the decode side the
     // peer must have confirmed that its writes stopped. A silent peer is lost after
     // peer_timeout_ms anyway; one that keeps talking but never confirms is treated as broken.

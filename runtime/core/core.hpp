@@ -9,6 +9,7 @@
 
 #include "common/common.hpp"
 #include "core/auth.hpp"
+#include "core/selection.hpp"
 #include "kv/kv.hpp"
 #include "plan/plan.hpp"
 #include "transport/transport.hpp"
@@ -19,6 +20,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -64,6 +66,22 @@ struct RemotePool {
     std::vector<wire::Region> regions;
 };
 
+// Selective paths, prefill side: blocks of one layer that go under one path and end with one
+// BlocksReady notice. Units of the on-demand path go before everything else, speculative ones last.
+struct SendUnit {
+    uint32_t layer = 0;
+    uint32_t path = 0;             // one SG_PATH_* bit
+    std::vector<uint32_t> blocks;  // logical indices, ascending
+    Vec<plan::Op> ops;
+    bool compiled = false;
+    size_t next_op = 0;
+    uint32_t outstanding = 0;      // writes posted and not completed
+    bool notice_sent = false;
+    uint32_t digest_chunks = 0;    // proactive: Digests messages sent ahead of the notice
+    uint64_t bytes = 0;
+    bool fully_posted() const { return compiled && next_op == ops.size(); }
+};
+
 // Cookie for every posted operation; starts with the provider's context space.
 struct OpCookie {
     alignas(16) uint8_t provider_ctx[transport::kCookieBytes];
@@ -73,6 +91,7 @@ struct OpCookie {
     uint32_t layer = 0;
     uint32_t staging_slot = 0;
     uint64_t len = 0;  // payload bytes of a write, for the in-flight bounds
+    SendUnit *unit = nullptr;  // selective paths: the unit this write belongs to
     Vec<uint8_t> bytes;  // message body for sends; segment list encoding for staged writes
 };
 
@@ -136,6 +155,7 @@ class Session {
     double path_rate[2] = {0, 0};
     uint32_t candidate_layers = 0;
     uint64_t bytes_inflight = 0;
+    uint64_t speculative_inflight = 0;  // bytes of speculative writes in flight (bounded, so a fetch waits little)
     bool regs_dropped = false;  // registrations closed after the session was lost
     // Unfinished transfers of the session, against max_transfers_per_session.
     size_t unfinished() const;
@@ -173,11 +193,43 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
         bool notice_received = false;  // decode: LayerReady arrived
         uint32_t chunks_announced = 0; // decode: staged_chunks from LayerReady
         uint64_t written_ns = 0, ready_ns = 0;
+        // Selective paths.
+        bool essential = false;           // prefill: proactive unit delivered; decode: it and the digests are here
+        std::vector<uint8_t> claimed;     // prefill: block is in some send unit
+        uint32_t claimed_count = 0;
+        uint32_t delivered_count = 0;     // prefill: blocks whose notice went and writes completed
+        uint32_t spec_cursor = 0;         // prefill: next block the speculative path looks at
+        std::vector<uint32_t> selected;   // prefill: essential blocks, chosen when the layer was written
+        std::vector<uint8_t> digests;     // prefill: to send; decode: received (the pool's dtype)
+        std::vector<uint32_t> demand_waiting;  // prefill: fetched before the layer was written
+        uint32_t resident_count = 0;      // decode
+        std::vector<uint8_t> requested;   // decode: fetched and not yet resident
+        bool essential_notice = false;    // decode: the proactive BlocksReady arrived
+        uint32_t digest_chunks_announced = 0, digest_chunks_received = 0;  // decode
     };
     std::vector<Layer> layers;
     kv::Residency residency;
     sg_transfer_stats_t stats{};
     uint32_t inflight = 0;  // ops and sends of this transfer not yet completed
+
+    // Paths: prefill, from the options; decode, from the peer's Selective message (0 until then).
+    uint32_t paths = 0;
+    bool selective() const { return paths && paths != SG_PATH_FULL; }
+    // Prefill, proactive path: the profile applied to this request (selection runs on the thread
+    // that marks a layer written, serialized by select_mu).
+    std::unique_ptr<LayerSelector> selector;
+    std::mutex select_mu;
+    std::deque<std::unique_ptr<SendUnit>> demand_queue, proactive_queue, speculative_queue;
+    std::vector<std::unique_ptr<SendUnit>> posted_units;  // posted; notice or completions pending
+    uint32_t layers_written = 0;
+    uint32_t spec_order_pos = 0;     // first entry of `order` the speculative path has not exhausted
+    uint64_t lease_deadline_ns = 0;  // prefill: set when the last layer is written and lease_ns > 0
+    bool peer_released = false;      // prefill: the decode side released a selective transfer
+    struct PendingFetch {
+        uint32_t layer;
+        std::vector<uint32_t> blocks;
+    };
+    std::vector<PendingFetch> fetches;  // decode: BLOCKS_READY goes when all of one are resident
 
     // Prefill side, once matched.
     bool matched = false;
@@ -239,10 +291,19 @@ class Context : public transport::CompletionSink {
     std::shared_ptr<Transfer> expect(const std::shared_ptr<Session> &s, const char *request_id,
                                      const std::shared_ptr<KvPool> &pool, std::span<const uint32_t> table,
                                      uint64_t num_tokens, const sg_transfer_options_t &opt);
+    // profile: for SG_PATH_PROACTIVE (NULL: default_profile).
     std::shared_ptr<Transfer> post(const std::shared_ptr<Session> &s, const char *request_id,
                                    const std::shared_ptr<KvPool> &pool, std::span<const uint32_t> table,
-                                   uint64_t num_tokens, const sg_transfer_options_t &opt);
-    void layer_written(Transfer &t, uint32_t layer);
+                                   uint64_t num_tokens, const sg_transfer_options_t &opt,
+                                   const select::Profile *profile = nullptr);
+    void layer_written(Transfer &t, uint32_t layer, const float *queries = nullptr, uint32_t num_queries = 0,
+                       uint32_t num_q_heads = 0);
+    // Selective paths (paths.cpp).
+    void fetch(Transfer &t, uint32_t layer, std::span<const uint32_t> blocks);
+    // Copies the layer's received digests as fp32; false before the layer is essential.
+    bool digests(Transfer &t, uint32_t layer, std::vector<float> &out);
+    // Waits until pred() (evaluated with mu held) or the transfer finished; SG_IN_PROGRESS on timeout.
+    sg_status_t wait_for(Transfer &t, uint64_t timeout_ns, const std::function<bool()> &pred);
     sg_status_t wait(Transfer &t, int64_t layer, uint64_t timeout_ns);  // layer -1: whole transfer
     void cancel(Transfer &t, sg_status_t why, const std::string &message);
     void release(Transfer &t);
@@ -289,6 +350,29 @@ class Context : public transport::CompletionSink {
     bool post_plain_op(Transfer &t);
     bool post_staged_chunk(Transfer &t);
     void maybe_send_notices(Transfer &t);
+    void send_done(Transfer &t);                   // TransferDone, once
+    void mark_ready(Transfer &t, uint32_t layer);  // the layer's bytes are all in place (or delivered)
+    // Selective paths (paths.cpp).
+    struct PreparedLayer {
+        std::vector<uint32_t> selected;
+        std::vector<uint8_t> digests;
+    };
+    PreparedLayer prepare_layer(Transfer &t, uint32_t layer, const float *queries, uint32_t num_queries,
+                                uint32_t num_q_heads);
+    void commit_layer(Transfer &t, uint32_t layer, PreparedLayer &&prep);
+    std::unique_ptr<SendUnit> claim(Transfer &t, uint32_t layer, uint32_t path, std::span<const uint32_t> want);
+    bool pump_selective(Transfer &t, int pass, uint32_t quota);
+    SendUnit *next_unit(Transfer &t, int pass);
+    void compile_unit(Transfer &t, SendUnit &u);
+    bool post_unit_op(Transfer &t, SendUnit &u, int pass);
+    void selective_notices(Transfer &t);
+    void start_selective(Transfer &t);
+    void handle_selective(Session &s, const wire::FrameHeader &h, std::span<const uint8_t> body);
+    void decode_block_resident(Transfer &t, uint32_t layer, std::span<const uint32_t> blocks, uint32_t path,
+                               uint64_t bytes);
+    void maybe_essential(Transfer &t, uint32_t layer);
+    void check_fetches(Transfer &t, uint32_t layer);
+    void end_by_release(Transfer &t);
     void send(Session &s, const std::vector<uint8_t> &frame, Transfer *t = nullptr);
     void send_auth(Session &s, const std::vector<uint8_t> &frame);
     void handle_auth(Session &s, const wire::FrameHeader &h, std::span<const uint8_t> body);

@@ -30,6 +30,12 @@
 //   Quiesced       1 decode_xfer_id u64
 //   CancelAck      1 request_id bytes, 2 recorded u32 (0 or 1)
 //   Reposted       1 request_id bytes
+//   Selective      1 decode_xfer_id u64, 2 paths u32
+//   Digests        1 decode_xfer_id u64, 2 layer u32, 3 first_block u32, 4 count u32,
+//                  5 elem_bytes u32 (2 or 4), 6 data bytes (count x heads x 2 x head_dim elements)
+//   BlocksReady    1 decode_xfer_id u64, 2 layer u32, 3 path u32, 4 bytes u64, 5 digest_chunks u32,
+//                  6 blocks: packed u32 array, 7 essential u32 (0 or 1)
+//   Fetch          1 request_id bytes, 2 decode_xfer_id u64, 3 layer u32, 4 blocks: packed u32 array
 //
 // Every tag of v1.0 is required and must appear exactly once, Hello's endpoint excepted (0..n
 // times). Strings and packed arrays are required too but may be zero bytes long: requiring them
@@ -321,6 +327,52 @@ void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Reposted &m) {
     encode_frame(out, sender_ctx, MsgType::Reposted, [&] { str_field(out, 1, m.request_id); });
 }
 
+static void u32_array_field(std::vector<uint8_t> &out, uint16_t tag, const std::vector<uint32_t> &v) {
+    const size_t at = begin_field(out, tag);
+    out.reserve(out.size() + 4 * v.size());
+    for (uint32_t x : v) put(out, x);
+    end_field(out, at);
+}
+
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Selective &m) {
+    encode_frame(out, sender_ctx, MsgType::Selective, [&] {
+        int_field(out, 1, m.decode_xfer_id);
+        int_field(out, 2, m.paths);
+    });
+}
+
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Digests &m) {
+    encode_frame(out, sender_ctx, MsgType::Digests, [&] {
+        int_field(out, 1, m.decode_xfer_id);
+        int_field(out, 2, m.layer);
+        int_field(out, 3, m.first_block);
+        int_field(out, 4, m.count);
+        int_field(out, 5, m.elem_bytes);
+        bytes_field(out, 6, m.data.data(), m.data.size());
+    });
+}
+
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const BlocksReady &m) {
+    encode_frame(out, sender_ctx, MsgType::BlocksReady, [&] {
+        int_field(out, 1, m.decode_xfer_id);
+        int_field(out, 2, m.layer);
+        int_field(out, 3, m.path);
+        int_field(out, 4, m.bytes);
+        int_field(out, 5, m.digest_chunks);
+        u32_array_field(out, 6, m.blocks);
+        int_field(out, 7, m.essential);
+    });
+}
+
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Fetch &m) {
+    encode_frame(out, sender_ctx, MsgType::Fetch, [&] {
+        str_field(out, 1, m.request_id);
+        int_field(out, 2, m.decode_xfer_id);
+        int_field(out, 3, m.layer);
+        u32_array_field(out, 4, m.blocks);
+    });
+}
+
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Bye &m) {
     encode_frame(out, sender_ctx, MsgType::Bye, [&] { int_field(out, 1, m.status); });
 }
@@ -370,7 +422,7 @@ DecodeError decode_header(std::span<const uint8_t> frame, FrameHeader &hdr, std:
     hdr.sender_ctx = load<uint64_t>(p + 12);
     hdr.body_len = load<uint32_t>(p + 20);
     if (hdr.proto_major != kProtoMajor) return E::VersionMismatch;
-    if (type < static_cast<uint16_t>(MsgType::Hello) || type > static_cast<uint16_t>(MsgType::Reposted))
+    if (type < static_cast<uint16_t>(MsgType::Hello) || type > static_cast<uint16_t>(MsgType::Fetch))
         return E::UnknownType;
     hdr.type = static_cast<MsgType>(type);
     if (hdr.body_len > kMaxBodyBytes) return E::TooLarge;
@@ -548,6 +600,54 @@ DecodeError decode(std::span<const uint8_t> body, CancelAck &m) {
 
 DecodeError decode(std::span<const uint8_t> body, Reposted &m) {
     return walk(body, {1}, [&](uint16_t, Bytes v) { return get(v, m.request_id, kMaxNameBytes); });
+}
+
+DecodeError decode(std::span<const uint8_t> body, Selective &m) {
+    return walk(body, {2}, [&](uint16_t tag, Bytes v) { return tag == 1 ? get(v, m.decode_xfer_id) : get(v, m.paths); });
+}
+
+DecodeError decode(std::span<const uint8_t> body, Digests &m) {
+    const E e = walk(body, {6}, [&](uint16_t tag, Bytes v) {
+        switch (tag) {
+        case 1: return get(v, m.decode_xfer_id);
+        case 2: return get(v, m.layer);
+        case 3: return get(v, m.first_block);
+        case 4: return get(v, m.count);
+        case 5: return get(v, m.elem_bytes);
+        case 6: return get(v, m.data, kMaxBodyBytes);
+        }
+        return kUnreachable;
+    });
+    if (e != E::None) return e;
+    if (m.elem_bytes != 2 && m.elem_bytes != 4) return E::BadValue;
+    return E::None;
+}
+
+DecodeError decode(std::span<const uint8_t> body, BlocksReady &m) {
+    return walk(body, {7}, [&](uint16_t tag, Bytes v) {
+        switch (tag) {
+        case 1: return get(v, m.decode_xfer_id);
+        case 2: return get(v, m.layer);
+        case 3: return get(v, m.path);
+        case 4: return get(v, m.bytes);
+        case 5: return get(v, m.digest_chunks);
+        case 6: return get_records<4>(v, m.blocks, [](const uint8_t *p, uint32_t &id) { id = load<uint32_t>(p); });
+        case 7: return get(v, m.essential);
+        }
+        return kUnreachable;
+    });
+}
+
+DecodeError decode(std::span<const uint8_t> body, Fetch &m) {
+    return walk(body, {4}, [&](uint16_t tag, Bytes v) {
+        switch (tag) {
+        case 1: return get(v, m.request_id, kMaxNameBytes);
+        case 2: return get(v, m.decode_xfer_id);
+        case 3: return get(v, m.layer);
+        case 4: return get_records<4>(v, m.blocks, [](const uint8_t *p, uint32_t &id) { id = load<uint32_t>(p); });
+        }
+        return kUnreachable;
+    });
 }
 
 }  // namespace sg::wire

@@ -44,6 +44,11 @@ enum class MsgType : uint16_t {
     Quiesced = 16,       // prefill -> decode: no write for this Expect will come any more
     CancelAck = 17,      // decode -> prefill: a cancel by request id arrived (see TransferError)
     Reposted = 18,       // prefill -> decode: a request id canceled before its match is posted again
+    // Selective paths (SG_PATH_PROACTIVE / ON_DEMAND / SPECULATIVE):
+    Selective = 19,      // prefill -> decode: the matched transfer runs these paths
+    Digests = 20,        // prefill -> decode: a run of one layer's page digests
+    BlocksReady = 21,    // prefill -> decode: these blocks of a layer are in place (one send unit)
+    Fetch = 22,          // decode -> prefill: send these blocks of a layer first
 };
 
 inline constexpr size_t kNonceBytes = 32;
@@ -174,6 +179,40 @@ struct Reposted {
     std::string request_id;
 };
 
+struct Selective {
+    uint64_t decode_xfer_id = 0;
+    uint32_t paths = 0;  // SG_PATH_* bits
+};
+
+// Digests of blocks [first_block, first_block + count) of a layer: per block and KV head, the
+// element-wise min then max of the keys, in the pool's dtype (min and max of stored keys are stored
+// keys, so fp16/bf16 lose nothing).
+struct Digests {
+    uint64_t decode_xfer_id = 0;
+    uint32_t layer = 0;
+    uint32_t first_block = 0;
+    uint32_t count = 0;
+    uint32_t elem_bytes = 0;  // 4 fp32, 2 fp16/bf16 (the pool's dtype)
+    std::vector<uint8_t> data;
+};
+
+struct BlocksReady {
+    uint64_t decode_xfer_id = 0;
+    uint32_t layer = 0;
+    uint32_t path = 0;            // one SG_PATH_* bit
+    uint64_t bytes = 0;           // payload bytes of these blocks
+    uint32_t digest_chunks = 0;   // proactive: Digests messages of this layer sent before this notice
+    std::vector<uint32_t> blocks; // logical block indices, ascending
+    uint32_t essential = 0;       // 1 on the last notice of a layer's proactive unit
+};
+
+struct Fetch {
+    std::string request_id;
+    uint64_t decode_xfer_id = 0;
+    uint32_t layer = 0;
+    std::vector<uint32_t> blocks;  // logical block indices
+};
+
 struct Bye {
     int32_t status = 0;
 };
@@ -216,6 +255,10 @@ void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const AuthResult &m)
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Quiesced &m);
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const CancelAck &m);
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Reposted &m);
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Selective &m);
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Digests &m);
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const BlocksReady &m);
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Fetch &m);
 
 // Parses the frame header and checks magic, major version and that body_len fits in `frame`.
 // On success `body` is the body's bytes (a view into frame).
@@ -239,6 +282,10 @@ DecodeError decode(std::span<const uint8_t> body, AuthResult &m);
 DecodeError decode(std::span<const uint8_t> body, Quiesced &m);
 DecodeError decode(std::span<const uint8_t> body, CancelAck &m);
 DecodeError decode(std::span<const uint8_t> body, Reposted &m);
+DecodeError decode(std::span<const uint8_t> body, Selective &m);
+DecodeError decode(std::span<const uint8_t> body, Digests &m);
+DecodeError decode(std::span<const uint8_t> body, BlocksReady &m);
+DecodeError decode(std::span<const uint8_t> body, Fetch &m);
 
 // For tests of forward compatibility: appends a field with an arbitrary tag to the last frame in
 // `out` (fixing its body_len), as a newer peer would.

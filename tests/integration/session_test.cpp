@@ -814,3 +814,28 @@ TEST(Session, ConnectFailuresAreReported) {
 }
 
 }  // namespace
+
+namespace {
+
+// Destroying a session fails its transfers; unmatched posts leave their map as they fail, which
+// once broke the walk over it.
+TEST(Session, DestroyWithSeveralUnmatchedPostsFailsThemAll) {
+    Pair pair;
+    Pool src(pair.prefill.h, 2, 2, 16, 16, 8);
+    ASSERT_EQ(sg_session_export_kv(pair.ps, src.kv), SG_OK);
+    const auto table = iota_table(8);
+    std::vector<sg_transfer_t> posts;
+    for (const char *rid : {"a", "b", "c"}) {
+        sg_transfer_t x = nullptr;
+        ASSERT_EQ(sg_transfer_post(pair.ps, rid, src.kv, table.data(), 8, 128, nullptr, &x, nullptr), SG_OK);
+        posts.push_back(x);
+    }
+    ASSERT_EQ(sg_session_destroy(pair.ps), SG_OK);
+    pair.ps = nullptr;
+    for (sg_transfer_t x : posts) {
+        EXPECT_EQ(sg_transfer_test(x), SG_ERR_CANCELED);
+        EXPECT_EQ(sg_transfer_release(x), SG_OK);
+    }
+}
+
+}  // namespace

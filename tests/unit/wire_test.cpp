@@ -146,6 +146,10 @@ std::vector<Buf> corpus() {
     add([](Buf &b) { encode(b, kCtx, Quiesced{77}); });
     add([](Buf &b) { encode(b, kCtx, CancelAck{"req-9", 1}); });
     add([](Buf &b) { encode(b, kCtx, Reposted{"req-9"}); });
+    add([](Buf &b) { encode(b, kCtx, Selective{8, 0xe}); });
+    add([](Buf &b) { encode(b, kCtx, Digests{8, 1, 2, 1, 2, {1, 2, 3, 4}}); });
+    add([](Buf &b) { encode(b, kCtx, BlocksReady{8, 1, 2, 3, 4, {5, 6}, 1}); });
+    add([](Buf &b) { encode(b, kCtx, Fetch{"req-9", 8, 1, {5, 6}}); });
     return frames;
 }
 
@@ -173,6 +177,10 @@ DecodeError decode_frame(Bytes frame) {
     case MsgType::Quiesced: { Quiesced m; return decode(body, m); }
     case MsgType::CancelAck: { CancelAck m; return decode(body, m); }
     case MsgType::Reposted: { Reposted m; return decode(body, m); }
+    case MsgType::Selective: { Selective m; return decode(body, m); }
+    case MsgType::Digests: { Digests m; return decode(body, m); }
+    case MsgType::BlocksReady: { BlocksReady m; return decode(body, m); }
+    case MsgType::Fetch: { Fetch m; return decode(body, m); }
     }
     return E::UnknownType;
 }
@@ -181,12 +189,13 @@ DecodeError decode_frame(Bytes frame) {
 void decode_as_every_type(Bytes body) {
     Hello a; HandleExport b; Expect c; LayerReady d; StagedChunk e; StagingCredit f; TransferDone g;
     TransferError h; Bye i; Ping j; Notify k; AuthChallenge l; AuthProof m; AuthResult n;
-    Quiesced o; CancelAck p; Reposted q;
+    Quiesced o; CancelAck p; Reposted q; Selective r; Digests s; BlocksReady t; Fetch u;
     (void)decode(body, a); (void)decode(body, b); (void)decode(body, c); (void)decode(body, d);
     (void)decode(body, e); (void)decode(body, f); (void)decode(body, g); (void)decode(body, h);
     (void)decode(body, i); (void)decode(body, j); (void)decode(body, k); (void)decode(body, l);
     (void)decode(body, m); (void)decode(body, n); (void)decode(body, o); (void)decode(body, p);
-    (void)decode(body, q);
+    (void)decode(body, q); (void)decode(body, r); (void)decode(body, s); (void)decode(body, t);
+    (void)decode(body, u);
 }
 
 // An exact-size heap copy, so that reading one byte past the end trips AddressSanitizer.
@@ -318,6 +327,36 @@ TEST(WireRoundTrip, AuthMessages) {
     EXPECT_EQ(decode(body, back), E::BadValue);
 }
 
+TEST(WireRoundTrip, SelectivePathMessages) {
+    const Selective sel = round_trip(Selective{1ull << 40, 0xe});
+    EXPECT_EQ(sel.decode_xfer_id, 1ull << 40);
+    EXPECT_EQ(sel.paths, 0xeu);
+    const Digests d = round_trip(Digests{9, 3, 100, 2, 2, std::vector<uint8_t>(2 * 2 * 2 * 8, 0x3c)});
+    EXPECT_EQ(d.layer, 3u);
+    EXPECT_EQ(d.first_block, 100u);
+    EXPECT_EQ(d.count, 2u);
+    EXPECT_EQ(d.elem_bytes, 2u);
+    EXPECT_EQ(d.data, std::vector<uint8_t>(64, 0x3c));
+    const BlocksReady r = round_trip(BlocksReady{9, 3, 2, 4096, 5, {1, 7, 70000}, 1});
+    EXPECT_EQ(r.path, 2u);
+    EXPECT_EQ(r.bytes, 4096u);
+    EXPECT_EQ(r.digest_chunks, 5u);
+    EXPECT_EQ(r.blocks, (std::vector<uint32_t>{1, 7, 70000}));
+    EXPECT_EQ(r.essential, 1u);
+    const Fetch f = round_trip(Fetch{"req", 9, 3, {4, 5}});
+    EXPECT_EQ(f.request_id, "req");
+    EXPECT_EQ(f.layer, 3u);
+    EXPECT_EQ(f.blocks, (std::vector<uint32_t>{4, 5}));
+    // Digest elements are 2 or 4 bytes: anything else is refused.
+    Buf b;
+    encode(b, kCtx, Digests{9, 0, 0, 1, 3, {1, 2, 3}});
+    FrameHeader h;
+    Bytes body;
+    ASSERT_EQ(decode_header(b, h, body), E::None);
+    Digests bad;
+    EXPECT_EQ(decode(body, bad), E::BadValue);
+}
+
 TEST(WireRoundTrip, CancelAndErrorShareABody) {
     for (MsgType t : {MsgType::Cancel, MsgType::Error}) {
         EXPECT_EQ(round_trip(sample_error(), t), sample_error());
@@ -443,7 +482,7 @@ TEST(WireHeader, UnknownType) {
     encode(buf, kCtx, Bye{});
     FrameHeader h;
     Bytes body;
-    for (uint16_t t : {0, 19, 0x100, 0xffff}) {
+    for (uint16_t t : {0, 23, 0x100, 0xffff}) {
         buf[8] = static_cast<uint8_t>(t);
         buf[9] = static_cast<uint8_t>(t >> 8);
         EXPECT_EQ(decode_header(buf, h, body), E::UnknownType) << t;

@@ -1,0 +1,582 @@
+// The selective paths of a transfer (SG_PATH_PROACTIVE, SG_PATH_ON_DEMAND, SG_PATH_SPECULATIVE).
+//
+// The prefill side cuts the request into send units: blocks of one layer that go under one path and
+// end with one BlocksReady notice, sent once the unit's writes are delivered (or right after them
+// where the provider orders sends after writes). Every block is claimed by exactly one unit, so no
+// byte goes twice: the proactive unit of a layer claims its essential blocks when the layer is
+// written, a fetch claims what is still unclaimed, and the speculative path claims the rest in small
+// units. The scheduler serves on-demand units before anything else, then proactive and full-path
+// work, then speculative units, whose bytes in flight per session are kept small so that a fetch
+// never queues behind much bulk.
+//
+// The decode side keeps a residency bit per block; a layer is ready when every block is resident
+// and essential when its proactive notice and all the digests announced in it have arrived.
+#include "core/core.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+namespace sg::core {
+
+namespace {
+
+// Digests go as control messages in runs below the frame limit.
+constexpr uint64_t kDigestChunkBytes = 192 * 1024;
+// Speculative bytes in flight per session: what an on-demand fetch may find ahead of it.
+constexpr uint64_t kSpeculativeInflightBytes = 4ull << 20;
+// Size of one speculative unit: small enough that the path yields often, large enough that its
+// notices cost little.
+constexpr uint64_t kSpeculativeUnitBytes = 1ull << 20;
+// Blocks named in one BlocksReady or Fetch message (64 KiB of ids, far below the frame limit).
+constexpr size_t kMaxBlocksPerMessage = 16384;
+
+uint32_t request_blocks(const Transfer &t) {
+    return uint32_t(kernels::num_blocks(t.num_tokens, t.pool->layout.tokens_per_block));
+}
+
+// Payload bytes of one block of one layer (K and V).
+uint64_t block_bytes(const kv::Layout &L) { return 2 * L.plane_bytes; }
+
+uint64_t digest_block_bytes(const kv::Layout &L) {
+    return kernels::digest_floats(1, L.num_kv_heads, L.head_dim) * L.elem_bytes;
+}
+
+}  // namespace
+
+// ---- prefill: layers written, units claimed -----------------------------------------------------
+
+Context::PreparedLayer Context::prepare_layer(Transfer &t, uint32_t layer, const float *queries, uint32_t num_queries,
+                                              uint32_t num_q_heads) {
+    PreparedLayer prep;
+    if (!(t.paths & SG_PATH_PROACTIVE)) return prep;
+    const kv::Layout &L = t.pool->layout;
+    const uint32_t nb = request_blocks(t);
+    std::vector<float> digest(kernels::digest_floats(nb, L.num_kv_heads, L.head_dim));
+    const uint8_t *k_region = t.pool->region(layer, 0);
+    layer_digest(L, k_region, t.table, t.num_tokens, digest.data());
+    select::LayerSelection sel;
+    {
+        std::lock_guard lock(t.select_mu);
+        ScoreInput in;
+        in.queries = queries;
+        in.num_queries = num_queries;
+        in.num_q_heads = num_q_heads;
+        in.digests = digest.data();
+        in.keys_layout = &L;
+        in.k_region = k_region;
+        in.table = t.table;
+        t.selector->select(layer, in, sel);
+    }
+    prep.selected.assign(sel.blocks.begin(), sel.blocks.end());
+    // The wire carries digests in the pool's dtype: min and max of stored keys are stored keys.
+    prep.digests.resize(digest.size() * L.elem_bytes);
+    switch (L.dtype) {
+        case SG_DTYPE_FP16:
+            for (size_t i = 0; i < digest.size(); ++i) {
+                const uint16_t h = kernels::float_to_fp16(digest[i]);
+                std::memcpy(&prep.digests[2 * i], &h, 2);
+            }
+            break;
+        case SG_DTYPE_BF16:
+            for (size_t i = 0; i < digest.size(); ++i) {
+                const uint16_t h = kernels::float_to_bf16(digest[i]);
+                std::memcpy(&prep.digests[2 * i], &h, 2);
+            }
+            break;
+        default: std::memcpy(prep.digests.data(), digest.data(), prep.digests.size());
+    }
+    return prep;
+}
+
+std::unique_ptr<SendUnit> Context::claim(Transfer &t, uint32_t layer, uint32_t path, std::span<const uint32_t> want) {
+    auto u = std::make_unique<SendUnit>();
+    u->layer = layer;
+    u->path = path;
+    Transfer::Layer &L = t.layers[layer];
+    for (uint32_t b : want) {
+        if (b >= L.claimed.size() || L.claimed[b]) continue;
+        L.claimed[b] = 1;
+        L.claimed_count++;
+        u->blocks.push_back(b);
+    }
+    std::sort(u->blocks.begin(), u->blocks.end());
+    return u;
+}
+
+void Context::commit_layer(Transfer &t, uint32_t layer, PreparedLayer &&prep) {
+    Transfer::Layer &L = t.layers[layer];
+    if (L.written) return;
+    L.written = true;
+    L.written_ns = now_ns();
+    t.layers_written++;
+    if (t.paths & SG_PATH_PROACTIVE) {
+        L.selected = std::move(prep.selected);
+        L.digests = std::move(prep.digests);
+        // The proactive unit goes even when empty: its notice is what makes the layer essential.
+        t.proactive_queue.push_back(claim(t, layer, SG_PATH_PROACTIVE, L.selected));
+    }
+    if (!L.demand_waiting.empty()) {
+        auto u = claim(t, layer, SG_PATH_ON_DEMAND, L.demand_waiting);
+        t.stats.fetch_blocks += u->blocks.size();
+        if (!u->blocks.empty()) t.demand_queue.push_back(std::move(u));
+        L.demand_waiting.clear();
+    }
+    if (t.layers_written == t.layers.size() && t.options.lease_ns)
+        t.lease_deadline_ns = now_ns() + t.options.lease_ns;
+}
+
+// ---- prefill: posting units ----------------------------------------------------------------------
+
+// Sends the Selective message that tells the decode side which paths this transfer runs; sent for
+// every matched transfer so that the decode side can answer calls about paths the transfer lacks.
+void Context::start_selective(Transfer &t) {
+    if (t.selective() && t.pool->layout.tokens_per_block != t.dst->layout.tokens_per_block)
+        fail(SG_ERR_LAYOUT_MISMATCH, "the selective paths need the same tokens_per_block on both sides (prefill " +
+                                         std::to_string(t.pool->layout.tokens_per_block) + ", decode " +
+                                         std::to_string(t.dst->layout.tokens_per_block) + ")");
+    wire::Selective m;
+    m.decode_xfer_id = t.id;
+    m.paths = t.paths;
+    std::vector<uint8_t> out;
+    wire::encode(out, id, m);
+    send(*t.session, out, &t);
+}
+
+SendUnit *Context::next_unit(Transfer &t, int pass) {
+    if (pass == 0) return t.demand_queue.empty() ? nullptr : t.demand_queue.front().get();
+    if (pass == 1) return t.proactive_queue.empty() ? nullptr : t.proactive_queue.front().get();
+    if (!(t.paths & SG_PATH_SPECULATIVE)) return nullptr;
+    if (!t.speculative_queue.empty()) return t.speculative_queue.front().get();
+    // Speculative units wait until every written layer's essential blocks are on their way.
+    if (!t.proactive_queue.empty()) return nullptr;
+    const uint64_t per_block = block_bytes(t.pool->layout);
+    const size_t max_blocks =
+        std::min<size_t>(kMaxBlocksPerMessage, std::max<uint64_t>(1, kSpeculativeUnitBytes / per_block));
+    std::vector<uint32_t> want;
+    while (t.spec_order_pos < t.order.size()) {
+        const uint32_t layer = t.order[t.spec_order_pos];
+        Transfer::Layer &L = t.layers[layer];
+        if (!L.written) return nullptr;  // layers go in send order
+        const uint32_t nb = uint32_t(L.claimed.size());
+        while (L.spec_cursor < nb && want.size() < max_blocks) {
+            if (!L.claimed[L.spec_cursor]) want.push_back(L.spec_cursor);
+            L.spec_cursor++;
+        }
+        if (!want.empty()) {
+            t.speculative_queue.push_back(claim(t, layer, SG_PATH_SPECULATIVE, want));
+            return t.speculative_queue.front().get();
+        }
+        t.spec_order_pos++;
+    }
+    return nullptr;
+}
+
+void Context::compile_unit(Transfer &t, SendUnit &u) {
+    u.compiled = true;
+    const kv::Layout &L = t.pool->layout;
+    Transfer::Layer &layer = t.layers[u.layer];
+    if (u.path == SG_PATH_PROACTIVE && !layer.digests.empty()) {
+        // The digests go first, in runs; the notice counts them so the decode side knows when all
+        // have arrived, whatever order the provider completes them in.
+        const uint64_t per_block = digest_block_bytes(L);
+        const uint32_t nb = request_blocks(t);
+        const uint32_t run = uint32_t(std::max<uint64_t>(1, kDigestChunkBytes / per_block));
+        for (uint32_t first = 0; first < nb; first += run) {
+            wire::Digests m;
+            m.decode_xfer_id = t.id;
+            m.layer = u.layer;
+            m.first_block = first;
+            m.count = std::min(run, nb - first);
+            m.elem_bytes = L.elem_bytes;
+            m.data.assign(layer.digests.begin() + ptrdiff_t(first * per_block),
+                          layer.digests.begin() + ptrdiff_t((first + m.count) * per_block));
+            std::vector<uint8_t> out;
+            wire::encode(out, id, m);
+            send(*t.session, out, &t);
+            u.digest_chunks++;
+            t.stats.digest_bytes += m.data.size();
+        }
+        std::vector<uint8_t>().swap(layer.digests);
+    }
+    u.ops.clear();
+    if (u.blocks.empty()) return;
+    // Equal block sizes on both sides (checked at the match), so a subset of the request is a
+    // request of its own: the blocks' ids on each side, with the last block partial only when it
+    // is the request's last.
+    std::vector<uint32_t> src_ids(u.blocks.size()), dst_ids(u.blocks.size());
+    for (size_t i = 0; i < u.blocks.size(); ++i) {
+        src_ids[i] = t.table[u.blocks[i]];
+        dst_ids[i] = t.dst_table[u.blocks[i]];
+    }
+    const uint64_t last_first_token = uint64_t(u.blocks.back()) * L.tokens_per_block;
+    const uint64_t tokens = uint64_t(u.blocks.size() - 1) * L.tokens_per_block +
+                            std::min<uint64_t>(L.tokens_per_block, t.num_tokens - last_first_token);
+    const uint32_t rpl = L.regions_per_layer();
+    const uint8_t *bases[2] = {t.pool->region(u.layer, 0), t.pool->region(u.layer, rpl - 1)};
+    plan::Side src{&L, src_ids};
+    plan::Side dst{&t.dst->layout, dst_ids};
+    plan::Limits limits;
+    limits.max_op_bytes = max_op_bytes_;
+    limits.max_iov = uint32_t(std::min<uint64_t>(plan::kMaxIov, std::max<uint64_t>(1, t.session->tp->caps().rma_iov_limit)));
+    const plan::LayerPlanStats ps = plan::compile_layer(src, bases, dst, tokens, limits, u.ops);
+    t.stats.segments += ps.segments;
+    u.bytes = ps.bytes;
+}
+
+bool Context::post_unit_op(Transfer &t, SendUnit &u, int pass) {
+    const plan::Op &op = u.ops[u.next_op];
+    Session &s = *t.session;
+    const uint32_t rpl = t.pool->layout.regions_per_layer();
+    transport::LocalIov iov[plan::kMaxIov];
+    for (uint32_t i = 0; i < op.niov; ++i)
+        iov[i] = {op.iov[i].addr, op.iov[i].len, t.src_reg->regions[size_t(u.layer) * rpl + op.iov[i].src_region].desc};
+    const wire::Region &dr = t.dst->regions[size_t(u.layer) * t.dst->regions_per_layer + op.dst_region];
+    OpCookie *c = take_cookie();
+    c->kind = OpCookie::Kind::Write;
+    c->xfer = &t;
+    c->session = &s;
+    c->layer = u.layer;
+    c->unit = &u;
+    if (s.tp->post_write(s.peer, std::span(iov, op.niov), dr.base + op.dst_offset, dr.key, c) == -EAGAIN) {
+        give_cookie(c);
+        counters.retries++;
+        return false;
+    }
+    ops_inflight_++;
+    c->len = op.len;
+    bytes_inflight_ += op.len;
+    s.bytes_inflight += op.len;
+    if (pass == 2) s.speculative_inflight += op.len;
+    t.inflight++;
+    u.outstanding++;
+    t.stats.rma_ops++;
+    t.stats.bytes += op.len;
+    (pass == 0 ? t.stats.bytes_on_demand : pass == 1 ? t.stats.bytes_proactive : t.stats.bytes_speculative) += op.len;
+    counters.rma_ops++;
+    counters.bytes_direct += op.len;
+    u.next_op++;
+    return true;
+}
+
+// Posts up to `quota` writes of the transfer's units of one pass (0 on-demand, 1 proactive,
+// 2 speculative); returns whether it posted any.
+bool Context::pump_selective(Transfer &t, int pass, uint32_t quota) {
+    if (!t.matched || t.finished()) return false;
+    flush_outbox(*t.session);
+    Session &s = *t.session;
+    uint32_t posted = 0;
+    auto &queue = pass == 0 ? t.demand_queue : pass == 1 ? t.proactive_queue : t.speculative_queue;
+    while (posted < quota) {
+        SendUnit *u = next_unit(t, pass);
+        if (!u) break;
+        if (!u->compiled) compile_unit(t, *u);
+        while (u->next_op < u->ops.size() && ops_inflight_ < max_ops_ && posted < quota) {
+            const uint64_t len = u->ops[u->next_op].len;
+            // On-demand writes only wait for operation slots; bulk respects the byte bounds, and
+            // speculative bulk its own small bound on top.
+            if (pass >= 1 && !may_post_bytes(s, len)) break;
+            if (pass == 2 && s.speculative_inflight && s.speculative_inflight + len > kSpeculativeInflightBytes) break;
+            if (!post_unit_op(t, *u, pass)) break;
+            posted++;
+        }
+        if (!u->fully_posted()) break;
+        t.posted_units.push_back(std::move(queue.front()));
+        queue.pop_front();
+    }
+    selective_notices(t);
+    return posted > 0;
+}
+
+// Sends the notice of every posted unit whose writes are delivered (or ordered before the notice),
+// records delivered units, and ends the transfer once every block of every layer is delivered.
+void Context::selective_notices(Transfer &t) {
+    if (t.finished() || !t.matched) return;
+    const bool saw = t.session->tp->caps().send_after_write;
+    for (size_t i = 0; i < t.posted_units.size();) {
+        SendUnit &u = *t.posted_units[i];
+        if (!u.notice_sent && (saw || u.outstanding == 0)) {
+            for (size_t first = 0; first < std::max<size_t>(1, u.blocks.size()); first += kMaxBlocksPerMessage) {
+                wire::BlocksReady m;
+                m.decode_xfer_id = t.id;
+                m.layer = u.layer;
+                m.path = u.path;
+                const size_t end = std::min(u.blocks.size(), first + kMaxBlocksPerMessage);
+                m.blocks.assign(u.blocks.begin() + ptrdiff_t(std::min(first, u.blocks.size())), u.blocks.begin() + ptrdiff_t(end));
+                m.bytes = u.blocks.empty() ? 0 : u.bytes * m.blocks.size() / u.blocks.size();
+                // The last notice of a proactive unit makes the layer essential once the digests it
+                // counts have arrived.
+                const bool last = end == u.blocks.size();
+                m.digest_chunks = last ? u.digest_chunks : 0;
+                m.essential = last && u.path == SG_PATH_PROACTIVE;
+                std::vector<uint8_t> out;
+                wire::encode(out, id, m);
+                send(*t.session, out, &t);
+            }
+            u.notice_sent = true;
+        }
+        if (!u.notice_sent || u.outstanding) {
+            ++i;
+            continue;
+        }
+        Transfer::Layer &L = t.layers[u.layer];
+        for (uint32_t b : u.blocks) t.residency.set(u.layer, b);
+        L.delivered_count += uint32_t(u.blocks.size());
+        if (u.path == SG_PATH_PROACTIVE) {
+            L.essential = true;
+            emit(t, SG_EVENT_ESSENTIAL_READY, u.layer, SG_OK);
+        }
+        if (L.delivered_count == L.claimed.size() && !L.ready) mark_ready(t, u.layer);
+        t.posted_units.erase(t.posted_units.begin() + ptrdiff_t(i));
+        cv.notify_all();
+    }
+    if (t.stats.layers_ready == t.layers.size()) send_done(t);
+}
+
+// ---- decode: residency, digests, fetches ---------------------------------------------------------
+
+void Context::maybe_essential(Transfer &t, uint32_t layer) {
+    Transfer::Layer &L = t.layers[layer];
+    if (L.essential || !L.essential_notice || L.digest_chunks_received < L.digest_chunks_announced) return;
+    L.essential = true;
+    emit(t, SG_EVENT_ESSENTIAL_READY, layer, SG_OK);
+    signal_event();
+    cv.notify_all();
+}
+
+void Context::check_fetches(Transfer &t, uint32_t layer) {
+    for (size_t i = 0; i < t.fetches.size();) {
+        auto &f = t.fetches[i];
+        bool all = f.layer == layer;
+        for (size_t k = 0; all && k < f.blocks.size(); ++k) all = t.residency.test(layer, f.blocks[k]);
+        if (!all) {
+            ++i;
+            continue;
+        }
+        emit(t, SG_EVENT_BLOCKS_READY, layer, SG_OK);
+        t.fetches.erase(t.fetches.begin() + ptrdiff_t(i));
+    }
+}
+
+void Context::decode_block_resident(Transfer &t, uint32_t layer, std::span<const uint32_t> blocks, uint32_t path,
+                                    uint64_t bytes) {
+    Transfer::Layer &L = t.layers[layer];
+    for (uint32_t b : blocks) {
+        if (t.residency.test(layer, b)) continue;
+        t.residency.set(layer, b);
+        L.resident_count++;
+        if (b < L.requested.size()) L.requested[b] = 0;
+    }
+    t.stats.bytes += bytes;
+    if (path == SG_PATH_PROACTIVE) t.stats.bytes_proactive += bytes;
+    else if (path == SG_PATH_ON_DEMAND) t.stats.bytes_on_demand += bytes;
+    else t.stats.bytes_speculative += bytes;
+    if (L.resident_count == request_blocks(t) && !L.ready) mark_ready(t, layer);
+    check_fetches(t, layer);
+    complete_if_done(t);
+    signal_event();
+    cv.notify_all();
+}
+
+void Context::handle_selective(Session &s, const wire::FrameHeader &h, std::span<const uint8_t> body) {
+    auto check = [](wire::DecodeError e, const char *what) {
+        if (e != wire::DecodeError::None) fail(SG_ERR_PROTOCOL, std::string(what) + ": " + wire::decode_error_str(e));
+    };
+    auto expect_of = [&](uint64_t xfer_id) -> Transfer * {
+        auto it = s.expects.find(xfer_id);
+        return it == s.expects.end() || it->second->finished() ? nullptr : it->second.get();
+    };
+    switch (h.type) {
+        case wire::MsgType::Selective: {
+            wire::Selective m;
+            check(wire::decode(body, m), "Selective");
+            auto it = s.expects.find(m.decode_xfer_id);
+            if (it == s.expects.end()) return;
+            Transfer &t = *it->second;
+            t.paths = m.paths;
+            if (t.selective())
+                for (auto &L : t.layers) L.requested.assign(request_blocks(t), 0);
+            cv.notify_all();
+            return;
+        }
+        case wire::MsgType::Digests: {
+            wire::Digests m;
+            check(wire::decode(body, m), "Digests");
+            Transfer *t = expect_of(m.decode_xfer_id);
+            if (!t) return;
+            const kv::Layout &L = t->pool->layout;
+            const uint64_t per_block = kernels::digest_floats(1, L.num_kv_heads, L.head_dim) * m.elem_bytes;
+            const uint32_t nb = request_blocks(*t);
+            if (m.layer >= t->layers.size() || m.first_block > nb || m.count > nb - m.first_block ||
+                m.data.size() != m.count * per_block)
+                fail(SG_ERR_PROTOCOL, "Digests outside the request or of the wrong size");
+            Transfer::Layer &TL = t->layers[m.layer];
+            if (TL.digests.empty()) TL.digests.resize(nb * per_block);
+            if (TL.digests.size() != nb * per_block) fail(SG_ERR_PROTOCOL, "Digests change their element size");
+            std::memcpy(TL.digests.data() + m.first_block * per_block, m.data.data(), m.data.size());
+            t->stats.digest_bytes += m.data.size();
+            TL.digest_chunks_received++;
+            maybe_essential(*t, m.layer);
+            return;
+        }
+        case wire::MsgType::BlocksReady: {
+            wire::BlocksReady m;
+            check(wire::decode(body, m), "BlocksReady");
+            Transfer *t = expect_of(m.decode_xfer_id);
+            if (!t) return;
+            const uint32_t nb = request_blocks(*t);
+            if (m.layer >= t->layers.size()) fail(SG_ERR_PROTOCOL, "BlocksReady names a layer that does not exist");
+            for (uint32_t b : m.blocks)
+                if (b >= nb) fail(SG_ERR_PROTOCOL, "BlocksReady names a block beyond the request");
+            if (m.essential) {
+                Transfer::Layer &L = t->layers[m.layer];
+                L.essential_notice = true;
+                L.digest_chunks_announced = m.digest_chunks;
+            }
+            decode_block_resident(*t, m.layer, m.blocks, m.path, m.bytes);
+            if (m.essential) maybe_essential(*t, m.layer);
+            return;
+        }
+        case wire::MsgType::Fetch: {
+            wire::Fetch m;
+            check(wire::decode(body, m), "Fetch");
+            auto p = s.posts.find(m.request_id);
+            if (p == s.posts.end() || p->second->id != m.decode_xfer_id) return;  // released meanwhile
+            Transfer &t = *p->second;
+            if (t.finished()) return;  // the decode side learns the status from the transfer
+            if (!(t.paths & SG_PATH_ON_DEMAND)) {
+                fail_transfer(t, SG_ERR_PROTOCOL, "the decode side fetched blocks without SG_PATH_ON_DEMAND", true);
+                return;
+            }
+            const uint32_t nb = request_blocks(t);
+            if (m.layer >= t.layers.size()) {
+                fail_transfer(t, SG_ERR_PROTOCOL, "fetch names a layer that does not exist", true);
+                return;
+            }
+            for (uint32_t b : m.blocks)
+                if (b >= nb) {
+                    fail_transfer(t, SG_ERR_PROTOCOL, "fetch names a block beyond the request's block table", true);
+                    return;
+                }
+            t.stats.fetch_requests++;
+            Transfer::Layer &L = t.layers[m.layer];
+            if (!L.written) {
+                // Served as soon as the engine has written the layer.
+                L.demand_waiting.insert(L.demand_waiting.end(), m.blocks.begin(), m.blocks.end());
+                return;
+            }
+            auto u = claim(t, m.layer, SG_PATH_ON_DEMAND, m.blocks);
+            t.stats.fetch_blocks += u->blocks.size();
+            if (u->blocks.empty()) return;  // all on their way already
+            t.demand_queue.push_back(std::move(u));
+            pump_selective(t, 0, max_ops_);
+            wake();
+            return;
+        }
+        default: return;
+    }
+}
+
+// ---- API -----------------------------------------------------------------------------------------
+
+void Context::fetch(Transfer &t, uint32_t layer, std::span<const uint32_t> blocks) {
+    if (t.post_side) fail(SG_ERR_INVALID_STATE, "sg_transfer_fetch is for the decode (expecting) side");
+    if (layer >= t.layers.size())
+        fail(SG_ERR_OUT_OF_RANGE, "layer " + std::to_string(layer) + " >= num_layers " + std::to_string(t.layers.size()));
+    const uint32_t nb = request_blocks(t);
+    for (size_t i = 0; i < blocks.size(); ++i)
+        if (blocks[i] >= nb)
+            fail(SG_ERR_OUT_OF_RANGE, "blocks[" + std::to_string(i) + "] = " + std::to_string(blocks[i]) +
+                                          " is beyond the request's " + std::to_string(nb) + " blocks");
+    std::lock_guard lock(mu);
+    if (t.finished()) {
+        if (t.status < 0) fail(t.status, t.error);
+        return;  // complete: every block is resident
+    }
+    if (!t.paths)
+        fail(SG_ERR_INVALID_STATE, "the prefill side has not started this transfer yet (wait for SG_LAYER_ESSENTIAL)");
+    if (!(t.paths & SG_PATH_ON_DEMAND))
+        fail(SG_ERR_INVALID_STATE, "the transfer was posted without SG_PATH_ON_DEMAND");
+    Transfer::Layer &L = t.layers[layer];
+    std::vector<uint32_t> missing, fresh;
+    for (uint32_t b : blocks) {
+        if (t.residency.test(layer, b)) continue;
+        missing.push_back(b);
+        if (!L.requested[b]) {
+            L.requested[b] = 1;
+            fresh.push_back(b);
+        }
+    }
+    t.stats.fetch_requests++;
+    t.stats.fetch_blocks += fresh.size();
+    if (missing.empty()) {
+        emit(t, SG_EVENT_BLOCKS_READY, layer, SG_OK);
+        return;
+    }
+    t.fetches.push_back({layer, std::move(missing)});
+    for (size_t first = 0; first < fresh.size(); first += kMaxBlocksPerMessage) {
+        wire::Fetch m;
+        m.request_id = t.request_id;
+        m.decode_xfer_id = t.id;
+        m.layer = layer;
+        m.blocks.assign(fresh.begin() + ptrdiff_t(first),
+                        fresh.begin() + ptrdiff_t(std::min(fresh.size(), first + kMaxBlocksPerMessage)));
+        std::vector<uint8_t> out;
+        wire::encode(out, id, m);
+        send(*t.session, out);
+    }
+    wake();
+}
+
+bool Context::digests(Transfer &t, uint32_t layer, std::vector<float> &out) {
+    std::lock_guard lock(mu);
+    const Transfer::Layer &L = t.layers[layer];
+    if (t.post_side || !L.essential || L.digests.empty()) return false;
+    const kv::Layout &KL = t.pool->layout;
+    const size_t floats = kernels::digest_floats(request_blocks(t), KL.num_kv_heads, KL.head_dim);
+    const size_t elem = L.digests.size() / floats;
+    out.resize(floats);
+    if (elem == 4) {
+        std::memcpy(out.data(), L.digests.data(), floats * 4);
+        return true;
+    }
+    for (size_t i = 0; i < floats; ++i) {
+        uint16_t h;
+        std::memcpy(&h, &L.digests[2 * i], 2);
+        out[i] = KL.dtype == SG_DTYPE_BF16 ? kernels::bf16_to_float(h) : kernels::fp16_to_float(h);
+    }
+    return true;
+}
+
+sg_status_t Context::wait_for(Transfer &t, uint64_t timeout_ns, const std::function<bool()> &pred) {
+    const uint64_t deadline = now_ns() + std::min<uint64_t>(timeout_ns, uint64_t(1) << 62);
+    std::unique_lock lock(mu);
+    while (!pred() && !t.finished()) {
+        if (now_ns() >= deadline) return SG_IN_PROGRESS;
+        wait_step(lock, deadline);
+    }
+    if (pred()) return SG_OK;
+    return t.status;
+}
+
+// Decode side: the host is done with a selective transfer before every block came (what it did not
+// need never moves). Not a failure on either side; the prefill side stops and confirms with
+// Quiesced, which release waits for.
+void Context::end_by_release(Transfer &t) {
+    t.status = SG_OK;
+    t.stats.end_ns = now_ns();
+    counters.transfers_completed++;
+    emit(t, SG_EVENT_FINISHED, 0, SG_OK);
+    wire::TransferError m;
+    m.request_id = t.request_id;
+    m.decode_xfer_id = t.id;
+    m.status = 0;
+    m.message = "released by the decode side";
+    m.from_post_side = 0;
+    std::vector<uint8_t> out;
+    wire::encode(out, id, m, wire::MsgType::Cancel);
+    send(*t.session, out);
+    signal_event();
+    cv.notify_all();
+}
+
+}  // namespace sg::core
