@@ -703,9 +703,10 @@ SG_API sg_status_t sg_transfer_post(sg_session_t session, const char *request_id
 SG_API sg_status_t sg_transfer_layer_written(sg_transfer_t xfer, uint32_t layer, void *cuda_stream);
 
 /* As sg_transfer_layer_written, with the layer's last prompt queries for query-aware selection on
- * the proactive path: fp32 [num_queries][num_q_heads][head_dim], after RoPE (read during the call).
- * With SG_PATH_PROACTIVE the layer's digests and essential set are computed on the calling thread
- * before it returns (the writes then go from the progress thread). SG_ERR_INVALID_ARGUMENT when the
+ * the proactive path: fp32 [num_queries][num_q_heads][head_dim], after RoPE (copied at the call).
+ * With SG_PATH_PROACTIVE the layer's digests and essential set are computed on a worker thread of
+ * the context, so the engine goes on with its next layer at once; the layer's keys must stay as
+ * they are until the transfer is released (they are read later). SG_ERR_INVALID_ARGUMENT when the
  * profile's policy for the layer needs queries (quest, snapkv) and none are given, or needs
  * accumulated attention (h2o, which the proactive path cannot take: use it through a selector).
  * Since 0.1. */

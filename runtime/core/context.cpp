@@ -120,6 +120,12 @@ Context::Context(const sg_context_options_t &opt) : id(random_u64()), opt_(opt) 
 }
 
 Context::~Context() {
+    {
+        std::lock_guard lock(select_mu_);
+        select_stop_ = true;
+    }
+    select_cv_.notify_all();
+    if (select_thread_.joinable()) select_thread_.join();
     stop_ = true;
     wake();
     if (progress_.joinable()) progress_.join();
@@ -409,7 +415,8 @@ void Context::schedule_locked() {
     // rxm answers EAGAIN while a connection is being set up, so queued control messages are retried
     // on every pass.
     for (auto &[peer_id, weak] : sessions_)
-        if (auto s = weak.lock(); s && (!s->outbox.empty() || !s->auth_outbox.empty())) flush_outbox(*s);
+        if (auto s = weak.lock(); s && (!s->outbox.empty() || !s->bulk_outbox.empty() || !s->auth_outbox.empty()))
+            flush_outbox(*s);
     // Highest priority first; stable so equal priorities keep arrival order.
     std::stable_sort(active_.begin(), active_.end(),
                      [](const auto &a, const auto &b) { return a->options.priority > b->options.priority; });
@@ -453,7 +460,7 @@ void Context::give_cookie(OpCookie *c) {
 // ---------------------------------------------------------------------------------------------
 // Sending control messages (in order per session, even across EAGAIN)
 // ---------------------------------------------------------------------------------------------
-void Context::send(Session &s, const std::vector<uint8_t> &frame, Transfer *t) {
+void Context::send(Session &s, const std::vector<uint8_t> &frame, Transfer *t, bool bulk) {
     if (s.closed) return;
     OpCookie *c = take_cookie();
     c->kind = OpCookie::Kind::Send;
@@ -461,7 +468,7 @@ void Context::send(Session &s, const std::vector<uint8_t> &frame, Transfer *t) {
     c->xfer = t;
     c->bytes.assign(frame.begin(), frame.end());
     if (t) t->inflight++;
-    s.outbox.push_back(c);
+    (bulk ? s.bulk_outbox : s.outbox).push_back(c);
     flush_outbox(s);
 }
 
@@ -491,7 +498,7 @@ void Context::flush_outbox(Session &s) {
         return true;
     };
     if (!s.may_send || !drain(s.auth_outbox)) return;
-    if (s.authenticated) drain(s.outbox);
+    if (s.authenticated && drain(s.outbox)) drain(s.bulk_outbox);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -528,17 +535,18 @@ void Context::on_complete(void *cookie, int status, const char *error_text) {
             // Completions may come in any order (a rendezvous-sized notice can finish after the
             // done notice), so whichever is last completes the transfer.
             if (t->done_sent) complete_if_done(*t);
-        } else if (c->unit) {
-            c->unit->outstanding--;
-            selective_notices(*t);
         } else {
-            Transfer::Layer &L = t->layers[c->layer];
-            L.outstanding--;
             if (c->kind == OpCookie::Kind::StagedWrite && !c->session->tp->caps().send_after_write) {
                 // Without send-after-write ordering the chunk notice waits for the write's completion.
                 send(*c->session, std::vector<uint8_t>(c->bytes.begin(), c->bytes.end()), t);
             }
-            maybe_send_notices(*t);
+            if (c->unit) {
+                c->unit->outstanding--;
+                selective_notices(*t);
+            } else {
+                t->layers[c->layer].outstanding--;
+                maybe_send_notices(*t);
+            }
         }
         if (t->finished()) {
             maybe_send_quiesced(*t);
@@ -696,7 +704,10 @@ void Context::handle(Session &s, const wire::FrameHeader &h, std::span<const uin
                 }
                 if (m.layer < t.layers.size()) {
                     t.layers[m.layer].staged_chunks++;
-                    maybe_layer_ready(t, m.layer);
+                    if (t.selective())
+                        apply_held_notices(t, m.layer);
+                    else
+                        maybe_layer_ready(t, m.layer);
                 }
             }
             wire::StagingCredit credit;
@@ -1098,11 +1109,13 @@ void Context::close_session(Session &s) {
     }
     s.closed = true;
     // Sends that never left are dropped; their cookies go back to the pool.
-    for (OpCookie *c : s.outbox) {
-        if (c->xfer) c->xfer->inflight--;
-        give_cookie(c);
+    for (auto *queue : {&s.outbox, &s.bulk_outbox}) {
+        for (OpCookie *c : *queue) {
+            if (c->xfer) c->xfer->inflight--;
+            give_cookie(c);
+        }
+        queue->clear();
     }
-    s.outbox.clear();
     if (sessions_.erase(s.peer_ctx_id)) counters.sessions_open--;
 }
 
@@ -1321,16 +1334,14 @@ void Context::layer_written(Transfer &t, uint32_t layer, const float *queries, u
     if (layer >= t.layers.size())
         fail(SG_ERR_OUT_OF_RANGE, "layer " + std::to_string(layer) + " >= num_layers " + std::to_string(t.layers.size()));
     if (t.selective()) {
-        {
-            std::lock_guard lock(mu);
-            if (t.layers[layer].written) return;
-        }
-        // Digests and selection run on the caller's thread, outside the context lock.
-        PreparedLayer prep = prepare_layer(t, layer, queries, num_queries, num_q_heads);
-        std::lock_guard lock(mu);
-        commit_layer(t, layer, std::move(prep));
-        if (t.matched && !t.finished()) pump_selective(t, 1, 16);
-        wake();
+        check_selection_inputs(t, layer, queries, num_queries, num_q_heads);
+        SelectJob job{t.shared_from_this(), layer, {}, num_queries, num_q_heads};
+        if (queries && num_queries)
+            job.queries.assign(queries, queries + size_t(num_queries) * num_q_heads * t.pool->layout.head_dim);
+        std::lock_guard lock(select_mu_);
+        if (!select_thread_.joinable()) select_thread_ = std::thread([this] { select_loop(); });
+        select_jobs_.push_back(std::move(job));
+        select_cv_.notify_one();
         return;
     }
     std::lock_guard lock(mu);
@@ -1427,27 +1438,27 @@ bool Context::post_plain_op(Transfer &t) {
 }
 
 // Packs as many of the layer's remaining ops as fit into one staging slot and writes them with one
-// operation; the chunk notice (segment list) follows in order.
-bool Context::post_staged_chunk(Transfer &t) {
+// operation; the chunk notice (segment list) follows in order. unit: the selective send unit the
+// ops belong to (NULL: the full path's current layer).
+bool Context::post_staged_chunk(Transfer &t, uint32_t layer, const Vec<plan::Op> &ops, size_t &next_op, SendUnit *unit) {
     Session &s = *t.session;
     if (!s.free_peer_slots || !s.free_send_slots) return false;
     const uint32_t rslot = uint32_t(__builtin_ctz(s.free_peer_slots));
     const uint32_t lslot = uint32_t(__builtin_ctz(s.free_send_slots));
-    const uint32_t layer = uint32_t(t.cur_layer);
     uint8_t *pack = s.send_staging.base + lslot * StagingArea::kSlotBytes;
     wire::StagedChunk chunk;
     chunk.decode_xfer_id = t.id;
     chunk.layer = layer;
     chunk.slot = rslot;
     uint64_t used = 0;
-    const size_t first = t.next_op;
+    const size_t first = next_op;
     size_t k = first;
-    for (; k < t.ops.size() && chunk.segments.size() < kMaxSegmentsPerChunk; ++k) {
-        const plan::Op &op = t.ops[k];
+    for (; k < ops.size() && chunk.segments.size() < kMaxSegmentsPerChunk; ++k) {
+        const plan::Op &op = ops[k];
         if (used + op.len > StagingArea::kSlotBytes) {
             if (k == first) {
                 // An op larger than a slot goes as a plain write.
-                return post_plain_op(t);
+                return unit ? post_unit_op(t, *unit) : post_plain_op(t);
             }
             break;
         }
@@ -1465,6 +1476,7 @@ bool Context::post_staged_chunk(Transfer &t) {
     c->xfer = &t;
     c->session = &s;
     c->layer = layer;
+    c->unit = unit;
     c->staging_slot = lslot;
     transport::LocalIov iov{pack, used, s.send_staging.reg.desc};
     int rc = s.tp->post_write(s.peer, std::span(&iov, 1), peer_area.base + rslot * StagingArea::kSlotBytes,
@@ -1483,11 +1495,16 @@ bool Context::post_staged_chunk(Transfer &t) {
     s.free_send_slots &= ~(1u << lslot);
     ops_inflight_++;
     t.inflight++;
-    t.layers[layer].outstanding++;
+    if (unit) {
+        unit->outstanding++;
+        count_unit_bytes(t, *unit, used);
+    } else {
+        t.layers[layer].outstanding++;
+    }
     t.stats.rma_ops++;
     t.stats.bytes += used;
     t.stats.staged_bytes += used;
-    t.next_op = k;
+    next_op = k;
     t.layers[layer].staged_chunks++;
     std::vector<uint8_t> notice;
     wire::encode(notice, id, chunk);
@@ -1517,7 +1534,8 @@ bool Context::pump(Transfer &t, uint32_t quota) {
         Transfer::Layer &L = t.layers[size_t(t.cur_layer)];
         while (t.next_op < t.ops.size() && ops_inflight_ < max_ops_ && posted < quota &&
                may_post_bytes(*t.session, t.ops[t.next_op].len)) {
-            if (!(t.cur_staged ? post_staged_chunk(t) : post_plain_op(t))) break;
+            if (!(t.cur_staged ? post_staged_chunk(t, uint32_t(t.cur_layer), t.ops, t.next_op, nullptr) : post_plain_op(t)))
+                break;
             posted++;
         }
         if (t.next_op < t.ops.size()) {  // out of resources or of this turn's quota

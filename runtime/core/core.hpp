@@ -79,6 +79,7 @@ struct SendUnit {
     bool notice_sent = false;
     uint32_t digest_chunks = 0;    // proactive: Digests messages sent ahead of the notice
     uint64_t bytes = 0;
+    bool staged = false;           // small ops: packed into staging slots
     bool fully_posted() const { return compiled && next_op == ops.size(); }
 };
 
@@ -131,6 +132,9 @@ class Session {
     std::map<uint64_t, std::shared_ptr<Transfer>> expects;             // decode: by decode xfer id
     std::map<std::string, std::shared_ptr<Transfer>> posts;            // prefill: matched, by request id
     std::deque<OpCookie *> outbox;  // sends not yet accepted by the provider, kept in order
+    // Page digests: megabytes of messages that may wait; the outbox (notices, fetches, the host's
+    // notifications) goes first.
+    std::deque<OpCookie *> bulk_outbox;
     // Authentication. Sessions bootstrapped over TCP are proven before they exist; sessions made
     // from metadata blobs prove themselves over the fabric first: until the peer's proof arrives,
     // only auth messages leave (auth_outbox) and the peer's other frames wait in held_frames.
@@ -155,7 +159,8 @@ class Session {
     double path_rate[2] = {0, 0};
     uint32_t candidate_layers = 0;
     uint64_t bytes_inflight = 0;
-    uint64_t speculative_inflight = 0;  // bytes of speculative writes in flight (bounded, so a fetch waits little)
+    uint64_t speculative_inflight = 0;
+    uint64_t last_fetch_ns = 0;  // the peer's last on-demand fetch (the speculative path yields after it)  // bytes of speculative writes in flight (bounded, so a fetch waits little)
     bool regs_dropped = false;  // registrations closed after the session was lost
     // Unfinished transfers of the session, against max_transfers_per_session.
     size_t unfinished() const;
@@ -206,6 +211,8 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
         std::vector<uint8_t> requested;   // decode: fetched and not yet resident
         bool essential_notice = false;    // decode: the proactive BlocksReady arrived
         uint32_t digest_chunks_announced = 0, digest_chunks_received = 0;  // decode
+        // decode: BlocksReady notices whose staged chunks (counted per layer) are not all unpacked yet
+        std::vector<wire::BlocksReady> held_notices;
     };
     std::vector<Layer> layers;
     kv::Residency residency;
@@ -348,7 +355,7 @@ class Context : public transport::CompletionSink {
     bool may_post_bytes(const Session &s, uint64_t len) const;
     bool start_next_layer(Transfer &t);
     bool post_plain_op(Transfer &t);
-    bool post_staged_chunk(Transfer &t);
+    bool post_staged_chunk(Transfer &t, uint32_t layer, const Vec<plan::Op> &ops, size_t &next_op, SendUnit *unit);
     void maybe_send_notices(Transfer &t);
     void send_done(Transfer &t);                   // TransferDone, once
     void mark_ready(Transfer &t, uint32_t layer);  // the layer's bytes are all in place (or delivered)
@@ -360,11 +367,16 @@ class Context : public transport::CompletionSink {
     PreparedLayer prepare_layer(Transfer &t, uint32_t layer, const float *queries, uint32_t num_queries,
                                 uint32_t num_q_heads);
     void commit_layer(Transfer &t, uint32_t layer, PreparedLayer &&prep);
+    void check_selection_inputs(Transfer &t, uint32_t layer, const float *queries, uint32_t num_queries,
+                                uint32_t num_q_heads);
     std::unique_ptr<SendUnit> claim(Transfer &t, uint32_t layer, uint32_t path, std::span<const uint32_t> want);
     bool pump_selective(Transfer &t, int pass, uint32_t quota);
     SendUnit *next_unit(Transfer &t, int pass);
     void compile_unit(Transfer &t, SendUnit &u);
-    bool post_unit_op(Transfer &t, SendUnit &u, int pass);
+    bool post_unit_op(Transfer &t, SendUnit &u);
+    void count_unit_bytes(Transfer &t, const SendUnit &u, uint64_t len);
+    void apply_held_notices(Transfer &t, uint32_t layer);
+    void apply_blocks_ready(Transfer &t, const wire::BlocksReady &m);
     void selective_notices(Transfer &t);
     void start_selective(Transfer &t);
     void handle_selective(Session &s, const wire::FrameHeader &h, std::span<const uint8_t> body);
@@ -373,7 +385,7 @@ class Context : public transport::CompletionSink {
     void maybe_essential(Transfer &t, uint32_t layer);
     void check_fetches(Transfer &t, uint32_t layer);
     void end_by_release(Transfer &t);
-    void send(Session &s, const std::vector<uint8_t> &frame, Transfer *t = nullptr);
+    void send(Session &s, const std::vector<uint8_t> &frame, Transfer *t = nullptr, bool bulk = false);
     void send_auth(Session &s, const std::vector<uint8_t> &frame);
     void handle_auth(Session &s, const wire::FrameHeader &h, std::span<const uint8_t> body);
     void flush_outbox(Session &s);
@@ -432,6 +444,21 @@ class Context : public transport::CompletionSink {
     int epoll_fd_ = -1;
     std::string boot_id_;
     uint64_t netns_ = 0;
+
+    // Proactive selection of written layers runs on a worker of its own (started with the first
+    // such layer), so the engine's thread goes on with its next layer at once.
+    struct SelectJob {
+        std::shared_ptr<Transfer> t;
+        uint32_t layer;
+        std::vector<float> queries;
+        uint32_t num_queries, num_q_heads;
+    };
+    void select_loop();
+    std::thread select_thread_;
+    std::mutex select_mu_;
+    std::condition_variable select_cv_;
+    std::deque<SelectJob> select_jobs_;
+    bool select_stop_ = false;
 };
 
 // True on a thread that is running a transfer event callback: blocking calls refuse to run there.

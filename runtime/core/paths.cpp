@@ -22,8 +22,15 @@ namespace {
 
 // Digests go as control messages in runs below the frame limit.
 constexpr uint64_t kDigestChunkBytes = 192 * 1024;
-// Speculative bytes in flight per session: what an on-demand fetch may find ahead of it.
-constexpr uint64_t kSpeculativeInflightBytes = 4ull << 20;
+// Speculative bytes in flight per session: what an on-demand fetch may find ahead of it (1.7 ms at
+// 10 Gbit/s), and still enough to keep such a link busy.
+constexpr uint64_t kSpeculativeInflightBytes = 2ull << 20;
+// A decode step fetches layer after layer, each a round trip after the last: for this long after a
+// fetch the speculative path posts nothing new, so the step's later fetches find the link idle.
+// It must outlast a fetch's own round trip, which includes what the kernel's socket buffers and the
+// link's queue already hold (writes complete when handed to the kernel, so the in-flight bound
+// does not count those bytes).
+constexpr uint64_t kSpeculativeYieldNs = 10000000;
 // Size of one speculative unit: small enough that the path yields often, large enough that its
 // notices cost little.
 constexpr uint64_t kSpeculativeUnitBytes = 1ull << 20;
@@ -88,6 +95,53 @@ Context::PreparedLayer Context::prepare_layer(Transfer &t, uint32_t layer, const
     return prep;
 }
 
+// The errors a written layer's selection would meet, reported to the caller instead of failing the
+// transfer later on the worker.
+void Context::check_selection_inputs(Transfer &t, uint32_t layer, const float *queries, uint32_t num_queries,
+                                     uint32_t num_q_heads) {
+    if (!t.selector) return;
+    const select::Selector &sel = t.selector->selector();
+    if (!sel.needs_scores(layer)) return;
+    const kv::Layout &L = t.pool->layout;
+    for (uint32_t h = 0; h < L.num_kv_heads; ++h) {
+        const select::Policy p = sel.rule(layer, h).policy;
+        if (p == select::Policy::h2o)
+            fail(SG_ERR_INVALID_ARGUMENT, "layer " + std::to_string(layer) +
+                                              ": h2o needs accumulated attention, which the proactive path does not "
+                                              "take (use it through sg_selector_select)");
+        if ((p == select::Policy::quest || p == select::Policy::snapkv) && (!queries || !num_queries))
+            fail(SG_ERR_INVALID_ARGUMENT, "layer " + std::to_string(layer) +
+                                              ": its policy needs queries (sg_transfer_layer_written_q)");
+    }
+    if (queries && num_queries && (!num_q_heads || num_q_heads % L.num_kv_heads))
+        fail(SG_ERR_INVALID_ARGUMENT, "num_q_heads must be a positive multiple of num_kv_heads");
+}
+
+void Context::select_loop() {
+    std::unique_lock qlock(select_mu_);
+    for (;;) {
+        select_cv_.wait(qlock, [&] { return select_stop_ || !select_jobs_.empty(); });
+        if (select_stop_) return;
+        SelectJob job = std::move(select_jobs_.front());
+        select_jobs_.pop_front();
+        qlock.unlock();
+        Transfer &t = *job.t;
+        try {
+            PreparedLayer prep = prepare_layer(t, job.layer, job.queries.empty() ? nullptr : job.queries.data(),
+                                               job.num_queries, job.num_q_heads);
+            std::lock_guard lock(mu);
+            commit_layer(t, job.layer, std::move(prep));
+            if (t.matched && !t.finished()) pump_selective(t, 1, 16);
+        } catch (const Error &e) {
+            std::lock_guard lock(mu);
+            fail_transfer(t, e.status(), "selecting layer " + std::to_string(job.layer) + ": " + e.message(), true);
+        }
+        wake();
+        job.t.reset();  // the last reference may go here; never with select_mu_ held
+        qlock.lock();
+    }
+}
+
 std::unique_ptr<SendUnit> Context::claim(Transfer &t, uint32_t layer, uint32_t path, std::span<const uint32_t> want) {
     auto u = std::make_unique<SendUnit>();
     u->layer = layer;
@@ -146,6 +200,7 @@ SendUnit *Context::next_unit(Transfer &t, int pass) {
     if (pass == 0) return t.demand_queue.empty() ? nullptr : t.demand_queue.front().get();
     if (pass == 1) return t.proactive_queue.empty() ? nullptr : t.proactive_queue.front().get();
     if (!(t.paths & SG_PATH_SPECULATIVE)) return nullptr;
+    if (t.session->last_fetch_ns && now_ns() - t.session->last_fetch_ns < kSpeculativeYieldNs) return nullptr;
     if (!t.speculative_queue.empty()) return t.speculative_queue.front().get();
     // Speculative units wait until every written layer's essential blocks are on their way.
     if (!t.proactive_queue.empty()) return nullptr;
@@ -192,7 +247,7 @@ void Context::compile_unit(Transfer &t, SendUnit &u) {
                           layer.digests.begin() + ptrdiff_t((first + m.count) * per_block));
             std::vector<uint8_t> out;
             wire::encode(out, id, m);
-            send(*t.session, out, &t);
+            send(*t.session, out, &t, true);
             u.digest_chunks++;
             t.stats.digest_bytes += m.data.size();
         }
@@ -221,9 +276,21 @@ void Context::compile_unit(Transfer &t, SendUnit &u) {
     const plan::LayerPlanStats ps = plan::compile_layer(src, bases, dst, tokens, limits, u.ops);
     t.stats.segments += ps.segments;
     u.bytes = ps.bytes;
+    // Scattered blocks make small writes, each costly on a kernel TCP stack or a shared-memory
+    // round trip: pack them through the staging slots, as the full path does for small layers.
+    const uint64_t mean = u.ops.empty() ? 0 : ps.bytes / u.ops.size();
+    u.staged = u.path != SG_PATH_SPECULATIVE && t.session->have_peer_staging && staging_policy_ != SG_STAGING_NEVER &&
+               (staging_policy_ == SG_STAGING_ALWAYS || (staging_threshold_ && mean < staging_threshold_));
 }
 
-bool Context::post_unit_op(Transfer &t, SendUnit &u, int pass) {
+void Context::count_unit_bytes(Transfer &t, const SendUnit &u, uint64_t len) {
+    if (u.path == SG_PATH_SPECULATIVE) t.session->speculative_inflight += len;
+    (u.path == SG_PATH_ON_DEMAND     ? t.stats.bytes_on_demand
+     : u.path == SG_PATH_PROACTIVE   ? t.stats.bytes_proactive
+                                     : t.stats.bytes_speculative) += len;
+}
+
+bool Context::post_unit_op(Transfer &t, SendUnit &u) {
     const plan::Op &op = u.ops[u.next_op];
     Session &s = *t.session;
     const uint32_t rpl = t.pool->layout.regions_per_layer();
@@ -246,12 +313,11 @@ bool Context::post_unit_op(Transfer &t, SendUnit &u, int pass) {
     c->len = op.len;
     bytes_inflight_ += op.len;
     s.bytes_inflight += op.len;
-    if (pass == 2) s.speculative_inflight += op.len;
     t.inflight++;
     u.outstanding++;
+    count_unit_bytes(t, u, op.len);
     t.stats.rma_ops++;
     t.stats.bytes += op.len;
-    (pass == 0 ? t.stats.bytes_on_demand : pass == 1 ? t.stats.bytes_proactive : t.stats.bytes_speculative) += op.len;
     counters.rma_ops++;
     counters.bytes_direct += op.len;
     u.next_op++;
@@ -276,7 +342,7 @@ bool Context::pump_selective(Transfer &t, int pass, uint32_t quota) {
             // speculative bulk its own small bound on top.
             if (pass >= 1 && !may_post_bytes(s, len)) break;
             if (pass == 2 && s.speculative_inflight && s.speculative_inflight + len > kSpeculativeInflightBytes) break;
-            if (!post_unit_op(t, *u, pass)) break;
+            if (!(u->staged ? post_staged_chunk(t, u->layer, u->ops, u->next_op, u) : post_unit_op(t, *u))) break;
             posted++;
         }
         if (!u->fully_posted()) break;
@@ -308,6 +374,7 @@ void Context::selective_notices(Transfer &t) {
                 const bool last = end == u.blocks.size();
                 m.digest_chunks = last ? u.digest_chunks : 0;
                 m.essential = last && u.path == SG_PATH_PROACTIVE;
+                m.staged_chunks = t.layers[u.layer].staged_chunks;
                 std::vector<uint8_t> out;
                 wire::encode(out, id, m);
                 send(*t.session, out, &t);
@@ -377,6 +444,30 @@ void Context::decode_block_resident(Transfer &t, uint32_t layer, std::span<const
     cv.notify_all();
 }
 
+void Context::apply_blocks_ready(Transfer &t, const wire::BlocksReady &m) {
+    if (m.essential) {
+        Transfer::Layer &L = t.layers[m.layer];
+        L.essential_notice = true;
+        L.digest_chunks_announced = m.digest_chunks;
+    }
+    decode_block_resident(t, m.layer, m.blocks, m.path, m.bytes);
+    if (m.essential) maybe_essential(t, m.layer);
+}
+
+void Context::apply_held_notices(Transfer &t, uint32_t layer) {
+    auto &held = t.layers[layer].held_notices;
+    for (size_t i = 0; i < held.size();) {
+        if (held[i].staged_chunks > t.layers[layer].staged_chunks) {
+            ++i;
+            continue;
+        }
+        const wire::BlocksReady m = std::move(held[i]);
+        held.erase(held.begin() + ptrdiff_t(i));
+        apply_blocks_ready(t, m);
+        if (t.finished()) return;
+    }
+}
+
 void Context::handle_selective(Session &s, const wire::FrameHeader &h, std::span<const uint8_t> body) {
     auto check = [](wire::DecodeError e, const char *what) {
         if (e != wire::DecodeError::None) fail(SG_ERR_PROTOCOL, std::string(what) + ": " + wire::decode_error_str(e));
@@ -427,13 +518,14 @@ void Context::handle_selective(Session &s, const wire::FrameHeader &h, std::span
             if (m.layer >= t->layers.size()) fail(SG_ERR_PROTOCOL, "BlocksReady names a layer that does not exist");
             for (uint32_t b : m.blocks)
                 if (b >= nb) fail(SG_ERR_PROTOCOL, "BlocksReady names a block beyond the request");
-            if (m.essential) {
-                Transfer::Layer &L = t->layers[m.layer];
-                L.essential_notice = true;
-                L.digest_chunks_announced = m.digest_chunks;
+            Transfer::Layer &L = t->layers[m.layer];
+            if (L.staged_chunks < m.staged_chunks) {
+                // Staged chunks it counts are still on their way (the provider may complete a
+                // later small message before an earlier large one).
+                L.held_notices.push_back(std::move(m));
+                return;
             }
-            decode_block_resident(*t, m.layer, m.blocks, m.path, m.bytes);
-            if (m.essential) maybe_essential(*t, m.layer);
+            apply_blocks_ready(*t, m);
             return;
         }
         case wire::MsgType::Fetch: {
@@ -458,6 +550,7 @@ void Context::handle_selective(Session &s, const wire::FrameHeader &h, std::span
                     return;
                 }
             t.stats.fetch_requests++;
+            s.last_fetch_ns = now_ns();
             Transfer::Layer &L = t.layers[m.layer];
             if (!L.written) {
                 // Served as soon as the engine has written the layer.

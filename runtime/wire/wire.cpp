@@ -34,7 +34,7 @@
 //   Digests        1 decode_xfer_id u64, 2 layer u32, 3 first_block u32, 4 count u32,
 //                  5 elem_bytes u32 (2 or 4), 6 data bytes (count x heads x 2 x head_dim elements)
 //   BlocksReady    1 decode_xfer_id u64, 2 layer u32, 3 path u32, 4 bytes u64, 5 digest_chunks u32,
-//                  6 blocks: packed u32 array, 7 essential u32 (0 or 1)
+//                  6 blocks: packed u32 array, 7 essential u32 (0 or 1), 8 staged_chunks u32
 //   Fetch          1 request_id bytes, 2 decode_xfer_id u64, 3 layer u32, 4 blocks: packed u32 array
 //
 // Every tag of v1.0 is required and must appear exactly once, Hello's endpoint excepted (0..n
@@ -361,6 +361,7 @@ void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const BlocksReady &m
         int_field(out, 5, m.digest_chunks);
         u32_array_field(out, 6, m.blocks);
         int_field(out, 7, m.essential);
+        int_field(out, 8, m.staged_chunks);
     });
 }
 
@@ -624,7 +625,7 @@ DecodeError decode(std::span<const uint8_t> body, Digests &m) {
 }
 
 DecodeError decode(std::span<const uint8_t> body, BlocksReady &m) {
-    return walk(body, {7}, [&](uint16_t tag, Bytes v) {
+    return walk(body, {8}, [&](uint16_t tag, Bytes v) {
         switch (tag) {
         case 1: return get(v, m.decode_xfer_id);
         case 2: return get(v, m.layer);
@@ -633,6 +634,7 @@ DecodeError decode(std::span<const uint8_t> body, BlocksReady &m) {
         case 5: return get(v, m.digest_chunks);
         case 6: return get_records<4>(v, m.blocks, [](const uint8_t *p, uint32_t &id) { id = load<uint32_t>(p); });
         case 7: return get(v, m.essential);
+        case 8: return get(v, m.staged_chunks);
         }
         return kUnreachable;
     });

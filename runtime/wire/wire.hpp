@@ -204,6 +204,9 @@ struct BlocksReady {
     uint32_t digest_chunks = 0;   // proactive: Digests messages of this layer sent before this notice
     std::vector<uint32_t> blocks; // logical block indices, ascending
     uint32_t essential = 0;       // 1 on the last notice of a layer's proactive unit
+    // StagedChunk notices of this layer sent before this notice (all units together): the blocks
+    // are in place once the receiver has unpacked that many chunks of the layer.
+    uint32_t staged_chunks = 0;
 };
 
 struct Fetch {
