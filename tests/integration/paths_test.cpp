@@ -44,6 +44,14 @@ struct EventLog {
             return e.type == type && (rid.empty() || e.request == rid);
         }));
     }
+    // Callbacks run on the progress thread after the state they report is visible to waits: give
+    // them a moment to arrive, then count.
+    size_t settled_count(sg_transfer_event_t type, const std::string &rid, size_t expected) {
+        for (int i = 0; i < 500 && count(type, rid) < expected; ++i)
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));  // and no more than expected
+        return count(type, rid);
+    }
 };
 
 struct Side {
@@ -277,7 +285,7 @@ TEST(Paths, ProactiveSendsTheProfilesEssentialBlocksAndDigestsAsLayersAreWritten
     EXPECT_EQ(ds.bytes_full, 0u);
     EXPECT_EQ(ds.bytes_on_demand + ds.bytes_speculative, 0u);
     EXPECT_EQ(ds.digest_bytes, uint64_t(L) * NB * H * 2 * D * 2);  // fp16 on the wire
-    EXPECT_EQ(link.decode.log.count(SG_EVENT_ESSENTIAL_READY, "r"), size_t(L));
+    EXPECT_EQ(link.decode.log.settled_count(SG_EVENT_ESSENTIAL_READY, "r", L), size_t(L));
     // The decode side is done with it: release ends the transfer without a cancel on either side.
     ASSERT_EQ(sg_transfer_release(d), SG_OK);
     EXPECT_EQ(sg_transfer_wait(p, 5 * kSecond), SG_OK) << sg_last_error_message();
@@ -334,9 +342,7 @@ TEST(Paths, OnDemandFetchServesMissingBlocksAndSpeculativeCompletesTheRest) {
         EXPECT_EQ(ds.fetch_blocks, 5u);
         const uint32_t beyond = NB;
         EXPECT_EQ(sg_transfer_fetch(d, 1, &beyond, 1), SG_ERR_OUT_OF_RANGE);
-        for (int i = 0; i < 100 && link.decode.log.count(SG_EVENT_BLOCKS_READY, "od") < 2; ++i)
-            std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        EXPECT_EQ(link.decode.log.count(SG_EVENT_BLOCKS_READY, "od"), 2u);
+        EXPECT_EQ(link.decode.log.settled_count(SG_EVENT_BLOCKS_READY, "od", 2), 2u);
         sg_transfer_stats_t ps;
         sg_transfer_stats_init(&ps);
         ASSERT_EQ(sg_transfer_stats(p, &ps), SG_OK);
@@ -370,7 +376,7 @@ TEST(Paths, OnDemandFetchServesMissingBlocksAndSpeculativeCompletesTheRest) {
     EXPECT_EQ(ds.bytes, total);
     EXPECT_EQ(ds.bytes_proactive + ds.bytes_on_demand + ds.bytes_speculative, total) << "no block went twice";
     EXPECT_GT(ds.bytes_speculative, 0u);
-    EXPECT_EQ(link.decode.log.count(SG_EVENT_LAYER_READY, "all"), size_t(L));
+    EXPECT_EQ(link.decode.log.settled_count(SG_EVENT_LAYER_READY, "all", L), size_t(L));
     EXPECT_EQ(sg_transfer_release(d), SG_OK);
     EXPECT_EQ(sg_transfer_release(p), SG_OK);
 }
@@ -437,8 +443,8 @@ TEST(Paths, AnEndedLeaseEndsTheTransferAndDecodeKeepsWhatItHolds) {
     EXPECT_EQ(sg_transfer_wait_blocks(d, 0, &sink, 1, kSecond), SG_OK) << "resident blocks stay usable";
     EXPECT_TRUE(same_block(src, table, dst, table, 0, sink));
     EXPECT_EQ(sg_transfer_wait_blocks(d, 0, &middle, 1, kSecond), SG_ERR_LEASE_EXPIRED);
-    EXPECT_EQ(link.prefill.log.count(SG_EVENT_LEASE_EXPIRED, "lease"), 1u);
-    EXPECT_EQ(link.decode.log.count(SG_EVENT_LEASE_EXPIRED, "lease"), 1u);
+    EXPECT_EQ(link.prefill.log.settled_count(SG_EVENT_LEASE_EXPIRED, "lease", 1), 1u);
+    EXPECT_EQ(link.decode.log.settled_count(SG_EVENT_LEASE_EXPIRED, "lease", 1), 1u);
     EXPECT_EQ(sg_transfer_release(d), SG_OK);
     EXPECT_EQ(sg_transfer_release(p), SG_OK);
 }
