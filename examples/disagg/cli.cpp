@@ -46,6 +46,11 @@ bool parse_on_off(const std::string& flag, const std::string& v) {
 
 }  // namespace
 
+std::string proactive_policy_for(const Options& o) {
+    if (!o.proactive_policy.empty()) return o.proactive_policy;
+    return o.emulate.empty() ? "snapkv" : "quest";
+}
+
 const char* mode_name(Mode m) {
     switch (m) {
         case Mode::kColocated:
@@ -117,10 +122,17 @@ void print_usage(FILE* out) {
         "                          layer hook during prefill; off: the transfer is posted after prefill\n"
         "                          with SG_TRANSFER_ALL_LAYERS_WRITTEN\n"
         "selective transfer\n"
-        "  --profile FILE          selection profile (docs/profiles.md); default: built from --budget.\n"
-        "                          Decode selects with the digests: use quest, sinks_recent, dense\n"
-        "  --budget X              tokens (integer) or fraction (e.g. 0.125) per layer and KV head,\n"
-        "                          policy quest, sinks 1 block, recent 1 block (default 0.25)\n"
+        "  --profile FILE          selection profile (docs/profiles.md) of both sides; default: built\n"
+        "                          from --budget. Decode selects with the digests: use quest,\n"
+        "                          sinks_recent, dense\n"
+        "  --budget X              tokens (integer) or fraction (e.g. 0.125) per layer and KV head\n"
+        "                          (default 0.25), the same for two profiles: the prefill side's for P\n"
+        "                          (--proactive-policy, sinks 1 block, recent 1 block) and the decode\n"
+        "                          side's for S_t (quest on the digests, no sinks or recent: P has them)\n"
+        "  --proactive-policy snapkv|quest   P's policy with --budget. Default: snapkv (the last\n"
+        "                          --window prompt queries' attention over the keys; closer to the\n"
+        "                          oracle, docs/quality.md) with a model, quest with --emulate (SnapKV\n"
+        "                          scores every key on the host CPU, which outlasts a modelled prefill)\n"
         "  --on-demand on|off      fetch decode's selected blocks that are not resident (default on)\n"
         "  --speculative on|off    send the rest in the background (default on)\n"
         "  --sparse-steps K        decode steps that attend to P u S_t u G before attending to\n"
@@ -261,6 +273,12 @@ std::optional<Options> parse_args(int argc, char** argv) {
             }
             o.budget_set = true;
             if (saw_selective.empty()) saw_selective = flag;
+        } else if (flag == "--proactive-policy") {
+            o.proactive_policy = take();
+            if (o.proactive_policy != "snapkv" && o.proactive_policy != "quest")
+                bad(flag, "expected snapkv or quest, got '" + o.proactive_policy + "'");
+            o.proactive_policy_set = true;
+            if (saw_selective.empty()) saw_selective = flag;
         } else if (flag == "--on-demand") {
             o.on_demand = parse_on_off(flag, take());
             if (saw_selective.empty()) saw_selective = flag;
@@ -316,6 +334,8 @@ std::optional<Options> parse_args(int argc, char** argv) {
     if (!saw_selective.empty() && o.mode != Mode::kSelective && o.role != Role::kDecode)
         bad(saw_selective, "applies to --mode selective only");
     if (!o.profile_file.empty() && o.budget_set) bad("--budget", "give --profile or --budget, not both");
+    if (!o.profile_file.empty() && o.proactive_policy_set)
+        bad("--proactive-policy", "applies to the profiles --budget builds, not to --profile");
     if (o.mode == Mode::kSelective && o.sparse_steps >= 0 && !o.speculative && !o.on_demand)
         bad("--sparse-steps",
             "after the sparse steps decode waits for every block, which needs --speculative on "

@@ -47,6 +47,11 @@ struct Options {
     std::string profile_file;
     Budget budget;
     bool budget_set = false;
+    // The prefill side's policy for P when the profiles come from --budget: snapkv (the last --window
+    // prompt queries' attention over the keys) or quest; the decode side's S_t is quest (digests only).
+    // Empty: snapkv with a model, quest with --emulate (proactive_policy_for).
+    std::string proactive_policy;
+    bool proactive_policy_set = false;
     bool on_demand = true;
     bool speculative = true;
     int sparse_steps = -1;  // -1: until the transfer completes (sg_transfer_test == SG_OK)
@@ -77,6 +82,9 @@ void print_usage(FILE* out);
 std::vector<int> read_token_file(const std::string& path, const char* flag);
 
 const char* mode_name(Mode m);
+// P's policy with --budget: --proactive-policy when given, else snapkv with a model and quest with
+// --emulate (SnapKV scores every key on the host: at 8192 tokens and 32 layers that outlasts prefill).
+std::string proactive_policy_for(const Options& o);
 const char* dtype_label(uint32_t dtype);  // "fp32", "fp16", "bf16"
 
 // "ADDR:PORT" (IPv6 as "[ADDR]:PORT") into its parts; throws UsageError naming flag.

@@ -249,6 +249,10 @@ struct Link {
             sg_status_t health = SG_OK;
             char msg[256] = "";
             check(sg_session_error(session, &health, msg, sizeof msg), "sg_session_error");
+            // The peer's last message can become readable after its close is seen (the prefill side
+            // closes right after BYE): read once more before calling the session failed.
+            if (health != SG_OK && sg_session_next_notification(session, buf.data(), buf.size(), &len) == SG_OK)
+                return parse_msg(std::string(buf.data(), len));
             if (health != SG_OK)
                 fatal(fmt("waiting for %s: the session failed: %s%s%s", waiting_for, sg_status_str(health),
                           msg[0] ? ": " : "", msg));
@@ -443,18 +447,20 @@ class EmuCompute : public Compute {
         region_bytes_ = pool.region_bytes();
         // Up to 8 distinct key patterns, within 2 GiB of K regions; the decode side never reads its
         // keys (selection uses the digests that come with the transfer), so one K region does there.
+        // Both sides make the same patterns (the decode side needs them for its queries); only the
+        // prefill side holds their keys.
         const uint64_t budget = 2ull << 30;
-        patterns_ = decode_side ? 1 : int(std::clamp<uint64_t>(budget / region_bytes_, 1, 8));
-        patterns_ = std::min(patterns_, n_layers);
+        patterns_ = std::min(int(std::clamp<uint64_t>(budget / region_bytes_, 1, 8)), n_layers);
         keys_ = std::make_unique<SyntheticKeys>(*shape_, n, B, patterns_, p_.mass, p_.overlap, p_.seed);
-        for (int r = 0; r < patterns_ + 1; ++r) {
+        const int k_regions = decode_side ? 1 : patterns_;
+        for (int r = 0; r < k_regions + 1; ++r) {
             void* mem = std::aligned_alloc(4096, (region_bytes_ + 4095) / 4096 * 4096);
             if (!mem) fatal("out of memory for the emulated pool");
             regions_.emplace_back(mem);
         }
         for (int l = 0; l < n_layers; ++l) {
-            pool.k_base.push_back(regions_[size_t(l % patterns_)].get());
-            pool.v_base.push_back(regions_[size_t(patterns_)].get());
+            pool.k_base.push_back(regions_[size_t(l % k_regions)].get());
+            pool.v_base.push_back(regions_[size_t(k_regions)].get());
         }
         if (!decode_side) {
             progress(fmt("synthetic keys: %d pattern(s) x %llu tokens x %d KV heads x %d (%.0f MiB)", patterns_,
@@ -533,9 +539,10 @@ class EmuCompute : public Compute {
 // ---- selective decode: P u S_t u G --------------------------------------------------------------------
 
 // Per layer, at each sparse step: P = the blocks resident when the layer's essential blocks were in
-// place (the proactive path), S_t = the selector's blocks for this step's query (same profile as the
-// prefill side, digests from the transfer), fetched on demand when not resident (or dropped without
-// the on-demand path). The engine adds G (the generated tokens) itself.
+// place (the proactive path), S_t = the selector's blocks for this step's query (with the decode-side
+// profile the prefill side sent: quest on the digests from the transfer, the same budget), fetched on
+// demand when not resident (or dropped without the on-demand path). The engine adds G (the generated
+// tokens) itself.
 class SparseDecoder {
   public:
     SparseDecoder(sg_transfer_t x, sg_selector_t sel, int layers, int q_heads, uint32_t prompt_blocks, bool on_demand,
@@ -694,14 +701,19 @@ class SparseDecoder {
     std::vector<uint32_t> S_, missing_, out_;
 };
 
-// The profile JSON of --budget (docs/profiles.md): quest everywhere, sinks and recent one block each.
-std::string budget_profile_json(const Options& o, const std::string& model, int layers, int kv_heads) {
+// The profile JSONs of --budget (docs/profiles.md), budget per KV head as given: the prefill side's for
+// P (policy --proactive-policy, sinks and recent one block each) and the decode side's for S_t (policy
+// quest: decode has the digests, not the keys; no sinks or recent, which P already holds, so the whole
+// budget goes to scored blocks). quality.cpp's budget_profile is the same; docs/quality.md measures them.
+std::string budget_profile_json(const Options& o, const std::string& model, int layers, int kv_heads,
+                                const std::string& policy, bool sinks_and_recent) {
     const std::string budget = o.budget.is_fraction ? fmt("{\"fraction\": %.17g}", o.budget.fraction)
                                                     : fmt("{\"tokens\": %llu}", (unsigned long long)o.budget.tokens);
+    const int edge = sinks_and_recent ? o.block_tokens : 0;
     return fmt(
         "{\"version\": 1, \"model\": \"%s\", \"num_layers\": %d, \"num_kv_heads\": %d, \"block_tokens\": %d, "
-        "\"defaults\": {\"policy\": \"quest\", \"budget\": %s, \"sinks\": %d, \"recent\": %d}}",
-        model.c_str(), layers, kv_heads, o.block_tokens, budget.c_str(), o.block_tokens, o.block_tokens);
+        "\"defaults\": {\"policy\": \"%s\", \"budget\": %s, \"sinks\": %d, \"recent\": %d}}",
+        model.c_str(), layers, kv_heads, o.block_tokens, policy.c_str(), budget.c_str(), edge, edge);
 }
 
 // ---- results ---------------------------------------------------------------------------------------
@@ -1139,25 +1151,29 @@ Results run_prefill(const Options& o, Compute& comp, const RunSpec& spec, const 
     to.paths = spec.paths;
     if (spec.mode == Mode::kSelective) {
         sg_error_info_init(&err);
+        // The decode side's profile goes along, in chunks: the file's with --profile, else --budget's
+        // decode-side one.
+        std::string decode_json;
         if (!o.profile_file.empty()) {
             check(sg_profile_load(o.profile_file.c_str(), &L.profile, &err), "sg_profile_load (--profile)", &err);
             r.profile = o.profile_file;
+            size_t len = 0;
+            sg_profile_to_json(L.profile, nullptr, 0, &len);
+            decode_json.assign(len + 1, '\0');
+            check(sg_profile_to_json(L.profile, decode_json.data(), decode_json.size(), &len), "sg_profile_to_json");
+            decode_json.resize(len);
         } else {
-            const std::string j =
-                budget_profile_json(o, label.substr(0, label.find(" (")), comp.n_layers, comp.n_kv_heads);
+            const std::string name = label.substr(0, label.find(" ("));
+            const std::string policy = proactive_policy_for(o);
+            const std::string j = budget_profile_json(o, name, comp.n_layers, comp.n_kv_heads, policy, true);
             check(sg_profile_parse(j.data(), j.size(), &L.profile, &err), "sg_profile_parse (--budget)", &err);
-            r.profile = o.budget.is_fraction ? fmt("quest, budget %.4g of the tokens", o.budget.fraction)
-                                             : fmt("quest, budget %llu tokens", (unsigned long long)o.budget.tokens);
-            r.profile += fmt(", sinks %d, recent %d", o.block_tokens, o.block_tokens);
+            decode_json = budget_profile_json(o, name, comp.n_layers, comp.n_kv_heads, "quest", false);
+            r.profile = o.budget.is_fraction ? fmt("budget %.4g of the tokens", o.budget.fraction)
+                                             : fmt("budget %llu tokens", (unsigned long long)o.budget.tokens);
+            r.profile += fmt("; P %s, sinks %d, recent %d; S_t quest", policy.c_str(), o.block_tokens, o.block_tokens);
         }
         to.profile = L.profile;
-        // The decode side selects with the same profile: send it along, in chunks.
-        size_t len = 0;
-        sg_profile_to_json(L.profile, nullptr, 0, &len);
-        std::string j(len + 1, '\0');
-        check(sg_profile_to_json(L.profile, j.data(), j.size(), &len), "sg_profile_to_json");
-        j.resize(len);
-        for (size_t off = 0; off < j.size(); off += 4000) L.notify("PRF " + j.substr(off, 4000));
+        for (size_t off = 0; off < decode_json.size(); off += 4000) L.notify("PRF " + decode_json.substr(off, 4000));
     }
     L.notify(encode_req(spec));
     // Warm-up: one block of every layer moves once before t0, so the fabric's connection and the
@@ -1343,7 +1359,7 @@ int run_decode(const Options& o, const Model* model, const std::string& host, ui
             fatal("the prefill side asked for the selective paths, which this side's libsmartgen lacks");
         sg_error_info_init(&err);
         check(sg_profile_parse(profile_json.data(), profile_json.size(), &L.profile, &err),
-              "sg_profile_parse (the prefill side's profile)", &err);
+              "sg_profile_parse (the decode-side profile from the prefill side)", &err);
         const sg_kv_layout_t layout = layout_of(comp->pool);
         sg_error_info_init(&err);
         check(sg_selector_create(L.profile, &layout, spec.prompt_len, &L.selector, &err), "sg_selector_create", &err);
