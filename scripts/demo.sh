@@ -1,21 +1,228 @@
 #!/usr/bin/env bash
-# Builds the release preset's KV demo (quietly) and runs it; arguments go to the demo
-# (--tokens N, --layers N, --iters N, --provider NAME, --contiguous, --json, --help).
+# SmartGen demo for a fresh Debian 12. Installs what it needs (scripts/setup-deps.sh: apt-get, root or
+# sudo), builds the release preset (quietly: the build log is shown only when the build fails), runs
+# smartgen-disagg (examples/disagg/README.md) in seven configurations and prints one table of what
+# each run measured, every value parsed from that run's --json output:
+#
+#   stories260K (the real model, 100-token prompt, 64 new tokens; ../shared/models/stories260K.bin):
+#     colocated                 one process, no transfer: the reference tokens
+#     full, after prefill       --mode full --full-stream off
+#     full, streamed            --mode full --full-stream on
+#     selective                 --mode selective --budget 0.125 --on-demand on --speculative on
+#   llama3-8b emulated, 8192-token prompt (a real 1 GiB fp16 KV cache moves; compute is modelled):
+#     full, after prefill / full, streamed / selective at budget 0.125 (same flags as above)
+#
+# Columns: TTFT, TTST, stall = TTST - TTFT, TPOT (ms); bytes moved per path (full, proactive,
+# on-demand, speculative; KiB/MiB/GiB are powers of 1024); whether the run's tokens equal the
+# colocated run's (real-model rows only: the emulated model has no tokens).
+#
+# No row is ever made up: a run that fails (any nonzero exit, 77 included: the model file is missing,
+# or the library lacks the selective paths) has its stderr printed, the rows that did succeed go to
+# stderr as a partial table, and the script exits 1. The table goes to stdout only when every run
+# succeeded. Takes well under 2 minutes on 2 cores once built.
+#
+# Usage:
+#   scripts/demo.sh [--provider NAME] [--budget X] [--emulate-tokens N] [--rows LIST] [--no-build]
+#       --provider NAME      libfabric provider for the transfer runs (tcp, shm; default automatic,
+#                            which is shm between two processes of this host)
+#       --budget X           selective budget, tokens or fraction (default 0.125)
+#       --emulate-tokens N   prompt length of the emulated llama3-8b rows (default 8192)
+#       --rows LIST          comma-separated subset of: colocated, full-after, full-streamed, selective,
+#                            emu-full-after, emu-full-streamed, emu-selective (default: all; the
+#                            colocated run is always made, as the token reference)
+#       --no-build           skip set-up and build; run build/release's smartgen-disagg as it is
+#   scripts/demo.sh kv [ARGS...]
+#       the previous demo, smartgen-kv-demo: a Llama-3-8B-shaped KV cache moved between two processes,
+#       next to a plain TCP stream (ARGS: --tokens N, --layers N, --iters N, --provider NAME,
+#       --contiguous, --json, --help)
+#   scripts/demo.sh --help
+#
+# Environment: SMARTGEN_BUILD_JOBS (parallel build jobs, default nproc).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-bash scripts/setup-deps.sh >/dev/null
+usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; }
 
-log=$(mktemp)
-trap 'rm -f "$log"' EXIT
-if ! { cmake --preset release && cmake --build --preset release --parallel "$(nproc)" --target smartgen-kv-demo; } \
-    >"$log" 2>&1; then
-  cat "$log" >&2
-  echo "demo.sh: building the release preset failed" >&2
+# build TARGET: configures and builds the release preset's TARGET; the log is printed only on failure.
+build() {
+  local target=$1 log
+  bash scripts/setup-deps.sh >/dev/null
+  log=$(mktemp)
+  if ! { cmake --preset release &&
+         cmake --build --preset release --parallel "${SMARTGEN_BUILD_JOBS:-$(nproc)}" --target "$target"; } \
+      >"$log" 2>&1; then
+    cat "$log" >&2
+    rm -f "$log"
+    echo "demo.sh: building $target (release preset) failed" >&2
+    exit 1
+  fi
+  rm -f "$log"
+}
+
+if [[ ${1:-} == kv ]]; then
+  shift
+  build smartgen-kv-demo
+  exec build/release/examples/smartgen-kv-demo "$@"
+fi
+
+provider=() budget=0.125 emu_tokens=8192 do_build=1
+rows=colocated,full-after,full-streamed,selective,emu-full-after,emu-full-streamed,emu-selective
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --provider) [[ $# -ge 2 ]] || { echo "demo.sh: --provider needs a value" >&2; exit 2; }
+                provider=(--provider "$2"); shift 2 ;;
+    --budget) [[ $# -ge 2 ]] || { echo "demo.sh: --budget needs a value" >&2; exit 2; }
+              budget=$2; shift 2 ;;
+    --emulate-tokens) [[ $# -ge 2 ]] || { echo "demo.sh: --emulate-tokens needs a value" >&2; exit 2; }
+                      emu_tokens=$2; shift 2 ;;
+    --rows) [[ $# -ge 2 ]] || { echo "demo.sh: --rows needs a value" >&2; exit 2; }
+            rows=$2; shift 2 ;;
+    --no-build) do_build=0; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "demo.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+# Every row: id, label, smartgen-disagg flags.
+ROW_IDS=(colocated full-after full-streamed selective emu-full-after emu-full-streamed emu-selective)
+declare -A LABEL=(
+  [colocated]="stories260K colocated"
+  [full-after]="stories260K full, after prefill"
+  [full-streamed]="stories260K full, streamed"
+  [selective]="stories260K selective $budget"
+  [emu-full-after]="llama3-8b/$emu_tokens full, after prefill"
+  [emu-full-streamed]="llama3-8b/$emu_tokens full, streamed"
+  [emu-selective]="llama3-8b/$emu_tokens selective $budget"
+)
+pv=${provider[*]:+ ${provider[*]}}
+emu=" --emulate llama3-8b --emulate-tokens $emu_tokens"
+sel="--mode selective --budget $budget --on-demand on --speculative on"
+declare -A FLAGS=(
+  [colocated]="--mode colocated"
+  [full-after]="--mode full --full-stream off$pv"
+  [full-streamed]="--mode full --full-stream on$pv"
+  [selective]="$sel$pv"
+  [emu-full-after]="--mode full --full-stream off$emu$pv"
+  [emu-full-streamed]="--mode full --full-stream on$emu$pv"
+  [emu-selective]="$sel$emu$pv"
+)
+selected=(colocated)
+IFS=, read -r -a wanted <<<"$rows"
+for w in "${wanted[@]}"; do
+  [[ -n ${LABEL[$w]+x} ]] || { echo "demo.sh: --rows: unknown row '$w' (known: ${ROW_IDS[*]})" >&2; exit 2; }
+done
+for id in "${ROW_IDS[@]:1}"; do
+  for w in "${wanted[@]}"; do [[ $w == "$id" ]] && { selected+=("$id"); break; }; done
+done
+
+BIN=build/release/examples/disagg/smartgen-disagg
+if [[ $do_build -eq 1 ]]; then
+  build smartgen-disagg
+elif [[ ! -x $BIN ]]; then
+  echo "demo.sh: --no-build: $BIN is not built" >&2
   exit 1
 fi
 
-rm -f "$log"
-trap - EXIT
-exec build/release/examples/smartgen-kv-demo "$@"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# human BYTES: 0, 512 B, 125.0 KiB, 1.00 GiB.
+human() {
+  awk -v b="$1" 'BEGIN {
+    if (b == 0) { print "0"; exit }
+    split("B KiB MiB GiB TiB", u, " "); i = 1
+    while (b >= 1024 && i < 5) { b /= 1024; i++ }
+    if (i == 1) printf "%d B\n", b; else if (b >= 100) printf "%.0f %s\n", b, u[i];
+    else if (b >= 10) printf "%.1f %s\n", b, u[i]; else printf "%.2f %s\n", b, u[i] }'
+}
+
+# One row of the table from a run's JSON, tab-separated; fails when a field is missing. Colocated runs
+# move nothing and print no byte fields; every other mode must report all four.
+# shellcheck disable=SC2016 # jq, not shell, expands these
+JQ_ROW='
+  def need($k): if has($k) and .[$k] != null then .[$k] else error("field \"\($k)\" missing") end;
+  def bytes($k): if .mode == "colocated" then 0 else need($k) end;
+  [need("mode"), need("provider"), need("ttft_ms"), need("ttst_ms"), need("stall_ms"), need("tpot_ms"),
+   bytes("bytes_full"), bytes("bytes_proactive"), bytes("bytes_on_demand"), bytes("bytes_speculative"),
+   (need("tokens") | tojson), need("emulated")] | @tsv'
+
+ok_rows=() failed=()
+start=$(date +%s)
+for id in "${selected[@]}"; do
+  echo "demo.sh: running ${LABEL[$id]}: smartgen-disagg ${FLAGS[$id]} --json --quiet" >&2
+  rc=0
+  # shellcheck disable=SC2086 # FLAGS holds words to split
+  "$BIN" ${FLAGS[$id]} --json --quiet >"$work/$id.json" 2>"$work/$id.err" || rc=$?
+  if [[ $rc -eq 0 ]] && ! jq -r "$JQ_ROW" "$work/$id.json" >"$work/$id.tsv" 2>>"$work/$id.err"; then
+    rc=1
+    echo "demo.sh: could not read the results of this run (stdout was: $(head -c 400 "$work/$id.json"))" \
+      >>"$work/$id.err"
+  fi
+  if [[ $rc -ne 0 ]]; then
+    failed+=("$id")
+    {
+      echo "demo.sh: FAILED (exit $rc): ${LABEL[$id]}: $BIN ${FLAGS[$id]} --json --quiet"
+      [[ $rc -eq 77 ]] && echo "demo.sh: exit 77: model file absent, or the library lacks this mode's paths"
+      echo "---- its stderr ----"
+      cat "$work/$id.err"
+      echo "--------------------"
+    } >&2
+    continue
+  fi
+  ok_rows+=("$id")
+done
+elapsed=$(( $(date +%s) - start ))
+
+# The table, from the rows that succeeded.
+print_table() {
+  local id mode prov ttft ttst stall tpot bf bp bo bs toks emulated same ref_tokens=""
+  local fmt='%-36s %8s %8s %8s %8s  %10s %10s %10s %10s  %s\n'
+  [[ -f $work/colocated.tsv ]] && ref_tokens=$(cut -f11 "$work/colocated.tsv")
+  # shellcheck disable=SC2059 # fmt is this function's own format
+  printf "$fmt" run "TTFT ms" "TTST ms" "stall ms" "TPOT ms" full proactive on-demand speculative \
+    "tokens = colocated"
+  local providers=()
+  for id in "${ok_rows[@]}"; do
+    IFS=$'\t' read -r mode prov ttft ttst stall tpot bf bp bo bs toks emulated <"$work/$id.tsv"
+    if [[ $id == colocated ]]; then
+      same="(reference)"
+    elif [[ $emulated == true ]]; then
+      same="n/a (emulated)"
+    elif [[ -z $ref_tokens ]]; then
+      same="n/a (colocated failed)"
+    elif [[ $toks == "$ref_tokens" ]]; then
+      same=yes
+    else
+      same=no
+    fi
+    [[ $mode != colocated ]] && providers+=("${LABEL[$id]}: $prov")
+    # shellcheck disable=SC2059
+    printf "$fmt" "${LABEL[$id]}" "$(printf %.2f "$ttft")" "$(printf %.2f "$ttst")" "$(printf %.2f "$stall")" \
+      "$(printf %.3f "$tpot")" "$(human "$bf")" "$(human "$bp")" "$(human "$bo")" "$(human "$bs")" "$same"
+  done
+  echo
+  echo "TTFT = t0 -> first token (prefill); TTST = t0 -> second token (decode); stall = TTST - TTFT;"
+  echo "TPOT = mean time per token after the second. Bytes: what each path moved (full, proactive,"
+  echo "on-demand, speculative). One run per row, $(nproc) cores, ${elapsed} s for all runs."
+  if [[ ${#providers[@]} -gt 0 ]]; then
+    if [[ $(printf '%s\n' "${providers[@]#*: }" | sort -u | wc -l) -eq 1 ]]; then
+      echo "Provider of every transfer run: ${providers[0]#*: }."
+    else
+      printf 'Provider: %s\n' "${providers[@]}"
+    fi
+  fi
+}
+
+if [[ ${#failed[@]} -gt 0 ]]; then
+  if [[ ${#ok_rows[@]} -gt 0 ]]; then
+    {
+      echo
+      echo "demo.sh: partial results (the failed runs are left out):"
+      print_table
+    } >&2
+  fi
+  echo "demo.sh: ${#failed[@]} of ${#selected[@]} runs failed: ${failed[*]}" >&2
+  exit 1
+fi
+print_table

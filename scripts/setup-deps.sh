@@ -18,6 +18,7 @@ PACKAGES=(
   googletest
   libssl-dev
   iproute2
+  jq
   nlohmann-json3-dev
 )
 
