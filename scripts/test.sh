@@ -2,8 +2,10 @@
 # Builds and tests SmartGen the way CI does:
 #   1. scripts/setup-deps.sh (installs missing Debian packages)
 #   2. release preset: configure, build, ctest (every test)
-#   3. asan preset:    configure, build, ctest with AddressSanitizer + LeakSanitizer
-#   4. tsan preset:    configure, build, the concurrency, session and failure tests under ThreadSanitizer
+#   2b. (in the release ctest) smartgen-bench's five subcommands with --quick, their JSON checked
+#   3. asan preset:    configure, build, ctest with AddressSanitizer + LeakSanitizer (not the benches)
+#   4. tsan preset:    configure, build, the concurrency, session, failure and transfer-path tests
+#                      under ThreadSanitizer
 # Prints the duration of each phase; exits nonzero when any step fails.
 # SMARTGEN_CTEST_ARGS: extra ctest arguments for every phase (e.g. "-j2" or "--repeat until-pass:2").
 set -euo pipefail
@@ -74,7 +76,7 @@ run_asan_phase() {
   # test with a core-less abort instead of a plain exit code that a harness might ignore.
   ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:check_initialization_order=1${ASAN_OPTIONS:+:$ASAN_OPTIONS}" \
   LSAN_OPTIONS="print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}" \
-    preset_build_and_test asan
+    preset_build_and_test asan -LE bench
 }
 
 # ThreadSanitizer: the tests that run threads against each other (concurrency, sessions, failures).
@@ -82,7 +84,7 @@ run_asan_phase() {
 # allowed by SmartGen's fork rule (a child makes its own context) but TSan refuses by default.
 run_tsan_phase() {
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:die_after_fork=0${TSAN_OPTIONS:+:$TSAN_OPTIONS}" \
-    preset_build_and_test tsan -R '^(Concurrency|Session|Failure)\.'
+    preset_build_and_test tsan -R '^(Concurrency|Session|Failure|Paths)\.'
 }
 
 TOTAL_START=$(now_ms)

@@ -1385,13 +1385,17 @@ bool Context::start_next_layer(Transfer &t) {
 // Per-operation cost differs by provider and machine (tcp: kernel copies dominate, staging adds
 // two memcpys; shm: every operation is a round trip, staging wins by far), so the path is chosen by
 // the throughput each achieved on this session. Each unmeasured path is tried first, and the slower
-// one is retried every 8th candidate layer so a change in conditions is noticed.
+// one is retried every 8th candidate layer (every 32nd when it lost by 25% or more) so a change in
+// conditions is noticed.
 bool Context::choose_staging(Session &s) {
     const uint32_t n = s.candidate_layers++;
     if (s.path_rate[0] == 0) return false;
     if (s.path_rate[1] == 0) return true;
     const bool faster = s.path_rate[1] > s.path_rate[0];
-    return n % 8 == 7 ? !faster : faster;
+    // A clear winner (25% or more) is questioned every 32nd layer, a close call every 8th.
+    const double margin = faster ? s.path_rate[1] / s.path_rate[0] : s.path_rate[0] / s.path_rate[1];
+    const uint32_t every = margin >= 1.25 ? 32 : 8;
+    return n % every == every - 1 ? !faster : faster;
 }
 
 void Context::record_layer_rate(Transfer &t, Transfer::Layer &L) {

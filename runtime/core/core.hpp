@@ -53,7 +53,7 @@ class KvPool {
 // segments they are; we unpack and return the slot.
 struct StagingArea {
     static constexpr uint64_t kSlotBytes = 4ull << 20;
-    static constexpr uint32_t kSlots = 4;
+    static constexpr uint32_t kSlots = 8;
     uint8_t *base = nullptr;  // mmap'd kSlots * kSlotBytes
     transport::Registration reg;
     void allocate();
@@ -80,6 +80,7 @@ struct SendUnit {
     uint32_t digest_chunks = 0;    // proactive: Digests messages sent ahead of the notice
     uint64_t bytes = 0;
     bool staged = false;           // small ops: packed into staging slots
+    bool urgent = false;           // speculative, under way, holds blocks a fetch asked for
     bool fully_posted() const { return compiled && next_op == ops.size(); }
 };
 
@@ -367,6 +368,7 @@ class Context : public transport::CompletionSink {
     PreparedLayer prepare_layer(Transfer &t, uint32_t layer, const float *queries, uint32_t num_queries,
                                 uint32_t num_q_heads);
     void commit_layer(Transfer &t, uint32_t layer, PreparedLayer &&prep);
+    void release_unposted_speculative(Transfer &t, uint32_t layer, std::span<const uint32_t> wanted);
     void check_selection_inputs(Transfer &t, uint32_t layer, const float *queries, uint32_t num_queries,
                                 uint32_t num_q_heads);
     std::unique_ptr<SendUnit> claim(Transfer &t, uint32_t layer, uint32_t path, std::span<const uint32_t> want);

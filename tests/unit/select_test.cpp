@@ -391,6 +391,35 @@ INSTANTIATE_TEST_SUITE_P(
                     KernelCase{DType::bf16, Shape::strided}),
     case_name);
 
+// The vector paths split a head's row into 64- and 16-element column chunks, stream whole token rows
+// when a token's heads fit in L1 (and walk columns when they do not), and score all query heads per
+// block when they fit on the stack (else a KV head at a time): every split, against the formula.
+TEST(Kernels, DigestAndQuestOnEveryVectorPathSplit) {
+    std::mt19937_64 rng(97);
+    for (const DType dt : {DType::fp16, DType::bf16, DType::fp32})
+        for (const Shape shape : {Shape::token_major, Shape::strided})
+            for (const auto &[heads, dim] : {std::pair{3u, 48u}, std::pair{2u, 80u}, std::pair{9u, 1024u}}) {
+                SCOPED_TRACE(std::string(dtype_name(dt)) + " " + shape_name(shape) + " heads " +
+                             std::to_string(heads) + " dim " + std::to_string(dim));
+                const uint32_t tpb = 16;
+                const uint64_t tokens = 16 * 2 + 7;
+                const Tensor k = random_tensor(rng, dt, shape, tokens, heads, dim);
+                const uint64_t nb = kernels::num_blocks(tokens, tpb);
+                std::vector<float> digest(kernels::digest_floats(nb, heads, dim));
+                kernels::page_digest(k.view, tpb, digest.data());
+                const std::vector<double> want = ref_digest(k, tpb);
+                for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(double(digest[i]), want[i]) << "element " << i;
+                const uint32_t group = 8;  // heads * 8 * 1024 floats do not fit in one pass
+                const Tensor q = random_tensor(rng, dt, shape, 1, heads * group, dim);
+                for (const Combine c : {Combine::max, Combine::sum}) {
+                    std::vector<float> got(nb * heads);
+                    kernels::quest_scores(digest.data(), nb, heads, q.view, c, got.data());
+                    const Expected e = ref_quest(want, nb, heads, q, c);
+                    for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], e.value[i], e.tol[i]) << "score " << i;
+                }
+            }
+}
+
 // Queries and keys need not share a dtype.
 TEST(Kernels, WindowAttentionMixedDtypes) {
     std::mt19937_64 rng(5);
