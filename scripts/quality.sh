@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates docs/quality.md: builds smartgen-quality (examples/disagg/quality.hpp) with the release
-# preset, runs it on the committed prompts (examples/disagg/data/prompts-stories260K.json) with
+# preset, runs it on the committed prompts (examples/disagg/data/prompts-tinystories.json) with
 # stories260K (and, when it sits beside it, on retrieval2k as a supplement), and writes the tables
 # with the machine, the date, the commit and the exact commands, so the document always says where
 # its numbers came from. Takes about 30 s on 2 cores once built.
@@ -165,7 +165,7 @@ work.
 **Caveat: a tiny model.** stories260K has 5 layers, 8 query heads sharing 4 KV heads of dimension 8,
 and a 512-token context. Its attention is diffuse (over blocks of 16 prompt tokens, the mean
 normalised entropy of a head's attention is 0.70 and the blocks it effectively uses are about half of
-them; examples/disagg/data/stats-stories260K.json), and an 8-dimensional key gives Quest's min/max
+them; examples/disagg/data/stats-tinystories.json), and an 8-dimensional key gives Quest's min/max
 bound little to work with. So its absolute numbers say little about long-context models, whose
 attention is far more concentrated. What this measures is the distance to the best possible choice
 of the same size, on a model whose every logit is checked against run.c. The supplement at the end
@@ -174,7 +174,7 @@ runs the same measurement on retrieval2k, a small model whose attention is conce
 ## Setup
 
 - Model: \`stories260K.bin\`; ${prompts_line#*: }.${left_out:+ Left out: ${left_out#left out: }.}
-- Prompts: examples/disagg/data/prompts-stories260K.json (sampled from the model at temperature 1
+- Prompts: examples/disagg/data/prompts-tinystories.json (sampled from the model at temperature 1
   with fixed seeds; \`smartgen-sample-prompts\`).
 - Machine: ${cpu:-unknown CPU}, $(nproc) cores, $(uname -sr), $(uname -m).
 - Date: $(date -u '+%Y-%m-%d %H:%M UTC'); commit $commit.

@@ -110,7 +110,7 @@ TEST(Calibrate, BudgetBlocksRoundAsTheSelectorDoes) {
 
 TEST(Calibrate, StatsOnTwoPromptsAreWellFormed) {
     LOAD_MODEL_OR_SKIP(model, "stories260K.bin");
-    auto prompts = load_prompts(data_path("prompts-stories260K.json"));
+    auto prompts = load_prompts(data_path("prompts-tinystories.json"));
     ASSERT_GE(prompts.size(), 2u);
     prompts.resize(2);
     for (int sinks_recent : {0, 16}) {
@@ -167,7 +167,7 @@ TEST(Calibrate, StatsOnTwoPromptsAreWellFormed) {
 
 TEST(Calibrate, SinksAndRecentCountAgainstTheBudget) {
     LOAD_MODEL_OR_SKIP(model, "stories260K.bin");
-    auto prompts = load_prompts(data_path("prompts-stories260K.json"));
+    auto prompts = load_prompts(data_path("prompts-tinystories.json"));
     prompts.resize(2);
     CalibrationOptions free_opt, forced_opt;
     free_opt.steps = forced_opt.steps = 2;
@@ -217,7 +217,7 @@ TEST(Calibrate, RejectsBadOptions) {
 // ---- shipped data -----------------------------------------------------------------------------------
 
 TEST(Data, PromptsFileIsWellFormed) {
-    const json j = json::parse(read_file(data_path("prompts-stories260K.json")));
+    const json j = json::parse(read_file(data_path("prompts-tinystories.json")));
     ASSERT_TRUE(j.is_array());
     ASSERT_GE(j.size(), 8u);
     std::set<uint64_t> seeds;
@@ -244,7 +244,7 @@ TEST(Data, SamplerReproducesThePromptsFile) {
                            " --count 12 --min 128 --max 480 --seed-base 1 --out " + (tmp / "p.json"),
                        tmp / "log");
     ASSERT_EQ(r.status, 0) << r.out;
-    EXPECT_EQ(read_file(tmp / "p.json"), read_file(data_path("prompts-stories260K.json")));
+    EXPECT_EQ(read_file(tmp / "p.json"), read_file(data_path("prompts-tinystories.json")));
 }
 
 TEST(Data, ShippedStatsAndProfilesFitTheModels) {
@@ -254,8 +254,8 @@ TEST(Data, ShippedStatsAndProfilesFitTheModels) {
         const char* profile;
         int layers, kv_heads;
     };
-    for (const Item& it : {Item{"stories260K", "stats-stories260K.json", "profile-stories260K.json", 5, 4},
-                           Item{"retrieval2k", "stats-retrieval2k.json", "profile-retrieval2k.json", 4, 2}}) {
+    for (const Item& it : {Item{"stories260K", "stats-tinystories.json", "profile-tinystories.json", 5, 4},
+                           Item{"retrieval2k", "stats-retrieval.json", "profile-retrieval.json", 4, 2}}) {
         SCOPED_TRACE(it.model);
         const json s = json::parse(read_file(data_path(it.stats)));
         EXPECT_EQ(s.at("model"), it.model);
@@ -481,7 +481,7 @@ TEST(Profile, RefusesBadStatsAndMismatchedSinks) {
 TEST(Profile, ShippedProfilesAreReproducedFromShippedStats) {
     PROFILE_TOOL_OR_SKIP();
     TempDir tmp;
-    for (const char* name : {"stories260K", "retrieval2k"}) {
+    for (const char* name : {"tinystories", "retrieval"}) {  // data for stories260K.bin, retrieval2k.bin
         SCOPED_TRACE(name);
         const std::string stats = data_path((std::string("stats-") + name + ".json").c_str());
         const std::string shipped = data_path((std::string("profile-") + name + ".json").c_str());

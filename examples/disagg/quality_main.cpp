@@ -8,7 +8,7 @@
 //   --model PATH       default: $SMARTGEN_MODEL, else $SMARTGEN_MODEL_DIR/stories260K.bin, else the
 //                      build's SMARTGEN_MODEL_DIR/stories260K.bin. Missing: a message and exit 77.
 //   --name NAME        model name in the output and the profile (default: the file name without .bin)
-//   --prompts FILE     default: the committed data/prompts-stories260K.json
+//   --prompts FILE     default: the committed data/prompts-tinystories.json
 //   --limit K          only the first K prompts;  --new-tokens N: 64;  --window W: 8
 //   --budgets          fractions of the prompt, "0.25" or "1/4"; default 1/2,1/4,1/8,1/16
 //   --block-tokens     default 8,16

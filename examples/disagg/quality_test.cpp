@@ -32,7 +32,7 @@ std::string model_path() {
     const Model var = Model::load(model_path())
 
 std::vector<std::vector<int>> committed_prompts() {
-    return load_prompts((fs::path(SMARTGEN_DISAGG_DATA_DIR) / "prompts-stories260K.json").string());
+    return load_prompts((fs::path(SMARTGEN_DISAGG_DATA_DIR) / "prompts-tinystories.json").string());
 }
 
 }  // namespace
