@@ -48,6 +48,7 @@
 #include "cli.hpp"
 #include "emulate.hpp"
 #include "engine.hpp"
+#include "pool_layout.hpp"
 
 // The selective-path functions (profiles, selectors, digests, fetches) are referenced weakly: this
 // program links and runs its colocated and full modes against a libsmartgen that does not have them
@@ -299,24 +300,6 @@ void make_context(Link& L, const Options& o, const std::string& local_addr) {
     L.timeout_s = o.timeout_s;
 }
 
-sg_kv_layout_t layout_of(const KvPool& p) {
-    sg_kv_layout_t l;
-    sg_kv_layout_init(&l);
-    l.num_layers = uint32_t(p.num_layers);
-    l.num_kv_heads = uint32_t(p.num_kv_heads);
-    l.head_dim = uint32_t(p.head_dim);
-    l.tokens_per_block = uint32_t(p.tokens_per_block);
-    l.num_blocks = p.num_blocks;
-    l.dtype = sg_dtype_t(uint32_t(p.dtype));  // KvDtype values are sg_dtype_t's
-    l.packing = SG_KV_SEPARATE;
-    l.block_order = SG_BLOCK_TOKEN_MAJOR;
-    l.mem_kind = SG_MEM_HOST;
-    l.layer_k_base = p.k_base.data();
-    l.layer_v_base = p.v_base.data();
-    l.layer_base_count = size_t(p.num_layers);
-    l.block_stride_bytes = p.block_stride_bytes;
-    return l;
-}
 
 void register_pool(Link& L, const KvPool& p) {
     const sg_kv_layout_t layout = layout_of(p);

@@ -1406,10 +1406,11 @@ void Context::record_layer_rate(Transfer &t, Transfer::Layer &L) {
     r = r == 0 ? rate : 0.5 * r + 0.5 * rate;
 }
 
-bool Context::post_plain_op(Transfer &t) {
-    const plan::Op &op = t.ops[t.next_op];
+// One RMA write of ops[next_op], of the full path's current layer (unit NULL) or of a selective
+// send unit; advances next_op when the provider took it.
+bool Context::post_write_op(Transfer &t, uint32_t layer, const Vec<plan::Op> &ops, size_t &next_op, SendUnit *unit) {
+    const plan::Op &op = ops[next_op];
     Session &s = *t.session;
-    const uint32_t layer = uint32_t(t.cur_layer);
     const Session::LocalReg &lr = *t.src_reg;
     const uint32_t rpl = t.pool->layout.regions_per_layer();
     transport::LocalIov iov[plan::kMaxIov];
@@ -1421,8 +1422,8 @@ bool Context::post_plain_op(Transfer &t) {
     c->xfer = &t;
     c->session = &s;
     c->layer = layer;
-    int rc = s.tp->post_write(s.peer, std::span(iov, op.niov), dr.base + op.dst_offset, dr.key, c);
-    if (rc == -EAGAIN) {
+    c->unit = unit;
+    if (s.tp->post_write(s.peer, std::span(iov, op.niov), dr.base + op.dst_offset, dr.key, c) == -EAGAIN) {
         give_cookie(c);
         counters.retries++;
         return false;
@@ -1432,12 +1433,17 @@ bool Context::post_plain_op(Transfer &t) {
     bytes_inflight_ += op.len;
     s.bytes_inflight += op.len;
     t.inflight++;
-    t.layers[layer].outstanding++;
+    if (unit) {
+        unit->outstanding++;
+        count_unit_bytes(t, *unit, op.len);
+    } else {
+        t.layers[layer].outstanding++;
+    }
     t.stats.rma_ops++;
     t.stats.bytes += op.len;
     counters.rma_ops++;
     counters.bytes_direct += op.len;
-    t.next_op++;
+    next_op++;
     return true;
 }
 
@@ -1462,7 +1468,7 @@ bool Context::post_staged_chunk(Transfer &t, uint32_t layer, const Vec<plan::Op>
         if (used + op.len > StagingArea::kSlotBytes) {
             if (k == first) {
                 // An op larger than a slot goes as a plain write.
-                return unit ? post_unit_op(t, *unit) : post_plain_op(t);
+                return post_write_op(t, layer, ops, next_op, unit);
             }
             break;
         }
@@ -1538,7 +1544,9 @@ bool Context::pump(Transfer &t, uint32_t quota) {
         Transfer::Layer &L = t.layers[size_t(t.cur_layer)];
         while (t.next_op < t.ops.size() && ops_inflight_ < max_ops_ && posted < quota &&
                may_post_bytes(*t.session, t.ops[t.next_op].len)) {
-            if (!(t.cur_staged ? post_staged_chunk(t, uint32_t(t.cur_layer), t.ops, t.next_op, nullptr) : post_plain_op(t)))
+            const uint32_t layer = uint32_t(t.cur_layer);
+            if (!(t.cur_staged ? post_staged_chunk(t, layer, t.ops, t.next_op, nullptr)
+                               : post_write_op(t, layer, t.ops, t.next_op, nullptr)))
                 break;
             posted++;
         }

@@ -355,7 +355,7 @@ class Context : public transport::CompletionSink {
     bool pump(Transfer &t, uint32_t quota);
     bool may_post_bytes(const Session &s, uint64_t len) const;
     bool start_next_layer(Transfer &t);
-    bool post_plain_op(Transfer &t);
+    bool post_write_op(Transfer &t, uint32_t layer, const Vec<plan::Op> &ops, size_t &next_op, SendUnit *unit);
     bool post_staged_chunk(Transfer &t, uint32_t layer, const Vec<plan::Op> &ops, size_t &next_op, SendUnit *unit);
     void maybe_send_notices(Transfer &t);
     void send_done(Transfer &t);                   // TransferDone, once
@@ -375,7 +375,6 @@ class Context : public transport::CompletionSink {
     bool pump_selective(Transfer &t, int pass, uint32_t quota);
     SendUnit *next_unit(Transfer &t, int pass);
     void compile_unit(Transfer &t, SendUnit &u);
-    bool post_unit_op(Transfer &t, SendUnit &u);
     void count_unit_bytes(Transfer &t, const SendUnit &u, uint64_t len);
     void apply_held_notices(Transfer &t, uint32_t layer);
     void apply_blocks_ready(Transfer &t, const wire::BlocksReady &m);

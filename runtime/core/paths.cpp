@@ -335,40 +335,6 @@ void Context::count_unit_bytes(Transfer &t, const SendUnit &u, uint64_t len) {
                                      : t.stats.bytes_speculative) += len;
 }
 
-bool Context::post_unit_op(Transfer &t, SendUnit &u) {
-    const plan::Op &op = u.ops[u.next_op];
-    Session &s = *t.session;
-    const uint32_t rpl = t.pool->layout.regions_per_layer();
-    transport::LocalIov iov[plan::kMaxIov];
-    for (uint32_t i = 0; i < op.niov; ++i)
-        iov[i] = {op.iov[i].addr, op.iov[i].len, t.src_reg->regions[size_t(u.layer) * rpl + op.iov[i].src_region].desc};
-    const wire::Region &dr = t.dst->regions[size_t(u.layer) * t.dst->regions_per_layer + op.dst_region];
-    OpCookie *c = take_cookie();
-    c->kind = OpCookie::Kind::Write;
-    c->xfer = &t;
-    c->session = &s;
-    c->layer = u.layer;
-    c->unit = &u;
-    if (s.tp->post_write(s.peer, std::span(iov, op.niov), dr.base + op.dst_offset, dr.key, c) == -EAGAIN) {
-        give_cookie(c);
-        counters.retries++;
-        return false;
-    }
-    ops_inflight_++;
-    c->len = op.len;
-    bytes_inflight_ += op.len;
-    s.bytes_inflight += op.len;
-    t.inflight++;
-    u.outstanding++;
-    count_unit_bytes(t, u, op.len);
-    t.stats.rma_ops++;
-    t.stats.bytes += op.len;
-    counters.rma_ops++;
-    counters.bytes_direct += op.len;
-    u.next_op++;
-    return true;
-}
-
 // Posts up to `quota` writes of the transfer's units of one pass (0 on-demand, 1 proactive,
 // 2 speculative); returns whether it posted any.
 bool Context::pump_selective(Transfer &t, int pass, uint32_t quota) {
@@ -387,7 +353,9 @@ bool Context::pump_selective(Transfer &t, int pass, uint32_t quota) {
             // speculative bulk its own small bound on top.
             if (pass >= 1 && !may_post_bytes(s, len)) break;
             if (pass == 2 && s.speculative_inflight && s.speculative_inflight + len > kSpeculativeInflightBytes) break;
-            if (!(u->staged ? post_staged_chunk(t, u->layer, u->ops, u->next_op, u) : post_unit_op(t, *u))) break;
+            if (!(u->staged ? post_staged_chunk(t, u->layer, u->ops, u->next_op, u)
+                             : post_write_op(t, u->layer, u->ops, u->next_op, u)))
+                break;
             posted++;
         }
         if (!u->fully_posted()) break;

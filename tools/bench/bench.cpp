@@ -539,6 +539,15 @@ int reap_peer(Peer &peer, int timeout_s) {
     return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
 }
 
+int finish_peer(const std::string &bench, Peer &peer, int rc, int timeout_s) {
+    const int prc = reap_peer(peer, rc ? 5 : timeout_s);
+    if (prc != 0 && rc == 0) {
+        std::fprintf(stderr, "smartgen-bench %s: the peer process failed (status %d)\n", bench.c_str(), prc);
+        return 1;
+    }
+    return rc;
+}
+
 void ctl_send(int fd, const void *msg, size_t len) {
     const char *p = static_cast<const char *>(msg);
     while (len > 0) {

@@ -124,6 +124,9 @@ std::string socket_local_address(int fd);
 std::string socket_remote_address(int fd);
 // Parent: waits for the child; returns its exit status (or 128+signal). Kills it after timeout_s.
 int reap_peer(Peer &peer, int timeout_s);
+// The end of a two-process run: reaps the peer (a short wait when this side already failed) and
+// folds its status into rc, naming the failure on stderr. Returns the combined status.
+int finish_peer(const std::string &bench, Peer &peer, int rc, int timeout_s);
 // Whole-message control I/O; throws std::runtime_error on EOF, error or timeout.
 void ctl_send(int fd, const void *msg, size_t len);
 void ctl_recv(int fd, void *msg, size_t len, int timeout_ms = 120000);

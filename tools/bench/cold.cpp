@@ -298,11 +298,7 @@ int run_cold(const Common &c) {
         std::fprintf(stderr, "smartgen-bench cold: %s\n", e.what());
         rc = 1;
     }
-    int prc = reap_peer(peer, rc ? 5 : 60);
-    if (prc != 0 && rc == 0) {
-        std::fprintf(stderr, "smartgen-bench cold: the peer process failed (status %d)\n", prc);
-        rc = 1;
-    }
+    rc = finish_peer("cold", peer, rc, 60);
     if (rc) return rc;
 
     Report report(c);

@@ -782,11 +782,7 @@ int run_xfer(const Common &c) {
         std::fprintf(stderr, "smartgen-bench xfer: %s\n", e.what());
         rc = 1;
     }
-    int prc = reap_peer(peer, rc ? 5 : 120);
-    if (prc != 0 && rc == 0) {
-        std::fprintf(stderr, "smartgen-bench xfer: the peer process failed (status %d)\n", prc);
-        rc = 1;
-    }
+    rc = finish_peer("xfer", peer, rc, 120);
     if (rc) return rc;
 
     // Figures, from the alternated rounds. P1: bulk RMA write (contiguous table, 16 MiB blocks) / raw
