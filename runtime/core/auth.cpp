@@ -106,10 +106,21 @@ std::vector<uint8_t> random_nonce() {
     return n;
 }
 
-Mac bootstrap_proof(const Key &k, std::span<const uint8_t> prover_hello, std::span<const uint8_t> verifier_hello) {
-    std::vector<uint8_t> msg = labelled("smartgen bootstrap proof v1");
+Mac bootstrap_proof(const Key &k, Role prover, std::span<const uint8_t> prover_hello,
+                    std::span<const uint8_t> verifier_hello) {
+    std::vector<uint8_t> msg = labelled("smartgen bootstrap proof v2");
+    put_u64(msg, uint64_t(prover));
     put_part(msg, prover_hello);
     put_part(msg, verifier_hello);
+    return hmac(k, msg);
+}
+
+Mac bootstrap_verdict(const Key &k, Role sender, std::span<const uint8_t> sender_hello,
+                      std::span<const uint8_t> receiver_hello) {
+    std::vector<uint8_t> msg = labelled("smartgen bootstrap verdict v2");
+    put_u64(msg, uint64_t(sender));
+    put_part(msg, sender_hello);
+    put_part(msg, receiver_hello);
     return hmac(k, msg);
 }
 

@@ -47,8 +47,19 @@ Key load_key(const void *option_key, size_t option_len, std::string &warning);
 
 std::vector<uint8_t> random_nonce();
 
-// Bootstrap (TCP) proof: over both Hello frames, the prover's first.
-Mac bootstrap_proof(const Key &k, std::span<const uint8_t> prover_hello, std::span<const uint8_t> verifier_hello);
+// Which end of the bootstrap connection a party is. Every bootstrap proof and verdict names the
+// sender's role: without it, a keyless relay between two listeners holding the same key could hand
+// each listener the other's proof (both prove "my Hello, then yours"), and both would accept.
+enum class Role : uint8_t { Acceptor = 1, Connector = 2 };
+inline Role other(Role r) { return r == Role::Acceptor ? Role::Connector : Role::Acceptor; }
+
+// Bootstrap (TCP) proof: the prover's role and both Hello frames, the prover's first.
+Mac bootstrap_proof(const Key &k, Role prover, std::span<const uint8_t> prover_hello,
+                    std::span<const uint8_t> verifier_hello);
+// Bootstrap verdict ("I accepted your proof"), bound to the sender's role and both Hellos, so a
+// relay can neither forge an acceptance nor reflect one.
+Mac bootstrap_verdict(const Key &k, Role sender, std::span<const uint8_t> sender_hello,
+                      std::span<const uint8_t> receiver_hello);
 // Metadata blob signature: over the blob's Hello frame.
 Mac blob_mac(const Key &k, std::span<const uint8_t> hello_frame);
 // Fabric proof for blob sessions: prover and verifier context ids and the verifier's challenge.

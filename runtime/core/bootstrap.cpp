@@ -137,9 +137,11 @@ template <class M> M recv_message(int fd, uint64_t deadline, wire::MsgType type,
     return m;
 }
 
-// One Hello each way, then (both sides keyed) one proof each way over both Hellos, then one
-// verdict each way, so that a refusal is reported with the same status on both sides.
-wire::Hello exchange(int fd, const Context &ctx, uint64_t deadline) {
+// One Hello each way, then (both sides keyed) one proof each way over the prover's role and both
+// Hellos, then one verdict each way (a MAC over the sender's role and both Hellos), so that a refusal
+// is reported with the same status on both sides and a keyless relay can neither reflect a proof
+// nor forge an acceptance.
+wire::Hello exchange(int fd, const Context &ctx, uint64_t deadline, auth::Role role) {
     std::vector<uint8_t> out;
     wire::encode(out, ctx.id, ctx.hello());
     send_all(fd, out.data(), out.size(), deadline);
@@ -147,21 +149,34 @@ wire::Hello exchange(int fd, const Context &ctx, uint64_t deadline) {
     wire::Hello peer = decode_hello_frame(in);
     check_auth_policy(ctx, peer);
     if (ctx.key().empty()) return peer;
+    if (peer.proto_minor < 1)
+        fail(SG_ERR_VERSION_MISMATCH, "the peer speaks wire protocol 1." + std::to_string(peer.proto_minor) +
+                                          ", whose key proofs do not name their sender's role; 1.1 or newer is required");
     std::vector<uint8_t> frame;
-    wire::encode(frame, ctx.id, wire::AuthProof{auth::bootstrap_proof(ctx.key(), out, in)});
+    wire::encode(frame, ctx.id, wire::AuthProof{auth::bootstrap_proof(ctx.key(), role, out, in)});
     send_all(fd, frame.data(), frame.size(), deadline);
     const auto proof = recv_message<wire::AuthProof>(fd, deadline, wire::MsgType::AuthProof, "AuthProof");
-    const bool ok = auth::mac_equal(proof.mac, auth::bootstrap_proof(ctx.key(), in, out));
+    const bool ok = auth::mac_equal(proof.mac, auth::bootstrap_proof(ctx.key(), auth::other(role), in, out));
+    wire::AuthResult mine;
+    mine.accepted = ok ? 1u : 0u;
+    if (ok) mine.mac = auth::bootstrap_verdict(ctx.key(), role, out, in);
     frame.clear();
-    wire::encode(frame, ctx.id, wire::AuthResult{ok ? 1u : 0u});
+    wire::encode(frame, ctx.id, mine);
     send_all(fd, frame.data(), frame.size(), deadline);
-    if (!ok) fail(SG_ERR_AUTH_FAILED, "the peer's key proof does not match this context's key (the two sides hold different keys)");
+    if (!ok) fail(SG_ERR_AUTH_FAILED, "the peer's key proof does not match this context's key (the two sides hold different "
+                                      "keys, or a third party relayed the handshake)");
     const auto verdict = recv_message<wire::AuthResult>(fd, deadline, wire::MsgType::AuthResult, "AuthResult");
     if (!verdict.accepted) fail(SG_ERR_AUTH_FAILED, "the peer rejected this context's key proof (the two sides hold different keys)");
+    if (!auth::mac_equal(verdict.mac, auth::bootstrap_verdict(ctx.key(), auth::other(role), in, out)))
+        fail(SG_ERR_AUTH_FAILED, "the peer's verdict does not carry a valid MAC (a third party relayed the handshake)");
     return peer;
 }
 
 }  // namespace
+
+wire::Hello bootstrap_exchange(int fd, const Context &ctx, uint64_t timeout_ns, auth::Role role) {
+    return exchange(fd, ctx, now_ns() + std::min<uint64_t>(timeout_ns, uint64_t(1) << 62), role);
+}
 
 Listener::~Listener() {
     if (fd >= 0) ::close(fd);
@@ -196,7 +211,7 @@ wire::Hello accept_hello(Listener &l, const Context &ctx, uint64_t timeout_ns) {
     Fd c;
     c.fd = ::accept4(l.fd, nullptr, nullptr, SOCK_CLOEXEC);
     if (c.fd < 0) fail(SG_ERR_CONNECT, errno_text("accept"));
-    return exchange(c.fd, ctx, deadline);
+    return exchange(c.fd, ctx, deadline, auth::Role::Acceptor);
 }
 
 wire::Hello connect_hello(const char *addr, uint16_t port, const Context &ctx, uint64_t timeout_ns) {
@@ -216,7 +231,7 @@ wire::Hello connect_hello(const char *addr, uint16_t port, const Context &ctx, u
     ::getsockopt(c.fd, SOL_SOCKET, SO_ERROR, &err, &elen);
     if (err)
         fail(SG_ERR_CONNECT, std::string("connect to ") + addr + ":" + std::to_string(port) + ": " + std::strerror(err));
-    return exchange(c.fd, ctx, deadline);
+    return exchange(c.fd, ctx, deadline, auth::Role::Connector);
 }
 
 void check_auth_policy(const Context &ctx, const wire::Hello &peer) {

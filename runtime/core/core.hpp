@@ -471,6 +471,9 @@ std::unique_ptr<Listener> listen_on(Context *ctx, const char *addr, uint16_t por
 // (SG_ERR_AUTH_FAILED / SG_ERR_AUTH_REQUIRED otherwise); returns the peer's Hello.
 wire::Hello accept_hello(Listener &l, const Context &ctx, uint64_t timeout_ns);
 wire::Hello connect_hello(const char *addr, uint16_t port, const Context &ctx, uint64_t timeout_ns);
+// The handshake itself on a connected stream socket (fd stays the caller's): what accept_hello and
+// connect_hello run after the connection exists. Exposed for the handshake fuzzer.
+wire::Hello bootstrap_exchange(int fd, const Context &ctx, uint64_t timeout_ns, auth::Role role);
 // Parses a peer's metadata blob and checks its signature against the context's key.
 wire::Hello parse_metadata(const Context &ctx, std::span<const uint8_t> blob);
 // Refuses a peer whose authentication mode does not match ours.

@@ -26,7 +26,7 @@
 //   Notify         1 payload bytes (<= kMaxNotifyBytes)
 //   AuthChallenge  1 nonce bytes (32)
 //   AuthProof      1 mac bytes (32)
-//   AuthResult     1 accepted u32 (0 or 1)
+//   AuthResult     1 accepted u32 (0 or 1); since 1.1: optional 1 mac bytes (32)
 //   Quiesced       1 decode_xfer_id u64
 //   CancelAck      1 request_id bytes, 2 recorded u32 (0 or 1)
 //   Reposted       1 request_id bytes
@@ -131,15 +131,19 @@ void str_field(std::vector<uint8_t> &out, uint16_t tag, std::string_view s) {
 
 // A message's fields are tags 1..count; `repeated` is a bit mask (bit = 1 << tag) of those that
 // may appear any number of times. All others must appear exactly once.
+// Optional tags (kOptionalBit | 1..optional) are the ones this minor knows: passed to `field` with
+// the bit set, at most once each, never required.
 struct Fields {
     uint16_t count;
     uint32_t repeated = 0;
+    uint16_t optional = 0;
 };
 
 // Walks the field sequence, handing known tags to `field(tag, value)`.
 template <class F> DecodeError walk(Bytes body, Fields spec, F &&field) {
     if (body.size() > kMaxBodyBytes) return E::TooLarge;
     uint32_t seen = 0;
+    uint64_t seen_optional = 0;
     while (!body.empty()) {
         if (body.size() < kFieldHeaderBytes) return E::Truncated;
         const uint16_t tag = load<uint16_t>(body.data());
@@ -148,10 +152,16 @@ template <class F> DecodeError walk(Bytes body, Fields spec, F &&field) {
         if (len > body.size()) return E::Truncated;
         const Bytes value = body.first(len);
         body = body.subspan(len);
-        if (tag == 0 || tag > spec.count) {
-            if (tag & kOptionalBit) continue;
-            return E::UnknownRequiredField;
+        if (tag & kOptionalBit) {
+            const uint16_t n = uint16_t(tag & ~kOptionalBit);
+            if (n == 0 || n > spec.optional) continue;
+            const uint64_t bit = 1ull << (n & 63);
+            if (seen_optional & bit) return E::BadValue;
+            seen_optional |= bit;
+            if (const E e = field(tag, value); e != E::None) return e;
+            continue;
         }
+        if (tag == 0 || tag > spec.count) return E::UnknownRequiredField;
         const uint32_t bit = 1u << tag;
         if (seen & bit & ~spec.repeated) return E::BadValue;
         seen |= bit;
@@ -396,7 +406,10 @@ void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const AuthProof &m) 
 }
 
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const AuthResult &m) {
-    encode_frame(out, sender_ctx, MsgType::AuthResult, [&] { int_field(out, 1, m.accepted); });
+    encode_frame(out, sender_ctx, MsgType::AuthResult, [&] {
+        int_field(out, 1, m.accepted);
+        if (!m.mac.empty()) bytes_field(out, kOptionalBit | 1, m.mac.data(), m.mac.size());
+    });
 }
 
 void append_raw_field(std::vector<uint8_t> &out, size_t frame_start, uint16_t tag, std::span<const uint8_t> value) {
@@ -583,7 +596,10 @@ DecodeError decode(std::span<const uint8_t> body, AuthProof &m) {
 }
 
 DecodeError decode(std::span<const uint8_t> body, AuthResult &m) {
-    const E e = walk(body, {1}, [&](uint16_t, Bytes v) { return get(v, m.accepted); });
+    const E e = walk(body, {1, 0, 1}, [&](uint16_t tag, Bytes v) {
+        if (tag == 1) return get(v, m.accepted);
+        return v.size() == kMacBytes ? get(v, m.mac, kMacBytes) : E::BadValue;
+    });
     if (e == E::None && m.accepted > 1) return E::BadValue;
     return e;
 }

@@ -19,7 +19,8 @@ namespace sg::wire {
 
 inline constexpr uint32_t kMagic = 0x31574753u;  // bytes "SGW1" on the wire (little-endian)
 inline constexpr uint16_t kProtoMajor = 1;
-inline constexpr uint16_t kProtoMinor = 0;
+// 1.1: AuthResult carries a MAC (role-bound bootstrap verdicts), TransferAck, Bye replies.
+inline constexpr uint16_t kProtoMinor = 1;
 inline constexpr uint16_t kOptionalBit = 0x8000;
 inline constexpr size_t kFrameHeaderBytes = 4 + 2 + 2 + 2 + 2 + 8 + 4;
 // Largest frame either side sends or accepts (receive buffers are this size).
@@ -238,6 +239,7 @@ struct AuthProof {
 
 struct AuthResult {
     uint32_t accepted = 0;  // 1: the peer's proof matched our key
+    std::vector<uint8_t> mac;  // since 1.1, bootstrap only: auth::bootstrap_verdict (kMacBytes), or empty
 };
 
 // Encoding appends one whole frame (header + body) to out.

@@ -6,10 +6,15 @@
 
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -198,6 +203,66 @@ TEST(Auth, KeyFileFromTheEnvironment) {
     EXPECT_EQ(sg_context_create(&opt.o, &c, &err), SG_ERR_INVALID_ARGUMENT);
     EXPECT_NE(std::string(err.message).find(path), std::string::npos) << err.message;
     unsetenv("SG_AUTH_KEY_FILE");
+}
+
+
+// A keyless relay between two listeners that hold the same key (two engines of one cluster): it
+// opens a connection to each and copies bytes between them. Before proofs named the prover's role,
+// each listener's proof passed at the other and both accepts returned a session nobody asked for.
+int connect_loopback(uint16_t port) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof a), 0);
+    return fd;
+}
+
+TEST(Auth, ARelayBetweenTwoListenersWithTheSameKeyJoinsNothing) {
+    const char *key = "cluster-wide-key-0123456789abcdef-0123";
+    sg_context_t a = make(key), b = make(key);
+    sg_listener_t la = nullptr, lb = nullptr;
+    ASSERT_EQ(sg_listener_create(a, "127.0.0.1", 0, &la, nullptr), SG_OK);
+    ASSERT_EQ(sg_listener_create(b, "127.0.0.1", 0, &lb, nullptr), SG_OK);
+    uint16_t pa = 0, pb = 0;
+    sg_listener_port(la, &pa);
+    sg_listener_port(lb, &pb);
+    sg_status_t sta = SG_IN_PROGRESS, stb = SG_IN_PROGRESS;
+    sg_session_t sa = nullptr, sb = nullptr;
+    std::thread ta([&] { sta = sg_session_accept(la, nullptr, 5 * kSecond, &sa, nullptr); });
+    std::thread tb([&] { stb = sg_session_accept(lb, nullptr, 5 * kSecond, &sb, nullptr); });
+    const int fa = connect_loopback(pa), fb = connect_loopback(pb);
+    // Relay until either side hangs up (each accept ends by then) or 6 s pass.
+    std::vector<uint8_t> buf(65536);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(6);
+    for (bool open = true; open && std::chrono::steady_clock::now() < until;) {
+        pollfd p[2] = {{fa, POLLIN, 0}, {fb, POLLIN, 0}};
+        if (::poll(p, 2, 100) <= 0) continue;
+        for (int i = 0; i < 2 && open; ++i) {
+            if (!(p[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+            const ssize_t n = ::recv(p[i].fd, buf.data(), buf.size(), 0);
+            if (n <= 0) {
+                open = false;
+                break;
+            }
+            (void)!::send(p[1 - i].fd, buf.data(), size_t(n), MSG_NOSIGNAL);
+        }
+    }
+    ta.join();
+    tb.join();
+    ::close(fa);
+    ::close(fb);
+    EXPECT_EQ(sta, SG_ERR_AUTH_FAILED);
+    EXPECT_EQ(stb, SG_ERR_AUTH_FAILED);
+    EXPECT_EQ(sa, nullptr);
+    EXPECT_EQ(sb, nullptr);
+    sg_session_destroy(sa);
+    sg_session_destroy(sb);
+    sg_listener_destroy(la);
+    sg_listener_destroy(lb);
+    sg_context_destroy(a);
+    sg_context_destroy(b);
 }
 
 }  // namespace

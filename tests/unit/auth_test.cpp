@@ -27,11 +27,18 @@ TEST(Auth, ProofsBindDirectionNonceAndKey) {
     EXPECT_FALSE(core::auth::mac_equal(p, core::auth::fabric_proof(k, 1, 2, n2)));  // replayed
     EXPECT_FALSE(core::auth::mac_equal(p, core::auth::fabric_proof(other, 1, 2, n1)));
     const std::vector<uint8_t> a{1, 2, 3}, b{4, 5};
-    EXPECT_FALSE(core::auth::mac_equal(core::auth::bootstrap_proof(k, a, b), core::auth::bootstrap_proof(k, b, a)));
+    using core::auth::Role;
+    const auto acc = Role::Acceptor, con = Role::Connector;
+    EXPECT_FALSE(core::auth::mac_equal(core::auth::bootstrap_proof(k, acc, a, b), core::auth::bootstrap_proof(k, acc, b, a)));
+    // The role is bound: an acceptor's proof over (its Hello, the peer's) is not a connector's, so
+    // a relay between two acceptors cannot pass one's proof to the other.
+    EXPECT_FALSE(core::auth::mac_equal(core::auth::bootstrap_proof(k, acc, a, b), core::auth::bootstrap_proof(k, con, a, b)));
+    EXPECT_FALSE(core::auth::mac_equal(core::auth::bootstrap_verdict(k, acc, a, b), core::auth::bootstrap_verdict(k, con, a, b)));
+    EXPECT_FALSE(core::auth::mac_equal(core::auth::bootstrap_verdict(k, acc, a, b), core::auth::bootstrap_proof(k, acc, a, b)));
     // Length-prefixed parts: moving a byte across the boundary changes the proof.
     const std::vector<uint8_t> a2{1, 2}, b2{3, 4, 5};
-    EXPECT_FALSE(core::auth::mac_equal(core::auth::bootstrap_proof(k, a, b), core::auth::bootstrap_proof(k, a2, b2)));
-    EXPECT_FALSE(core::auth::mac_equal(core::auth::blob_mac(k, a), core::auth::bootstrap_proof(k, a, {})));
+    EXPECT_FALSE(core::auth::mac_equal(core::auth::bootstrap_proof(k, acc, a, b), core::auth::bootstrap_proof(k, acc, a2, b2)));
+    EXPECT_FALSE(core::auth::mac_equal(core::auth::blob_mac(k, a), core::auth::bootstrap_proof(k, acc, a, {})));
 }
 
 sg_context_options_t options(const char *key) {

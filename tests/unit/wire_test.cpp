@@ -396,7 +396,7 @@ TEST(WireHeader, LayoutIsLittleEndianAsDocumented) {
     encode(buf, 0x0807060504030201ull, Bye{0x44332211});
     // Magic bytes from the constant: kMagic spells "SWW1" in memory, not the "SGW1" the header says.
     const uint8_t m0 = kMagic & 0xff, m1 = (kMagic >> 8) & 0xff, m2 = (kMagic >> 16) & 0xff, m3 = kMagic >> 24;
-    const Buf want = {m0, m1, m2, m3, 1, 0, 0, 0, 10, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 0, 0, 0,
+    const Buf want = {m0, m1, m2, m3, 1, 0, uint8_t(kProtoMinor), 0, 10, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 0, 0, 0,
                       1, 0, 4, 0, 0, 0, 0x11, 0x22, 0x33, 0x44};
     EXPECT_EQ(buf, want);
     EXPECT_EQ(kFrameHeaderBytes, 24u);
@@ -520,7 +520,7 @@ TEST(WireFields, UnknownOptionalFieldsAreSkippedInEveryType) {
         Buf buf = orig;
         append_raw_field(buf, 0, kOptionalBit | 7, extra);
         append_raw_field(buf, 0, 0xffff, {});
-        append_raw_field(buf, 0, kOptionalBit | 1, extra);  // a known number, but with the bit: unknown
+        append_raw_field(buf, 0, kOptionalBit | 0x7ff, extra);  // a number no minor has used yet
         EXPECT_EQ(decode_frame(buf), E::None);
         EXPECT_EQ(body_of(buf).size(), body_of(orig).size() + 3 * 6 + 2 * extra.size());
     }
@@ -740,3 +740,21 @@ TEST(WireFuzz, RandomMutationsNeverCrash) {
 }
 
 }  // namespace
+
+TEST(WireFields, AuthResultCarriesItsOptionalMacOnceAndOfTheRightSize) {
+    AuthResult r;
+    r.accepted = 1;
+    r.mac.assign(kMacBytes, 0xab);
+    Buf buf;
+    encode(buf, kCtx, r);
+    AuthResult back;
+    ASSERT_EQ(decode(body_of(buf), back), E::None);
+    EXPECT_EQ(back.mac, r.mac);
+    Buf twice = buf;
+    append_raw_field(twice, 0, kOptionalBit | 1, Buf(kMacBytes, 1));
+    EXPECT_EQ(decode(body_of(twice), back), E::BadValue);
+    Buf short_mac;
+    encode(short_mac, kCtx, AuthResult{1, {}});
+    append_raw_field(short_mac, 0, kOptionalBit | 1, Buf(5, 1));
+    EXPECT_EQ(decode(body_of(short_mac), back), E::BadValue);
+}
