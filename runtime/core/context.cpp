@@ -593,6 +593,11 @@ void Context::on_message(std::span<const uint8_t> bytes) {
     }
 }
 
+void Context::inject_frame(std::span<const uint8_t> frame) {
+    std::lock_guard lock(mu);
+    on_message(frame);
+}
+
 void Context::deliver_orphans(Session &s) {
     auto it = orphans_.find(s.peer_ctx_id);
     if (it == orphans_.end()) return;

@@ -323,6 +323,9 @@ class Context : public transport::CompletionSink {
     // Waits until t is quiesced; throws SG_ERR_TIMEOUT when timeout_ns passes first.
     void wait_quiesced(Transfer &t, uint64_t timeout_ns);
     void progress_once();
+    // Handles `frame` as if it had arrived from the fabric, from the context its header names: for
+    // the handler fuzzer and for tests that play a hostile but authenticated peer. Takes mu.
+    void inject_frame(std::span<const uint8_t> frame);
     void notify(Session &s, std::span<const uint8_t> data);
     int event_fd() const { return event_fd_; }
     void signal_event();
