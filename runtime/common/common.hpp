@@ -34,6 +34,15 @@ inline void check(bool ok, sg_status_t status, const char *message) {
     if (!ok) fail(status, message);
 }
 
+// ---- values a peer or a caller chooses ----
+// Whether [offset, offset + len) lies inside [0, size), computed so that nothing can wrap: every
+// offset, length, count and index a peer sends goes through this before it touches memory.
+constexpr bool in_bounds(uint64_t offset, uint64_t len, uint64_t size) noexcept {
+    return offset <= size && len <= size - offset;
+}
+// a + b, or UINT64_MAX when that does not fit (deadlines and leases of "forever").
+constexpr uint64_t saturating_add(uint64_t a, uint64_t b) noexcept { return a + b < a ? UINT64_MAX : a + b; }
+
 // ---- internal allocation ----
 void *mem_alloc(size_t bytes);
 void mem_free(void *p) noexcept;

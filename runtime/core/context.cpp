@@ -213,7 +213,40 @@ uint64_t Context::get_param(sg_param_t p) const {
 // ---------------------------------------------------------------------------------------------
 // Progress
 // ---------------------------------------------------------------------------------------------
+// Nothing thrown on the progress thread may end the host process: an exception that reaches the
+// loop fails every session of the context with the error (readable through sg_session_error and
+// each transfer's status) and the loop goes on, backing off so a persistent fault cannot spin.
+void Context::fail_all_sessions(sg_status_t status, const std::string &why) noexcept {
+    try {
+        std::lock_guard lock(mu);
+        for (auto &[peer_id, weak] : sessions_)
+            if (auto s = weak.lock(); s && !s->closed) lose_session(*s, status, why);
+        cv.notify_all();
+    } catch (...) {
+        log.log(SG_LOG_ERROR, "failing the sessions after an internal error failed too: " + why);
+    }
+}
+
 void Context::progress_loop() {
+    for (;;) {
+        try {
+            progress_loop_body();
+            return;
+        } catch (const Error &e) {
+            fail_all_sessions(e.status() == SG_ERR_NO_MEMORY ? SG_ERR_NO_MEMORY : SG_ERR_INTERNAL,
+                              "progress thread: " + e.message());
+        } catch (const std::bad_alloc &) {
+            fail_all_sessions(SG_ERR_NO_MEMORY, "progress thread: out of memory");
+        } catch (const std::exception &e) {
+            fail_all_sessions(SG_ERR_INTERNAL, std::string("progress thread: ") + e.what());
+        } catch (...) {
+            fail_all_sessions(SG_ERR_INTERNAL, "progress thread: unknown exception");
+        }
+        ::usleep(10000);
+    }
+}
+
+void Context::progress_loop_body() {
     uint64_t last_work = now_ns();
     uint64_t last_real_work = last_work;  // last pass that completed or received something
     while (!stop_) {
@@ -368,23 +401,23 @@ void Context::check_timers_locked() {
             wire::encode(out, id, ping);
             send(*s, out);
         }
-        auto expire = [&](auto &map) {
-            for (auto &[k, t] : map) {
-                if (t->deadline_abs_ns && now > t->deadline_abs_ns && !t->finished())
-                    fail_transfer(*t, SG_ERR_DEADLINE, "transfer '" + t->request_id + "' missed its deadline", true);
-                if (t->lease_deadline_ns && now > t->lease_deadline_ns && !t->finished()) {
-                    emit(*t, SG_EVENT_LEASE_EXPIRED, 0, SG_ERR_LEASE_EXPIRED);
-                    fail_transfer(*t, SG_ERR_LEASE_EXPIRED,
-                                  "the lease of '" + t->request_id + "' ended (" +
-                                      std::to_string(t->options.lease_ns / 1000000) +
-                                      " ms after its last layer was written) before the decode side held every block",
-                                  true);
-                }
+        // Failing a transfer takes an unmatched post out of its map: walk a snapshot.
+        std::vector<std::shared_ptr<Transfer>> timed;
+        for (auto &[k, t] : s->expects) timed.push_back(t);
+        for (auto &[k, t] : s->posts) timed.push_back(t);
+        for (auto &[k, t] : s->unmatched_posts) timed.push_back(t);
+        for (auto &t : timed) {
+            if (t->deadline_abs_ns && now > t->deadline_abs_ns && !t->finished())
+                fail_transfer(*t, SG_ERR_DEADLINE, "transfer '" + t->request_id + "' missed its deadline", true);
+            if (t->lease_deadline_ns && now > t->lease_deadline_ns && !t->finished()) {
+                emit(*t, SG_EVENT_LEASE_EXPIRED, 0, SG_ERR_LEASE_EXPIRED);
+                fail_transfer(*t, SG_ERR_LEASE_EXPIRED,
+                              "the lease of '" + t->request_id + "' ended (" +
+                                  std::to_string(t->options.lease_ns / 1000000) +
+                                  " ms after its last layer was written) before the decode side held every block",
+                              true);
             }
-        };
-        expire(s->expects);
-        expire(s->posts);
-        expire(s->unmatched_posts);
+        }
     }
 }
 
@@ -487,7 +520,14 @@ void Context::flush_outbox(Session &s) {
         while (!queue.empty()) {
             OpCookie *c = queue.front();
             // Messages are small and the provider copies or registers them itself unless FI_MR_LOCAL.
-            if (s.tp->post_send(s.peer, c->bytes.data(), c->bytes.size(), nullptr, c) == -EAGAIN) {
+            int rc;
+            try {
+                rc = s.tp->post_send(s.peer, c->bytes.data(), c->bytes.size(), nullptr, c);
+            } catch (const Error &e) {
+                lose_session(s, SG_ERR_PEER_LOST, "sending to the peer failed: " + e.message());
+                return false;
+            }
+            if (rc == -EAGAIN) {
                 counters.retries++;
                 return false;
             }
@@ -589,7 +629,11 @@ void Context::on_message(std::span<const uint8_t> bytes) {
         else
             handle(*s, h, body);
     } catch (const Error &err) {
-        log.log(SG_LOG_WARN, "control message from peer rejected: " + err.message());
+        // A peer that sends what the protocol does not allow (a value out of range, a message that
+        // does not decode) cannot be trusted with the session any more.
+        lose_session(*s, SG_ERR_PROTOCOL, "the peer broke the protocol: " + err.message());
+    } catch (const std::bad_alloc &) {
+        lose_session(*s, SG_ERR_NO_MEMORY, "out of memory handling a message from the peer");
     }
 }
 
@@ -693,13 +737,19 @@ void Context::handle(Session &s, const wire::FrameHeader &h, std::span<const uin
                 const kv::Layout &L = t.pool->layout;
                 const uint8_t *src = s.recv_staging.base + m.slot * StagingArea::kSlotBytes;
                 uint64_t pos = m.slot_offset;
+                // The peer is trusted with the keys of this pool, not with our address space: every
+                // segment must fall inside the slot and inside the pool's region. All are checked
+                // before the first byte is copied.
                 for (const wire::Segment &seg : m.segments) {
-                    // The peer is trusted with the keys of this pool, not with our address space:
-                    // every segment must fall inside the slot and inside the pool's region.
                     const uint32_t layer = seg.region / L.regions_per_layer();
-                    if (layer >= L.num_layers || seg.offset + seg.length > L.region_bytes() ||
-                        seg.offset + seg.length < seg.offset || pos + seg.length > StagingArea::kSlotBytes)
-                        fail(SG_ERR_PROTOCOL, "StagedChunk segment outside the pool or the slot");
+                    if (layer >= L.num_layers || !in_bounds(seg.offset, seg.length, L.region_bytes()) ||
+                        !in_bounds(pos, seg.length, StagingArea::kSlotBytes))
+                        fail(SG_ERR_PROTOCOL, "StagedChunk segment outside the pool or the staging slot");
+                    pos += seg.length;
+                }
+                pos = m.slot_offset;
+                for (const wire::Segment &seg : m.segments) {
+                    const uint32_t layer = seg.region / L.regions_per_layer();
                     std::memcpy(t.pool->region(layer, seg.region % L.regions_per_layer()) + seg.offset, src + pos,
                                 seg.length);
                     pos += seg.length;
@@ -1193,7 +1243,7 @@ std::shared_ptr<Transfer> Context::expect(const std::shared_ptr<Session> &s, con
     auto t = std::make_shared<Transfer>(this, s, false, rid, pool, table, num_tokens, opt);
     t->id = next_xfer_id_++;
     t->stats.start_ns = now_ns();
-    if (opt.deadline_ns) t->deadline_abs_ns = t->stats.start_ns + opt.deadline_ns;
+    if (opt.deadline_ns) t->deadline_abs_ns = saturating_add(t->stats.start_ns, opt.deadline_ns);
     if (auto c = s->peer_canceled.find(rid); c != s->peer_canceled.end()) {
         // The prefill side canceled this request before we expected it: nothing will be sent.
         s->expects[t->id] = t;
@@ -1286,7 +1336,7 @@ std::shared_ptr<Transfer> Context::post(const std::shared_ptr<Session> &s, const
     }
     t->order = std::move(order);
     t->src_reg = &s->local_regs.at(pool->id);  // map nodes are stable for the session's life
-    if (opt.deadline_ns) t->deadline_abs_ns = now_ns() + opt.deadline_ns;
+    if (opt.deadline_ns) t->deadline_abs_ns = saturating_add(now_ns(), opt.deadline_ns);
     if (t->selective()) {
         for (uint32_t l = 0; l < prepared.size(); ++l) commit_layer(*t, l, std::move(prepared[l]));
     } else if (opt.flags & SG_TRANSFER_ALL_LAYERS_WRITTEN) {
@@ -1428,7 +1478,15 @@ bool Context::post_write_op(Transfer &t, uint32_t layer, const Vec<plan::Op> &op
     c->session = &s;
     c->layer = layer;
     c->unit = unit;
-    if (s.tp->post_write(s.peer, std::span(iov, op.niov), dr.base + op.dst_offset, dr.key, c) == -EAGAIN) {
+    int rc;
+    try {
+        rc = s.tp->post_write(s.peer, std::span(iov, op.niov), dr.base + op.dst_offset, dr.key, c);
+    } catch (const Error &e) {
+        give_cookie(c);
+        lose_session(s, SG_ERR_PEER_LOST, "writing to the peer failed: " + e.message());
+        return false;
+    }
+    if (rc == -EAGAIN) {
         give_cookie(c);
         counters.retries++;
         return false;
@@ -1494,8 +1552,15 @@ bool Context::post_staged_chunk(Transfer &t, uint32_t layer, const Vec<plan::Op>
     c->unit = unit;
     c->staging_slot = lslot;
     transport::LocalIov iov{pack, used, s.send_staging.reg.desc};
-    int rc = s.tp->post_write(s.peer, std::span(&iov, 1), peer_area.base + rslot * StagingArea::kSlotBytes,
+    int rc;
+    try {
+        rc = s.tp->post_write(s.peer, std::span(&iov, 1), peer_area.base + rslot * StagingArea::kSlotBytes,
                               peer_area.key, c);
+    } catch (const Error &e) {
+        give_cookie(c);
+        lose_session(s, SG_ERR_PEER_LOST, "writing to the peer failed: " + e.message());
+        return false;
+    }
     if (rc == -EAGAIN) {
         give_cookie(c);
         counters.retries++;

@@ -286,8 +286,6 @@ class Context : public transport::CompletionSink {
     ~Context() override;
 
     // ---- API operations (each takes the lock itself) ----
-    std::shared_ptr<KvPool> register_kv(const sg_kv_layout_t &layout);
-    void deregister_kv(KvPool &pool);
     // authenticated: the peer proved the key during bootstrap (or neither side has one); false makes
     // the session run the fabric challenge-response before anything else.
     std::shared_ptr<Session> open_session(const wire::Hello &peer, const sg_session_options_t &opt, bool authenticated);
@@ -352,6 +350,8 @@ class Context : public transport::CompletionSink {
     void on_message(std::span<const uint8_t> bytes) override;
 
     void progress_loop();
+    void progress_loop_body();
+    void fail_all_sessions(sg_status_t status, const std::string &why) noexcept;
     void wait_step(std::unique_lock<std::mutex> &lock, uint64_t deadline);
     size_t poll_locked();
     void schedule_locked();

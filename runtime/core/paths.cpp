@@ -131,15 +131,31 @@ void Context::select_loop() {
         select_jobs_.pop_front();
         qlock.unlock();
         Transfer &t = *job.t;
-        try {
+        // Nothing thrown here may end the host process: a failure fails this transfer.
+        auto fail_job = [&](sg_status_t st, const std::string &why) {
+            try {
+                std::lock_guard lock(mu);
+                fail_transfer(t, st, "selecting layer " + std::to_string(job.layer) + ": " + why, true);
+            } catch (...) {
+                log.log(SG_LOG_ERROR, "selection worker: failing a transfer failed: " + why);
+            }
+        };
+        if (t.released.load(std::memory_order_acquire)) {
+            // Released or ended meanwhile: nobody will read this selection.
+        } else try {
             PreparedLayer prep = prepare_layer(t, job.layer, job.queries.empty() ? nullptr : job.queries.data(),
                                                job.num_queries, job.num_q_heads);
             std::lock_guard lock(mu);
             commit_layer(t, job.layer, std::move(prep));
             if (t.matched && !t.finished()) pump_selective(t, 1, 16);
         } catch (const Error &e) {
-            std::lock_guard lock(mu);
-            fail_transfer(t, e.status(), "selecting layer " + std::to_string(job.layer) + ": " + e.message(), true);
+            fail_job(e.status(), e.message());
+        } catch (const std::bad_alloc &) {
+            fail_job(SG_ERR_NO_MEMORY, "out of memory");
+        } catch (const std::exception &e) {
+            fail_job(SG_ERR_INTERNAL, e.what());
+        } catch (...) {
+            fail_job(SG_ERR_INTERNAL, "unknown exception");
         }
         wake();
         job.t.reset();  // the last reference may go here; never with select_mu_ held
@@ -212,7 +228,7 @@ void Context::commit_layer(Transfer &t, uint32_t layer, PreparedLayer &&prep) {
         L.demand_waiting.clear();
     }
     if (t.layers_written == t.layers.size() && t.options.lease_ns)
-        t.lease_deadline_ns = now_ns() + t.options.lease_ns;
+        t.lease_deadline_ns = saturating_add(now_ns(), t.options.lease_ns);
 }
 
 // ---- prefill: posting units ----------------------------------------------------------------------

@@ -1,0 +1,232 @@
+// The core against an authenticated but hostile peer, and against its own faults: frames injected as
+// if they came from the peer (Context::inject_frame), a transport that throws on the progress
+// thread, and the deadline sweep. Each test failed before its fix (out-of-bounds read, process
+// ended by std::terminate, use-after-free under ASan).
+#include "core/core.hpp"
+
+#include "../test_key.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using namespace sg;
+constexpr uint64_t kSecond = 1000000000ull;
+
+sg_context_options_t options(bool progress_thread) {
+    sg_context_options_t o{};
+    o.struct_size = sizeof o;
+    o.provider = "tcp";
+    o.progress_thread = progress_thread;
+    o.log_level = SG_LOG_OFF;
+    SG_TEST_USE_KEY(o);
+    return o;
+}
+
+// A small fp16 pool: 2 layers, 1 head of 64, 4-token blocks, 8 blocks.
+struct Pool {
+    std::vector<std::vector<uint16_t>> k, v;
+    std::vector<void *> kp, vp;
+    sg_kv_layout_t layout{};
+    explicit Pool(uint32_t layers = 2) {
+        for (uint32_t l = 0; l < layers; ++l) {
+            k.emplace_back(8 * 4 * 64);
+            v.emplace_back(8 * 4 * 64);
+            kp.push_back(k.back().data());
+            vp.push_back(v.back().data());
+        }
+        layout.struct_size = sizeof layout;
+        layout.num_layers = layers;
+        layout.num_kv_heads = 1;
+        layout.head_dim = 64;
+        layout.tokens_per_block = 4;
+        layout.num_blocks = 8;
+        layout.dtype = SG_DTYPE_FP16;
+        layout.layer_k_base = kp.data();
+        layout.layer_v_base = vp.data();
+        layout.layer_base_count = layers;
+    }
+};
+
+sg_transfer_options_t transfer_options() {
+    sg_transfer_options_t o{};
+    o.struct_size = sizeof o;
+    return o;
+}
+
+// Two contexts with a session each way (as after a successful bootstrap).
+struct Pair {
+    core::Context prefill, decode;
+    std::shared_ptr<core::Session> at_prefill, at_decode;
+    explicit Pair(bool progress_thread = false) : prefill(options(progress_thread)), decode(options(progress_thread)) {
+        sg_session_options_t so{};
+        so.struct_size = sizeof so;
+        at_prefill = prefill.open_session(decode.hello(), so, true);
+        at_decode = decode.open_session(prefill.hello(), so, true);
+    }
+};
+
+std::vector<uint32_t> table(size_t n) {
+    std::vector<uint32_t> t(n);
+    std::iota(t.begin(), t.end(), 0u);
+    return t;
+}
+
+TEST(HostilePeer, AStagedChunkWhoseSlotOffsetWrapsFailsTheSessionAndTouchesNoMemory) {
+    Pair p;
+    Pool pool;
+    auto kv = std::make_shared<core::KvPool>(&p.decode, pool.layout);
+    p.decode.export_kv(*p.at_decode, *kv);
+    const auto tbl = table(8);
+    auto t = p.decode.expect(p.at_decode, "req", kv, tbl, 32, transfer_options());
+    // slot_offset + length wraps past 2^64 to a small number: a check written as
+    // `pos + len > slot_bytes` passes and the unpack reads far outside the staging slot.
+    wire::StagedChunk m;
+    m.decode_xfer_id = t->id;
+    m.layer = 0;
+    m.slot = 0;
+    m.slot_offset = UINT64_MAX - 63;
+    m.segments.push_back({0, 0, 128});
+    std::vector<uint8_t> frame;
+    wire::encode(frame, p.prefill.id, m);
+    p.decode.inject_frame(frame);
+    std::lock_guard lock(p.decode.mu);
+    EXPECT_TRUE(p.at_decode->closed);
+    EXPECT_EQ(p.at_decode->error, SG_ERR_PROTOCOL) << p.at_decode->error_message;
+    EXPECT_EQ(t->status, SG_ERR_PROTOCOL);
+    for (uint16_t x : pool.k[0]) ASSERT_EQ(x, 0u);
+}
+
+TEST(HostilePeer, AnOutOfRangeSegmentOffsetFailsTheSession) {
+    Pair p;
+    Pool pool;
+    auto kv = std::make_shared<core::KvPool>(&p.decode, pool.layout);
+    p.decode.export_kv(*p.at_decode, *kv);
+    const auto tbl = table(8);
+    auto t = p.decode.expect(p.at_decode, "req", kv, tbl, 32, transfer_options());
+    wire::StagedChunk m;
+    m.decode_xfer_id = t->id;
+    m.segments.push_back({0, UINT64_MAX - 8, 64});  // offset + length wraps inside the region check
+    std::vector<uint8_t> frame;
+    wire::encode(frame, p.prefill.id, m);
+    p.decode.inject_frame(frame);
+    std::lock_guard lock(p.decode.mu);
+    EXPECT_EQ(p.at_decode->error, SG_ERR_PROTOCOL);
+}
+
+TEST(HostilePeer, AMessageThatDoesNotDecodeFailsTheSession) {
+    Pair p;
+    wire::LayerReady m;
+    std::vector<uint8_t> frame;
+    wire::encode(frame, p.prefill.id, m);
+    frame.resize(frame.size() - 3);  // cut inside the last field
+    frame[20] = uint8_t(frame.size() - wire::kFrameHeaderBytes);
+    p.decode.inject_frame(frame);
+    std::lock_guard lock(p.decode.mu);
+    EXPECT_EQ(p.at_decode->error, SG_ERR_PROTOCOL) << p.at_decode->error_message;
+}
+
+// Two posts whose deadlines pass before any Expect: the sweep used to range-iterate the unmatched
+// posts while failing one erased it from that map (use-after-free, seen by ASan).
+TEST(Deadlines, PostsWhoseDeadlinePassesBeforeTheirExpectFailCleanly) {
+    Pair p;
+    Pool pool;
+    auto kv = std::make_shared<core::KvPool>(&p.prefill, pool.layout);
+    p.prefill.export_kv(*p.at_prefill, *kv);
+    const auto tbl = table(8);
+    sg_transfer_options_t o = transfer_options();
+    o.deadline_ns = 20'000'000;
+    std::vector<std::shared_ptr<core::Transfer>> posts;
+    for (const char *rid : {"a", "b", "c"}) posts.push_back(p.prefill.post(p.at_prefill, rid, kv, tbl, 32, o));
+    const uint64_t until = now_ns() + 5 * kSecond;
+    auto all_failed = [&] {
+        std::lock_guard lock(p.prefill.mu);
+        for (auto &t : posts)
+            if (!t->finished()) return false;
+        return true;
+    };
+    while (!all_failed() && now_ns() < until) p.prefill.progress_once();
+    for (auto &t : posts) EXPECT_EQ(t->status, SG_ERR_DEADLINE);
+}
+
+TEST(Deadlines, ADeadlineOfUint64MaxNeverFires) {
+    Pair p;
+    Pool pool;
+    auto kv = std::make_shared<core::KvPool>(&p.prefill, pool.layout);
+    p.prefill.export_kv(*p.at_prefill, *kv);
+    const auto tbl = table(8);
+    sg_transfer_options_t o = transfer_options();
+    o.deadline_ns = UINT64_MAX;  // "now + deadline" wrapped to the past before
+    auto t = p.prefill.post(p.at_prefill, "forever", kv, tbl, 32, o);
+    const uint64_t until = now_ns() + kSecond / 2;
+    while (now_ns() < until) p.prefill.progress_once();
+    std::lock_guard lock(p.prefill.mu);
+    EXPECT_EQ(t->status, SG_IN_PROGRESS);
+}
+
+// A transport that forwards to the real one and throws from poll() once armed, as fi_cq_read's
+// error path does.
+class ThrowingTransport : public transport::Transport {
+  public:
+    explicit ThrowingTransport(std::unique_ptr<transport::Transport> inner) : inner_(std::move(inner)) {}
+    std::atomic<bool> armed{false};
+    const transport::Capabilities &caps() const override { return inner_->caps(); }
+    std::vector<uint8_t> local_address() const override { return inner_->local_address(); }
+    transport::PeerAddr insert_peer(std::span<const uint8_t> a) override { return inner_->insert_peer(a); }
+    void remove_peer(transport::PeerAddr p) override { inner_->remove_peer(p); }
+    transport::Registration register_memory(void *addr, uint64_t len, uint64_t key) override {
+        return inner_->register_memory(addr, len, key);
+    }
+    void deregister(transport::Registration &r) noexcept override { inner_->deregister(r); }
+    int post_write(transport::PeerAddr p, std::span<const transport::LocalIov> l, uint64_t ra, uint64_t key,
+                   void *cookie) override {
+        return inner_->post_write(p, l, ra, key, cookie);
+    }
+    int post_send(transport::PeerAddr p, const void *buf, uint64_t len, void *desc, void *cookie) override {
+        return inner_->post_send(p, buf, len, desc, cookie);
+    }
+    size_t poll(transport::CompletionSink &sink) override {
+        if (armed.exchange(false)) fail(SG_ERR_TRANSPORT, "fi_cq_read: injected failure");
+        return inner_->poll(sink);
+    }
+    int wait_fd() const override { return inner_->wait_fd(); }
+    bool prepare_wait() override { return inner_->prepare_wait(); }
+
+  private:
+    std::unique_ptr<transport::Transport> inner_;
+};
+
+TEST(ExceptionBarrier, ATransportErrorOnTheProgressThreadFailsTheSessionsNotTheProcess) {
+    core::Context a(options(true)), b(options(false));
+    ThrowingTransport *thrower = nullptr;
+    {
+        std::lock_guard lock(a.mu);
+        auto w = std::make_unique<ThrowingTransport>(std::move(a.transports[0]));
+        thrower = w.get();
+        a.transports[0] = std::move(w);
+    }
+    sg_session_options_t so{};
+    so.struct_size = sizeof so;
+    auto s = a.open_session(b.hello(), so, true);
+    thrower->armed = true;
+    const uint64_t until = now_ns() + 5 * kSecond;
+    for (;;) {
+        {
+            std::lock_guard lock(a.mu);
+            if (s->closed || now_ns() > until) break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    std::lock_guard lock(a.mu);
+    EXPECT_TRUE(s->closed);
+    EXPECT_EQ(s->error, SG_ERR_INTERNAL);
+    EXPECT_NE(s->error_message.find("injected failure"), std::string::npos) << s->error_message;
+}
+
+}  // namespace
