@@ -107,8 +107,10 @@ enum class Combine : uint8_t { max, sum };
 // Largest head dimension the kernels accept (they keep one converted row on the stack).
 inline constexpr uint32_t kMaxHeadDim = 1024;
 
+// Blocks that hold `tokens` tokens: the ceiling of tokens / tokens_per_block, written so that it
+// cannot wrap for any token count (tokens + tokens_per_block - 1 did, near 2^64).
 constexpr uint64_t num_blocks(uint64_t tokens, uint32_t tokens_per_block) {
-    return (tokens + tokens_per_block - 1) / tokens_per_block;
+    return tokens / tokens_per_block + (tokens % tokens_per_block != 0);
 }
 
 // ---- page digest and Quest ----

@@ -672,8 +672,9 @@ SG_API void sg_transfer_options_init(sg_transfer_options_t *options);
  * table is copied). Token t lives in block block_ids[t / tokens_per_block]; slots of the last block
  * past num_tokens are neither written nor read. dst must have been exported to the session. Either
  * side may come first.
- * Returns SG_OK with *out; SG_ERR_INVALID_ARGUMENT; SG_ERR_OUT_OF_RANGE (a block id >= the pool's
- * num_blocks, or too few blocks for num_tokens: checked before any byte moves); SG_ERR_DUPLICATE
+ * Returns SG_OK with *out; SG_ERR_INVALID_ARGUMENT; SG_ERR_OUT_OF_RANGE (num_tokens more than the
+ * pool holds, num_blocks x tokens_per_block; a block id >= the pool's num_blocks; or too few blocks
+ * for num_tokens: checked before any byte moves); SG_ERR_DUPLICATE
  * (request id already expected on this session); SG_ERR_INVALID_STATE (dst not exported to the
  * session); SG_ERR_INVALID_HANDLE. Layout mismatches with the source are reported on the transfer
  * (SG_ERR_LAYOUT_MISMATCH from sg_transfer_test/wait) once the post side is known.

@@ -42,6 +42,10 @@ constexpr bool in_bounds(uint64_t offset, uint64_t len, uint64_t size) noexcept 
 }
 // a + b, or UINT64_MAX when that does not fit (deadlines and leases of "forever").
 constexpr uint64_t saturating_add(uint64_t a, uint64_t b) noexcept { return a + b < a ? UINT64_MAX : a + b; }
+// a * b, or UINT64_MAX when that does not fit.
+constexpr uint64_t saturating_mul(uint64_t a, uint64_t b) noexcept {
+    return b != 0 && a > UINT64_MAX / b ? UINT64_MAX : a * b;
+}
 
 // ---- internal allocation ----
 void *mem_alloc(size_t bytes);

@@ -145,7 +145,15 @@ void check_mappable(const Layout &src, const Layout &dst) {
 
 void check_block_table(const Layout &layout, std::span<const uint32_t> ids, uint64_t num_tokens) {
     if (num_tokens == 0) fail(SG_ERR_INVALID_ARGUMENT, "num_tokens must be >= 1");
-    const uint64_t needed = (num_tokens + layout.tokens_per_block - 1) / layout.tokens_per_block;
+    // Any num_tokens up to 2^64 - 1 may arrive here (from the caller or a peer): blocks_for cannot
+    // wrap to a small count, and the pool's capacity bounds what may follow.
+    const uint64_t tpb = layout.tokens_per_block;
+    const uint64_t needed = blocks_for(num_tokens, layout.tokens_per_block);
+    if (needed > layout.num_blocks)
+        fail(SG_ERR_OUT_OF_RANGE, std::to_string(num_tokens) + " tokens need " + std::to_string(needed) +
+                                      " blocks, more than the pool's num_blocks (" + std::to_string(layout.num_blocks) +
+                                      " blocks of " + std::to_string(tpb) + " tokens hold " +
+                                      std::to_string(saturating_mul(layout.num_blocks, tpb)) + " tokens)");
     if (ids.size() < needed)
         fail(SG_ERR_OUT_OF_RANGE, "block table has " + std::to_string(ids.size()) + " blocks but " +
                                       std::to_string(num_tokens) + " tokens need " + std::to_string(needed));

@@ -66,6 +66,11 @@ Layout from_desc(const wire::LayoutDesc &desc);
 // Block ids, tokens per block, packing, block order and stride may differ; shape and dtype may not.
 void check_mappable(const Layout &src, const Layout &dst);
 
+// Blocks that hold num_tokens tokens (the ceiling), for any num_tokens: it cannot wrap.
+constexpr uint64_t blocks_for(uint64_t num_tokens, uint32_t tokens_per_block) {
+    return num_tokens / tokens_per_block + (num_tokens % tokens_per_block != 0);
+}
+
 // Checks a request's block table against a pool: every id < num_blocks and enough blocks for
 // num_tokens. Throws Error(SG_ERR_OUT_OF_RANGE) naming the first bad entry.
 void check_block_table(const Layout &layout, std::span<const uint32_t> block_ids, uint64_t num_tokens);

@@ -284,8 +284,7 @@ LayerPlanStats walk_layer(const Geometry &s, const Geometry &d, const uint8_t *c
 
 uint64_t max_ops_per_layer(const Side &src, const Side &dst, uint64_t num_tokens) {
     const kv::Layout &s = *src.layout, &d = *dst.layout;
-    const uint64_t runs = (num_tokens + s.tokens_per_block - 1) / s.tokens_per_block +
-                          (num_tokens + d.tokens_per_block - 1) / d.tokens_per_block;
+    const uint64_t runs = kv::blocks_for(num_tokens, s.tokens_per_block) + kv::blocks_for(num_tokens, d.tokens_per_block);
     uint64_t per_run = 1;
     switch (unit_for(s, d)) {
         case Unit::TokenRows: per_run = 1; break;
@@ -302,8 +301,8 @@ LayerPlanStats compile_layer(const Side &src, const uint8_t *const src_bases[2],
                              const Limits &limits, Vec<Op> &ops) {
     const kv::Layout &s = *src.layout, &d = *dst.layout;
     kv::check_mappable(s, d);
-    const uint64_t s_need = (num_tokens + s.tokens_per_block - 1) / s.tokens_per_block;
-    const uint64_t d_need = (num_tokens + d.tokens_per_block - 1) / d.tokens_per_block;
+    const uint64_t s_need = kv::blocks_for(num_tokens, s.tokens_per_block);
+    const uint64_t d_need = kv::blocks_for(num_tokens, d.tokens_per_block);
     if (src.blocks.size() < s_need || dst.blocks.size() < d_need)
         fail(SG_ERR_OUT_OF_RANGE, "block table too short for num_tokens");
     ops.clear();

@@ -44,8 +44,6 @@ std::string indexed(const std::string &prefix, std::string_view key, size_t i) {
 
 uint64_t ceil_div(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
 
-uint64_t saturating_mul(uint64_t a, uint64_t b) { return b != 0 && a > UINT64_MAX / b ? UINT64_MAX : a * b; }
-
 // ceil(f * n) for a fraction, except that a product within rounding error of an integer is that
 // integer: 0.1 * 1000 must be 100, not 101.
 uint64_t fraction_of(double f, uint64_t n) {

@@ -1,11 +1,16 @@
 // Profiles and selectors through the public C API: parse errors name the field, a Quest selector
-// over a paged pool finds the block whose keys match the query.
+// over a paged pool finds the block whose keys match the query. Also the argument checks of the
+// transfer calls that refuse a request before anything moves (block tables, token counts, flags).
 #include <smartgen/smartgen.h>
+
+#include "../test_key.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -98,6 +103,99 @@ TEST(SelectorApi, QuestFindsTheNeedleBlockInAPagedPool) {
     EXPECT_EQ(sg_selector_select(sel, 0, &none, chosen.data(), chosen.size(), &n), SG_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(sg_selector_destroy(sel), SG_OK);
     EXPECT_EQ(sg_profile_destroy(p), SG_OK);
+}
+
+// ---- transfer argument checks (two contexts in this process, joined by metadata) ----
+
+struct Pool {
+    std::vector<uint16_t> k, v;
+    void *kp[1], *vp[1];
+    sg_kv_layout_t layout;
+    sg_kv_handle_t kv = nullptr;
+    // One layer, one KV head, head_dim 8, 4 tokens per block, `blocks` blocks: 4 * blocks tokens.
+    Pool(sg_context_t ctx, uint64_t blocks) : k(size_t(blocks) * 4 * 8), v(k.size()) {
+        kp[0] = k.data();
+        vp[0] = v.data();
+        sg_kv_layout_init(&layout);
+        layout.num_layers = 1;
+        layout.num_kv_heads = 1;
+        layout.head_dim = 8;
+        layout.tokens_per_block = 4;
+        layout.num_blocks = blocks;
+        layout.layer_k_base = kp;
+        layout.layer_v_base = vp;
+        layout.layer_base_count = 1;
+        EXPECT_EQ(sg_kv_register(ctx, &layout, &kv, nullptr), SG_OK) << sg_last_error_message();
+    }
+    ~Pool() { sg_kv_deregister(kv); }
+};
+
+sg_context_t make_context() {
+    sg_context_options_t o;
+    sg_context_options_init(&o);
+    o.provider = "tcp";
+    SG_TEST_USE_KEY(o);
+    sg_context_t ctx = nullptr;
+    EXPECT_EQ(sg_context_create(&o, &ctx, nullptr), SG_OK) << sg_last_error_message();
+    return ctx;
+}
+
+// A prefill and a decode context with a session each way and an 8-block pool exported on each.
+struct Link {
+    sg_context_t prefill = make_context(), decode = make_context();
+    sg_session_t ps = nullptr, ds = nullptr;
+    std::unique_ptr<Pool> src, dst;
+    Link() {
+        std::vector<uint8_t> mp(4096), md(4096);
+        size_t lp = 0, ld = 0;
+        EXPECT_EQ(sg_context_get_metadata(prefill, mp.data(), mp.size(), &lp), SG_OK);
+        EXPECT_EQ(sg_context_get_metadata(decode, md.data(), md.size(), &ld), SG_OK);
+        EXPECT_EQ(sg_session_from_metadata(prefill, md.data(), ld, nullptr, &ps, nullptr), SG_OK);
+        EXPECT_EQ(sg_session_from_metadata(decode, mp.data(), lp, nullptr, &ds, nullptr), SG_OK);
+        src = std::make_unique<Pool>(prefill, 8);
+        dst = std::make_unique<Pool>(decode, 8);
+        EXPECT_EQ(sg_session_export_kv(ps, src->kv), SG_OK) << sg_last_error_message();
+        EXPECT_EQ(sg_session_export_kv(ds, dst->kv), SG_OK) << sg_last_error_message();
+    }
+    ~Link() {
+        sg_session_destroy(ps);
+        sg_session_destroy(ds);
+        src.reset();
+        dst.reset();
+        EXPECT_EQ(sg_context_destroy(prefill), SG_OK);
+        EXPECT_EQ(sg_context_destroy(decode), SG_OK);
+    }
+    // Expect and post of one request; each must answer `want`, write no handle when it fails, and
+    // name `needle` in its message.
+    void both(const char *rid, const uint32_t *table, size_t n, uint64_t tokens, const sg_transfer_options_t *o,
+              sg_status_t want, const char *needle) {
+        sg_transfer_t x = nullptr;
+        sg_error_info_t err;
+        sg_error_info_init(&err);
+        EXPECT_EQ(sg_transfer_expect(ds, rid, dst->kv, table, n, tokens, o, &x, &err), want)
+            << rid << ": expect: " << err.message;
+        EXPECT_NE(std::string(err.message).find(needle), std::string::npos) << rid << ": expect: " << err.message;
+        if (want != SG_OK) EXPECT_EQ(x, nullptr);
+        sg_transfer_release(x);
+        x = nullptr;
+        sg_error_info_init(&err);
+        EXPECT_EQ(sg_transfer_post(ps, rid, src->kv, table, n, tokens, o, &x, &err), want)
+            << rid << ": post: " << err.message;
+        EXPECT_NE(std::string(err.message).find(needle), std::string::npos) << rid << ": post: " << err.message;
+        if (want != SG_OK) EXPECT_EQ(x, nullptr);
+        sg_transfer_release(x);
+    }
+};
+
+// num_tokens near 2^64 made the block count wrap to 0: expect and post answered SG_OK and the
+// process died later reading past the table.
+TEST(TransferApi, HugeTokenCountsAreRefused) {
+    Link link;
+    const uint32_t table[2] = {0, 1};
+    for (uint64_t n : {UINT64_MAX, UINT64_MAX - 1, UINT64_MAX - 3, uint64_t(1) << 63, uint64_t(8) * 4 + 1}) {
+        SCOPED_TRACE(n);
+        link.both("huge", table, 2, n, nullptr, SG_ERR_OUT_OF_RANGE, "num_blocks");
+    }
 }
 
 }  // namespace

@@ -317,6 +317,25 @@ TEST(KvBlockTable, RefusesTooFewBlocksAndZeroTokens) {
     }
 }
 
+// num_tokens near 2^64 once made the ceiling division wrap: "0 blocks needed", accepted, and the
+// transfer then read far outside the table.
+TEST(KvBlockTable, HugeTokenCountsAreRefusedWithoutWrapping) {
+    const Layout l = from_desc(desc(4, 64, 16));  // 32 blocks of 16 tokens: 512 tokens at most
+    const std::vector<uint32_t> ids = {3, 4};
+    for (uint64_t n : {UINT64_MAX, UINT64_MAX - 1, UINT64_MAX - 14, UINT64_MAX - 15, uint64_t(1) << 63}) {
+        SCOPED_TRACE(n);
+        EXPECT_SG_ERROR(check_block_table(l, ids, n), SG_ERR_OUT_OF_RANGE, "num_blocks");
+    }
+    // One token more than the pool holds is refused for the pool, not for the table.
+    std::vector<uint32_t> all(32);
+    for (uint32_t i = 0; i < 32; ++i) all[i] = i;
+    EXPECT_NO_THROW(check_block_table(l, all, 512));
+    EXPECT_SG_ERROR(check_block_table(l, all, 513), SG_ERR_OUT_OF_RANGE, "512");
+    // One token per block: nothing to round, the largest count still refused.
+    const Layout one = from_desc(desc(4, 64, 1));
+    EXPECT_SG_ERROR(check_block_table(one, ids, UINT64_MAX), SG_ERR_OUT_OF_RANGE, "num_blocks");
+}
+
 // ---- residency ----
 
 TEST(KvResidency, SetTestCountAcrossWordBoundary) {

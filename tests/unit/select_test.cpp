@@ -604,6 +604,20 @@ TEST(Budget, RoundsUpToWholeBlocks) {
     }
 }
 
+// Blocks for a token count: (tokens + tpb - 1) / tpb wrapped to 0 near 2^64, and every size checked
+// against that count passed.
+TEST(Kernels, NumBlocksDoesNotWrapNear2To64) {
+    EXPECT_EQ(kernels::num_blocks(0, 16), 0u);
+    EXPECT_EQ(kernels::num_blocks(1, 16), 1u);
+    EXPECT_EQ(kernels::num_blocks(32, 16), 2u);
+    EXPECT_EQ(kernels::num_blocks(33, 16), 3u);
+    EXPECT_EQ(kernels::num_blocks(UINT64_MAX, 16), UINT64_MAX / 16 + 1);
+    EXPECT_EQ(kernels::num_blocks(UINT64_MAX - 1, 16), UINT64_MAX / 16 + 1);
+    EXPECT_EQ(kernels::num_blocks(UINT64_MAX - 15, 16), UINT64_MAX / 16);  // 2^64 - 16: exact
+    EXPECT_EQ(kernels::num_blocks(UINT64_MAX, 1), UINT64_MAX);
+    EXPECT_EQ(kernels::num_blocks(UINT64_MAX, UINT32_MAX), UINT64_MAX / UINT32_MAX);  // 2^32 + 1, exact
+}
+
 // Scores that make block b's rank obvious: higher index, higher score, per head reversed on odd heads.
 std::vector<float> ramp(uint64_t nb, uint32_t heads) {
     std::vector<float> s(nb * heads);
