@@ -531,7 +531,8 @@ SG_API sg_status_t sg_session_error(sg_session_t session, sg_status_t *status, c
 /* Graceful close: the session takes no new transfers (post/expect answer SG_ERR_INVALID_STATE),
  * waits up to timeout_ns until every transfer on it has finished and is quiesced, then tells the
  * peer (whose session then reports SG_ERR_PEER_LOST "peer closed the session" without failing
- * anything) and closes. Returns SG_OK; SG_ERR_TIMEOUT with the session still draining (call again,
+ * anything), waits (within the same timeout) for the peer to answer, and closes. After SG_OK the
+ * process may exit: the peer has read everything this side sent on the session. Returns SG_OK; SG_ERR_TIMEOUT with the session still draining (call again,
  * or sg_session_destroy to cancel what is left); SG_ERR_INVALID_HANDLE. The handle stays valid
  * until sg_session_destroy. Since 0.1. */
 SG_API sg_status_t sg_session_close(sg_session_t session, uint64_t timeout_ns);
@@ -574,7 +575,8 @@ SG_API sg_status_t sg_selector_digest_floats(sg_selector_t selector, size_t *flo
 
 /* Page digests of one layer (Quest), read from a pool through the request's block table:
  * out[block][kv_head][0][i] = min over the block's tokens of key element i, [1][i] = max. layout's
- * base pointers and block_ids (num_blocks entries) address the keys. Since 0.1. */
+ * base pointers and block_ids (num_blocks entries) address the keys; the table is checked as
+ * sg_transfer_expect checks it, against the selector's num_tokens. Since 0.1. */
 SG_API sg_status_t sg_selector_digest(sg_selector_t selector, const sg_kv_layout_t *layout, uint32_t layer,
                                       const uint32_t *block_ids, size_t num_block_ids, float *out, size_t cap);
 
@@ -670,13 +672,15 @@ SG_API void sg_transfer_options_init(sg_transfer_options_t *options);
 /* Decode side: expect the KV of request_id (NUL-terminated, at most SG_REQUEST_ID_MAX bytes) from the
  * session's peer into dst, at the blocks block_ids[0..num_blocks) covering num_tokens tokens (the
  * table is copied). Token t lives in block block_ids[t / tokens_per_block]; slots of the last block
- * past num_tokens are neither written nor read. dst must have been exported to the session. Either
- * side may come first.
- * Returns SG_OK with *out; SG_ERR_INVALID_ARGUMENT; SG_ERR_OUT_OF_RANGE (num_tokens more than the
- * pool holds, num_blocks x tokens_per_block; a block id >= the pool's num_blocks; or too few blocks
- * for num_tokens: checked before any byte moves); SG_ERR_DUPLICATE
- * (request id already expected on this session); SG_ERR_INVALID_STATE (dst not exported to the
- * session); SG_ERR_INVALID_HANDLE. Layout mismatches with the source are reported on the transfer
+ * past num_tokens are neither written nor read. The table holds exactly ceil(num_tokens /
+ * tokens_per_block) entries, each a different block. dst must have been exported to the session.
+ * Either side may come first.
+ * Returns SG_OK with *out; SG_ERR_INVALID_ARGUMENT (num_tokens 0; more blocks than num_tokens needs,
+ * the message says how many; a block id given twice); SG_ERR_OUT_OF_RANGE (num_tokens more than the
+ * pool holds, num_blocks x tokens_per_block; a block id >= the pool's num_blocks; too few blocks
+ * for num_tokens); the table is checked before any byte moves. SG_ERR_DUPLICATE (request id
+ * already expected on this session); SG_ERR_INVALID_STATE (dst not exported to the session);
+ * SG_ERR_INVALID_HANDLE. Layout mismatches with the source are reported on the transfer
  * (SG_ERR_LAYOUT_MISMATCH from sg_transfer_test/wait) once the post side is known.
  * SG_ERR_AGAIN when the session already has max_transfers_per_session unfinished transfers: finish
  * or release some, then retry. Since 0.1. */
@@ -741,8 +745,10 @@ SG_API sg_status_t sg_transfer_wait_blocks(sg_transfer_t xfer, uint32_t layer, c
                                            uint64_t timeout_ns);
 
 /* Non-blocking completion check: SG_OK when every layer is ready (decode: every byte in place;
- * prefill: every operation completed and the final notice sent, so the source blocks may be
- * reused), SG_IN_PROGRESS otherwise, or the transfer's error. Since 0.1. */
+ * prefill: every operation completed and the decode side confirmed that every byte is in place,
+ * so the source blocks may be reused and the prefill process may exit), SG_IN_PROGRESS otherwise,
+ * or the transfer's error. Since 0.1; since 0.2 (wire protocol 1.1 on both sides) the prefill side
+ * completes only on the decode side's confirmation. */
 SG_API sg_status_t sg_transfer_test(sg_transfer_t xfer);
 
 /* Waits up to timeout_ns for completion. SG_IN_PROGRESS when the timeout expires (not an error);

@@ -17,7 +17,7 @@ namespace sg::core {
 namespace {
 
 constexpr uint64_t kStagingHandleId = 0;
-constexpr const char *kPeerClosed = "peer closed the session";  // HandleExport id reserved for a session's staging area
+constexpr const char *kPeerClosed = "peer closed the session";
 // Keeps a chunk notice (20 bytes a segment) well inside one receive buffer.
 constexpr size_t kMaxSegmentsPerChunk = 4096;
 
@@ -423,10 +423,9 @@ void Context::check_timers_locked() {
 
 // The peer is gone (silent, connection broken, or closed): every pending transfer on the session
 // fails at once, and nothing more is sent on it.
-void Context::lose_session(Session &s, sg_status_t status, const std::string &why) {
+void Context::lose_session(Session &s, sg_status_t status, const std::string &why, bool peer_closed) {
     if (s.closed) return;
     s.closed = true;
-    const bool peer_closed = status == SG_ERR_PEER_LOST && why == kPeerClosed;
     if (status == SG_ERR_PEER_LOST && !peer_closed) counters.peers_lost++;
     signal_event();
     s.error = status;
@@ -897,9 +896,38 @@ void Context::handle(Session &s, const wire::FrameHeader &h, std::span<const uin
             send_quiesced(s, m.decode_xfer_id);
             return;
         }
-        case wire::MsgType::Bye:
-            lose_session(s, SG_ERR_PEER_LOST, kPeerClosed);
+        case wire::MsgType::Bye: {
+            wire::Bye m;
+            check(wire::decode(body, m), "Bye");
+            if (s.bye_sent) {
+                // The answer to ours, or the peer closing at the same time: either way it has read
+                // everything we sent before our Bye.
+                s.bye_received = true;
+                cv.notify_all();
+                return;
+            }
+            if (m.reply) return;  // answers a Bye of an earlier session between the two contexts
+            if (s.peer_minor >= 1) {
+                wire::Bye answer;
+                answer.reply = 1;
+                std::vector<uint8_t> out;
+                wire::encode(out, id, answer);
+                send(s, out);
+            }
+            lose_session(s, SG_ERR_PEER_LOST, kPeerClosed, true);
             return;
+        }
+        case wire::MsgType::TransferAck: {
+            wire::TransferAck m;
+            check(wire::decode(body, m), "TransferAck");
+            for (auto &[rid, t] : s.posts)
+                if (t->id == m.decode_xfer_id) {
+                    t->done_acked = true;
+                    complete_if_done(*t);
+                    break;
+                }
+            return;
+        }
         case wire::MsgType::Ping: {
             wire::Ping m;
             check(wire::decode(body, m), "Ping");
@@ -1129,13 +1157,15 @@ void Context::export_kv(Session &s, KvPool &pool) {
     send(s, out);
 }
 
-void Context::close_session(Session &s) {
+void Context::close_session(Session &s, uint64_t deadline) {
+    if (!deadline) deadline = now_ns() + kDestroyDrainNs;
     std::unique_lock lock(mu);
-    if (!s.closed) {
+    if (!s.closed && !s.bye_sent) {
         wire::Bye bye;
         std::vector<uint8_t> out;
         wire::encode(out, id, bye);
         send(s, out);
+        s.bye_sent = true;
     }
     // fail_transfer takes an unmatched post out of its map: walk a copy.
     auto fail_all = [&](auto &m) {
@@ -1146,9 +1176,11 @@ void Context::close_session(Session &s) {
     fail_all(s.expects);
     fail_all(s.posts);
     fail_all(s.unmatched_posts);
-    // Let queued sends (the Bye) and in-flight writes that name this session drain briefly.
-    const uint64_t deadline = now_ns() + 200000000ull;
+    // Let queued sends (the Bye) and in-flight writes that name this session drain, and the peer
+    // answer the Bye (peers of 1.1 and newer): until it has, frames we sent may still be in the
+    // provider's or the kernel's buffers, and closing the endpoint could drop them.
     auto busy = [&] {
+        if (!s.closed && s.peer_minor >= 1 && !s.bye_received) return true;
         for (auto &c : cookie_store_)
             if (c->session == &s && std::find(free_cookies_.begin(), free_cookies_.end(), c.get()) == free_cookies_.end())
                 return true;
@@ -1192,7 +1224,7 @@ void Context::close_gracefully(Session &s, uint64_t timeout_ns) {
             wait_step(lock, deadline);
         }
     }
-    close_session(s);  // nothing left to cancel: says Bye and closes
+    close_session(s, deadline);  // nothing left to cancel: says Bye and closes
     std::lock_guard lock(mu);
     if (s.error == SG_OK) {
         s.error = SG_ERR_INVALID_STATE;
@@ -1711,8 +1743,14 @@ void Context::complete_if_done(Transfer &t) {
     if (t.finished()) return;
     if (t.post_side) {
         if (!t.done_sent || t.inflight) return;
+        if (t.session->peer_minor >= 1 && !t.done_acked) return;
     } else {
         if (!t.done_received || t.stats.layers_ready < t.layers.size()) return;
+        if (t.session->peer_minor >= 1) {
+            std::vector<uint8_t> out;
+            wire::encode(out, id, wire::TransferAck{t.id});
+            send(*t.session, out);
+        }
     }
     t.status = SG_OK;
     t.stats.end_ns = now_ns();

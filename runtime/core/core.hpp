@@ -148,6 +148,9 @@ class Session {
     // other holds its outbox until it hears from the peer.
     bool may_send = false;
     bool draining = false;  // sg_session_close: no new transfers
+    uint16_t peer_minor = 0;     // the peer's wire protocol minor (what it understands)
+    bool bye_sent = false;       // we are closing: the peer's Bye (answer or its own) ends the session
+    bool bye_received = false;
 
     StagingArea recv_staging;  // the peer writes here
     StagingArea send_staging;  // we pack here
@@ -252,6 +255,10 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
     Vec<plan::Op> ops;
     size_t next_op = 0;
     bool done_sent = false;
+    // The decode side confirmed that every byte is in place (TransferAck, peers of 1.1 and newer):
+    // only then is a prefill transfer complete, so a prefill process that exits after its wait and
+    // a graceful close loses nothing.
+    bool done_acked = false;
     bool canceled_locally = false;
     bool stalled = false;  // waiting for the in-flight bounds (counted once per episode)
 
@@ -293,7 +300,11 @@ class Context : public transport::CompletionSink {
     // SG_ERR_TIMEOUT when timeout_ns passed first.
     sg_status_t wait_ready(Session &s, uint64_t timeout_ns);
     void export_kv(Session &s, KvPool &pool);
-    void close_session(Session &s);
+    // Says Bye and closes; waits until the peer answered the Bye (or was lost) and our sends that
+    // name the session drained, or until deadline_ns (CLOCK_MONOTONIC; 0: kDestroyDrainNs from now,
+    // what sg_session_destroy allows).
+    void close_session(Session &s, uint64_t deadline_ns = 0);
+    static constexpr uint64_t kDestroyDrainNs = 200000000ull;
     std::shared_ptr<Transfer> expect(const std::shared_ptr<Session> &s, const char *request_id,
                                      const std::shared_ptr<KvPool> &pool, std::span<const uint32_t> table,
                                      uint64_t num_tokens, const sg_transfer_options_t &opt);
@@ -403,7 +414,8 @@ class Context : public transport::CompletionSink {
     void maybe_layer_ready(Transfer &t, uint32_t layer);
     bool choose_staging(Session &s);
     void check_timers_locked();
-    void lose_session(Session &s, sg_status_t status, const std::string &why);
+    // peer_closed: the peer said Bye (not a failure: no error log, not counted as a lost peer).
+    void lose_session(Session &s, sg_status_t status, const std::string &why, bool peer_closed = false);
     void record_layer_rate(Transfer &t, Transfer::Layer &L);
     void match(Session &s, const std::shared_ptr<Transfer> &t, const wire::Expect &e);
     void handle(Session &s, const wire::FrameHeader &h, std::span<const uint8_t> body);

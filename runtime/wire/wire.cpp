@@ -21,7 +21,7 @@
 //   TransferDone   1 decode_xfer_id u64, 2 bytes u64
 //   Cancel, Error  1 request_id bytes, 2 decode_xfer_id u64, 3 status i32, 4 message bytes,
 //                  5 from_post_side u32 (0 or 1)
-//   Bye            1 status i32
+//   Bye            1 status i32; since 1.1: optional 1 reply u32 (0 or 1)
 //   Ping           1 sent_ns u64
 //   Notify         1 payload bytes (<= kMaxNotifyBytes)
 //   AuthChallenge  1 nonce bytes (32)
@@ -36,6 +36,7 @@
 //   BlocksReady    1 decode_xfer_id u64, 2 layer u32, 3 path u32, 4 bytes u64, 5 digest_chunks u32,
 //                  6 blocks: packed u32 array, 7 essential u32 (0 or 1), 8 staged_chunks u32
 //   Fetch          1 request_id bytes, 2 decode_xfer_id u64, 3 layer u32, 4 blocks: packed u32 array
+//   TransferAck    1 decode_xfer_id u64 (since 1.1)
 //
 // Every tag of v1.0 is required and must appear exactly once, Hello's endpoint excepted (0..n
 // times). Strings and packed arrays are required too but may be zero bytes long: requiring them
@@ -385,7 +386,14 @@ void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Fetch &m) {
 }
 
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Bye &m) {
-    encode_frame(out, sender_ctx, MsgType::Bye, [&] { int_field(out, 1, m.status); });
+    encode_frame(out, sender_ctx, MsgType::Bye, [&] {
+        int_field(out, 1, m.status);
+        if (m.reply) int_field(out, kOptionalBit | 1, m.reply);
+    });
+}
+
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const TransferAck &m) {
+    encode_frame(out, sender_ctx, MsgType::TransferAck, [&] { int_field(out, 1, m.decode_xfer_id); });
 }
 
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Ping &m) {
@@ -436,7 +444,7 @@ DecodeError decode_header(std::span<const uint8_t> frame, FrameHeader &hdr, std:
     hdr.sender_ctx = load<uint64_t>(p + 12);
     hdr.body_len = load<uint32_t>(p + 20);
     if (hdr.proto_major != kProtoMajor) return E::VersionMismatch;
-    if (type < static_cast<uint16_t>(MsgType::Hello) || type > static_cast<uint16_t>(MsgType::Fetch))
+    if (type < static_cast<uint16_t>(MsgType::Hello) || type > static_cast<uint16_t>(kLastMsgType))
         return E::UnknownType;
     hdr.type = static_cast<MsgType>(type);
     if (hdr.body_len > kMaxBodyBytes) return E::TooLarge;
@@ -576,7 +584,12 @@ DecodeError decode(std::span<const uint8_t> body, TransferError &m) {
 }
 
 DecodeError decode(std::span<const uint8_t> body, Bye &m) {
-    return walk(body, {1}, [&](uint16_t, Bytes v) { return get(v, m.status); });
+    const E e = walk(body, {1, 0, 1}, [&](uint16_t tag, Bytes v) { return tag == 1 ? get(v, m.status) : get(v, m.reply); });
+    return e == E::None && m.reply > 1 ? E::BadValue : e;
+}
+
+DecodeError decode(std::span<const uint8_t> body, TransferAck &m) {
+    return walk(body, {1}, [&](uint16_t, Bytes v) { return get(v, m.decode_xfer_id); });
 }
 
 DecodeError decode(std::span<const uint8_t> body, Ping &m) {

@@ -50,7 +50,10 @@ enum class MsgType : uint16_t {
     Digests = 20,        // prefill -> decode: a run of one layer's page digests
     BlocksReady = 21,    // prefill -> decode: these blocks of a layer are in place (one send unit)
     Fetch = 22,          // decode -> prefill: send these blocks of a layer first
+    // Since 1.1:
+    TransferAck = 23,    // decode -> prefill: every byte of the transfer is in place (it completed)
 };
+inline constexpr MsgType kLastMsgType = MsgType::TransferAck;
 
 inline constexpr size_t kNonceBytes = 32;
 inline constexpr size_t kMacBytes = 32;  // HMAC-SHA256
@@ -219,6 +222,13 @@ struct Fetch {
 
 struct Bye {
     int32_t status = 0;
+    // Since 1.1: 1 when this Bye answers the peer's. The side that closes waits for the answer, so
+    // it knows the peer has read everything sent before its Bye.
+    uint32_t reply = 0;
+};
+
+struct TransferAck {
+    uint64_t decode_xfer_id = 0;
 };
 
 struct Ping {
@@ -264,6 +274,7 @@ void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Selective &m);
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Digests &m);
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const BlocksReady &m);
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Fetch &m);
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const TransferAck &m);
 
 // Parses the frame header and checks magic, major version and that body_len fits in `frame`.
 // On success `body` is the body's bytes (a view into frame).
@@ -291,6 +302,7 @@ DecodeError decode(std::span<const uint8_t> body, Selective &m);
 DecodeError decode(std::span<const uint8_t> body, Digests &m);
 DecodeError decode(std::span<const uint8_t> body, BlocksReady &m);
 DecodeError decode(std::span<const uint8_t> body, Fetch &m);
+DecodeError decode(std::span<const uint8_t> body, TransferAck &m);
 
 // For tests of forward compatibility: appends a field with an arbitrary tag to the last frame in
 // `out` (fixing its body_len), as a newer peer would.

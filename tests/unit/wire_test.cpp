@@ -53,7 +53,7 @@ static bool operator==(const TransferError &a, const TransferError &b) {
     return std::tie(a.request_id, a.decode_xfer_id, a.status, a.message, a.from_post_side) ==
            std::tie(b.request_id, b.decode_xfer_id, b.status, b.message, b.from_post_side);
 }
-static bool operator==(const Bye &a, const Bye &b) { return a.status == b.status; }
+static bool operator==(const Bye &a, const Bye &b) { return a.status == b.status && a.reply == b.reply; }
 }  // namespace sg::wire
 
 namespace {
@@ -150,6 +150,8 @@ std::vector<Buf> corpus() {
     add([](Buf &b) { encode(b, kCtx, Digests{8, 1, 2, 1, 2, {1, 2, 3, 4}}); });
     add([](Buf &b) { encode(b, kCtx, BlocksReady{8, 1, 2, 3, 4, {5, 6}, 1}); });
     add([](Buf &b) { encode(b, kCtx, Fetch{"req-9", 8, 1, {5, 6}}); });
+    add([](Buf &b) { encode(b, kCtx, Bye{0, 1}); });
+    add([](Buf &b) { encode(b, kCtx, TransferAck{8}); });
     return frames;
 }
 
@@ -181,6 +183,7 @@ DecodeError decode_frame(Bytes frame) {
     case MsgType::Digests: { Digests m; return decode(body, m); }
     case MsgType::BlocksReady: { BlocksReady m; return decode(body, m); }
     case MsgType::Fetch: { Fetch m; return decode(body, m); }
+    case MsgType::TransferAck: { TransferAck m; return decode(body, m); }
     }
     return E::UnknownType;
 }
@@ -284,6 +287,7 @@ TEST(WireRoundTrip, SmallMessages) {
     EXPECT_EQ(round_trip(TransferDone{7, 1ull << 50}), (TransferDone{7, 1ull << 50}));
     EXPECT_EQ(round_trip(Bye{-2147483647 - 1}), Bye{-2147483647 - 1});
     EXPECT_EQ(round_trip(Bye{0}), Bye{0});
+    EXPECT_EQ(round_trip(Bye{0, 1}), (Bye{0, 1}));
     EXPECT_EQ(round_trip(Ping{0xfedcba9876543210ull}).sent_ns, 0xfedcba9876543210ull);
     const std::vector<uint8_t> note(4096, 0x5a);
     EXPECT_EQ(round_trip(Notify{note}).payload, note);
@@ -482,7 +486,7 @@ TEST(WireHeader, UnknownType) {
     encode(buf, kCtx, Bye{});
     FrameHeader h;
     Bytes body;
-    for (uint16_t t : {0, 23, 0x100, 0xffff}) {
+    for (int t : {0, int(kLastMsgType) + 1, 0x100, 0xffff}) {
         buf[8] = static_cast<uint8_t>(t);
         buf[9] = static_cast<uint8_t>(t >> 8);
         EXPECT_EQ(decode_header(buf, h, body), E::UnknownType) << t;
