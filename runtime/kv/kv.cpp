@@ -1,8 +1,10 @@
 #include "kv/kv.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace sg::kv {
 
@@ -154,13 +156,24 @@ void check_block_table(const Layout &layout, std::span<const uint32_t> ids, uint
                                       " blocks, more than the pool's num_blocks (" + std::to_string(layout.num_blocks) +
                                       " blocks of " + std::to_string(tpb) + " tokens hold " +
                                       std::to_string(saturating_mul(layout.num_blocks, tpb)) + " tokens)");
-    if (ids.size() < needed)
-        fail(SG_ERR_OUT_OF_RANGE, "block table has " + std::to_string(ids.size()) + " blocks but " +
-                                      std::to_string(num_tokens) + " tokens need " + std::to_string(needed));
+    if (ids.size() != needed)
+        fail(ids.size() < needed ? SG_ERR_OUT_OF_RANGE : SG_ERR_INVALID_ARGUMENT,
+             "block table has " + std::to_string(ids.size()) + " blocks but " + std::to_string(num_tokens) +
+                 " tokens need " + std::to_string(needed) + " (tokens_per_block " + std::to_string(tpb) + ")");
     for (size_t i = 0; i < ids.size(); ++i)
         if (ids[i] >= layout.num_blocks)
             fail(SG_ERR_OUT_OF_RANGE, "block_ids[" + std::to_string(i) + "] = " + std::to_string(ids[i]) +
                                           " is outside the pool (num_blocks " + std::to_string(layout.num_blocks) + ")");
+    // Each block at most once (on the decode side a repeat would be two writes into one block).
+    // ids.size() == needed <= num_blocks <= 2^32 here, so an entry's index fits beside its id.
+    std::vector<uint64_t> keyed(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) keyed[i] = uint64_t(ids[i]) << 32 | i;
+    std::sort(keyed.begin(), keyed.end());
+    for (size_t i = 1; i < keyed.size(); ++i)
+        if (keyed[i] >> 32 == keyed[i - 1] >> 32)
+            fail(SG_ERR_INVALID_ARGUMENT, "block_ids[" + std::to_string(uint32_t(keyed[i - 1])) + "] and block_ids[" +
+                                              std::to_string(uint32_t(keyed[i])) + "] both name block " +
+                                              std::to_string(keyed[i] >> 32) + " (each block may appear once)");
 }
 
 void Residency::reset(uint32_t num_layers, size_t num_blocks) {

@@ -71,8 +71,11 @@ constexpr uint64_t blocks_for(uint64_t num_tokens, uint32_t tokens_per_block) {
     return num_tokens / tokens_per_block + (num_tokens % tokens_per_block != 0);
 }
 
-// Checks a request's block table against a pool: every id < num_blocks and enough blocks for
-// num_tokens. Throws Error(SG_ERR_OUT_OF_RANGE) naming the first bad entry.
+// Checks a request's block table against a pool, for any num_tokens: num_tokens >= 1 and at most
+// what the pool holds, exactly the blocks num_tokens needs, every id < num_blocks, no id twice.
+// Throws Error naming what is wrong: SG_ERR_OUT_OF_RANGE (more tokens than the pool holds, too few
+// blocks, an id outside the pool), SG_ERR_INVALID_ARGUMENT (0 tokens, more blocks than needed, a
+// repeated id).
 void check_block_table(const Layout &layout, std::span<const uint32_t> block_ids, uint64_t num_tokens);
 
 // Per layer, one bit per entry of a request's block table; a bit is set only once that block's

@@ -198,4 +198,15 @@ TEST(TransferApi, HugeTokenCountsAreRefused) {
     }
 }
 
+// A table longer than the request, or naming one block twice, is refused on both sides before
+// anything moves; the exact table of the same request is taken.
+TEST(TransferApi, TablesWithExtraOrRepeatedBlocksAreRefused) {
+    Link link;
+    const uint32_t extra[3] = {0, 1, 2};
+    link.both("extra", extra, 3, 8, nullptr, SG_ERR_INVALID_ARGUMENT, "need 2");
+    const uint32_t repeated[2] = {3, 3};
+    link.both("repeated", repeated, 2, 8, nullptr, SG_ERR_INVALID_ARGUMENT, "block 3");
+    link.both("exact", extra, 2, 8, nullptr, SG_OK, "");
+}
+
 }  // namespace

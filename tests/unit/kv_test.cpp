@@ -289,18 +289,42 @@ TEST(KvBlockTable, AcceptsValidTables) {
     const std::vector<uint32_t> ids = {31, 0, 7};
     EXPECT_NO_THROW(check_block_table(l, ids, 48));  // exactly full
     EXPECT_NO_THROW(check_block_table(l, ids, 33));  // last block partly used
-    EXPECT_NO_THROW(check_block_table(l, ids, 1));   // extra blocks are allowed
 }
 
 TEST(KvBlockTable, RefusesOutOfPoolIdNamingTheIndex) {
     const Layout l = from_desc(desc(4, 64, 16));
     const std::vector<uint32_t> ids = {0, 31, 32};
     EXPECT_SG_ERROR(check_block_table(l, ids, 40), SG_ERR_OUT_OF_RANGE, "block_ids[2]");
-    // Every entry is checked, not only those num_tokens needs.
+    // Every entry is checked, also the last one of a partly used block.
     const std::vector<uint32_t> tail = {0, 1, 4000000000u};
-    EXPECT_SG_ERROR(check_block_table(l, tail, 1), SG_ERR_OUT_OF_RANGE, "block_ids[2]");
+    EXPECT_SG_ERROR(check_block_table(l, tail, 33), SG_ERR_OUT_OF_RANGE, "block_ids[2]");
     const std::vector<uint32_t> first = {77, 1};
-    EXPECT_SG_ERROR(check_block_table(l, first, 1), SG_ERR_OUT_OF_RANGE, "block_ids[0]");
+    EXPECT_SG_ERROR(check_block_table(l, first, 17), SG_ERR_OUT_OF_RANGE, "block_ids[0]");
+}
+
+// A table longer than num_tokens needs was accepted: blocks nobody writes, and the request's
+// residency counted blocks that never arrive.
+TEST(KvBlockTable, RefusesMoreBlocksThanNeeded) {
+    const Layout l = from_desc(desc(4, 64, 16));
+    const std::vector<uint32_t> ids = {31, 0, 7};
+    EXPECT_SG_ERROR(check_block_table(l, ids, 32), SG_ERR_INVALID_ARGUMENT, "need 2");
+    EXPECT_SG_ERROR(check_block_table(l, ids, 1), SG_ERR_INVALID_ARGUMENT, "need 1");
+    EXPECT_NO_THROW(check_block_table(l, ids, 33));
+}
+
+// Two entries naming one block meant two writes into one destination block.
+TEST(KvBlockTable, RefusesRepeatedBlockIds) {
+    const Layout l = from_desc(desc(4, 64, 16));
+    const std::vector<uint32_t> twice = {5, 6, 5};
+    EXPECT_SG_ERROR(check_block_table(l, twice, 48), SG_ERR_INVALID_ARGUMENT, "block_ids[0] and block_ids[2]");
+    const std::vector<uint32_t> adjacent = {9, 9};
+    EXPECT_SG_ERROR(check_block_table(l, adjacent, 32), SG_ERR_INVALID_ARGUMENT, "block 9");
+    // Every block of the pool once, in a scrambled order, is fine.
+    std::vector<uint32_t> all(32);
+    for (uint32_t i = 0; i < 32; ++i) all[i] = (i * 7) % 32;
+    EXPECT_NO_THROW(check_block_table(l, all, 512));
+    all[31] = all[0];
+    EXPECT_SG_ERROR(check_block_table(l, all, 512), SG_ERR_INVALID_ARGUMENT, "block_ids[0] and block_ids[31]");
 }
 
 TEST(KvBlockTable, RefusesTooFewBlocksAndZeroTokens) {
