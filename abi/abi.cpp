@@ -8,6 +8,7 @@
 #include <smartgen/smartgen.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 #include <chrono>
@@ -122,6 +123,21 @@ T read_sized(const T *in, const T &defaults, const char *what) {
 void not_in_callback(const char *fn) {
     if (core::in_event_callback())
         fail(SG_ERR_INVALID_STATE, std::string(fn) + " may not be called from a transfer event callback (it blocks)");
+}
+
+// The bits each flags field knows. A bit outside them is refused, never ignored: a caller compiled
+// against a newer header must learn that this library does not do what the bit asks.
+constexpr uint32_t kTransferFlags = SG_TRANSFER_ALL_LAYERS_WRITTEN;
+constexpr uint32_t kTransferPaths = SG_PATH_FULL | SG_PATH_PROACTIVE | SG_PATH_ON_DEMAND | SG_PATH_SPECULATIVE;
+constexpr uint32_t kLayerBits = SG_LAYER_WRITTEN | SG_LAYER_READY | SG_LAYER_ESSENTIAL;
+
+void check_bits(uint32_t value, uint32_t known, const char *field, const char *family) {
+    if (value & ~known) {
+        char hex[16];
+        std::snprintf(hex, sizeof hex, "0x%x", value & ~known);
+        fail(SG_ERR_INVALID_ARGUMENT, std::string(field) + " holds bits " + hex + " that are not " + family +
+                                          " (unknown bits are refused)");
+    }
 }
 
 void need(const void *p, const char *name) {
@@ -873,6 +889,8 @@ sg_status_t start_transfer(bool post_side, sg_session_t sh, const char *rid, sg_
         if (!ids || !n) fail(SG_ERR_INVALID_ARGUMENT, "block_ids is empty");
         if (p->ctx != s->ctx) fail(SG_ERR_INVALID_ARGUMENT, "the KV handle belongs to another context");
         sg_transfer_options_t o = read_sized(options, default_transfer_options(), "options");
+        check_bits(o.flags, kTransferFlags, "options.flags", "SG_TRANSFER_*");
+        check_bits(o.paths, kTransferPaths, "options.paths", "SG_PATH_*");
         if (!o.paths) o.paths = SG_PATH_FULL;
         std::span<const uint32_t> table(ids, n);
         std::shared_ptr<sg::select::Profile> profile;
@@ -973,8 +991,7 @@ SG_API sg_status_t sg_transfer_wait_layer_state(sg_transfer_t h, uint32_t layer,
         not_in_callback("sg_transfer_wait_layer_state");
         auto t = lookup(transfers(), raw(h), "transfer");
         if (layer >= t->layers.size()) fail(SG_ERR_OUT_OF_RANGE, "layer " + std::to_string(layer) + " >= num_layers");
-        if (bits & ~(SG_LAYER_WRITTEN | SG_LAYER_READY | SG_LAYER_ESSENTIAL))
-            fail(SG_ERR_INVALID_ARGUMENT, "bits holds values that are not SG_LAYER_*");
+        check_bits(bits, kLayerBits, "bits", "SG_LAYER_*");
         const auto &L = t->layers[layer];
         bool no_proactive = false;
         const sg_status_t st = t->ctx->wait_for(*t, timeout_ns, [&] {

@@ -633,7 +633,7 @@ SG_API sg_status_t sg_selector_budget_blocks(sg_selector_t selector, uint32_t la
 #define SG_PATH_ON_DEMAND 0x4u
 #define SG_PATH_SPECULATIVE 0x8u
 
-/* Flags of sg_transfer_options_t. */
+/* Flags of sg_transfer_options_t; unknown bits are refused (SG_ERR_INVALID_ARGUMENT). */
 #define SG_TRANSFER_ALL_LAYERS_WRITTEN 0x1u /* post: every layer is already written; send at once */
 
 /* Readiness bits of one layer (sg_transfer_layer_state). */
@@ -646,8 +646,10 @@ SG_API sg_status_t sg_selector_budget_blocks(sg_selector_t selector, uint32_t la
 
 typedef struct sg_transfer_options {
     size_t struct_size;
-    uint32_t paths;    /* SG_PATH_* bits; 0 means SG_PATH_FULL */
-    uint32_t flags;    /* SG_TRANSFER_* */
+    uint32_t paths;    /* SG_PATH_* bits; 0 means SG_PATH_FULL. Unknown bits are refused
+                          (SG_ERR_INVALID_ARGUMENT), on both sides. */
+    uint32_t flags;    /* SG_TRANSFER_* bits. Unknown bits are refused (SG_ERR_INVALID_ARGUMENT),
+                          on both sides. */
     int32_t priority;  /* higher first among this context's transfers; default 0 */
     /* Order in which layers are sent (post side): NULL = 0..num_layers-1; else a permutation of it,
      * layer_order_count = num_layers. Borrowed for the call. */
@@ -676,7 +678,8 @@ SG_API void sg_transfer_options_init(sg_transfer_options_t *options);
  * tokens_per_block) entries, each a different block. dst must have been exported to the session.
  * Either side may come first.
  * Returns SG_OK with *out; SG_ERR_INVALID_ARGUMENT (num_tokens 0; more blocks than num_tokens needs,
- * the message says how many; a block id given twice); SG_ERR_OUT_OF_RANGE (num_tokens more than the
+ * the message says how many; a block id given twice; unknown bits in options->flags or
+ * options->paths, the message names the field); SG_ERR_OUT_OF_RANGE (num_tokens more than the
  * pool holds, num_blocks x tokens_per_block; a block id >= the pool's num_blocks; too few blocks
  * for num_tokens); the table is checked before any byte moves. SG_ERR_DUPLICATE (request id
  * already expected on this session); SG_ERR_INVALID_STATE (dst not exported to the session);
@@ -718,8 +721,9 @@ SG_API sg_status_t sg_transfer_layer_written(sg_transfer_t xfer, uint32_t layer,
 SG_API sg_status_t sg_transfer_layer_written_q(sg_transfer_t xfer, uint32_t layer, const float *queries,
                                                uint32_t num_queries, uint32_t num_q_heads);
 
-/* Waits until every bit of `bits` (SG_LAYER_*) is set for the layer: SG_OK, SG_IN_PROGRESS on
- * timeout, or the transfer's error (bits already set win over a later error). SG_ERR_INVALID_STATE
+/* Waits until every bit of `bits` (SG_LAYER_*; unknown bits are refused, SG_ERR_INVALID_ARGUMENT)
+ * is set for the layer: SG_OK, SG_IN_PROGRESS on timeout, or the transfer's error (bits already set
+ * win over a later error). SG_ERR_INVALID_STATE
  * for SG_LAYER_ESSENTIAL once the transfer is known to run without SG_PATH_PROACTIVE. Since 0.1. */
 SG_API sg_status_t sg_transfer_wait_layer_state(sg_transfer_t xfer, uint32_t layer, uint32_t bits,
                                                 uint64_t timeout_ns);

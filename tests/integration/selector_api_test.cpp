@@ -209,4 +209,25 @@ TEST(TransferApi, TablesWithExtraOrRepeatedBlocksAreRefused) {
     link.both("exact", extra, 2, 8, nullptr, SG_OK, "");
 }
 
+// Flag bits this library does not know were ignored on expect (paths and flags) and post (flags):
+// a caller relying on a newer bit got silently different behaviour.
+TEST(TransferApi, UnknownFlagBitsAreRefused) {
+    Link link;
+    const uint32_t table[2] = {0, 1};
+    sg_transfer_options_t o;
+    for (uint32_t bit = 1; bit; bit <<= 1) {
+        if (bit == SG_TRANSFER_ALL_LAYERS_WRITTEN) continue;
+        SCOPED_TRACE(bit);
+        sg_transfer_options_init(&o);
+        o.flags = bit;
+        link.both("flags", table, 2, 8, &o, SG_ERR_INVALID_ARGUMENT, "flags");
+    }
+    sg_transfer_options_init(&o);
+    o.paths = SG_PATH_ON_DEMAND | 0x10u;
+    link.both("paths", table, 2, 8, &o, SG_ERR_INVALID_ARGUMENT, "paths");
+    sg_transfer_options_init(&o);
+    o.flags = SG_TRANSFER_ALL_LAYERS_WRITTEN;
+    link.both("known", table, 2, 8, &o, SG_OK, "");
+}
+
 }  // namespace
