@@ -94,6 +94,7 @@ Context::Context(const sg_context_options_t &opt) : id(random_u64()), opt_(opt) 
         o.recv_buffer_bytes = wire::kMaxFrameBytes;
         try {
             transports.push_back(transport::open_libfabric(o));
+            transport_options_.push_back(o);
         } catch (const Error &e) {
             if (i == 0) throw;
             log.log(SG_LOG_INFO, "optional provider " + to_open[i] + " not opened: " + e.message());
@@ -135,6 +136,7 @@ Context::~Context() {
         lingering_.clear();
     }
     transports.clear();
+    retired_transports_.clear();
     if (wake_fd_ >= 0) ::close(wake_fd_);
     if (event_fd_ >= 0) ::close(event_fd_);
     if (epoll_fd_ >= 0) ::close(epoll_fd_);
@@ -164,6 +166,7 @@ void Context::wake() {
 }
 
 wire::Hello Context::hello() const {
+    std::lock_guard lock(const_cast<std::mutex &>(mu));  // transports may be renewed meanwhile
     wire::Hello h;
     h.ctx_id = id;
     h.boot_id = boot_id_;
@@ -268,6 +271,7 @@ void Context::progress_loop_body() {
         {
             std::lock_guard lock(mu);
             for (auto &t : transports) can_block = t->prepare_wait() && can_block;
+            for (auto &t : retired_transports_) can_block = t->prepare_wait() && can_block;
         }
         epoll_event evs[4];
         // Some providers (shm) do not signal their wait object when the peer writes, so a wait can
@@ -376,7 +380,37 @@ void Context::dispatch_events() {
 size_t Context::poll_locked() {
     size_t n = 0;
     for (auto &t : transports) n += t->poll(*this);
+    for (auto &t : retired_transports_) n += t->poll(*this);
     return n;
+}
+
+void Context::renew_transport(size_t index) {
+    std::shared_ptr<transport::Transport> fresh;
+    try {
+        fresh = transport::open_libfabric(transport_options_[index]);
+    } catch (const Error &e) {
+        log.log(SG_LOG_ERROR, "could not open a fresh " + transport_options_[index].provider +
+                                  " endpoint after losing a peer on it: " + e.message());
+        return;
+    }
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    if (fresh->wait_fd() >= 0) ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fresh->wait_fd(), &ev);
+    retired_transports_.push_back(std::move(transports[index]));
+    transports[index] = std::move(fresh);
+    log.log(SG_LOG_INFO, "new sessions use a fresh " + transport_options_[index].provider +
+                             " endpoint (a peer died on the previous one)");
+}
+
+void Context::drop_unused_retired_transports() {
+    for (auto it = retired_transports_.begin(); it != retired_transports_.end();) {
+        if (it->use_count() > 1) {  // a session still holds it
+            ++it;
+            continue;
+        }
+        if ((*it)->wait_fd() >= 0) ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, (*it)->wait_fd(), nullptr);
+        it = retired_transports_.erase(it);
+    }
 }
 
 // Keep-alives, peer loss and deadlines; cheap, and run at most every 10 ms.
@@ -384,9 +418,11 @@ void Context::check_timers_locked() {
     const uint64_t now = now_ns();
     if (now < next_timer_check_ns_) return;
     next_timer_check_ns_ = now + 10000000;
+    if (!retired_transports_.empty()) drop_unused_retired_transports();
     for (auto &[peer_id, weak] : sessions_) {
         auto s = weak.lock();
         if (s && s->closed && !s->regs_dropped) drop_registrations(*s);
+        if (s && s->closed && s->tp->caps().local_only && now - s->lost_ns > kAbandonAfterLossNs) abandon_ops(*s);
         if (!s || s->closed) continue;
         if (now - s->last_heard_ns > peer_timeout_ns_) {
             lose_session(*s, SG_ERR_PEER_LOST,
@@ -426,7 +462,10 @@ void Context::check_timers_locked() {
 void Context::lose_session(Session &s, sg_status_t status, const std::string &why, bool peer_closed) {
     if (s.closed) return;
     s.closed = true;
+    s.lost_ns = now_ns();
     if (status == SG_ERR_PEER_LOST && !peer_closed) counters.peers_lost++;
+    if (!peer_closed && s.tp->caps().local_only && transports[s.transport_index].get() == s.tp)
+        renew_transport(s.transport_index);
     signal_event();
     s.error = status;
     s.error_message = why;
@@ -474,13 +513,18 @@ OpCookie *Context::take_cookie() {
     if (!free_cookies_.empty()) {
         OpCookie *c = free_cookies_.back();
         free_cookies_.pop_back();
+        c->in_use = true;
+        c->abandoned = false;
         return c;
     }
     cookie_store_.push_back(std::make_unique<OpCookie>());
+    cookie_store_.back()->in_use = true;
     return cookie_store_.back().get();
 }
 
 void Context::give_cookie(OpCookie *c) {
+    c->in_use = false;
+    c->abandoned = false;
     c->xfer = nullptr;
     c->session = nullptr;
     c->unit = nullptr;
@@ -549,6 +593,25 @@ void Context::on_complete(void *cookie, int status, const char *error_text) {
         return;
     }
     auto *c = static_cast<OpCookie *>(cookie);
+    if (!c->abandoned) settle(c, status, error_text);
+    give_cookie(c);
+}
+
+void Context::abandon_ops(Session &s) {
+    for (auto &owned : cookie_store_) {
+        OpCookie *c = owned.get();
+        if (!c->in_use || c->abandoned || c->session != &s) continue;
+        if (c->kind == OpCookie::Kind::Send &&
+            (std::find(s.outbox.begin(), s.outbox.end(), c) != s.outbox.end() ||
+             std::find(s.bulk_outbox.begin(), s.bulk_outbox.end(), c) != s.bulk_outbox.end() ||
+             std::find(s.auth_outbox.begin(), s.auth_outbox.end(), c) != s.auth_outbox.end()))
+            continue;  // never posted: the outbox owns it
+        settle(c, -ECANCELED, "the peer is gone and the provider will not complete this operation");
+        c->abandoned = true;
+    }
+}
+
+void Context::settle(OpCookie *c, int status, const char *error_text) {
     Transfer *t = c->xfer;
     if (log.enabled(SG_LOG_DEBUG))
         log.log(SG_LOG_DEBUG, "completion kind " + std::to_string(int(c->kind)) + " status " + std::to_string(status));
@@ -567,9 +630,13 @@ void Context::on_complete(void *cookie, int status, const char *error_text) {
     if (t) {
         t->inflight--;
         if (status) {
-            const std::string what = c->kind == OpCookie::Kind::Send ? "control message" : "RMA write";
-            log.log(SG_LOG_ERROR, "transfer '" + t->request_id + "': " + what + " failed: " + (error_text ? error_text : ""));
-            fail_transfer(*t, SG_ERR_TRANSPORT, what + " failed: " + (error_text ? error_text : ""), false);
+            // Once the transfer has failed (its session lost, say), the rest of its operations
+            // failing too says nothing new: logged once, not once per operation.
+            if (!t->finished()) {
+                const std::string what = c->kind == OpCookie::Kind::Send ? "control message" : "RMA write";
+                log.log(SG_LOG_ERROR, "transfer '" + t->request_id + "': " + what + " failed: " + (error_text ? error_text : ""));
+                fail_transfer(*t, SG_ERR_TRANSPORT, what + " failed: " + (error_text ? error_text : ""), false);
+            }
         } else if (c->kind == OpCookie::Kind::Send) {
             // Completions may come in any order (a rendezvous-sized notice can finish after the
             // done notice), so whichever is last completes the transfer.
@@ -596,7 +663,6 @@ void Context::on_complete(void *cookie, int status, const char *error_text) {
     }
     if (c->session && c->session->closed && !c->session->regs_dropped) drop_registrations(*c->session);
     if (c->kind == OpCookie::Kind::StagedWrite && c->session) c->session->free_send_slots |= 1u << c->staging_slot;
-    give_cookie(c);
 }
 
 void Context::on_message(std::span<const uint8_t> bytes) {
@@ -1065,7 +1131,8 @@ Session::Session(Context *c, const wire::Hello &hello, const sg_session_options_
                                      " here; peer offers " + theirs + ")");
     }
     transport_index = size_t(chosen);
-    tp = ctx->transports[transport_index].get();
+    tp_owner = ctx->transports[transport_index];
+    tp = tp_owner.get();
     provider = tp->caps().provider;
     peer = tp->insert_peer(hello.endpoints[peer_ep].address);
     recv_staging.allocate();
@@ -1182,8 +1249,7 @@ void Context::close_session(Session &s, uint64_t deadline) {
     auto busy = [&] {
         if (!s.closed && s.peer_minor >= 1 && !s.bye_received) return true;
         for (auto &c : cookie_store_)
-            if (c->session == &s && std::find(free_cookies_.begin(), free_cookies_.end(), c.get()) == free_cookies_.end())
-                return true;
+            if (c->in_use && !c->abandoned && c->session == &s) return true;
         return false;
     };
     while (busy() && now_ns() < deadline) {
@@ -1194,15 +1260,19 @@ void Context::close_session(Session &s, uint64_t deadline) {
             flush_outbox(s);
         }
     }
+    if (!s.closed) s.lost_ns = now_ns();
     s.closed = true;
     // Sends that never left are dropped; their cookies go back to the pool.
-    for (auto *queue : {&s.outbox, &s.bulk_outbox}) {
+    for (auto *queue : {&s.outbox, &s.bulk_outbox, &s.auth_outbox}) {
         for (OpCookie *c : *queue) {
             if (c->xfer) c->xfer->inflight--;
             give_cookie(c);
         }
         queue->clear();
     }
+    // The session object goes away with its handle; a provider that never completes operations to
+    // a peer that stopped answering would leave them naming it forever.
+    if (s.tp->caps().local_only) abandon_ops(s);
     if (sessions_.erase(s.peer_ctx_id)) counters.sessions_open--;
 }
 

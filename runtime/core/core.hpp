@@ -95,6 +95,11 @@ struct OpCookie {
     uint64_t len = 0;  // payload bytes of a write, for the in-flight bounds
     SendUnit *unit = nullptr;  // selective paths: the unit this write belongs to
     Vec<uint8_t> bytes;  // message body for sends; segment list encoding for staged writes
+    bool in_use = false;
+    // Settled without the provider's completion (its peer is gone and the provider will never
+    // complete it, see Context::abandon_ops); if the completion comes after all, it only returns
+    // the cookie.
+    bool abandoned = false;
 };
 
 class Session {
@@ -105,6 +110,7 @@ class Session {
     uint64_t peer_ctx_id = 0;
     size_t transport_index = 0;
     transport::Transport *tp = nullptr;
+    std::shared_ptr<transport::Transport> tp_owner;  // keeps a renewed transport open while we use it
     transport::PeerAddr peer = 0;
     std::string provider;
     bool closed = false;
@@ -166,6 +172,7 @@ class Session {
     uint64_t speculative_inflight = 0;
     uint64_t last_fetch_ns = 0;  // the peer's last on-demand fetch (the speculative path yields after it)  // bytes of speculative writes in flight (bounded, so a fetch waits little)
     bool regs_dropped = false;  // registrations closed after the session was lost
+    uint64_t lost_ns = 0;       // when the session was lost (CLOCK_MONOTONIC), 0 while it lives
     // Unfinished transfers of the session, against max_transfers_per_session.
     size_t unfinished() const;
 };
@@ -352,13 +359,32 @@ class Context : public transport::CompletionSink {
     sg_context_stats_t counters{};  // guarded by mu
     Logger log;
     uint64_t id;
-    std::vector<std::unique_ptr<transport::Transport>> transports;
+    // Guarded by mu once the context exists: a local_only transport is renewed (renew_transport)
+    // after a peer on it was lost, and the one it replaces stays in retired_transports_ while
+    // sessions still use it.
+    std::vector<std::shared_ptr<transport::Transport>> transports;
     std::string primary_provider;
 
   private:
     // CompletionSink, called with mu held.
     void on_complete(void *cookie, int status, const char *error_text) override;
     void on_message(std::span<const uint8_t> bytes) override;
+    // The effects of an operation's completion, without returning its cookie.
+    void settle(OpCookie *c, int status, const char *error_text);
+    // Settles the session's operations still in flight as failed, for providers that never
+    // complete operations addressed to a dead peer (local_only): otherwise they would hold the
+    // context's operation budget and keep their transfers from quiescing forever.
+    void abandon_ops(Session &s);
+    // How long after a session on such a provider was lost its operations are abandoned: time for
+    // completions already queued to arrive.
+    static constexpr uint64_t kAbandonAfterLossNs = 100000000ull;
+    // A peer that dies inside a local_only provider (shm) can leave that endpoint's shared queues
+    // locked or full for good: 1.17's shm then delivers nothing more to anyone. New sessions get a
+    // fresh endpoint; sessions that still use the old one keep it (retired_transports_).
+    void renew_transport(size_t index);
+    void drop_unused_retired_transports();
+    std::vector<transport::OpenOptions> transport_options_;
+    std::vector<std::shared_ptr<transport::Transport>> retired_transports_;
 
     void progress_loop();
     void progress_loop_body();

@@ -230,12 +230,24 @@ class LibfabricTransport final : public Transport {
     bool prepare_wait() override {
         // shm's wait object fires for local completions only, not when the peer writes into our
         // queues: sleeping on it can oversleep a message by the whole timeout.
-        if (wait_fd_ < 0 || caps_.provider == "shm") return false;
+        if (wait_fd_ < 0 || caps_.local_only) return false;
         fid *f = &cq_->fid;
         return fi_trywait(fabric_, &f, 1) == FI_SUCCESS;
     }
 
   private:
+    // Providers report FI_LOCAL_COMM / FI_REMOTE_COMM only when asked (shm reports neither by
+    // default), so ask: does the provider offer an RDM endpoint that talks to other hosts?
+    static bool reaches_other_hosts(const std::string &prov, const char *node) {
+        InfoPtr hints = make_hints();
+        hints->caps |= FI_REMOTE_COMM;
+        hints->fabric_attr->prov_name = strdup(prov.c_str());
+        fi_info *list = nullptr;
+        const int rc = fi_getinfo(FI_VERSION(1, 17), node, nullptr, node ? FI_SOURCE : 0, hints.get(), &list);
+        if (list) fi_freeinfo(list);
+        return rc == 0;
+    }
+
     void open(const OpenOptions &opt) {
         InfoPtr hints = make_hints();
         std::string prov = opt.provider.empty() ? "tcp;ofi_rxm" : opt.provider;
@@ -253,6 +265,7 @@ class LibfabricTransport final : public Transport {
         info_.reset(list);
         caps_ = caps_of(list);
         caps_.provider = prov;  // the layered name ("tcp;ofi_rxm"), which is what users ask for
+        caps_.local_only = !reaches_other_hosts(prov, network ? node.c_str() : nullptr);
 
         if ((rc = fi_fabric(info_->fabric_attr, &fabric_, nullptr))) fi_fail("fi_fabric", rc);
         if ((rc = fi_domain(fabric_, info_.get(), &domain_, nullptr))) fi_fail("fi_domain", rc);

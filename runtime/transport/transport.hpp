@@ -34,6 +34,10 @@ struct Capabilities {
     bool virt_addr = false;           // FI_MR_VIRT_ADDR: remote addresses are virtual addresses
     bool provider_keys = false;       // FI_MR_PROV_KEY: keys come from the provider
     bool send_after_write = false;    // FI_ORDER_SAW: a send never overtakes an earlier write
+    // FI_LOCAL_COMM without FI_REMOTE_COMM: peers on this host only (shm). Such a provider has no
+    // connection that breaks when a peer dies: operations addressed to a dead peer never complete,
+    // and its wait object does not fire when a peer writes into our queues.
+    bool local_only = false;
 };
 
 // A candidate as ranked for the runtime, with the reason it was kept or rejected.

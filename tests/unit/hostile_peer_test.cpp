@@ -174,7 +174,7 @@ TEST(Deadlines, ADeadlineOfUint64MaxNeverFires) {
 // error path does.
 class ThrowingTransport : public transport::Transport {
   public:
-    explicit ThrowingTransport(std::unique_ptr<transport::Transport> inner) : inner_(std::move(inner)) {}
+    explicit ThrowingTransport(std::shared_ptr<transport::Transport> inner) : inner_(std::move(inner)) {}
     std::atomic<bool> armed{false};
     const transport::Capabilities &caps() const override { return inner_->caps(); }
     std::vector<uint8_t> local_address() const override { return inner_->local_address(); }
@@ -199,7 +199,7 @@ class ThrowingTransport : public transport::Transport {
     bool prepare_wait() override { return inner_->prepare_wait(); }
 
   private:
-    std::unique_ptr<transport::Transport> inner_;
+    std::shared_ptr<transport::Transport> inner_;
 };
 
 TEST(ExceptionBarrier, ATransportErrorOnTheProgressThreadFailsTheSessionsNotTheProcess) {
