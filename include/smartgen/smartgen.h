@@ -547,11 +547,19 @@ SG_API sg_status_t sg_session_destroy(sg_session_t session);
  * and a budget; JSON, format in docs/profiles.md. Immutable once made; thread-safe to share. */
 typedef struct sg_profile_s *sg_profile_t;
 
-/* Parses a profile from JSON text (len bytes). SG_ERR_INVALID_ARGUMENT with a message naming the bad
- * field ("layers[3].heads[1].budget: ..."); SG_ERR_VERSION_MISMATCH for another profile version.
- * Since 0.1. */
+/* Largest profile, in bytes, that sg_profile_parse and sg_profile_load accept (64 MiB). */
+#define SG_PROFILE_MAX_BYTES (64u * 1024u * 1024u)
+
+/* Parses a profile from JSON text (len bytes; only whitespace may follow the JSON value within len,
+ * so a NUL byte is refused). SG_ERR_INVALID_ARGUMENT with a message naming the bad field
+ * ("layers[3].heads[1].budget: ..."), also for malformed JSON, a number no double holds, a field
+ * given twice, len > SG_PROFILE_MAX_BYTES, or a shape beyond the limits of docs/profiles.md
+ * (num_layers, num_kv_heads <= 65536, their product <= 2^20): parsing takes time linear in len;
+ * SG_ERR_VERSION_MISMATCH for another profile version; SG_ERR_NO_MEMORY. Since 0.1. */
 SG_API sg_status_t sg_profile_parse(const char *json, size_t len, sg_profile_t *out, sg_error_info_t *err);
-/* Reads and parses a profile file. SG_ERR_NOT_FOUND when unreadable. Since 0.1. */
+/* Reads and parses a profile file, as sg_profile_parse. SG_ERR_NOT_FOUND when it cannot be opened
+ * or read; SG_ERR_INVALID_ARGUMENT when it is not a regular file (a device, FIFO or directory) or
+ * is larger than SG_PROFILE_MAX_BYTES. Since 0.1. */
 SG_API sg_status_t sg_profile_load(const char *path, sg_profile_t *out, sg_error_info_t *err);
 /* The profile as JSON (canonical form) into buf; *len receives the bytes needed without the NUL.
  * SG_ERR_BUFFER_TOO_SMALL when cap <= *len. Since 0.1. */

@@ -1,15 +1,19 @@
 #include "select/select.hpp"
 
+#include "select/profile_input.hpp"
+
 #include <nlohmann/json.hpp>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <initializer_list>
 #include <numeric>
-#include <sstream>
 
 namespace sg::select {
 
@@ -26,6 +30,14 @@ constexpr Policy kPolicies[] = {Policy::sinks_recent, Policy::quest, Policy::sna
 
 // Shortest text that reads back as v, as the JSON file would have it.
 std::string number_text(double v) { return Json(v).dump(); }
+
+// A value as the file has it, cut short: error messages quote it, and it may be megabytes long.
+std::string excerpt(const Json &v) {
+    constexpr size_t kMax = 64;
+    std::string text = v.dump();
+    if (text.size() > kMax) text = text.substr(0, kMax) + "...";
+    return text;
+}
 
 void check_version(uint32_t version) {
     if (version != Profile::kVersion)
@@ -149,7 +161,7 @@ void allow_only(const Json &obj, const std::string &prefix, std::initializer_lis
 }
 
 uint64_t as_u64(const Json &v, const std::string &path, uint64_t max = UINT64_MAX) {
-    if (!v.is_number_unsigned()) bad(path, std::string("must be a non-negative integer, got ") + v.dump());
+    if (!v.is_number_unsigned()) bad(path, "must be a non-negative integer, got " + excerpt(v));
     const uint64_t x = v.get<uint64_t>();
     if (x > max) bad(path, "must be <= " + std::to_string(max) + ", got " + std::to_string(x));
     return x;
@@ -177,7 +189,7 @@ Policy as_policy(const Json &v, const std::string &path) {
 
 Budget as_budget(const Json &v, const std::string &path) {
     expect_object(v, path);
-    if (v.size() != 1) bad(path, "must have exactly one of tokens, fraction, bytes; got " + v.dump());
+    if (v.size() != 1) bad(path, "must have exactly one of tokens, fraction, bytes; got " + excerpt(v));
     const auto it = v.begin();
     const std::string key = it.key();
     const Json &value = it.value();
@@ -294,6 +306,15 @@ void validate(const Profile &p) {
     if (p.model.empty()) bad("model", "must be a non-empty string");
     if (p.num_layers == 0) bad("num_layers", "must be >= 1");
     if (p.num_kv_heads == 0) bad("num_kv_heads", "must be >= 1");
+    // Checking, resolving and selecting visit every (layer, head): the shape is bounded so that the
+    // work a profile asks for stays proportional to something real, not to two declared integers.
+    if (p.num_layers > kMaxLayers)
+        bad("num_layers", "must be <= " + std::to_string(kMaxLayers) + ", got " + std::to_string(p.num_layers));
+    if (p.num_kv_heads > kMaxKvHeads)
+        bad("num_kv_heads", "must be <= " + std::to_string(kMaxKvHeads) + ", got " + std::to_string(p.num_kv_heads));
+    if (uint64_t(p.num_layers) * p.num_kv_heads > kMaxStreams)
+        bad("num_kv_heads", "num_layers x num_kv_heads must be <= " + std::to_string(kMaxStreams) + ", got " +
+                                std::to_string(p.num_layers) + " x " + std::to_string(p.num_kv_heads));
     if (p.block_tokens == 0) bad("block_tokens", "must be >= 1");
     if (p.combine != kernels::Combine::max && p.combine != kernels::Combine::sum)
         bad("combine", std::to_string(int(p.combine)) + " is not max or sum");
@@ -339,10 +360,20 @@ void validate(const Profile &p) {
 }
 
 Profile parse_profile(std::string_view text) {
+    if (text.size() > kMaxProfileBytes)
+        fail(SG_ERR_INVALID_ARGUMENT, "profile: " + std::to_string(text.size()) +
+                                          " bytes, more than the 64 MiB a profile may have (SG_PROFILE_MAX_BYTES)");
+    // The JSON reader ends the input at a NUL byte and would ignore what follows; valid JSON text
+    // holds none, so any NUL within len is refused.
+    if (const void *nul = std::memchr(text.data(), '\0', text.size()))
+        fail(SG_ERR_INVALID_ARGUMENT,
+             "profile: byte " + std::to_string(static_cast<const char *>(nul) - text.data()) +
+                 " is a NUL: only whitespace may follow the JSON value within len");
+    input::check<Json>(text);
     Json j;
     try {
         j = Json::parse(text.begin(), text.end());
-    } catch (const Json::parse_error &e) {
+    } catch (const Json::exception &e) {  // input::check refused what this could throw: not expected
         fail(SG_ERR_INVALID_ARGUMENT, std::string("profile: not valid JSON: ") + e.what());
     }
     if (!j.is_object())
@@ -404,12 +435,33 @@ Profile parse_profile(std::string_view text) {
 }
 
 Profile load_profile(const std::string &path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) fail(SG_ERR_NOT_FOUND, "profile: cannot read " + path + ": " + std::strerror(errno));
-    std::ostringstream text;
-    text << in.rdbuf();
-    if (in.bad()) fail(SG_ERR_NOT_FOUND, "profile: cannot read " + path);
-    return parse_profile(text.str());
+    // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below as not regular).
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (fd < 0) fail(SG_ERR_NOT_FOUND, "profile: cannot read " + path + ": " + std::strerror(errno));
+    struct Closer {
+        int fd;
+        ~Closer() { ::close(fd); }
+    } closer{fd};
+    struct stat st;
+    if (::fstat(fd, &st) != 0) fail(SG_ERR_NOT_FOUND, "profile: cannot read " + path + ": " + std::strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        fail(SG_ERR_INVALID_ARGUMENT, "profile: " + path + " is not a regular file (a device, FIFO or directory)");
+    if (uint64_t(st.st_size) > kMaxProfileBytes)
+        fail(SG_ERR_INVALID_ARGUMENT, "profile: " + path + " has " + std::to_string(st.st_size) +
+                                          " bytes, more than the 64 MiB a profile may have (SG_PROFILE_MAX_BYTES)");
+    std::string text;
+    text.reserve(size_t(st.st_size));
+    char chunk[1 << 16];
+    for (;;) {
+        const ssize_t n = ::read(fd, chunk, sizeof chunk);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) fail(SG_ERR_NOT_FOUND, "profile: cannot read " + path + ": " + std::strerror(errno));
+        if (n == 0) break;
+        if (text.size() + size_t(n) > kMaxProfileBytes)  // it grew while being read
+            fail(SG_ERR_INVALID_ARGUMENT, "profile: " + path + " has more than the 64 MiB a profile may have");
+        text.append(chunk, size_t(n));
+    }
+    return parse_profile(text);
 }
 
 std::string to_json(const Profile &p, int indent) {

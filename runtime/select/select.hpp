@@ -124,14 +124,27 @@ struct Profile {
     bool operator==(const Profile &) const = default;
 };
 
+// Bounds on the shape a profile declares. Checking, resolving and selecting visit every (layer,
+// KV head), so without them a 150-byte profile asks for 10^18 steps.
+// A KV layout a peer sends has at most 65536 layers (kv::from_desc).
+inline constexpr uint32_t kMaxLayers = 65536;
+// A KV layout has at most 2^16 KV heads (kv::make_layout).
+inline constexpr uint32_t kMaxKvHeads = 65536;
+// (layer, KV head) pairs: ~1000x Llama-3-405B (126 x 8), ~100x a 96-layer, 96-head MHA model.
+inline constexpr uint64_t kMaxStreams = uint64_t(1) << 20;
+// Bytes of profile text, the header's SG_PROFILE_MAX_BYTES.
+inline constexpr size_t kMaxProfileBytes = SG_PROFILE_MAX_BYTES;
+
 // Throws Error(SG_ERR_INVALID_ARGUMENT) naming the first bad field by its JSON path (or
 // SG_ERR_VERSION_MISMATCH for version). Parsing validates; so does Selector, for profiles built in code.
 void validate(const Profile &profile);
 
-// Parses and validates a profile (schema above). Throws as validate, and also for malformed JSON,
-// wrong types and unknown fields.
+// Parses and validates a profile (schema above). Throws as validate, and also for malformed JSON
+// (a NUL byte anywhere counts), wrong types, unknown or repeated fields, numbers no double holds,
+// nesting deeper than the schema's and text longer than kMaxProfileBytes. Linear in the text.
 Profile parse_profile(std::string_view json);
-// Reads and parses a file; SG_ERR_NOT_FOUND when it cannot be read.
+// Reads and parses a regular file of at most kMaxProfileBytes; SG_ERR_NOT_FOUND when it cannot be
+// opened or read, SG_ERR_INVALID_ARGUMENT for anything else (a device, FIFO, directory, larger file).
 Profile load_profile(const std::string &path);
 // Canonical JSON (fields in schema order, only those set); parse_profile(to_json(p)) == p.
 std::string to_json(const Profile &profile, int indent = 2);

@@ -105,6 +105,30 @@ TEST(SelectorApi, QuestFindsTheNeedleBlockInAPagedPool) {
     EXPECT_EQ(sg_profile_destroy(p), SG_OK);
 }
 
+// Hostile profile text is bad input (SG_ERR_INVALID_ARGUMENT naming what), never an internal error,
+// and never an unbounded read.
+TEST(SelectorApi, HostileProfilesAreInvalidArguments) {
+    sg_profile_t p = nullptr;
+    sg_error_info_t err;
+    const std::string overflow = R"({"version": 1, "model": "m", "num_layers": 2, "num_kv_heads": 2,
+      "block_tokens": 16, "defaults": {"policy": "quest", "budget": {"tokens": 1e400}}})";
+    sg_error_info_init(&err);
+    EXPECT_EQ(sg_profile_parse(overflow.data(), overflow.size(), &p, &err), SG_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(err.message).find("defaults.budget.tokens"), std::string::npos) << err.message;
+    // The whole of len counts: a NUL and garbage after the value are refused.
+    const std::string padded = std::string(kProfile) + std::string("\0garbage", 8);
+    EXPECT_EQ(sg_profile_parse(padded.data(), padded.size(), &p, nullptr), SG_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(sg_profile_parse(kProfile, std::strlen(kProfile) + 1, &p, nullptr), SG_ERR_INVALID_ARGUMENT);
+    const std::string huge = R"({"version": 1, "model": "m", "num_layers": 1000000000, "num_kv_heads": 1000000000,
+      "block_tokens": 16, "defaults": {"policy": "dense"}})";
+    EXPECT_EQ(sg_profile_parse(huge.data(), huge.size(), &p, nullptr), SG_ERR_INVALID_ARGUMENT);
+    sg_error_info_init(&err);
+    EXPECT_EQ(sg_profile_load("/dev/zero", &p, &err), SG_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(err.message).find("regular file"), std::string::npos) << err.message;
+    EXPECT_EQ(sg_profile_load("/nonexistent/profile.json", &p, nullptr), SG_ERR_NOT_FOUND);
+    EXPECT_EQ(p, nullptr);
+}
+
 // ---- transfer argument checks (two contexts in this process, joined by metadata) ----
 
 struct Pool {

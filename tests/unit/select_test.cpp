@@ -11,7 +11,11 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -20,6 +24,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace sg::select {
@@ -1107,6 +1112,164 @@ TEST(Profile, MalformedJsonAndCodeBuiltProfiles) {
     } catch (const Error &e) {
         EXPECT_NE(e.message().find("layers[0].heads[0].budget.fraction"), std::string::npos) << e.message();
     }
+}
+
+// ---- hostile profile input ----
+
+// What parse_profile threw: an sg::Error's status and message, or SG_ERR_INTERNAL and the what() of
+// any other exception (which the ABI would turn into SG_ERR_INTERNAL); SG_OK when it parsed.
+std::pair<sg_status_t, std::string> parse_outcome(std::string_view text) {
+    try {
+        parse_profile(text);
+        return {SG_OK, ""};
+    } catch (const Error &e) {
+        return {e.status(), e.message()};
+    } catch (const std::exception &e) {
+        return {SG_ERR_INTERNAL, e.what()};
+    }
+}
+
+std::string minimal(const std::string &defaults_budget = R"({"tokens": 64})", const std::string &extra = "") {
+    return R"({"version": 1, "model": "m", "num_layers": 2, "num_kv_heads": 2, "block_tokens": 16,)" + extra +
+           R"( "defaults": {"policy": "quest", "budget": )" + defaults_budget + "}}";
+}
+
+// A number too large for a double made nlohmann throw out_of_range, which reached the ABI as
+// SG_ERR_INTERNAL; it is bad input, named by its field.
+TEST(ProfileInput, NumberOverflowIsBadInputNamingTheField) {
+    struct Case {
+        std::string text, path;
+    };
+    const Case cases[] = {
+        {minimal(R"({"tokens": 1e400})"), "profile: defaults.budget.tokens:"},
+        {minimal(R"({"fraction": -1e999})"), "profile: defaults.budget.fraction:"},
+        {minimal(R"({"tokens": 64})", R"( "pool": 1e400,)"), "profile: pool:"},
+        {minimal(R"({"tokens": 64})", R"( "layers": [{"layer": 0}, {"layer": 1e400}],)"), "profile: layers[1].layer:"},
+        {minimal(R"({"tokens": 64})", R"( "layers": [{"layer": 0, "heads": [1e400]}],)"), "profile: layers[0].heads[0]:"},
+    };
+    for (const Case &c : cases) {
+        SCOPED_TRACE(c.text);
+        const auto [status, message] = parse_outcome(c.text);
+        EXPECT_EQ(status, SG_ERR_INVALID_ARGUMENT) << message;
+        EXPECT_EQ(message.rfind(c.path, 0), 0u) << message;
+    }
+}
+
+// json_parse stopped at a NUL byte, so "{...}\0garbage" inside len was accepted.
+TEST(ProfileInput, OnlyWhitespaceMayFollowTheValue) {
+    const std::string good = minimal();
+    EXPECT_EQ(parse_outcome(good + " \n\t\r ").first, SG_OK);
+    for (const std::string &tail : {std::string("\0", 1), std::string("\0garbage", 8), std::string(" \0 ", 3)}) {
+        const auto [status, message] = parse_outcome(good + tail);
+        EXPECT_EQ(status, SG_ERR_INVALID_ARGUMENT) << message;
+        EXPECT_NE(message.find("NUL"), std::string::npos) << message;
+    }
+    EXPECT_EQ(parse_outcome(good + " x").first, SG_ERR_INVALID_ARGUMENT);
+}
+
+// A 150-byte profile that declared 10^6 layers x 10^3 heads took 11 s, 10^9 x 10^9 never returned:
+// the declared shape is bounded, so parsing stays linear in the input.
+TEST(ProfileInput, DeclaredShapeIsBounded) {
+    const auto shaped = [](const std::string &layers, const std::string &heads) {
+        return R"({"version": 1, "model": "m", "num_layers": )" + layers + R"(, "num_kv_heads": )" + heads +
+               R"(, "block_tokens": 16, "defaults": {"policy": "dense"}})";
+    };
+    struct Case {
+        std::string layers, heads, field;
+    };
+    const Case cases[] = {
+        {"1000000", "1000", "profile: num_layers:"},
+        {"1000000000", "1000000000", "profile: num_layers:"},
+        {"4294967295", "4294967295", "profile: num_layers:"},
+        {"8", "1000000", "profile: num_kv_heads:"},
+        {"65536", "65536", "profile: num_kv_heads:"},  // each within its bound, the product not
+    };
+    const auto t0 = std::chrono::steady_clock::now();
+    for (const Case &c : cases) {
+        SCOPED_TRACE(c.layers + " x " + c.heads);
+        const auto [status, message] = parse_outcome(shaped(c.layers, c.heads));
+        EXPECT_EQ(status, SG_ERR_INVALID_ARGUMENT) << message;
+        EXPECT_EQ(message.rfind(c.field, 0), 0u) << message;
+    }
+    // The largest shape allowed still parses, quickly.
+    EXPECT_EQ(parse_outcome(shaped("4096", "256")).first, SG_OK);
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
+    // A profile built in code is held to the same bounds when a Selector takes it.
+    try {
+        Selector(uniform(70000, 1, 16, Policy::dense, Budget{}), {100, 64});
+        FAIL() << "70000 layers accepted";
+    } catch (const Error &e) {
+        EXPECT_EQ(e.status(), SG_ERR_INVALID_ARGUMENT);
+        EXPECT_NE(e.message().find("num_layers"), std::string::npos) << e.message();
+    }
+}
+
+// Objects with many fields (ordered_json inserts each in linear time: quadratic in the input),
+// repeated fields (the last one silently won) and deep nesting (the error message dumped the value
+// recursively) are refused while reading, before any of that cost.
+TEST(ProfileInput, FieldsAndNestingAreBounded) {
+    std::string many = R"({"version": 1)";
+    for (int i = 0; i < 200000; ++i) many += ", \"f" + std::to_string(i) + "\": 0";
+    many += "}";
+    const auto t0 = std::chrono::steady_clock::now();
+    auto [status, message] = parse_outcome(many);
+    EXPECT_EQ(status, SG_ERR_INVALID_ARGUMENT) << message;
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
+
+    std::tie(status, message) = parse_outcome(minimal(R"({"tokens": 64})", R"( "pool": 3, "pool": 5,)"));
+    EXPECT_EQ(status, SG_ERR_INVALID_ARGUMENT) << message;
+    EXPECT_EQ(message.rfind("profile: pool:", 0), 0u) << message;
+
+    const std::string deep = R"({"version": )" + std::string(200000, '[') + std::string(200000, ']') + "}";
+    std::tie(status, message) = parse_outcome(deep);
+    EXPECT_EQ(status, SG_ERR_INVALID_ARGUMENT) << message.substr(0, 200);
+    EXPECT_EQ(message.rfind("profile: version", 0), 0u) << message.substr(0, 200);
+    EXPECT_LT(message.size(), 1000u);
+}
+
+TEST(ProfileInput, SizeIsCapped) {
+    std::string big = minimal();
+    big.resize(size_t(SG_PROFILE_MAX_BYTES) + 1, ' ');
+    const auto [status, message] = parse_outcome(big);
+    EXPECT_EQ(status, SG_ERR_INVALID_ARGUMENT) << message;
+    EXPECT_NE(message.find("64 MiB"), std::string::npos) << message;
+}
+
+// load_profile("/dev/zero") read without end; a FIFO blocked in open.
+TEST(ProfileInput, LoadRefusesNonRegularAndOversizedFiles) {
+    const auto load_outcome = [](const std::string &path) -> std::pair<sg_status_t, std::string> {
+        try {
+            load_profile(path);
+            return {SG_OK, ""};
+        } catch (const Error &e) {
+            return {e.status(), e.message()};
+        }
+    };
+    for (const char *path : {"/dev/zero", "/dev/null", "/"}) {
+        SCOPED_TRACE(path);
+        const auto [status, message] = load_outcome(path);
+        EXPECT_EQ(status, SG_ERR_INVALID_ARGUMENT) << message;
+        EXPECT_NE(message.find("not a regular file"), std::string::npos) << message;
+    }
+    const std::string fifo = testing::TempDir() + "select_test_profile.fifo";
+    std::remove(fifo.c_str());
+    ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+    EXPECT_EQ(load_outcome(fifo).first, SG_ERR_INVALID_ARGUMENT);  // and returns: nothing writes to it
+    std::remove(fifo.c_str());
+
+    const std::string big = testing::TempDir() + "select_test_profile_big.json";
+    {
+        std::FILE *f = std::fopen(big.c_str(), "w");
+        ASSERT_NE(f, nullptr);
+        std::fputs(minimal().c_str(), f);
+        std::fclose(f);
+    }
+    EXPECT_EQ(load_outcome(big).first, SG_OK);
+    ASSERT_EQ(truncate(big.c_str(), off_t(SG_PROFILE_MAX_BYTES) + 1), 0);  // sparse: costs no disk
+    const auto [status, message] = load_outcome(big);
+    EXPECT_EQ(status, SG_ERR_INVALID_ARGUMENT) << message;
+    EXPECT_NE(message.find("64 MiB"), std::string::npos) << message;
+    std::remove(big.c_str());
 }
 
 }  // namespace

@@ -1,0 +1,125 @@
+// runtime/select: the bounds a profile's JSON text is read under, before any DOM is built. Included
+// by select.cpp only (header-only: it is the reading half of parse_profile).
+//
+// nlohmann's DOM costs more than the text in three ways, each refused here in one linear pass that
+// names the JSON path it stopped at:
+//   - an ordered_json object inserts each field in linear time, so an object with n fields costs
+//     n^2: an object may hold at most kMaxFields fields, each once (a repeated field used to win
+//     silently);
+//   - a value nested n deep costs n stack frames when it is printed in an error message: at most
+//     kMaxDepth levels;
+//   - a number beyond a double is an out_of_range exception, not a parse error: it becomes
+//     SG_ERR_INVALID_ARGUMENT naming the field.
+// The byte bound (SG_PROFILE_MAX_BYTES) and the NUL check come before this pass; the bounds on the
+// shape a profile declares (layers, heads) are in validate().
+#pragma once
+
+#include "common/common.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace sg::select::input {
+
+// The schema's deepest value is a budget inside a head inside a layer entry: 6 levels.
+inline constexpr size_t kMaxDepth = 16;
+// The schema's largest object (the top level) has 10 fields.
+inline constexpr size_t kMaxFields = 16;
+
+template <class Json>
+class Guard : public nlohmann::json_sax<Json> {
+  public:
+    using number_integer_t = typename Json::number_integer_t;
+    using number_unsigned_t = typename Json::number_unsigned_t;
+    using number_float_t = typename Json::number_float_t;
+    using string_t = typename Json::string_t;
+    using binary_t = typename Json::binary_t;
+
+    bool null() override { return value(); }
+    bool boolean(bool) override { return value(); }
+    bool number_integer(number_integer_t) override { return value(); }
+    bool number_unsigned(number_unsigned_t) override { return value(); }
+    bool number_float(number_float_t, const string_t &) override { return value(); }
+    bool string(string_t &) override { return value(); }
+    bool binary(binary_t &) override { return value(); }
+
+    bool start_object(std::size_t) override { return open(false); }
+    bool start_array(std::size_t) override { return open(true); }
+    bool end_object() override { return close(); }
+    bool end_array() override { return close(); }
+
+    bool key(string_t &k) override {
+        Frame &f = frames_.back();
+        f.key = k;
+        for (const std::string &seen : f.keys)
+            if (seen == k) bad(path(), "given twice");
+        if (f.keys.size() == kMaxFields)
+            bad(path(), "an object may have at most " + std::to_string(kMaxFields) + " fields");
+        f.keys.push_back(k);
+        return true;
+    }
+
+    bool parse_error(std::size_t position, const std::string &token, const nlohmann::detail::exception &ex) override {
+        // 406 is nlohmann's out_of_range "number overflow": a well-formed number no double holds.
+        if (ex.id == 406)
+            bad(path(), "number out of range: " + token.substr(0, 64));
+        const std::string where = frames_.empty() ? "" : " (in " + (path().empty() ? "the top level" : path()) + ")";
+        fail(SG_ERR_INVALID_ARGUMENT, "profile: not valid JSON at byte " + std::to_string(position) + where + ": " +
+                                          ex.what());
+    }
+
+  private:
+    struct Frame {
+        bool array;
+        size_t next = 0;                // arrays: index of the next element
+        std::string key;                // objects: the field being read
+        std::vector<std::string> keys;  // objects: fields seen (at most kMaxFields)
+    };
+
+    [[noreturn]] static void bad(const std::string &where, const std::string &why) {
+        fail(SG_ERR_INVALID_ARGUMENT, "profile: " + (where.empty() ? std::string("(top level)") : where) + ": " + why);
+    }
+
+    // The path of the value being read now (before value() or open() counts it).
+    std::string path() const {
+        std::string p;
+        for (const Frame &f : frames_) {
+            if (f.array) {
+                p.append("[").append(std::to_string(f.next)).append("]");
+            } else {
+                if (!p.empty()) p.append(".");
+                p.append(f.key);
+            }
+        }
+        return p;
+    }
+
+    bool value() {
+        if (!frames_.empty() && frames_.back().array) frames_.back().next++;
+        return true;
+    }
+    bool open(bool array) {
+        if (frames_.size() == kMaxDepth)
+            bad(path(), "nested deeper than " + std::to_string(kMaxDepth) + " levels (the schema has 6)");
+        frames_.push_back(Frame{array});
+        return true;
+    }
+    bool close() {
+        frames_.pop_back();
+        return value();  // the object or array just closed is one element of its parent
+    }
+
+    std::vector<Frame> frames_;
+};
+
+// Checks `text` under the bounds above; throws Error(SG_ERR_INVALID_ARGUMENT) naming the path.
+template <class Json>
+void check(std::string_view text) {
+    Guard<Json> guard;
+    Json::sax_parse(text.begin(), text.end(), &guard);
+}
+
+}  // namespace sg::select::input
