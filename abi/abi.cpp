@@ -755,6 +755,25 @@ SG_API sg_status_t sg_profile_destroy(sg_profile_t h) {
     });
 }
 
+namespace {
+// The largest request a selector holds: its logical block indices are uint32_t (sg_selector_select
+// returns them), and one layer's digests are counted, as floats and as bytes, in size_t. Computed
+// so that nothing wraps, for any num_tokens.
+void check_selector_size(const sg::kv::Layout &kl, uint64_t num_tokens) {
+    const uint64_t blocks = sg::kv::blocks_for(num_tokens, kl.tokens_per_block);
+    if (blocks > UINT32_MAX)
+        fail(SG_ERR_OUT_OF_RANGE, "num_tokens " + std::to_string(num_tokens) + " makes " + std::to_string(blocks) +
+                                      " blocks of " + std::to_string(kl.tokens_per_block) +
+                                      " tokens; a selector holds at most 2^32 - 1 blocks");
+    const unsigned __int128 digest_bytes =
+        (unsigned __int128)blocks * kl.num_kv_heads * 2 * kl.head_dim * sizeof(float);
+    if (digest_bytes > SIZE_MAX)
+        fail(SG_ERR_OUT_OF_RANGE, "num_tokens " + std::to_string(num_tokens) + ": one layer's digests (" +
+                                      std::to_string(blocks) + " blocks x " + std::to_string(kl.num_kv_heads) +
+                                      " KV heads x 2 x " + std::to_string(kl.head_dim) + " floats) exceed size_t");
+}
+}  // namespace
+
 SG_API sg_status_t sg_selector_create(sg_profile_t ph, const sg_kv_layout_t *layout, uint64_t num_tokens,
                                       sg_selector_t *out, sg_error_info_t *err) {
     return guard(err, [&] {
@@ -763,6 +782,7 @@ SG_API sg_status_t sg_selector_create(sg_profile_t ph, const sg_kv_layout_t *lay
         need(layout, "layout");
         sg::kv::Layout kl = sg::kv::make_layout_shape(read_layout(layout));
         if (num_tokens == 0) fail(SG_ERR_INVALID_ARGUMENT, "num_tokens is 0");
+        check_selector_size(kl, num_tokens);
         if (p->block_tokens != kl.tokens_per_block || p->num_layers != kl.num_layers)
             fail(SG_ERR_LAYOUT_MISMATCH, "the profile is for " + std::to_string(p->num_layers) + " layers of " +
                                              std::to_string(p->block_tokens) + "-token blocks, the layout has " +

@@ -573,7 +573,11 @@ SG_API sg_status_t sg_profile_destroy(sg_profile_t profile);
 typedef struct sg_selector_s *sg_selector_t;
 
 /* layout gives the KV shape (num_layers, num_kv_heads, head_dim, tokens_per_block, dtype); its base
- * pointers are not used here. The profile's shape must match. Since 0.1. */
+ * pointers are not used here. The profile's shape must match. Returns SG_OK with *out;
+ * SG_ERR_INVALID_ARGUMENT (num_tokens 0, out or layout NULL); SG_ERR_OUT_OF_RANGE (num_tokens more
+ * than a selector holds: over 2^32 - 1 blocks, or one layer's digests beyond size_t);
+ * SG_ERR_INVALID_LAYOUT; SG_ERR_LAYOUT_MISMATCH (the profile's shape differs);
+ * SG_ERR_INVALID_HANDLE; SG_ERR_NO_MEMORY. Since 0.1. */
 SG_API sg_status_t sg_selector_create(sg_profile_t profile, const sg_kv_layout_t *layout, uint64_t num_tokens,
                                       sg_selector_t *out, sg_error_info_t *err);
 SG_API sg_status_t sg_selector_destroy(sg_selector_t selector);

@@ -129,6 +129,56 @@ TEST(SelectorApi, HostileProfilesAreInvalidArguments) {
     EXPECT_EQ(p, nullptr);
 }
 
+// A shape-only layout (no base pointers) for selectors.
+sg_kv_layout_t selector_layout(uint32_t layers, uint32_t heads, uint32_t dim) {
+    sg_kv_layout_t lay;
+    sg_kv_layout_init(&lay);
+    lay.num_layers = layers;
+    lay.num_kv_heads = heads;
+    lay.head_dim = dim;
+    lay.tokens_per_block = 16;
+    lay.dtype = SG_DTYPE_FP32;
+    return lay;
+}
+
+// sg_selector_create took num_tokens = UINT64_MAX (its block count wrapped to 0). A selector's
+// logical block indices are uint32_t and one layer's digests are counted in size_t: beyond either
+// the size is refused with SG_ERR_OUT_OF_RANGE, and nothing is written to out.
+TEST(SelectorApi, TokenCountsNoSelectorHoldsAreRefused) {
+    sg_profile_t p = nullptr;
+    ASSERT_EQ(sg_profile_parse(kProfile, std::strlen(kProfile), &p, nullptr), SG_OK);
+    const sg_kv_layout_t lay = selector_layout(2, 2, 32);
+    const uint64_t most = uint64_t(UINT32_MAX) * 16;  // 2^32 - 1 blocks of 16 tokens
+    for (uint64_t n : {UINT64_MAX, UINT64_MAX - 1, UINT64_MAX - 15, most + 1, uint64_t(1) << 63}) {
+        SCOPED_TRACE(n);
+        sg_selector_t sel = nullptr;
+        sg_error_info_t err;
+        sg_error_info_init(&err);
+        EXPECT_EQ(sg_selector_create(p, &lay, n, &sel, &err), SG_ERR_OUT_OF_RANGE) << err.message;
+        EXPECT_NE(std::string(err.message).find("num_tokens"), std::string::npos) << err.message;
+        EXPECT_EQ(sel, nullptr);
+        sg_selector_destroy(sel);
+    }
+    sg_selector_t sel = nullptr;
+    ASSERT_EQ(sg_selector_create(p, &lay, most, &sel, nullptr), SG_OK) << sg_last_error_message();
+    size_t floats = 0;
+    ASSERT_EQ(sg_selector_digest_floats(sel, &floats), SG_OK);
+    EXPECT_EQ(floats, size_t(UINT32_MAX) * 2 * 2 * 32);
+    EXPECT_EQ(sg_selector_destroy(sel), SG_OK);
+    EXPECT_EQ(sg_profile_destroy(p), SG_OK);
+
+    // The widest shape a layout allows: the digests of 2^32 - 1 blocks would not fit in size_t.
+    const std::string wide = R"({"version": 1, "model": "m", "num_layers": 1, "num_kv_heads": 65536,
+      "block_tokens": 16, "defaults": {"policy": "dense"}})";
+    ASSERT_EQ(sg_profile_parse(wide.data(), wide.size(), &p, nullptr), SG_OK) << sg_last_error_message();
+    const sg_kv_layout_t widest = selector_layout(1, 65536, 65536);
+    sel = nullptr;
+    EXPECT_EQ(sg_selector_create(p, &widest, most, &sel, nullptr), SG_ERR_OUT_OF_RANGE) << sg_last_error_message();
+    EXPECT_EQ(sel, nullptr);
+    sg_selector_destroy(sel);
+    EXPECT_EQ(sg_profile_destroy(p), SG_OK);
+}
+
 // ---- transfer argument checks (two contexts in this process, joined by metadata) ----
 
 struct Pool {

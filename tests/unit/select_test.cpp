@@ -855,6 +855,21 @@ TEST(Select, TotalBudgetCountsDenseLayersFirst) {
     EXPECT_EQ(Selector(p, req).total_budget_blocks(), 192u);
 }
 
+// The block count of num_tokens near 2^64 wrapped to 0, and such a request was taken.
+TEST(Select, TokenCountsBeyondUint32BlocksAreRefused) {
+    const Profile p = uniform(1, 1, 16, Policy::quest, Budget::of_fraction(0.5));
+    for (uint64_t n : {UINT64_MAX, UINT64_MAX - 1, UINT64_MAX - 15, uint64_t(UINT32_MAX) * 16 + 1}) {
+        SCOPED_TRACE(n);
+        try {
+            Selector(p, {n, 64});
+            ADD_FAILURE() << "accepted";
+        } catch (const Error &e) {
+            EXPECT_EQ(e.status(), SG_ERR_INVALID_ARGUMENT) << e.message();
+        }
+    }
+    EXPECT_EQ(Selector(p, {uint64_t(UINT32_MAX) * 16, 64}).num_blocks(), uint64_t(UINT32_MAX));
+}
+
 TEST(Select, RejectsBadCalls) {
     const Selector sel(uniform(2, 2, 16, Policy::quest, Budget::of_fraction(0.5)), {100, 64});
     EXPECT_TRUE(sel.needs_scores(0));
