@@ -7,6 +7,9 @@
 
 #include <smartgen/smartgen.h>
 
+#include <arpa/inet.h>
+#include <netdb.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -150,6 +153,24 @@ void copy_string(const std::string &s, char *buf, size_t cap) {
     std::memcpy(buf, s.c_str(), s.size() + 1);
 }
 
+// An IPv4 literal in dotted-quad form or an IPv6 literal (a scope, "fe80::1%eth0", allowed): what
+// the header promises local_addr is. Host names and the short IPv4 forms ("127.1") are refused,
+// rather than resolved into an address the caller did not name.
+void check_ip_literal(const char *addr, const char *field) {
+    in_addr v4;
+    if (inet_pton(AF_INET, addr, &v4) == 1) return;
+    addrinfo hints{};
+    hints.ai_family = AF_INET6;
+    hints.ai_flags = AI_NUMERICHOST;
+    addrinfo *res = nullptr;
+    if (std::strchr(addr, ':') && getaddrinfo(addr, nullptr, &hints, &res) == 0) {
+        freeaddrinfo(res);
+        return;
+    }
+    fail(SG_ERR_INVALID_ARGUMENT, std::string(field) + " \"" + addr +
+                                      "\" is not an IPv4 or IPv6 address literal (NULL means 127.0.0.1)");
+}
+
 sg_context_options_t default_context_options() {
     sg_context_options_t o{};
     o.struct_size = sizeof o;
@@ -264,6 +285,9 @@ SG_API sg_status_t sg_context_create(const sg_context_options_t *options, sg_con
             fail(SG_ERR_VERSION_MISMATCH, "caller was compiled against SmartGen " + std::to_string(o.header_version) +
                                               ", this library is " + sg_version_string() + " (major differs)");
         if (o.log_level < SG_LOG_OFF || o.log_level > SG_LOG_DEBUG) fail(SG_ERR_INVALID_ARGUMENT, "options.log_level is out of range");
+        if (o.provider && !*o.provider)
+            fail(SG_ERR_INVALID_ARGUMENT, "options.provider is \"\": pass NULL or \"auto\" to choose automatically");
+        if (o.local_addr) check_ip_literal(o.local_addr, "options.local_addr");
         if (o.max_ops_in_flight > 4096) fail(SG_ERR_INVALID_ARGUMENT, "options.max_ops_in_flight must be <= 4096");
         auto ctx = std::make_shared<core::Context>(o);
         *out = wrap<sg_context_t>(contexts().add(std::move(ctx)));

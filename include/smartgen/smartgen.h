@@ -211,10 +211,13 @@ typedef struct sg_context_options {
     size_t struct_size;      /* set by sg_context_options_init; fields are only appended */
     uint32_t header_version; /* SG_VERSION_NUMBER the caller compiled with (set by init) */
     /* Fabric provider: NULL or "auto" ranks what is present (verbs;ofi_rxm, efa, then tcp;ofi_rxm);
-     * "tcp" is an alias of "tcp;ofi_rxm"; "shm" forces shared memory (same host only). Borrowed. */
+     * "tcp" is an alias of "tcp;ofi_rxm"; "shm" forces shared memory (same host only). "" is refused
+     * (SG_ERR_INVALID_ARGUMENT). Borrowed. */
     const char *provider;
-    /* Address the data endpoint binds to (IPv4/IPv6 literal). NULL means 127.0.0.1: nothing binds to
-     * an address the caller did not name, so cross-host use must name the NIC address. Borrowed. */
+    /* Address the data endpoint binds to: an IPv4 dotted-quad or IPv6 literal ("fe80::1%eth0" too).
+     * NULL means 127.0.0.1: nothing binds to an address the caller did not name, so cross-host use
+     * must name the NIC address. A host name or anything else is refused (SG_ERR_INVALID_ARGUMENT
+     * naming local_addr), not resolved. Borrowed. */
     const char *local_addr;
     /* true (default): a library thread drives progress. false: the host calls sg_context_progress. */
     bool progress_thread;
@@ -269,9 +272,10 @@ SG_API void sg_context_options_init(sg_context_options_t *options);
 
 /* Creates a context: opens the fabric, its endpoint and, unless disabled, the progress thread.
  * options: borrowed, may be NULL for defaults. out: receives the context.
- * Returns SG_OK; SG_ERR_INVALID_ARGUMENT (out NULL, bad field: the message names it);
- * SG_ERR_VERSION_MISMATCH (header_version has another major); SG_ERR_NO_PROVIDER (the provider asked
- * for is absent or lacks FI_RMA|FI_MSG: the message says why); SG_ERR_TRANSPORT; SG_ERR_NO_MEMORY.
+ * Returns SG_OK; SG_ERR_INVALID_ARGUMENT (out NULL, bad field: the message names it, e.g. provider
+ * "" or a local_addr that is not an address literal); SG_ERR_VERSION_MISMATCH (header_version has
+ * another major); SG_ERR_NO_PROVIDER (the provider asked for is absent, or lacks FI_RMA|FI_MSG on
+ * local_addr: the message says why); SG_ERR_TRANSPORT; SG_ERR_NO_MEMORY.
  * Since 0.1. */
 SG_API sg_status_t sg_context_create(const sg_context_options_t *options, sg_context_t *out,
                                      sg_error_info_t *err);

@@ -351,6 +351,49 @@ static void test_auth_options(void)
     CHECK_STATUS(sg_context_destroy(ctx), SG_OK, "sg_context_destroy of the unauthenticated context");
 }
 
+/* Context options that name nothing usable are the caller's mistake: provider "" (NULL means
+ * automatic) was taken as automatic, and a malformed local_addr came back as SG_ERR_NO_PROVIDER. */
+static void test_context_option_strings(void)
+{
+    static const char *const bad_addrs[] = {"", "not-an-address", "localhost", "127.0.0.1:5000", "256.0.0.1",
+                                            "127.1", "1.2.3.4 ", "::1::2", "[::1]"};
+    sg_context_options_t opts;
+    sg_error_info_t err;
+    sg_context_t ctx = NULL;
+    char what[128];
+    size_t i;
+
+    sg_context_options_init(&opts);
+    SG_TEST_USE_KEY(opts);
+    opts.provider = "";
+    sg_error_info_init(&err);
+    CHECK_STATUS(sg_context_create(&opts, &ctx, &err), SG_ERR_INVALID_ARGUMENT, "sg_context_create with provider \"\"");
+    CHECK(strstr(err.message, "provider") != NULL, "the message names provider");
+    CHECK(ctx == NULL, "no context is written for provider \"\"");
+    if (ctx != NULL) {
+        sg_context_destroy(ctx);
+        ctx = NULL;
+    }
+
+    opts.provider = NULL;
+    for (i = 0; i < sizeof bad_addrs / sizeof bad_addrs[0]; i++) {
+        opts.local_addr = bad_addrs[i];
+        sg_error_info_init(&err);
+        snprintf(what, sizeof what, "sg_context_create with local_addr \"%s\"", bad_addrs[i]);
+        CHECK_STATUS(sg_context_create(&opts, &ctx, &err), SG_ERR_INVALID_ARGUMENT, what);
+        snprintf(what, sizeof what, "the message for local_addr \"%s\" names local_addr", bad_addrs[i]);
+        CHECK(strstr(err.message, "local_addr") != NULL, what);
+        if (ctx != NULL) {
+            sg_context_destroy(ctx);
+            ctx = NULL;
+        }
+    }
+
+    opts.local_addr = "127.0.0.1";
+    CHECK_STATUS(sg_context_create(&opts, &ctx, &err), SG_OK, "sg_context_create with local_addr 127.0.0.1");
+    CHECK_STATUS(sg_context_destroy(ctx), SG_OK, "sg_context_destroy of the 127.0.0.1 context");
+}
+
 static void test_version_mismatch(void)
 {
     sg_context_options_t opts;
@@ -415,6 +458,7 @@ int main(void)
     test_kv_handles();
     test_version_mismatch();
     test_auth_options();
+    test_context_option_strings();
     test_params();
 
     printf("%d passed, %d failed\n", g_passed, g_failed);
