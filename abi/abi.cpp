@@ -16,6 +16,8 @@
 #include <thread>
 #include <chrono>
 #include <new>
+#include <stdexcept>
+#include <string_view>
 
 using sg::Error;
 using sg::fail;
@@ -25,19 +27,32 @@ namespace {
 
 thread_local std::string t_last_error;
 
-sg_status_t record(sg_status_t status, const std::string &message, sg_error_info_t *err) noexcept {
+// Keeps prefix + detail as this thread's last error and in *err. Never throws and, when memory has
+// run out, never allocates: the thread's message is then cut to the buffer it already holds.
+sg_status_t record(sg_status_t status, std::string_view prefix, std::string_view detail,
+                   sg_error_info_t *err) noexcept {
     try {
-        t_last_error = message;
+        t_last_error.assign(prefix).append(detail);
     } catch (...) {
+        t_last_error.clear();  // keeps its capacity: the appends below fit in it and cannot throw
+        const size_t room = t_last_error.capacity();
+        t_last_error.append(prefix.substr(0, room));
+        t_last_error.append(detail.substr(0, room - t_last_error.size()));
     }
     if (err && err->struct_size >= offsetof(sg_error_info_t, message) + 1) {
         err->status = status;
         const size_t cap = std::min(sizeof err->message, err->struct_size - offsetof(sg_error_info_t, message));
-        const size_t n = std::min(message.size(), cap - 1);
-        std::memcpy(err->message, message.data(), n);
-        err->message[n] = '\0';
+        const size_t np = std::min(prefix.size(), cap - 1);
+        const size_t nd = std::min(detail.size(), cap - 1 - np);
+        std::memcpy(err->message, prefix.data(), np);
+        std::memcpy(err->message + np, detail.data(), nd);
+        err->message[np + nd] = '\0';
     }
     return status;
+}
+
+sg_status_t record(sg_status_t status, std::string_view message, sg_error_info_t *err) noexcept {
+    return record(status, {}, message, err);
 }
 
 template <class F>
@@ -46,10 +61,12 @@ sg_status_t guard(sg_error_info_t *err, F &&fn) noexcept {
         return fn();
     } catch (const Error &e) {
         return record(e.status(), e.message(), err);
-    } catch (const std::bad_alloc &) {
+    } catch (const std::bad_alloc &) {  // also under an address-space limit (ulimit -v)
         return record(SG_ERR_NO_MEMORY, "out of memory", err);
+    } catch (const std::length_error &e) {  // a container asked for more than it can ever hold
+        return record(SG_ERR_NO_MEMORY, "out of memory: ", e.what(), err);
     } catch (const std::exception &e) {
-        return record(SG_ERR_INTERNAL, std::string("internal error: ") + e.what(), err);
+        return record(SG_ERR_INTERNAL, "internal error: ", e.what(), err);
     } catch (...) {
         return record(SG_ERR_INTERNAL, "internal error: unknown exception", err);
     }

@@ -16,6 +16,8 @@
  *     pinned range: -1..-99 caller errors, -100..-199 resources / retry later, -200..-299 peer,
  *     network or deadline, -300..-399 unsupported.
  *   - Outputs are written only when the call returns SG_OK (or SG_IN_PROGRESS where stated).
+ *   - A call that cannot allocate what it needs (also under an address-space limit, ulimit -v)
+ *     returns SG_ERR_NO_MEMORY; it never aborts the process.
  *   - Handles are opaque values, never pointers into the library: a destroyed, double-destroyed or
  *     made-up handle, or a handle of another kind, is answered SG_ERR_INVALID_HANDLE. A slot that is
  *     reused gets a new generation, so an old handle value stays invalid. Every destroy call

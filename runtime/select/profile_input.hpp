@@ -11,7 +11,8 @@
 //   - a number beyond a double is an out_of_range exception, not a parse error: it becomes
 //     SG_ERR_INVALID_ARGUMENT naming the field.
 // The byte bound (SG_PROFILE_MAX_BYTES) and the NUL check come before this pass; the bounds on the
-// shape a profile declares (layers, heads) are in validate().
+// shape a profile declares (layers, heads) are in validate(). Below: building and freeing the DOM
+// so that running out of memory is an exception the ABI reports, never std::terminate.
 #pragma once
 
 #include "common/common.hpp"
@@ -120,6 +121,56 @@ template <class Json>
 void check(std::string_view text) {
     Guard<Json> guard;
     Json::sax_parse(text.begin(), text.end(), &guard);
+}
+
+// ---- a DOM that can be freed when memory has run out ----
+// nlohmann's destructor moves a container's children onto a heap-allocated stack before freeing
+// them. When an allocation has just failed, that stack's allocation fails too, inside a destructor
+// (during the unwinding of the bad_alloc): std::terminate, where the host must get SG_ERR_NO_MEMORY.
+// dismantle() frees a DOM leaf first, the last entry of the deepest container at a time, so that
+// only scalars and empty containers are ever destroyed, which need no stack. O(values x depth).
+
+template <class Json>
+Json *last_child(Json &j) noexcept {
+    if (auto *a = j.template get_ptr<typename Json::array_t *>()) return a->empty() ? nullptr : &a->back();
+    if (auto *o = j.template get_ptr<typename Json::object_t *>()) return o->empty() ? nullptr : &o->back().second;
+    return nullptr;
+}
+
+template <class Json>
+void dismantle(Json &root) noexcept {
+    for (;;) {
+        Json *parent = &root;
+        Json *last = last_child(root);
+        if (!last) return;
+        while (Json *deeper = last_child(*last)) {
+            parent = last;
+            last = deeper;
+        }
+        // `last` is a scalar or an empty container: removing it allocates nothing.
+        if (auto *a = parent->template get_ptr<typename Json::array_t *>())
+            a->pop_back();
+        else
+            parent->template get_ptr<typename Json::object_t *>()->pop_back();
+    }
+}
+
+// The DOM of a profile's text, dismantled (not destroyed) when it goes out of scope.
+template <class Json>
+struct Dom {
+    Json value;
+    Dom() = default;
+    Dom(const Dom &) = delete;
+    Dom &operator=(const Dom &) = delete;
+    ~Dom() { dismantle(value); }
+};
+
+// Parses `text` (already checked) into dom.value. A failure part way leaves a partial DOM there,
+// which the Dom still frees safely; nlohmann's own parse() would destroy it while unwinding.
+template <class Json>
+void parse_into(std::string_view text, Dom<Json> &dom) {
+    nlohmann::detail::json_sax_dom_parser<Json> builder(dom.value);
+    Json::sax_parse(text.begin(), text.end(), &builder);
 }
 
 }  // namespace sg::select::input

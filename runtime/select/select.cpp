@@ -220,28 +220,92 @@ const Json &as_array(const Json &v, const std::string &path) {
 }
 
 // ---- JSON writing ----
+// Text written directly, as nlohmann's dump(indent) lays it out, without building a DOM (a DOM's
+// destructor may allocate, which must not happen while a bad_alloc unwinds). Scalars go through
+// nlohmann: its number and string forms are what parse_profile reads back.
 
-Json budget_json(const Budget &b) {
-    Json o = Json::object();
+class Writer {
+  public:
+    explicit Writer(int indent) : indent_(indent) {}
+    void open(char bracket) {
+        out_ += bracket;
+        ++depth_;
+        first_ = true;
+    }
+    void close(char bracket) {
+        --depth_;
+        if (!first_) newline();
+        out_ += bracket;
+        first_ = false;
+    }
+    void key(const char *k) {
+        separate();
+        out_.append("\"").append(k).append(indent_ >= 0 ? "\": " : "\":");
+    }
+    void element() { separate(); }  // before each array element
+    void value(uint64_t v) { scalar(std::to_string(v)); }
+    void value(double v) { scalar(number_text(v)); }
+    void value(const std::string &v) { scalar(Json(v).dump()); }
+    std::string take() { return std::move(out_); }
+
+  private:
+    void separate() {
+        if (!first_) out_ += ',';
+        newline();
+        first_ = false;
+    }
+    void newline() {
+        if (indent_ < 0) return;
+        out_ += '\n';
+        out_.append(size_t(indent_) * depth_, ' ');
+    }
+    void scalar(const std::string &text) {
+        out_ += text;
+        first_ = false;
+    }
+
+    int indent_;
+    size_t depth_ = 0;
+    bool first_ = true;
+    std::string out_;
+};
+
+void put_budget(Writer &w, const Budget &b) {
+    w.open('{');
     switch (b.kind) {
         case Budget::Kind::tokens:
-            o["tokens"] = b.amount;
+            w.key("tokens");
+            w.value(b.amount);
             break;
         case Budget::Kind::fraction:
-            o["fraction"] = b.fraction;
+            w.key("fraction");
+            w.value(b.fraction);
             break;
         case Budget::Kind::bytes:
-            o["bytes"] = b.amount;
+            w.key("bytes");
+            w.value(b.amount);
             break;
     }
-    return o;
+    w.close('}');
 }
 
-void put_rule(Json &o, const RuleSpec &r) {
-    if (r.policy) o["policy"] = policy_name(*r.policy);
-    if (r.budget) o["budget"] = budget_json(*r.budget);
-    if (r.sinks) o["sinks"] = *r.sinks;
-    if (r.recent) o["recent"] = *r.recent;
+void put_rule(Writer &w, const RuleSpec &r) {
+    if (r.policy) {
+        w.key("policy");
+        w.value(std::string(policy_name(*r.policy)));
+    }
+    if (r.budget) {
+        w.key("budget");
+        put_budget(w, *r.budget);
+    }
+    if (r.sinks) {
+        w.key("sinks");
+        w.value(uint64_t(*r.sinks));
+    }
+    if (r.recent) {
+        w.key("recent");
+        w.value(uint64_t(*r.recent));
+    }
 }
 
 }  // namespace
@@ -370,12 +434,13 @@ Profile parse_profile(std::string_view text) {
              "profile: byte " + std::to_string(static_cast<const char *>(nul) - text.data()) +
                  " is a NUL: only whitespace may follow the JSON value within len");
     input::check<Json>(text);
-    Json j;
+    input::Dom<Json> dom;  // first, so it is freed last
     try {
-        j = Json::parse(text.begin(), text.end());
+        input::parse_into(text, dom);
     } catch (const Json::exception &e) {  // input::check refused what this could throw: not expected
         fail(SG_ERR_INVALID_ARGUMENT, std::string("profile: not valid JSON: ") + e.what());
     }
+    const Json &j = dom.value;
     if (!j.is_object())
         fail(SG_ERR_INVALID_ARGUMENT, std::string("profile: must be a JSON object, got ") + j.type_name());
     Profile p;
@@ -465,39 +530,58 @@ Profile load_profile(const std::string &path) {
 }
 
 std::string to_json(const Profile &p, int indent) {
-    Json j = Json::object();
-    j["version"] = p.version;
-    j["model"] = p.model;
-    j["num_layers"] = p.num_layers;
-    j["num_kv_heads"] = p.num_kv_heads;
-    j["block_tokens"] = p.block_tokens;
-    j["combine"] = p.combine == kernels::Combine::sum ? "sum" : "max";
-    j["pool"] = p.pool;
-    if (p.total_budget) j["total_budget"] = budget_json(*p.total_budget);
-    Json d = Json::object();
-    put_rule(d, p.defaults);
-    j["defaults"] = std::move(d);
-    if (!p.layers.empty()) {
-        Json layers = Json::array();
-        for (const LayerSpec &ls : p.layers) {
-            Json o = Json::object();
-            o["layer"] = ls.layer;
-            put_rule(o, ls.rule);
-            if (!ls.heads.empty()) {
-                Json heads = Json::array();
-                for (const HeadSpec &hs : ls.heads) {
-                    Json h = Json::object();
-                    h["head"] = hs.head;
-                    put_rule(h, hs.rule);
-                    heads.push_back(std::move(h));
-                }
-                o["heads"] = std::move(heads);
-            }
-            layers.push_back(std::move(o));
-        }
-        j["layers"] = std::move(layers);
+    Writer w(indent);
+    w.open('{');
+    w.key("version");
+    w.value(uint64_t(p.version));
+    w.key("model");
+    w.value(p.model);
+    w.key("num_layers");
+    w.value(uint64_t(p.num_layers));
+    w.key("num_kv_heads");
+    w.value(uint64_t(p.num_kv_heads));
+    w.key("block_tokens");
+    w.value(uint64_t(p.block_tokens));
+    w.key("combine");
+    w.value(std::string(p.combine == kernels::Combine::sum ? "sum" : "max"));
+    w.key("pool");
+    w.value(uint64_t(p.pool));
+    if (p.total_budget) {
+        w.key("total_budget");
+        put_budget(w, *p.total_budget);
     }
-    return j.dump(indent);
+    w.key("defaults");
+    w.open('{');
+    put_rule(w, p.defaults);
+    w.close('}');
+    if (!p.layers.empty()) {
+        w.key("layers");
+        w.open('[');
+        for (const LayerSpec &ls : p.layers) {
+            w.element();
+            w.open('{');
+            w.key("layer");
+            w.value(uint64_t(ls.layer));
+            put_rule(w, ls.rule);
+            if (!ls.heads.empty()) {
+                w.key("heads");
+                w.open('[');
+                for (const HeadSpec &hs : ls.heads) {
+                    w.element();
+                    w.open('{');
+                    w.key("head");
+                    w.value(uint64_t(hs.head));
+                    put_rule(w, hs.rule);
+                    w.close('}');
+                }
+                w.close(']');
+            }
+            w.close('}');
+        }
+        w.close(']');
+    }
+    w.close('}');
+    return w.take();
 }
 
 // ---- Selector ----

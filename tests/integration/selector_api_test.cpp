@@ -7,9 +7,13 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <random>
 #include <string>
@@ -177,6 +181,106 @@ TEST(SelectorApi, TokenCountsNoSelectorHoldsAreRefused) {
     EXPECT_EQ(sel, nullptr);
     sg_selector_destroy(sel);
     EXPECT_EQ(sg_profile_destroy(p), SG_OK);
+}
+
+// ---- out of memory ----
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define SG_TEST_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
+#define SG_TEST_SANITIZED 1
+#endif
+#endif
+
+// Address space the process maps now (VmSize), in bytes; 0 when unknown.
+uint64_t address_space_bytes() {
+    std::FILE *f = std::fopen("/proc/self/status", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (std::fgets(line, sizeof line, f))
+        if (std::sscanf(line, "VmSize: %llu kB", &kb) == 1) break;
+    std::fclose(f);
+    return uint64_t(kb) * 1024;
+}
+
+// Runs in the death test's child: calls that allocate what their (well-formed) arguments ask for,
+// under an address-space limit a little above what the process already maps. Each must answer
+// SG_ERR_NO_MEMORY or refuse cleanly; a crash or abort fails the test. Exits 0 when all did.
+[[noreturn]] void calls_under_address_space_limit() {
+    int failed = 0;
+    const auto expect = [&](const char *what, sg_status_t got, std::initializer_list<sg_status_t> ok) {
+        if (std::find(ok.begin(), ok.end(), got) == ok.end()) {
+            std::fprintf(stderr, "%s: %s (%s)\n", what, sg_status_str(got), sg_last_error_message());
+            failed++;
+        }
+    };
+    // Everything that does not depend on the limit is made first.
+    sg_profile_t dense = nullptr, wide = nullptr;
+    const std::string dense_json = R"({"version": 1, "model": "m", "num_layers": 1, "num_kv_heads": 1,
+      "block_tokens": 16, "defaults": {"policy": "dense"}})";
+    const std::string wide_json = R"({"version": 1, "model": "m", "num_layers": 4096, "num_kv_heads": 256,
+      "block_tokens": 16, "defaults": {"policy": "quest", "budget": {"fraction": 0.5}}})";
+    expect("parse dense", sg_profile_parse(dense_json.data(), dense_json.size(), &dense, nullptr), {SG_OK});
+    std::string many_layers = R"({"version": 1, "model": "m", "num_layers": 4096, "num_kv_heads": 256,
+      "block_tokens": 16, "defaults": {"policy": "dense"}, "layers": [)";
+    for (int l = 0; l < 4096; ++l) {
+        many_layers += (l ? ", " : "") + std::string(R"({"layer": )") + std::to_string(l) + R"(, "heads": [)";
+        for (int h = 0; h < 256; ++h) many_layers += (h ? ", " : "") + std::string(R"({"head": )") + std::to_string(h) + "}";
+        many_layers += "]}";
+    }
+    many_layers += "]}";  // about 15 MB of text, a few hundred MB as a DOM
+    sg_kv_layout_t lay;
+    sg_kv_layout_init(&lay);
+    lay.num_layers = 1;
+    lay.num_kv_heads = 1;
+    lay.head_dim = 64;
+    lay.tokens_per_block = 16;
+    lay.dtype = SG_DTYPE_FP32;
+    sg_selector_t big = nullptr;
+    expect("create the largest selector", sg_selector_create(dense, &lay, uint64_t(UINT32_MAX) * 16, &big, nullptr),
+           {SG_OK});
+
+    rlimit lim{};
+    lim.rlim_cur = lim.rlim_max = rlim_t(address_space_bytes() + (64ull << 20));
+    if (setrlimit(RLIMIT_AS, &lim) != 0) {
+        std::perror("setrlimit");
+        _exit(3);
+    }
+    // A dense layer of 2^32 - 1 blocks selects every one: gigabytes.
+    uint32_t one = 0;
+    size_t count = 0;
+    sg_selector_input_t in;
+    sg_selector_input_init(&in);
+    expect("select 2^32 - 1 blocks", sg_selector_select(big, 0, &in, &one, 1, &count), {SG_ERR_NO_MEMORY});
+    expect("parse a 15 MB profile", sg_profile_parse(many_layers.data(), many_layers.size(), &wide, nullptr),
+           {SG_ERR_NO_MEMORY});
+    expect("parse 2^20 streams", sg_profile_parse(wide_json.data(), wide_json.size(), &wide, nullptr),
+           {SG_OK, SG_ERR_NO_MEMORY});
+    if (wide) {
+        sg_kv_layout_t wl = lay;
+        wl.num_layers = 4096;
+        wl.num_kv_heads = 256;
+        sg_selector_t ws = nullptr;
+        expect("selector over 2^20 streams", sg_selector_create(wide, &wl, uint64_t(1) << 31, &ws, nullptr),
+               {SG_OK, SG_ERR_NO_MEMORY});
+        sg_selector_destroy(ws);
+    }
+    std::fflush(stderr);
+    _exit(failed ? 1 : 0);
+}
+
+// Under `ulimit -v` the host must get SG_ERR_NO_MEMORY from a call that cannot allocate what it
+// needs, not an abort.
+TEST(SelectorApi, OutOfAddressSpaceIsNoMemory) {
+#ifdef SG_TEST_SANITIZED
+    GTEST_SKIP() << "sanitizers reserve terabytes of shadow address space: an RLIMIT_AS limit breaks them";
+#else
+    if (address_space_bytes() == 0) GTEST_SKIP() << "no /proc/self/status to size the limit from";
+    GTEST_FLAG_SET(death_test_style, "threadsafe");  // the child re-runs only this test: no inherited threads
+    EXPECT_EXIT(calls_under_address_space_limit(), testing::ExitedWithCode(0), "");
+#endif
 }
 
 // ---- transfer argument checks (two contexts in this process, joined by metadata) ----
