@@ -1016,7 +1016,8 @@ void Context::handle(Session &s, const wire::FrameHeader &h, std::span<const uin
         case wire::MsgType::Digests:
         case wire::MsgType::BlocksReady:
         case wire::MsgType::Fetch: handle_selective(s, h, body); return;
-        case wire::MsgType::Hello: return;  // only meaningful at bootstrap
+        case wire::MsgType::Hello:
+        case wire::MsgType::Opened: return;  // only meaningful at bootstrap
         case wire::MsgType::AuthChallenge:
         case wire::MsgType::AuthProof:
         case wire::MsgType::AuthResult: return;  // on_message routes them to handle_auth
@@ -1202,16 +1203,27 @@ std::shared_ptr<Session> Context::open_session(const wire::Hello &peer, const sg
 }
 
 void Context::export_kv(Session &s, KvPool &pool) {
-    std::lock_guard lock(mu);
+    std::unique_lock lock(mu);
     if (s.closed) fail(SG_ERR_PEER_LOST, "session is closed");
     if (s.local_regs.count(pool.id)) return;
     Session::LocalReg reg;
     const uint64_t bytes = pool.layout.region_bytes();
     try {
-        for (uint8_t *base : pool.bases) reg.regions.push_back(s.tp->register_memory(base, bytes, random_u64()));
+        // One region at a time with the lock let go in between: registering a large pool (pinning,
+        // on some providers) must not keep the progress thread from keep-alives for that long.
+        for (uint8_t *base : pool.bases) {
+            reg.regions.push_back(s.tp->register_memory(base, bytes, random_u64()));
+            lock.unlock();
+            lock.lock();
+            if (s.closed) fail(SG_ERR_PEER_LOST, "session is closed");
+        }
     } catch (...) {
         for (auto &r : reg.regions) s.tp->deregister(r);
         throw;
+    }
+    if (s.local_regs.count(pool.id)) {  // exported by another thread meanwhile
+        for (auto &r : reg.regions) s.tp->deregister(r);
+        return;
     }
     wire::HandleExport ex;
     ex.handle_id = pool.id;
@@ -1274,6 +1286,25 @@ void Context::close_session(Session &s, uint64_t deadline) {
     // a peer that stopped answering would leave them naming it forever.
     if (s.tp->caps().local_only) abandon_ops(s);
     if (sessions_.erase(s.peer_ctx_id)) counters.sessions_open--;
+}
+
+void Context::discard_session(Session &s) {
+    std::lock_guard lock(mu);
+    if (!s.closed) s.lost_ns = now_ns();
+    s.closed = true;
+    for (auto *queue : {&s.outbox, &s.bulk_outbox, &s.auth_outbox}) {
+        for (OpCookie *c : *queue) {
+            if (c->xfer) c->xfer->inflight--;
+            give_cookie(c);
+        }
+        queue->clear();
+    }
+    if (s.tp->caps().local_only) abandon_ops(s);
+    auto it = sessions_.find(s.peer_ctx_id);
+    if (it != sessions_.end() && it->second.lock().get() == &s) {
+        sessions_.erase(it);
+        counters.sessions_open--;
+    }
 }
 
 void Context::close_gracefully(Session &s, uint64_t timeout_ns) {

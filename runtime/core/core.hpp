@@ -287,10 +287,13 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
     bool is_quiesced() const;
 };
 
+struct PendingHandshake;
 struct Listener {
     Context *ctx;
     int fd = -1;
     uint16_t port = 0;
+    std::mutex mu;  // one accept at a time advances the handshakes
+    std::vector<std::unique_ptr<PendingHandshake>> pending;  // accepted, handshake under way
     ~Listener();
 };
 
@@ -311,6 +314,8 @@ class Context : public transport::CompletionSink {
     // name the session drained, or until deadline_ns (CLOCK_MONOTONIC; 0: kDestroyDrainNs from now,
     // what sg_session_destroy allows).
     void close_session(Session &s, uint64_t deadline_ns = 0);
+    // Forgets a session the peer never opened (bootstrap outcome): no Bye, nothing drained.
+    void discard_session(Session &s);
     static constexpr uint64_t kDestroyDrainNs = 200000000ull;
     std::shared_ptr<Transfer> expect(const std::shared_ptr<Session> &s, const char *request_id,
                                      const std::shared_ptr<KvPool> &pool, std::span<const uint32_t> table,
@@ -352,6 +357,7 @@ class Context : public transport::CompletionSink {
     std::vector<uint8_t> metadata() const;
     const auth::Key &key() const { return key_; }
     void set_param(sg_param_t p, uint64_t v);
+    uint64_t peer_timeout_ns() const { return peer_timeout_ns_; }
     uint64_t get_param(sg_param_t p) const;
 
     std::mutex mu;
@@ -508,12 +514,16 @@ bool in_event_callback();
 
 // ---- bootstrap (bootstrap.cpp) ----
 std::unique_ptr<Listener> listen_on(Context *ctx, const char *addr, uint16_t port);
-// Accepts one peer, exchanges Hello frames and, when the context has a key, proves it both ways
-// (SG_ERR_AUTH_FAILED / SG_ERR_AUTH_REQUIRED otherwise); returns the peer's Hello.
-wire::Hello accept_hello(Listener &l, const Context &ctx, uint64_t timeout_ns);
-wire::Hello connect_hello(const char *addr, uint16_t port, const Context &ctx, uint64_t timeout_ns);
-// The handshake itself on a connected stream socket (fd stays the caller's): what accept_hello and
-// connect_hello run after the connection exists. Exposed for the handshake fuzzer.
+// Accepts peers and runs their handshakes concurrently (bootstrap.cpp): Hello frames each way and,
+// when the context has a key, proofs both ways (SG_ERR_AUTH_FAILED / SG_ERR_AUTH_REQUIRED
+// otherwise); then opens the session and agrees with the peer that both sides did (Opened). Returns
+// the first session whose bootstrap finished; a handshake still under way when timeout_ns passes
+// stays with the listener for the next call, with its own deadline (timeout_ns from its arrival).
+std::shared_ptr<Session> accept_session(Listener &l, Context &ctx, const sg_session_options_t &opt, uint64_t timeout_ns);
+std::shared_ptr<Session> connect_session(const char *addr, uint16_t port, Context &ctx, const sg_session_options_t &opt,
+                                         uint64_t timeout_ns);
+// The handshake itself on a connected stream socket (fd stays the caller's), blocking until it
+// succeeds, fails or timeout_ns passes. Exposed for the handshake fuzzer.
 wire::Hello bootstrap_exchange(int fd, const Context &ctx, uint64_t timeout_ns, auth::Role role);
 // Parses a peer's metadata blob and checks its signature against the context's key.
 wire::Hello parse_metadata(const Context &ctx, std::span<const uint8_t> blob);

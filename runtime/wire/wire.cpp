@@ -37,6 +37,7 @@
 //                  6 blocks: packed u32 array, 7 essential u32 (0 or 1), 8 staged_chunks u32
 //   Fetch          1 request_id bytes, 2 decode_xfer_id u64, 3 layer u32, 4 blocks: packed u32 array
 //   TransferAck    1 decode_xfer_id u64 (since 1.1)
+//   Opened         1 status i32, 2 message bytes (since 1.1)
 //
 // Every tag of v1.0 is required and must appear exactly once, Hello's endpoint excepted (0..n
 // times). Strings and packed arrays are required too but may be zero bytes long: requiring them
@@ -392,6 +393,13 @@ void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Bye &m) {
     });
 }
 
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Opened &m) {
+    encode_frame(out, sender_ctx, MsgType::Opened, [&] {
+        int_field(out, 1, m.status);
+        str_field(out, 2, m.message);
+    });
+}
+
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const TransferAck &m) {
     encode_frame(out, sender_ctx, MsgType::TransferAck, [&] { int_field(out, 1, m.decode_xfer_id); });
 }
@@ -586,6 +594,10 @@ DecodeError decode(std::span<const uint8_t> body, TransferError &m) {
 DecodeError decode(std::span<const uint8_t> body, Bye &m) {
     const E e = walk(body, {1, 0, 1}, [&](uint16_t tag, Bytes v) { return tag == 1 ? get(v, m.status) : get(v, m.reply); });
     return e == E::None && m.reply > 1 ? E::BadValue : e;
+}
+
+DecodeError decode(std::span<const uint8_t> body, Opened &m) {
+    return walk(body, {2}, [&](uint16_t tag, Bytes v) { return tag == 1 ? get(v, m.status) : get(v, m.message, kMaxBodyBytes); });
 }
 
 DecodeError decode(std::span<const uint8_t> body, TransferAck &m) {

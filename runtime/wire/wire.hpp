@@ -52,8 +52,9 @@ enum class MsgType : uint16_t {
     Fetch = 22,          // decode -> prefill: send these blocks of a layer first
     // Since 1.1:
     TransferAck = 23,    // decode -> prefill: every byte of the transfer is in place (it completed)
+    Opened = 24,         // bootstrap, each way, last: whether the sender could open its session
 };
-inline constexpr MsgType kLastMsgType = MsgType::TransferAck;
+inline constexpr MsgType kLastMsgType = MsgType::Opened;
 
 inline constexpr size_t kNonceBytes = 32;
 inline constexpr size_t kMacBytes = 32;  // HMAC-SHA256
@@ -231,6 +232,13 @@ struct TransferAck {
     uint64_t decode_xfer_id = 0;
 };
 
+// The last bootstrap frame each way (1.1): both sides report whether they opened the session, so a
+// session exists on both sides or on neither (a provider mismatch used to fail one side only).
+struct Opened {
+    int32_t status = 0;   // sg_status_t: 0 opened
+    std::string message;  // why not, for the peer's error
+};
+
 struct Ping {
     uint64_t sent_ns = 0;  // sender's CLOCK_MONOTONIC, for diagnostics only
 };
@@ -275,6 +283,7 @@ void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Digests &m);
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const BlocksReady &m);
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Fetch &m);
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const TransferAck &m);
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Opened &m);
 
 // Parses the frame header and checks magic, major version and that body_len fits in `frame`.
 // On success `body` is the body's bytes (a view into frame).
@@ -303,6 +312,7 @@ DecodeError decode(std::span<const uint8_t> body, Digests &m);
 DecodeError decode(std::span<const uint8_t> body, BlocksReady &m);
 DecodeError decode(std::span<const uint8_t> body, Fetch &m);
 DecodeError decode(std::span<const uint8_t> body, TransferAck &m);
+DecodeError decode(std::span<const uint8_t> body, Opened &m);
 
 // For tests of forward compatibility: appends a field with an arbitrary tag to the last frame in
 // `out` (fixing its body_len), as a newer peer would.

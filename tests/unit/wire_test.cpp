@@ -152,6 +152,7 @@ std::vector<Buf> corpus() {
     add([](Buf &b) { encode(b, kCtx, Fetch{"req-9", 8, 1, {5, 6}}); });
     add([](Buf &b) { encode(b, kCtx, Bye{0, 1}); });
     add([](Buf &b) { encode(b, kCtx, TransferAck{8}); });
+    add([](Buf &b) { encode(b, kCtx, Opened{-7, "no provider in common"}); });
     return frames;
 }
 
@@ -184,6 +185,7 @@ DecodeError decode_frame(Bytes frame) {
     case MsgType::BlocksReady: { BlocksReady m; return decode(body, m); }
     case MsgType::Fetch: { Fetch m; return decode(body, m); }
     case MsgType::TransferAck: { TransferAck m; return decode(body, m); }
+    case MsgType::Opened: { Opened m; return decode(body, m); }
     }
     return E::UnknownType;
 }

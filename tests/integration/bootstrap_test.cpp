@@ -1,0 +1,216 @@
+// The bootstrap listener under hostile and slow connections, and both sides agreeing on a session's
+// outcome. Before handshakes ran concurrently, the listener served them one at a time with the whole
+// accept timeout each: 200 held sockets delayed a legitimate peer by 65 s, and a peer whose sends
+// were each delayed by 100 ms failed every time against an accept called in 250 ms slices.
+#include <smartgen/smartgen.h>
+
+#include "../test_key.h"
+
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+namespace {
+
+constexpr uint64_t kSecond = 1000000000ull;
+using Clock = std::chrono::steady_clock;
+
+sg_context_t make(const char *provider = "tcp") {
+    sg_context_options_t o;
+    sg_context_options_init(&o);
+    o.provider = provider;
+    o.log_level = SG_LOG_OFF;
+    SG_TEST_USE_KEY(o);
+    sg_context_t c = nullptr;
+    EXPECT_EQ(sg_context_create(&o, &c, nullptr), SG_OK) << sg_last_error_message();
+    return c;
+}
+
+int connect_to(uint16_t port) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof a), 0);
+    return fd;
+}
+
+uint64_t open_sessions(sg_context_t c) {
+    sg_context_stats_t s;
+    sg_context_stats_init(&s);
+    EXPECT_EQ(sg_context_stats(c, &s), SG_OK);
+    return s.sessions_open;
+}
+
+TEST(Bootstrap, SilentAndSlowConnectionsDoNotDelayALegitimatePeer) {
+    sg_context_t a = make(), b = make();
+    sg_listener_t l = nullptr;
+    ASSERT_EQ(sg_listener_create(a, "127.0.0.1", 0, &l, nullptr), SG_OK);
+    uint16_t port = 0;
+    sg_listener_port(l, &port);
+    // The host's accept loop, with a generous timeout, as a server's would be.
+    sg_session_t sa = nullptr, sb = nullptr;
+    std::atomic<sg_status_t> accepted{SG_IN_PROGRESS};
+    std::thread host([&] {
+        const auto until = Clock::now() + std::chrono::seconds(15);
+        sg_status_t st = SG_IN_PROGRESS;
+        while (st != SG_OK && Clock::now() < until) st = sg_session_accept(l, nullptr, 10 * kSecond, &sa, nullptr);
+        accepted = st;
+    });
+    // 150 sockets that connect and say nothing, and 20 that send a byte of a header now and then.
+    std::vector<int> held;
+    for (int i = 0; i < 150; ++i) held.push_back(connect_to(port));
+    std::vector<int> slow;
+    for (int i = 0; i < 20; ++i) slow.push_back(connect_to(port));
+    std::atomic<bool> stop{false};
+    std::thread drip([&] {
+        for (int round = 0; !stop && round < 100; ++round) {
+            for (int fd : slow) (void)!::send(fd, "S", 1, MSG_NOSIGNAL);
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // all of them are the listener's now
+    const auto start = Clock::now();
+    const sg_status_t connected = sg_session_connect(b, "127.0.0.1", port, nullptr, 10 * kSecond, &sb, nullptr);
+    const auto took = Clock::now() - start;
+    host.join();
+    stop = true;
+    drip.join();
+    EXPECT_EQ(accepted, SG_OK) << sg_last_error_message();
+    EXPECT_EQ(connected, SG_OK);
+    EXPECT_LT(took, std::chrono::seconds(2)) << "a legitimate peer waited behind silent sockets";
+    for (int fd : held) ::close(fd);
+    for (int fd : slow) ::close(fd);
+    sg_session_destroy(sa);
+    sg_session_destroy(sb);
+    sg_listener_destroy(l);
+    sg_context_destroy(a);
+    sg_context_destroy(b);
+}
+
+// A relay that passes bytes both ways, holding each chunk back `delay` first: a slow network.
+struct SlowRelay {
+    int listen_fd = -1;
+    uint16_t port = 0;
+    std::thread th;
+    std::atomic<bool> stop{false};
+    SlowRelay(uint16_t target, std::chrono::milliseconds delay) {
+        listen_fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        socklen_t len = sizeof a;
+        EXPECT_EQ(::bind(listen_fd, reinterpret_cast<sockaddr *>(&a), sizeof a), 0);
+        EXPECT_EQ(::listen(listen_fd, 4), 0);
+        ::getsockname(listen_fd, reinterpret_cast<sockaddr *>(&a), &len);
+        port = ntohs(a.sin_port);
+        th = std::thread([this, target, delay] {
+            const int in = ::accept(listen_fd, nullptr, nullptr);
+            const int out = connect_to(target);
+            std::vector<uint8_t> buf(65536);
+            while (!stop) {
+                pollfd p[2] = {{in, POLLIN, 0}, {out, POLLIN, 0}};
+                if (::poll(p, 2, 50) <= 0) continue;
+                bool closed = false;
+                for (int i = 0; i < 2; ++i) {
+                    if (!(p[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+                    const ssize_t n = ::recv(p[i].fd, buf.data(), buf.size(), 0);
+                    if (n <= 0) {
+                        closed = true;
+                        break;
+                    }
+                    std::this_thread::sleep_for(delay);
+                    (void)!::send(p[1 - i].fd, buf.data(), size_t(n), MSG_NOSIGNAL);
+                }
+                if (closed) break;
+            }
+            ::close(in);
+            ::close(out);
+        });
+    }
+    ~SlowRelay() {
+        stop = true;
+        th.join();
+        ::close(listen_fd);
+    }
+};
+
+TEST(Bootstrap, AnAcceptTimeoutDoesNotAbortAHandshakeUnderWay) {
+    sg_context_t a = make(), b = make();
+    sg_listener_t l = nullptr;
+    ASSERT_EQ(sg_listener_create(a, "127.0.0.1", 0, &l, nullptr), SG_OK);
+    uint16_t port = 0;
+    sg_listener_port(l, &port);
+    SlowRelay relay(port, std::chrono::milliseconds(150));
+    sg_session_t sa = nullptr, sb = nullptr;
+    sg_status_t connected = SG_IN_PROGRESS;
+    std::thread peer([&] { connected = sg_session_connect(b, "127.0.0.1", relay.port, nullptr, 20 * kSecond, &sb, nullptr); });
+    // Accept in 100 ms slices, as a host that also watches something else does: every exchange
+    // step takes longer than a slice.
+    sg_status_t accepted = SG_ERR_TIMEOUT;
+    int slices = 0;
+    const auto start = Clock::now();
+    while (accepted == SG_ERR_TIMEOUT && Clock::now() - start < std::chrono::seconds(15)) {
+        accepted = sg_session_accept(l, nullptr, 100000000ull, &sa, nullptr);
+        ++slices;
+    }
+    peer.join();
+    EXPECT_EQ(accepted, SG_OK) << sg_last_error_message();
+    EXPECT_EQ(connected, SG_OK);
+    EXPECT_GT(slices, 3);
+    sg_session_destroy(sa);
+    sg_session_destroy(sb);
+    sg_listener_destroy(l);
+    sg_context_destroy(a);
+    sg_context_destroy(b);
+}
+
+// The connecting side asks for shm; the accepting context has only tcp. Before both sides reported
+// their outcome, the connector failed with SG_ERR_NO_PROVIDER while the acceptor got SG_OK and a
+// half-open session.
+TEST(Bootstrap, AProviderMismatchFailsBothSidesAndLeavesNoSession) {
+    sg_context_t a = make("tcp"), b = make(nullptr);
+    sg_listener_t l = nullptr;
+    ASSERT_EQ(sg_listener_create(a, "127.0.0.1", 0, &l, nullptr), SG_OK);
+    uint16_t port = 0;
+    sg_listener_port(l, &port);
+    sg_session_options_t so;
+    sg_session_options_init(&so);
+    so.provider = "shm";
+    sg_session_t sa = nullptr, sb = nullptr;
+    sg_status_t connected = SG_IN_PROGRESS;
+    std::thread peer([&] { connected = sg_session_connect(b, "127.0.0.1", port, &so, 5 * kSecond, &sb, nullptr); });
+    sg_error_info_t err;
+    sg_error_info_init(&err);
+    const sg_status_t accepted = sg_session_accept(l, nullptr, 5 * kSecond, &sa, &err);
+    peer.join();
+    EXPECT_EQ(connected, SG_ERR_NO_PROVIDER);
+    EXPECT_EQ(accepted, SG_ERR_NO_PROVIDER) << err.message;
+    EXPECT_NE(std::string(err.message).find("peer could not open"), std::string::npos) << err.message;
+    EXPECT_EQ(sa, nullptr);
+    EXPECT_EQ(sb, nullptr);
+    EXPECT_EQ(open_sessions(a), 0u);
+    EXPECT_EQ(open_sessions(b), 0u);
+    // And the two can still make a session that works.
+    std::thread again([&] { connected = sg_session_connect(b, "127.0.0.1", port, nullptr, 5 * kSecond, &sb, nullptr); });
+    EXPECT_EQ(sg_session_accept(l, nullptr, 5 * kSecond, &sa, nullptr), SG_OK) << sg_last_error_message();
+    again.join();
+    EXPECT_EQ(connected, SG_OK);
+    sg_session_destroy(sa);
+    sg_session_destroy(sb);
+    sg_listener_destroy(l);
+    sg_context_destroy(a);
+    sg_context_destroy(b);
+}
+
+}  // namespace
