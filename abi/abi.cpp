@@ -601,7 +601,7 @@ sg_session_t add_session(core::Context &ctx, const sg::wire::Hello &peer, const 
     return wrap<sg_session_t>(sessions().add(std::move(s)));
 }
 
-extern "C++" template <class F> sg::wire::Hello counting_auth_failures(core::Context &ctx, F &&bootstrap) {
+extern "C++" template <class F> auto counting_auth_failures(core::Context &ctx, F &&bootstrap) {
     try {
         return bootstrap();
     } catch (const sg::Error &e) {
@@ -622,8 +622,9 @@ SG_API sg_status_t sg_session_accept(sg_listener_t h, const sg_session_options_t
         auto l = lookup(listeners(), raw(h), "listener");
         need(out, "out");
         core::Context &ctx = *l->ctx;  // a listener never outlives its context (context_destroy closes it)
-        sg::wire::Hello peer = counting_auth_failures(ctx, [&] { return core::accept_hello(*l, ctx, timeout_ns); });
-        *out = add_session(ctx, peer, options, true);
+        const sg_session_options_t o = read_sized(options, default_session_options(), "options");
+        auto s = counting_auth_failures(ctx, [&] { return core::accept_session(*l, ctx, o, timeout_ns); });
+        *out = wrap<sg_session_t>(sessions().add(std::move(s)));
         return SG_OK;
     });
 }
@@ -635,9 +636,9 @@ SG_API sg_status_t sg_session_connect(sg_context_t h, const char *addr, uint16_t
         auto ctx = lookup(contexts(), raw(h), "context");
         need(out, "out");
         need(addr, "addr");
-        sg::wire::Hello peer =
-            counting_auth_failures(*ctx, [&] { return core::connect_hello(addr, port, *ctx, timeout_ns); });
-        *out = add_session(*ctx, peer, options, true);
+        const sg_session_options_t o = read_sized(options, default_session_options(), "options");
+        auto s = counting_auth_failures(*ctx, [&] { return core::connect_session(addr, port, *ctx, o, timeout_ns); });
+        *out = wrap<sg_session_t>(sessions().add(std::move(s)));
         return SG_OK;
     });
 }
