@@ -470,9 +470,17 @@ SG_API sg_status_t sg_listener_destroy(sg_listener_t listener);
 /* Accepts one peer on the listener and runs the bootstrap exchange (protocol version, endpoint
  * names) and, with a key, the challenge-response in both directions: the session returned is
  * authenticated. Blocks up to timeout_ns (like every timeout in this header, in nanoseconds).
+ * Handshakes run concurrently: the listener accepts every connection that arrives and returns the
+ * first whose bootstrap finished. A connection silent for the context's peer_timeout_ms (or
+ * unfinished after 10 times that) is dropped; at most 64 are pending, the oldest silent one making
+ * room for a newcomer. A handshake still under way when timeout_ns passes is not aborted: the next
+ * call goes on with it, so accepting in short slices is fine. Connections that close or time out
+ * before sending a byte are dropped quietly; a failed handshake of a peer that spoke is returned.
+ * Both sides agree on the outcome: when either side cannot open the session (no provider in common,
+ * say) both calls fail, with the status of the side that could not (Since 0.2).
  * Returns SG_OK; SG_ERR_TIMEOUT; SG_ERR_VERSION_MISMATCH (peer speaks another protocol major);
  * SG_ERR_AUTH_FAILED (different keys); SG_ERR_AUTH_REQUIRED (one side has no key);
- * SG_ERR_PROTOCOL (malformed message); SG_ERR_PEER_LOST. Since 0.1. */
+ * SG_ERR_PROTOCOL (malformed message); SG_ERR_NO_PROVIDER; SG_ERR_PEER_LOST. Since 0.1. */
 SG_API sg_status_t sg_session_accept(sg_listener_t listener, const sg_session_options_t *options,
                                      uint64_t timeout_ns, sg_session_t *out, sg_error_info_t *err);
 
