@@ -299,7 +299,7 @@ void Context::progress_loop_body() {
     }
 }
 
-void Context::progress_once() {
+void Context::progress_once(bool run_callbacks) {
     size_t n;
     {
         std::lock_guard lock(mu);
@@ -307,7 +307,7 @@ void Context::progress_once() {
         schedule_locked();
     }
     if (n) cv.notify_all();
-    if (events_pending_.load(std::memory_order_acquire)) dispatch_events();
+    if (run_callbacks && !progress_.joinable() && events_pending_.load(std::memory_order_acquire)) dispatch_events();
 }
 
 // One step of a blocking call's wait, with mu held through `lock`: with a progress thread, sleep

@@ -343,7 +343,10 @@ class Context : public transport::CompletionSink {
     void dispatch_events();
     // Waits until t is quiesced; throws SG_ERR_TIMEOUT when timeout_ns passes first.
     void wait_quiesced(Transfer &t, uint64_t timeout_ns);
-    void progress_once();
+    // One pass of progress on the caller's thread. Event callbacks run only when run_callbacks is
+    // set (sg_context_progress) and the context has no progress thread: the header promises they
+    // run on the progress thread, or without one inside sg_context_progress, nowhere else.
+    void progress_once(bool run_callbacks = false);
     // Handles `frame` as if it had arrived from the fabric, from the context its header names: for
     // the handler fuzzer and for tests that play a hostile but authenticated peer. Takes mu.
     void inject_frame(std::span<const uint8_t> frame);
