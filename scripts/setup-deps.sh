@@ -20,6 +20,9 @@ PACKAGES=(
   iproute2
   jq
   nlohmann-json3-dev
+  clang-14
+  libclang-rt-14-dev
+  llvm-14
 )
 
 force=0

@@ -3,6 +3,8 @@
 #   1. scripts/setup-deps.sh (installs missing Debian packages)
 #   2. release preset: configure, build, ctest (every test)
 #   2b. (in the release ctest) smartgen-bench's five subcommands with --quick, their JSON checked
+#   2c. fuzz preset:   scripts/fuzz.sh builds the libFuzzer fuzzers (clang) and runs each for 10 s
+#                      from its committed seeds (fixed -seed, corpus in a temporary copy)
 #   3. asan preset:    configure, build, ctest with AddressSanitizer + LeakSanitizer (not the benches)
 #   4. tsan preset:    configure, build, the concurrency, session, failure and transfer-path tests
 #                      under ThreadSanitizer
@@ -71,6 +73,11 @@ run_release_phase() {
   preset_build_and_test release
 }
 
+# Five fuzzers x 10 s (scripts/fuzz.sh, docs/fuzzing.md): any crash, leak or sanitizer report fails.
+run_fuzz_phase() {
+  SG_FUZZ_FRESH=1 SG_FUZZ_SEED=1 bash "$ROOT/scripts/fuzz.sh" 10
+}
+
 run_asan_phase() {
   # detect_leaks: LeakSanitizer at exit of every test process; abort_on_error: a report fails the
   # test with a core-less abort instead of a plain exit code that a harness might ignore.
@@ -90,6 +97,7 @@ run_tsan_phase() {
 TOTAL_START=$(now_ms)
 run_phase deps run_deps_phase
 run_phase release run_release_phase
+run_phase fuzz run_fuzz_phase
 run_phase asan run_asan_phase
 run_phase tsan run_tsan_phase
 PHASE_NAMES+=("total")
