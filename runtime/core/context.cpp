@@ -270,7 +270,13 @@ void Context::progress_loop_body() {
         bool can_block = true;
         {
             std::lock_guard lock(mu);
-            for (auto &t : transports) can_block = t->prepare_wait() && can_block;
+            for (auto &t : transports) {
+                // A local_only transport cannot wake us for a peer's writes, so it keeps us napping
+                // briefly — but only while a session uses it: an idle context must cost nothing.
+                // (A new session wakes the loop itself.)
+                if (t->caps().local_only && !has_sessions_on(*t)) continue;
+                can_block = t->prepare_wait() && can_block;
+            }
             for (auto &t : retired_transports_) can_block = t->prepare_wait() && can_block;
         }
         epoll_event evs[4];
@@ -382,6 +388,12 @@ size_t Context::poll_locked() {
     for (auto &t : transports) n += t->poll(*this);
     for (auto &t : retired_transports_) n += t->poll(*this);
     return n;
+}
+
+bool Context::has_sessions_on(const transport::Transport &t) const {
+    for (auto &[peer_id, weak] : sessions_)
+        if (auto s = weak.lock(); s && s->tp == &t) return true;
+    return false;
 }
 
 void Context::renew_transport(size_t index) {

@@ -392,6 +392,7 @@ class Context : public transport::CompletionSink {
     // fresh endpoint; sessions that still use the old one keep it (retired_transports_).
     void renew_transport(size_t index);
     void drop_unused_retired_transports();
+    bool has_sessions_on(const transport::Transport &t) const;
     std::vector<transport::OpenOptions> transport_options_;
     std::vector<std::shared_ptr<transport::Transport>> retired_transports_;
 

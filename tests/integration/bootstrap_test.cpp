@@ -214,3 +214,28 @@ TEST(Bootstrap, AProviderMismatchFailsBothSidesAndLeavesNoSession) {
 }
 
 }  // namespace
+
+namespace {
+
+double cpu_seconds() {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
+}
+
+// With the default provider choice a context also opens shm, whose wait object never fires for a
+// peer's writes, so the progress thread napped 1 ms at a time even with no session at all: ~800
+// wake-ups a second, ~7% of a core, for nothing.
+TEST(Idle, AContextWithNoSessionsCostsAlmostNoCpu) {
+    sg_context_t c = make(nullptr);
+    ASSERT_NE(c, nullptr);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // start-up work done
+    const double before = cpu_seconds();
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    const double used = cpu_seconds() - before;
+    std::printf("[ info ] idle context: %.1f ms of CPU in 3 s (%.2f%% of a core)\n", used * 1000, used / 3 * 100);
+    EXPECT_LT(used, 0.06) << "more than 2% of a core while idle";
+    sg_context_destroy(c);
+}
+
+}  // namespace
