@@ -164,6 +164,27 @@ void need(const void *p, const char *name) {
     if (!p) fail(SG_ERR_INVALID_ARGUMENT, std::string(name) + " is NULL");
 }
 
+// The one rule for a caller buffer that comes with a size out-parameter (the header's "Caller
+// buffers"): NULL with capacity 0 asks for the size, NULL with a capacity is refused. Checked before
+// anything is computed or written; true for a size query.
+bool size_query(const void *buf, size_t cap, const char *name) {
+    if (!buf && cap)
+        fail(SG_ERR_INVALID_ARGUMENT, std::string(name) + " is NULL with a capacity of " + std::to_string(cap) +
+                                          " (NULL with capacity 0 asks for the size)");
+    return !buf;
+}
+
+// An optional error-detail string, cut to fit (as in sg_error_info_t): msg NULL with cap 0 skips it.
+void check_detail_buffer(const char *msg, size_t cap) {
+    if (!msg && cap) fail(SG_ERR_INVALID_ARGUMENT, "msg is NULL with a capacity of " + std::to_string(cap));
+}
+void copy_detail(const std::string &s, char *msg, size_t cap) {
+    if (!msg || !cap) return;
+    const size_t n = std::min(cap - 1, s.size());
+    std::memcpy(msg, s.data(), n);
+    msg[n] = '\0';
+}
+
 void copy_string(const std::string &s, char *buf, size_t cap) {
     need(buf, "buf");
     if (s.size() + 1 > cap) fail(SG_ERR_BUFFER_TOO_SMALL, "buffer needs " + std::to_string(s.size() + 1) + " bytes");
@@ -338,7 +359,7 @@ SG_API sg_status_t sg_context_event_fd(sg_context_t h, int *fd) {
 
 SG_API sg_status_t sg_context_progress(sg_context_t h) {
     return guard(nullptr, [&] {
-        lookup(contexts(), raw(h), "context")->progress_once(true);
+        lookup(contexts(), raw(h), "context")->progress_once();
         return SG_OK;
     });
 }
@@ -415,6 +436,7 @@ SG_API sg_status_t sg_context_metrics_text(sg_context_t h, char *buf, size_t cap
     return guard(nullptr, [&] {
         auto ctx = lookup(contexts(), raw(h), "context");
         need(len, "len");
+        const bool query = size_query(buf, cap, "buf");
         const sg_context_stats_t s = snapshot(*ctx);
         struct Metric {
             const char *name, *type, *help;
@@ -448,7 +470,8 @@ SG_API sg_status_t sg_context_metrics_text(sg_context_t h, char *buf, size_t cap
             text += std::string(m.name) + " " + std::to_string(m.value) + "\n";
         }
         *len = text.size();
-        if (!buf || cap <= text.size())
+        if (query) return SG_OK;
+        if (cap <= text.size())
             fail(SG_ERR_BUFFER_TOO_SMALL, "metrics text needs " + std::to_string(text.size() + 1) + " bytes");
         std::memcpy(buf, text.c_str(), text.size() + 1);
         return SG_OK;
@@ -459,11 +482,17 @@ SG_API sg_status_t sg_context_metrics_text(sg_context_t h, char *buf, size_t cap
 SG_API sg_status_t sg_provider_query(const char *local_addr, sg_provider_info_t *out, size_t capacity, size_t *count) {
     return guard(nullptr, [&] {
         need(count, "count");
-        if (capacity && !out) fail(SG_ERR_INVALID_ARGUMENT, "out is NULL with capacity > 0");
+        const bool query = size_query(out, capacity, "out");
         auto ranked = sg::transport::rank_candidates(sg::transport::discover(local_addr));
         const int remote = sg::transport::choose_remote(ranked), local = sg::transport::choose_local(ranked);
-        for (size_t i = 0; i < ranked.size() && i < capacity; ++i) {
-            if (out[i].struct_size < sizeof(size_t)) fail(SG_ERR_INVALID_ARGUMENT, "out[i].struct_size is not set");
+        for (size_t i = 0; i < ranked.size() && i < capacity; ++i)
+            if (out[i].struct_size < sizeof(size_t))
+                fail(SG_ERR_INVALID_ARGUMENT, "out[" + std::to_string(i) + "].struct_size is not set");
+        *count = ranked.size();
+        if (query) return SG_OK;
+        if (ranked.size() > capacity)
+            fail(SG_ERR_BUFFER_TOO_SMALL, std::to_string(ranked.size()) + " providers, capacity " + std::to_string(capacity));
+        for (size_t i = 0; i < ranked.size(); ++i) {
             sg_provider_info_t info{};
             const auto &c = ranked[i];
             auto put = [](char *dst, size_t cap, const std::string &s) {
@@ -488,8 +517,6 @@ SG_API sg_status_t sg_provider_query(const char *local_addr, sg_provider_info_t 
             info.struct_size = n;
             std::memcpy(static_cast<void *>(&out[i]), &info, n);
         }
-        *count = ranked.size();
-        if (ranked.size() > capacity && capacity) fail(SG_ERR_BUFFER_TOO_SMALL, "more providers than capacity");
         return SG_OK;
     });
 }
@@ -647,9 +674,11 @@ SG_API sg_status_t sg_context_get_metadata(sg_context_t h, void *buf, size_t cap
     return guard(nullptr, [&] {
         auto ctx = lookup(contexts(), raw(h), "context");
         need(len, "len");
+        const bool query = size_query(buf, cap, "buf");
         std::vector<uint8_t> blob = ctx->metadata();
         *len = blob.size();
-        if (cap < blob.size() || !buf)
+        if (query) return SG_OK;
+        if (cap < blob.size())
             fail(SG_ERR_BUFFER_TOO_SMALL, "metadata needs " + std::to_string(blob.size()) + " bytes");
         std::memcpy(buf, blob.data(), blob.size());
         return SG_OK;
@@ -708,11 +737,13 @@ SG_API sg_status_t sg_session_next_notification(sg_session_t sh, void *buf, size
     return guard(nullptr, [&] {
         auto s = lookup(sessions(), raw(sh), "session");
         need(len, "len");
+        const bool query = size_query(buf, cap, "buf");
         std::lock_guard lock(s->ctx->mu);
         if (s->notifications.empty()) return SG_ERR_AGAIN;  // the normal "nothing yet", not recorded
         const auto &front = s->notifications.front();
         *len = front.size();
-        if (!buf || cap < front.size())
+        if (query) return SG_OK;  // the notification stays for the call that takes it
+        if (cap < front.size())
             fail(SG_ERR_BUFFER_TOO_SMALL, "notification needs " + std::to_string(front.size()) + " bytes");
         std::memcpy(buf, front.data(), front.size());
         s->notifications.pop_front();
@@ -724,13 +755,10 @@ SG_API sg_status_t sg_session_error(sg_session_t sh, sg_status_t *status, char *
     return guard(nullptr, [&] {
         auto s = lookup(sessions(), raw(sh), "session");
         need(status, "status");
+        check_detail_buffer(msg, cap);
         std::lock_guard lock(s->ctx->mu);
         *status = s->error;
-        if (msg && cap) {
-            const size_t n = std::min(cap - 1, s->error_message.size());
-            std::memcpy(msg, s->error_message.data(), n);
-            msg[n] = '\0';
-        }
+        copy_detail(s->error_message, msg, cap);
         return SG_OK;
     });
 }
@@ -780,9 +808,11 @@ SG_API sg_status_t sg_profile_to_json(sg_profile_t h, char *buf, size_t cap, siz
     return guard(nullptr, [&] {
         auto p = lookup(profiles(), raw(h), "profile");
         need(len, "len");
+        const bool query = size_query(buf, cap, "buf");
         const std::string text = sg::select::to_json(*p);
         *len = text.size();
-        if (!buf || cap <= text.size())
+        if (query) return SG_OK;
+        if (cap <= text.size())
             fail(SG_ERR_BUFFER_TOO_SMALL, "the profile needs " + std::to_string(text.size() + 1) + " bytes");
         std::memcpy(buf, text.c_str(), text.size() + 1);
         return SG_OK;
@@ -898,6 +928,7 @@ SG_API sg_status_t sg_selector_select(sg_selector_t h, uint32_t layer, const sg_
     return guard(nullptr, [&] {
         auto s = lookup(selectors(), raw(h), "selector");
         need(count, "count");
+        const bool query = size_query(blocks, cap, "blocks");
         sg_selector_input_t zero;
         sg_selector_input_init(&zero);
         const sg_selector_input_t in = read_sized(input, zero, "input");
@@ -916,7 +947,8 @@ SG_API sg_status_t sg_selector_select(sg_selector_t h, uint32_t layer, const sg_
         }
         s->sel.select(layer, si, s->out);
         *count = s->out.blocks.size();
-        if (!blocks || cap < s->out.blocks.size())
+        if (query) return SG_OK;
+        if (cap < s->out.blocks.size())
             fail(SG_ERR_BUFFER_TOO_SMALL, "the selection holds " + std::to_string(s->out.blocks.size()) + " blocks");
         std::copy(s->out.blocks.begin(), s->out.blocks.end(), blocks);
         return SG_OK;
@@ -1074,13 +1106,15 @@ SG_API sg_status_t sg_transfer_digests(sg_transfer_t h, uint32_t layer, float *o
     return guard(nullptr, [&] {
         auto t = lookup(transfers(), raw(h), "transfer");
         need(count, "count");
+        const bool query = size_query(out, cap, "out");
         if (layer >= t->layers.size()) fail(SG_ERR_OUT_OF_RANGE, "layer " + std::to_string(layer) + " >= num_layers");
         std::vector<float> d;
         if (!t->ctx->digests(*t, layer, d))
             fail(SG_ERR_INVALID_STATE, t->post_side ? "digests are read on the decode side"
                                                     : "the layer is not SG_LAYER_ESSENTIAL (or the transfer lacks SG_PATH_PROACTIVE)");
         *count = d.size();
-        if (!out || cap < d.size())
+        if (query) return SG_OK;
+        if (cap < d.size())
             fail(SG_ERR_BUFFER_TOO_SMALL, "out needs " + std::to_string(d.size()) + " floats");
         std::memcpy(out, d.data(), d.size() * sizeof(float));
         return SG_OK;
@@ -1122,11 +1156,13 @@ SG_API sg_status_t sg_transfer_residency(sg_transfer_t h, uint32_t layer, uint8_
     return guard(nullptr, [&] {
         auto t = lookup(transfers(), raw(h), "transfer");
         need(num_bits, "num_bits");
+        const bool query = size_query(bitmap, cap, "bitmap");
         if (layer >= t->layers.size()) fail(SG_ERR_OUT_OF_RANGE, "layer " + std::to_string(layer) + " >= num_layers");
         std::lock_guard lock(t->ctx->mu);
         const size_t nb = t->residency.num_blocks();
         *num_bits = nb;
-        if (!bitmap || cap < (nb + 7) / 8)
+        if (query) return SG_OK;
+        if (cap < (nb + 7) / 8)
             fail(SG_ERR_BUFFER_TOO_SMALL, "bitmap needs " + std::to_string((nb + 7) / 8) + " bytes");
         t->residency.copy_layer(layer, bitmap);
         return SG_OK;
@@ -1137,13 +1173,10 @@ SG_API sg_status_t sg_transfer_status(sg_transfer_t h, sg_status_t *status, char
     return guard(nullptr, [&] {
         auto t = lookup(transfers(), raw(h), "transfer");
         need(status, "status");
+        check_detail_buffer(msg, cap);
         std::lock_guard lock(t->ctx->mu);
         *status = t->status;
-        if (msg && cap) {
-            const size_t n = std::min(cap - 1, t->error.size());
-            std::memcpy(msg, t->error.data(), n);
-            msg[n] = '\0';
-        }
+        copy_detail(t->error, msg, cap);
         return SG_OK;
     });
 }

@@ -301,10 +301,9 @@ static sg_status_t query_all(const char *addr, sg_provider_info_t **out, size_t 
     sg_status_t st;
     int attempt;
 
-    /* Sizing call. SG_ERR_BUFFER_TOO_SMALL is accepted too: the header leaves open which of the two
-     * a zero capacity gets when providers exist. */
+    /* Sizing call: NULL with capacity 0 answers SG_OK with the count (the header's caller-buffer rule). */
     st = sg_provider_query(addr, NULL, 0, &n);
-    if (st != SG_OK && st != SG_ERR_BUFFER_TOO_SMALL)
+    if (st != SG_OK)
         return st;
 
     for (attempt = 0; attempt < 5; attempt++) {
@@ -320,10 +319,8 @@ static sg_status_t query_all(const char *addr, sg_provider_info_t **out, size_t 
         for (i = 0; i < cap; i++)
             ps[i].struct_size = sizeof ps[i]; /* tells the library which fields this tool knows */
         st = sg_provider_query(addr, ps, cap, &got);
-        n = got;
+        n = got; /* with SG_ERR_BUFFER_TOO_SMALL: the new count, nothing filled; retry with it */
         if (st == SG_OK) {
-            if (n > cap) /* not expected with SG_OK; keep what was filled */
-                n = cap;
             *out = ps;
             *count = n;
             return SG_OK;

@@ -15,7 +15,16 @@
  *   - Fallible calls return sg_status_t: SG_OK (0), SG_IN_PROGRESS (1), or a negative error from a
  *     pinned range: -1..-99 caller errors, -100..-199 resources / retry later, -200..-299 peer,
  *     network or deadline, -300..-399 unsupported.
- *   - Outputs are written only when the call returns SG_OK (or SG_IN_PROGRESS where stated).
+ *   - Outputs are written only when the call returns SG_OK (or SG_IN_PROGRESS where stated), except
+ *     the size out-parameter of a caller buffer with SG_ERR_BUFFER_TOO_SMALL (below).
+ *   - Caller buffers. A call that fills a caller buffer (buf/out + a capacity) and reports its size
+ *     (*len, *count, *num_bits) follows one rule: buffer NULL with capacity 0 asks for the size:
+ *     SG_OK, only the size written; buffer NULL with a capacity > 0: SG_ERR_INVALID_ARGUMENT; a
+ *     buffer too small: SG_ERR_BUFFER_TOO_SMALL with the size written and the buffer untouched;
+ *     otherwise SG_OK with the buffer and the size written. Capacities and sizes count the
+ *     function's unit (bytes, floats, entries); text sizes exclude the NUL, which the buffer must
+ *     also hold. Calls without a size out-parameter say where the size comes from; optional
+ *     error-detail strings (msg, cap) are cut to fit instead, as in sg_error_info_t.
  *   - A call that cannot allocate what it needs (also under an address-space limit, ulimit -v)
  *     returns SG_ERR_NO_MEMORY; it never aborts the process.
  *   - Handles are opaque values, never pointers into the library: a destroyed, double-destroyed or
@@ -298,8 +307,9 @@ SG_API sg_status_t sg_context_event_fd(sg_context_t ctx, int *fd);
  * context was created with progress_thread = false; harmless otherwise. Since 0.1. */
 SG_API sg_status_t sg_context_progress(sg_context_t ctx);
 
-/* Name of the provider the context runs on ("tcp;ofi_rxm", "shm", ...), NUL-terminated into buf.
- * SG_ERR_BUFFER_TOO_SMALL if cap is too small. Since 0.1. */
+/* Name of the provider the context runs on ("tcp;ofi_rxm", "shm", ...), NUL-terminated into buf (cap
+ * bytes). No size out-parameter (see Caller buffers): buf NULL is SG_ERR_INVALID_ARGUMENT, a name
+ * that does not fit SG_ERR_BUFFER_TOO_SMALL, the message saying the bytes needed. Since 0.1. */
 SG_API sg_status_t sg_context_provider(sg_context_t ctx, char *buf, size_t cap);
 
 /* Run-time tunables: enum + value with queryable bounds. Values pinned. */
@@ -361,8 +371,8 @@ SG_API void sg_context_stats_init(sg_context_stats_t *stats);
 SG_API sg_status_t sg_context_stats(sg_context_t ctx, sg_context_stats_t *out);
 
 /* The same counters in the Prometheus text exposition format (version 0.0.4), for the host to serve:
- * "smartgen_rma_ops_total 12", with HELP and TYPE lines. buf may be NULL with cap 0 to learn the
- * size; *len receives the bytes needed without the NUL. SG_ERR_BUFFER_TOO_SMALL when cap <= *len.
+ * "smartgen_rma_ops_total 12", with HELP and TYPE lines, NUL-terminated. Caller buffer (see
+ * Conventions): *len receives the text's bytes without the NUL, so buf needs cap > *len.
  * Since 0.1. */
 SG_API sg_status_t sg_context_metrics_text(sg_context_t ctx, char *buf, size_t cap, size_t *len);
 
@@ -388,11 +398,12 @@ typedef struct sg_provider_info {
 } sg_provider_info_t;
 
 /* Lists the providers libfabric finds, one entry per (provider, domain), ranked as the runtime ranks
- * them. With out NULL and capacity 0 it returns SG_OK and only sets *count. Otherwise each
- * out[i].struct_size must be set by the caller (sizeof(sg_provider_info_t)); the library writes
- * min(struct_size, its size) bytes of each entry. *count receives the number found (0, with SG_OK,
- * when there is none); when that exceeds capacity, the first capacity entries are filled and
- * SG_ERR_BUFFER_TOO_SMALL is returned. local_addr: reserved, pass NULL. Since 0.1. */
+ * them. Caller buffer (see Conventions) of capacity entries; *count receives the number found (0,
+ * with SG_OK, when there is none). When it exceeds capacity: SG_ERR_BUFFER_TOO_SMALL and no entry
+ * is written (the list may change between two calls: retry with the new count). Each
+ * out[i].struct_size (i < capacity) must be set by the caller (sizeof(sg_provider_info_t)), else
+ * SG_ERR_INVALID_ARGUMENT; the library writes min(struct_size, its size) bytes of each entry.
+ * local_addr: reserved, pass NULL. Since 0.1. */
 SG_API sg_status_t sg_provider_query(const char *local_addr, sg_provider_info_t *out, size_t capacity,
                                      size_t *count);
 
@@ -491,8 +502,9 @@ SG_API sg_status_t sg_session_connect(sg_context_t ctx, const char *addr, uint16
                                       sg_session_t *out, sg_error_info_t *err);
 
 /* Writes this context's metadata blob (protocol version, endpoint names, host identity) for hosts
- * that carry their own control channel. buf may be NULL with cap 0 to learn the size in *len.
- * Returns SG_OK or SG_ERR_BUFFER_TOO_SMALL (with *len set). Since 0.1. */
+ * that carry their own control channel. Caller buffer (see Conventions): *len receives the blob's
+ * bytes; buf NULL with cap 0 asks for it. Returns SG_OK, SG_ERR_BUFFER_TOO_SMALL (with *len set),
+ * SG_ERR_INVALID_ARGUMENT, SG_ERR_INVALID_HANDLE. Since 0.1. */
 SG_API sg_status_t sg_context_get_metadata(sg_context_t ctx, void *buf, size_t cap, size_t *len);
 
 /* Makes a session from a peer's metadata blob. Both sides load the other's blob, within
@@ -519,7 +531,8 @@ SG_API sg_status_t sg_session_wait_ready(sg_session_t session, uint64_t timeout_
  * Returns SG_OK, SG_ERR_INVALID_HANDLE, SG_ERR_TRANSPORT (registration failed). Since 0.1. */
 SG_API sg_status_t sg_session_export_kv(sg_session_t session, sg_kv_handle_t handle);
 
-/* Provider the session runs on, into buf. Since 0.1. */
+/* Provider the session runs on, NUL-terminated into buf (cap bytes); as sg_context_provider (no size
+ * out-parameter: buf NULL is SG_ERR_INVALID_ARGUMENT). Since 0.1. */
 SG_API sg_status_t sg_session_provider(sg_session_t session, char *buf, size_t cap);
 
 #define SG_NOTIFY_MAX 4096 /* bytes of one application notification */
@@ -531,15 +544,19 @@ SG_API sg_status_t sg_session_provider(sg_session_t session, char *buf, size_t c
 SG_API sg_status_t sg_session_notify(sg_session_t session, const void *data, size_t len);
 
 /* Takes the oldest notification that arrived on the session into buf (cap bytes); *len receives
- * its size. Returns SG_OK; SG_ERR_AGAIN when none is waiting (not an error: poll again, or wait
- * for the context's event fd); SG_ERR_BUFFER_TOO_SMALL with *len set and the message kept.
+ * its size. Caller buffer (see Conventions): buf NULL with cap 0 only reports the oldest one's size
+ * (SG_OK) and keeps it. Returns SG_OK; SG_ERR_AGAIN when none is waiting (not an error: poll
+ * again, or wait for the context's event fd); SG_ERR_BUFFER_TOO_SMALL with *len set and the
+ * message kept.
  * At most 4096 notifications wait per session; beyond that the oldest are dropped and counted in
  * the log. Since 0.1. */
 SG_API sg_status_t sg_session_next_notification(sg_session_t session, void *buf, size_t cap, size_t *len);
 
 /* Health of a session: *status is SG_OK while it is usable, else why it is not (SG_ERR_PEER_LOST
  * when the peer went silent, its connection broke or it closed the session); msg (optional, cap
- * bytes) receives the detail. Returns SG_OK or SG_ERR_INVALID_HANDLE. Since 0.1. */
+ * bytes) receives the detail, cut to fit and NUL-terminated (NULL with cap 0 skips it; NULL with
+ * cap > 0 is SG_ERR_INVALID_ARGUMENT). Returns SG_OK, SG_ERR_INVALID_ARGUMENT or
+ * SG_ERR_INVALID_HANDLE. Since 0.1. */
 SG_API sg_status_t sg_session_error(sg_session_t session, sg_status_t *status, char *msg, size_t cap);
 
 /* Graceful close: the session takes no new transfers (post/expect answer SG_ERR_INVALID_STATE),
@@ -575,8 +592,8 @@ SG_API sg_status_t sg_profile_parse(const char *json, size_t len, sg_profile_t *
  * or read; SG_ERR_INVALID_ARGUMENT when it is not a regular file (a device, FIFO or directory) or
  * is larger than SG_PROFILE_MAX_BYTES. Since 0.1. */
 SG_API sg_status_t sg_profile_load(const char *path, sg_profile_t *out, sg_error_info_t *err);
-/* The profile as JSON (canonical form) into buf; *len receives the bytes needed without the NUL.
- * SG_ERR_BUFFER_TOO_SMALL when cap <= *len. Since 0.1. */
+/* The profile as JSON (canonical form), NUL-terminated, into buf. Caller buffer (see Conventions):
+ * *len receives the text's bytes without the NUL, so buf needs cap > *len. Since 0.1. */
 SG_API sg_status_t sg_profile_to_json(sg_profile_t profile, char *buf, size_t cap, size_t *len);
 /* NULL accepted. A profile may be destroyed while transfers made with it run (they hold a copy).
  * Since 0.1. */
@@ -602,7 +619,9 @@ SG_API sg_status_t sg_selector_digest_floats(sg_selector_t selector, size_t *flo
 /* Page digests of one layer (Quest), read from a pool through the request's block table:
  * out[block][kv_head][0][i] = min over the block's tokens of key element i, [1][i] = max. layout's
  * base pointers and block_ids (num_blocks entries) address the keys; the table is checked as
- * sg_transfer_expect checks it, against the selector's num_tokens. Since 0.1. */
+ * sg_transfer_expect checks it, against the selector's num_tokens. out holds cap floats; there is
+ * no size out-parameter (see Caller buffers): sg_selector_digest_floats gives the count, out NULL
+ * is SG_ERR_INVALID_ARGUMENT and fewer floats SG_ERR_BUFFER_TOO_SMALL. Since 0.1. */
 SG_API sg_status_t sg_selector_digest(sg_selector_t selector, const sg_kv_layout_t *layout, uint32_t layer,
                                       const uint32_t *block_ids, size_t num_block_ids, float *out, size_t cap);
 
@@ -627,8 +646,9 @@ SG_API void sg_selector_input_init(sg_selector_input_t *input);
 
 /* Selects the essential blocks of one layer under its budget: sinks and recent window always, the
  * rest by the layer's policy, per KV head; the union over heads, sorted, as logical block indices
- * (positions in the request's block table) into blocks (cap entries), the count into *count.
- * A dense layer selects every block. Returns SG_OK, SG_ERR_BUFFER_TOO_SMALL (with *count set),
+ * (positions in the request's block table) into blocks (cap entries), the count into *count
+ * (caller buffer, see Conventions: blocks NULL with cap 0 asks for the count). A dense layer
+ * selects every block. Returns SG_OK, SG_ERR_BUFFER_TOO_SMALL (with *count set),
  * SG_ERR_INVALID_ARGUMENT (an input the policy needs is missing). Since 0.1. */
 SG_API sg_status_t sg_selector_select(sg_selector_t selector, uint32_t layer, const sg_selector_input_t *input,
                                       uint32_t *blocks, size_t cap, size_t *count);
@@ -755,8 +775,8 @@ SG_API sg_status_t sg_transfer_wait_layer_state(sg_transfer_t xfer, uint32_t lay
                                                 uint64_t timeout_ns);
 
 /* Decode side, proactive path: the layer's page digests as received (fp32, the layout of
- * sg_selector_digest), into out (cap floats); *count receives the floats. SG_ERR_INVALID_STATE
- * before SG_LAYER_ESSENTIAL. Since 0.1. */
+ * sg_selector_digest), into out (cap floats); *count receives the floats (caller buffer, see
+ * Conventions). SG_ERR_INVALID_STATE before SG_LAYER_ESSENTIAL. Since 0.1. */
 SG_API sg_status_t sg_transfer_digests(sg_transfer_t xfer, uint32_t layer, float *out, size_t cap, size_t *count);
 
 /* Decode side, on-demand path: asks for logical blocks (positions in this side's block table) of a
@@ -794,14 +814,16 @@ SG_API sg_status_t sg_transfer_wait_layer(sg_transfer_t xfer, uint32_t layer, ui
 SG_API sg_status_t sg_transfer_layer_state(sg_transfer_t xfer, uint32_t layer, uint32_t *state);
 
 /* Residency of one layer on the decode side: bit i (LSB first within each byte) set when the bytes of
- * this side's block_ids[i] are in place. bitmap has cap bytes; *num_bits receives num_blocks.
- * SG_ERR_BUFFER_TOO_SMALL when cap < ceil(num_blocks/8). On the prefill side the bitmap tells which
- * blocks were delivered. Since 0.1. */
+ * this side's block_ids[i] are in place. bitmap has cap bytes; *num_bits receives num_blocks
+ * (caller buffer, see Conventions; the size is in bits: the bitmap needs ceil(*num_bits / 8)
+ * bytes, else SG_ERR_BUFFER_TOO_SMALL). On the prefill side the bitmap tells which blocks were
+ * delivered. Since 0.1. */
 SG_API sg_status_t sg_transfer_residency(sg_transfer_t xfer, uint32_t layer, uint8_t *bitmap, size_t cap,
                                          size_t *num_bits);
 
 /* The transfer's status (as sg_transfer_test) and, into msg (optional, cap bytes), its error detail,
- * for errors that happened in the background. Since 0.1. */
+ * for errors that happened in the background: cut to fit and NUL-terminated (NULL with cap 0
+ * skips it; NULL with cap > 0 is SG_ERR_INVALID_ARGUMENT). Since 0.1. */
 SG_API sg_status_t sg_transfer_status(sg_transfer_t xfer, sg_status_t *status, char *msg, size_t cap);
 
 typedef struct sg_transfer_stats {

@@ -415,6 +415,69 @@ static void test_version_mismatch(void)
         sg_context_destroy(ctx);
 }
 
+/* ---- caller buffers ------------------------------------------------------------------------------ */
+/* One rule for every call that fills a caller buffer and reports its size: NULL with capacity 0 is a
+ * size query (SG_OK, only the size written); NULL with a capacity is SG_ERR_INVALID_ARGUMENT; a
+ * buffer too small is SG_ERR_BUFFER_TOO_SMALL with the size written and the buffer untouched. */
+static void test_output_buffers(void)
+{
+    sg_context_t ctx = NULL;
+    static char buf[1 << 16];
+    size_t len = 0, len2 = 0, n = 0, i;
+    sg_provider_info_t infos[64];
+    int untouched = 1;
+
+    CHECK_STATUS(make_context(&ctx), SG_OK, "sg_context_create for the buffer tests");
+    if (ctx == NULL)
+        return;
+
+    CHECK_STATUS(sg_context_get_metadata(ctx, NULL, 0, &len), SG_OK, "sg_context_get_metadata size query");
+    CHECK(len > 0 && len < sizeof buf, "the metadata size is reported");
+    len2 = 7;
+    CHECK_STATUS(sg_context_get_metadata(ctx, NULL, 16, &len2), SG_ERR_INVALID_ARGUMENT,
+                 "sg_context_get_metadata with NULL and a capacity");
+    CHECK(len2 == 7, "nothing written for NULL with a capacity");
+    memset(buf, 0x5a, sizeof buf);
+    len2 = 0;
+    CHECK_STATUS(sg_context_get_metadata(ctx, buf, len - 1, &len2), SG_ERR_BUFFER_TOO_SMALL,
+                 "sg_context_get_metadata one byte short");
+    CHECK(len2 == len && (unsigned char)buf[0] == 0x5a, "size written, buffer untouched when too small");
+    CHECK_STATUS(sg_context_get_metadata(ctx, buf, len, &len2), SG_OK, "sg_context_get_metadata exact");
+
+    CHECK_STATUS(sg_context_metrics_text(ctx, NULL, 0, &len), SG_OK, "sg_context_metrics_text size query");
+    CHECK(len > 0 && len < sizeof buf, "the metrics size is reported (without the NUL)");
+    CHECK_STATUS(sg_context_metrics_text(ctx, NULL, 16, &len2), SG_ERR_INVALID_ARGUMENT,
+                 "sg_context_metrics_text with NULL and a capacity");
+    memset(buf, 0x5a, sizeof buf);
+    len2 = 0;
+    CHECK_STATUS(sg_context_metrics_text(ctx, buf, len, &len2), SG_ERR_BUFFER_TOO_SMALL,
+                 "sg_context_metrics_text without room for the NUL");
+    CHECK(len2 == len && (unsigned char)buf[0] == 0x5a, "size written, buffer untouched when too small");
+    CHECK_STATUS(sg_context_metrics_text(ctx, buf, len + 1, &len2), SG_OK, "sg_context_metrics_text exact");
+    CHECK(len2 == len && buf[len] == '\0', "metrics text is NUL-terminated");
+
+    /* Provider names have no size out-parameter: a buffer is required. */
+    CHECK_STATUS(sg_context_provider(ctx, NULL, 0), SG_ERR_INVALID_ARGUMENT, "sg_context_provider(NULL, 0)");
+    CHECK_STATUS(sg_context_provider(ctx, buf, 2), SG_ERR_BUFFER_TOO_SMALL, "sg_context_provider into 2 bytes");
+
+    CHECK_STATUS(sg_provider_query(NULL, NULL, 0, &n), SG_OK, "sg_provider_query size query");
+    CHECK_STATUS(sg_provider_query(NULL, NULL, 1, &len2), SG_ERR_INVALID_ARGUMENT,
+                 "sg_provider_query with NULL and a capacity");
+    if (n > 1 && n <= sizeof infos / sizeof infos[0]) {
+        memset(infos, 0x5a, sizeof infos);
+        for (i = 0; i < n; i++)
+            infos[i].struct_size = sizeof infos[i];
+        len2 = 0;
+        CHECK_STATUS(sg_provider_query(NULL, infos, n - 1, &len2), SG_ERR_BUFFER_TOO_SMALL,
+                     "sg_provider_query one entry short");
+        for (i = 0; i < n - 1; i++)
+            untouched = untouched && (unsigned char)infos[i].name[0] == 0x5a;
+        CHECK(len2 == n && untouched, "count written, entries untouched when too small");
+        CHECK_STATUS(sg_provider_query(NULL, infos, n, &len2), SG_OK, "sg_provider_query exact");
+    }
+    CHECK_STATUS(sg_context_destroy(ctx), SG_OK, "sg_context_destroy after the buffer tests");
+}
+
 /* ---- parameters --------------------------------------------------------------------------------- */
 static void test_params(void)
 {
@@ -459,6 +522,7 @@ int main(void)
     test_version_mismatch();
     test_auth_options();
     test_context_option_strings();
+    test_output_buffers();
     test_params();
 
     printf("%d passed, %d failed\n", g_passed, g_failed);

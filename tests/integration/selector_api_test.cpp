@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -34,7 +35,7 @@ TEST(SelectorApi, ParseErrorsNameTheField) {
     EXPECT_NE(std::string(err.message).find("defaults.budget.fraction"), std::string::npos) << err.message;
     ASSERT_EQ(sg_profile_parse(kProfile, std::strlen(kProfile), &p, &err), SG_OK) << err.message;
     size_t len = 0;
-    EXPECT_EQ(sg_profile_to_json(p, nullptr, 0, &len), SG_ERR_BUFFER_TOO_SMALL);
+    EXPECT_EQ(sg_profile_to_json(p, nullptr, 0, &len), SG_OK);  // a size query
     std::string text(len + 1, '\0');
     ASSERT_EQ(sg_profile_to_json(p, text.data(), text.size(), &len), SG_OK);
     sg_profile_t again = nullptr;
@@ -180,6 +181,63 @@ TEST(SelectorApi, TokenCountsNoSelectorHoldsAreRefused) {
     EXPECT_EQ(sg_selector_create(p, &widest, most, &sel, nullptr), SG_ERR_OUT_OF_RANGE) << sg_last_error_message();
     EXPECT_EQ(sel, nullptr);
     sg_selector_destroy(sel);
+    EXPECT_EQ(sg_profile_destroy(p), SG_OK);
+}
+
+// ---- caller buffers: one rule (the header's conventions) ----
+// NULL with capacity 0 asks for the size (SG_OK, only the size written); NULL with a capacity is
+// SG_ERR_INVALID_ARGUMENT; a buffer too small is SG_ERR_BUFFER_TOO_SMALL with the size written and
+// the buffer untouched. Each calls `fill(buf, cap, &size)` for one function of the rule; `unit` is
+// the element size in bytes and `extra` the elements the buffer needs beyond the size (the NUL).
+template <class T, class F>
+void follows_the_buffer_rule(const char *what, F &&fill, size_t extra = 0) {
+    SCOPED_TRACE(what);
+    size_t size = 12345;
+    ASSERT_EQ(fill(static_cast<T *>(nullptr), 0, &size), SG_OK) << sg_last_error_message();
+    ASSERT_NE(size, 12345u);
+    ASSERT_GT(size, 0u);
+    const size_t want = size;
+    size_t other = 777;
+    EXPECT_EQ(fill(static_cast<T *>(nullptr), 8, &other), SG_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(other, 777u) << "nothing is written when the call is refused";
+    std::vector<T> buf(want + extra + 1);
+    std::vector<T> before = buf;
+    std::memset(static_cast<void *>(before.data()), 0x5a, before.size() * sizeof(T));
+    buf = before;
+    other = 0;
+    EXPECT_EQ(fill(buf.data(), want + extra - 1, &other), SG_ERR_BUFFER_TOO_SMALL);
+    EXPECT_EQ(other, want) << "the size is written with SG_ERR_BUFFER_TOO_SMALL";
+    EXPECT_EQ(std::memcmp(buf.data(), before.data(), buf.size() * sizeof(T)), 0) << "the buffer is untouched";
+    other = 0;
+    EXPECT_EQ(fill(buf.data(), want + extra, &other), SG_OK) << sg_last_error_message();
+    EXPECT_EQ(other, want);
+}
+
+TEST(SelectorApi, OutputBuffersFollowOneRule) {
+    sg_profile_t p = nullptr;
+    ASSERT_EQ(sg_profile_parse(kProfile, std::strlen(kProfile), &p, nullptr), SG_OK);
+    follows_the_buffer_rule<char>(
+        "sg_profile_to_json", [&](char *b, size_t c, size_t *n) { return sg_profile_to_json(p, b, c, n); }, 1);
+    sg_kv_layout_t lay;
+    sg_kv_layout_init(&lay);
+    lay.num_layers = 2;
+    lay.num_kv_heads = 2;
+    lay.head_dim = 32;
+    lay.tokens_per_block = 16;
+    lay.dtype = SG_DTYPE_FP32;
+    sg_selector_t sel = nullptr;
+    ASSERT_EQ(sg_selector_create(p, &lay, 64 * 16, &sel, nullptr), SG_OK) << sg_last_error_message();
+    std::vector<float> digests(64 * 2 * 2 * 32), query(4 * 32, 1.0f);
+    sg_selector_input_t in;
+    sg_selector_input_init(&in);
+    in.queries = query.data();
+    in.num_queries = 1;
+    in.num_q_heads = 4;
+    in.digests = digests.data();
+    follows_the_buffer_rule<uint32_t>("sg_selector_select", [&](uint32_t *b, size_t c, size_t *n) {
+        return sg_selector_select(sel, 0, &in, b, c, n);
+    });
+    EXPECT_EQ(sg_selector_destroy(sel), SG_OK);
     EXPECT_EQ(sg_profile_destroy(p), SG_OK);
 }
 
@@ -406,6 +464,70 @@ TEST(TransferApi, UnknownFlagBitsAreRefused) {
     sg_transfer_options_init(&o);
     o.flags = SG_TRANSFER_ALL_LAYERS_WRITTEN;
     link.both("known", table, 2, 8, &o, SG_OK, "");
+}
+
+// The transfer and session calls that fill a caller buffer, and the optional error-detail strings.
+TEST(TransferApi, OutputBuffersFollowOneRule) {
+    Link link;
+    ASSERT_EQ(sg_session_wait_ready(link.ds, 10 * 1000000000ull), SG_OK) << sg_last_error_message();
+    ASSERT_EQ(sg_session_wait_ready(link.ps, 10 * 1000000000ull), SG_OK) << sg_last_error_message();
+    const uint32_t table[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    sg_transfer_options_t o;
+    sg_transfer_options_init(&o);
+    sg_transfer_t d = nullptr, x = nullptr;
+    ASSERT_EQ(sg_transfer_expect(link.ds, "buffers", link.dst->kv, table, 8, 32, &o, &d, nullptr), SG_OK)
+        << sg_last_error_message();
+    o.paths = SG_PATH_PROACTIVE | SG_PATH_SPECULATIVE;
+    o.flags = SG_TRANSFER_ALL_LAYERS_WRITTEN;
+    ASSERT_EQ(sg_transfer_post(link.ps, "buffers", link.src->kv, table, 8, 32, &o, &x, nullptr), SG_OK)
+        << sg_last_error_message();
+    ASSERT_EQ(sg_transfer_wait_layer_state(d, 0, SG_LAYER_ESSENTIAL, 10 * 1000000000ull), SG_OK)
+        << sg_last_error_message();
+    follows_the_buffer_rule<float>("sg_transfer_digests", [&](float *b, size_t c, size_t *n) {
+        return sg_transfer_digests(d, 0, b, c, n);
+    });
+    // The bitmap's size is in bits: 8 blocks need 1 byte. Checked by hand (the size is not bytes).
+    size_t bits = 0;
+    EXPECT_EQ(sg_transfer_residency(d, 0, nullptr, 0, &bits), SG_OK);
+    EXPECT_EQ(bits, 8u);
+    EXPECT_EQ(sg_transfer_residency(d, 0, nullptr, 1, &bits), SG_ERR_INVALID_ARGUMENT);
+    uint8_t bitmap[1] = {0};
+    bits = 0;
+    EXPECT_EQ(sg_transfer_residency(d, 0, bitmap, 0, &bits), SG_ERR_BUFFER_TOO_SMALL);
+    EXPECT_EQ(bits, 8u);
+    EXPECT_EQ(sg_transfer_residency(d, 0, bitmap, 1, &bits), SG_OK);
+    EXPECT_EQ(sg_transfer_wait(d, 10 * 1000000000ull), SG_OK) << sg_last_error_message();
+
+    // A notification is only looked at by a size query, and taken by the call that fills.
+    const char msg[] = "first-token:42";
+    ASSERT_EQ(sg_session_notify(link.ps, msg, sizeof msg - 1), SG_OK);
+    size_t len = 0;
+    sg_status_t st;
+    for (int i = 0; i < 500 && (st = sg_session_next_notification(link.ds, nullptr, 0, &len)) == SG_ERR_AGAIN; ++i)
+        usleep(10000);
+    ASSERT_EQ(st, SG_OK);
+    follows_the_buffer_rule<char>("sg_session_next_notification", [&](char *b, size_t c, size_t *n) {
+        return sg_session_next_notification(link.ds, b, c, n);
+    });
+    EXPECT_EQ(sg_session_next_notification(link.ds, nullptr, 0, &len), SG_ERR_AGAIN) << "taken once filled";
+
+    // Error-detail strings are optional and cut to fit; a NULL buffer with a capacity is refused.
+    sg_status_t health = SG_ERR_INTERNAL;
+    char detail[8];
+    EXPECT_EQ(sg_session_error(link.ds, &health, nullptr, 0), SG_OK);
+    EXPECT_EQ(health, SG_OK);
+    EXPECT_EQ(sg_session_error(link.ds, &health, nullptr, 8), SG_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(sg_session_error(link.ds, &health, detail, sizeof detail), SG_OK);
+    EXPECT_EQ(sg_transfer_status(d, &health, nullptr, 0), SG_OK);
+    EXPECT_EQ(sg_transfer_status(d, &health, nullptr, 8), SG_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(sg_transfer_status(d, &health, detail, sizeof detail), SG_OK);
+    // Provider names have no size out-parameter: a buffer is required.
+    char name[64];
+    EXPECT_EQ(sg_session_provider(link.ds, nullptr, 0), SG_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(sg_session_provider(link.ds, name, 2), SG_ERR_BUFFER_TOO_SMALL);
+    EXPECT_EQ(sg_session_provider(link.ds, name, sizeof name), SG_OK);
+    EXPECT_EQ(sg_transfer_release(x), SG_OK);
+    EXPECT_EQ(sg_transfer_release(d), SG_OK);
 }
 
 }  // namespace
