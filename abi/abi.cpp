@@ -359,7 +359,7 @@ SG_API sg_status_t sg_context_event_fd(sg_context_t h, int *fd) {
 
 SG_API sg_status_t sg_context_progress(sg_context_t h) {
     return guard(nullptr, [&] {
-        lookup(contexts(), raw(h), "context")->progress_once();
+        lookup(contexts(), raw(h), "context")->progress_once(true);
         return SG_OK;
     });
 }

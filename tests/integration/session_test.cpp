@@ -438,8 +438,19 @@ TEST(Session, TransferEventsRunOnTheProgressThread) {
         sg_transfer_t x = nullptr, y = nullptr;
         ASSERT_EQ(sg_transfer_expect(sb, "events", dst.kv, t, 2, 8, nullptr, &y, nullptr), SG_OK);
         ASSERT_EQ(sg_transfer_post(sa, "events", src.kv, t, 2, 8, &all, &x, nullptr), SG_OK);
-        ASSERT_EQ(sg_transfer_wait(y, 5 * kSecond), SG_OK);
+        // Polling from this thread must not run callbacks here: with a progress thread they run
+        // there only (sg_transfer_test and sg_context_progress used to dispatch them here).
+        sg_status_t st = SG_IN_PROGRESS;
+        for (int i = 0; i < 500000 && st == SG_IN_PROGRESS; ++i) {
+            st = sg_transfer_test(y);
+            ASSERT_EQ(sg_context_progress(b), SG_OK);
+        }
+        ASSERT_EQ(st, SG_OK);
         ASSERT_EQ(sg_transfer_wait_quiesced(y, 5 * kSecond), SG_OK);
+        for (int i = 0; i < 1000; ++i) {
+            sg_transfer_test(y);
+            sg_context_progress(b);
+        }
         for (int i = 0; i < 500; ++i) {
             {
                 std::lock_guard lock(events.mu);
