@@ -431,6 +431,15 @@ void Context::check_timers_locked() {
     if (now < next_timer_check_ns_) return;
     next_timer_check_ns_ = now + 10000000;
     if (!retired_transports_.empty()) drop_unused_retired_transports();
+    // Frames for a session nobody opened within two peer timeouts are not waiting for one.
+    for (auto it = orphans_.begin(); it != orphans_.end();) {
+        if (now - it->second.first_ns > 2 * peer_timeout_ns_) {
+            unauthenticated_bytes_ -= it->second.bytes;
+            it = orphans_.erase(it);
+        } else {
+            ++it;
+        }
+    }
     for (auto &[peer_id, weak] : sessions_) {
         auto s = weak.lock();
         if (s && s->closed && !s->regs_dropped) drop_registrations(*s);
@@ -475,6 +484,7 @@ void Context::lose_session(Session &s, sg_status_t status, const std::string &wh
     if (s.closed) return;
     s.closed = true;
     s.lost_ns = now_ns();
+    forget_held_frames(s);
     if (status == SG_ERR_PEER_LOST && !peer_closed) counters.peers_lost++;
     if (!peer_closed && s.tp->caps().local_only && transports[s.transport_index].get() == s.tp)
         renew_transport(s.transport_index);
@@ -687,17 +697,40 @@ void Context::on_message(std::span<const uint8_t> bytes) {
     }
     auto it = sessions_.find(h.sender_ctx);
     std::shared_ptr<Session> s = it == sessions_.end() ? nullptr : it->second.lock();
+    const uint64_t cost = frame_cost(bytes.size());
     if (!s) {
-        auto &q = orphans_[h.sender_ctx];
-        if (q.size() < 4096) q.emplace_back(bytes.begin(), bytes.end());
+        auto q = orphans_.find(h.sender_ctx);
+        const uint64_t queued = q == orphans_.end() ? 0 : q->second.bytes;
+        if (queued + cost > kUnauthenticatedShare || unauthenticated_bytes_ + cost > kUnauthenticatedBytes) {
+            if (log.enabled(SG_LOG_DEBUG))
+                log.log(SG_LOG_DEBUG, "dropped a frame from unknown context " + std::to_string(h.sender_ctx) +
+                                          ": the budget for senders without a session is spent");
+            return;
+        }
+        if (q == orphans_.end()) {
+            q = orphans_.emplace(h.sender_ctx, OrphanQueue{}).first;
+            q->second.first_ns = now_ns();
+        }
+        q->second.frames.emplace_back(bytes.begin(), bytes.end());
+        q->second.bytes += cost;
+        unauthenticated_bytes_ += cost;
         return;
     }
     const bool auth_frame = h.type == wire::MsgType::AuthChallenge || h.type == wire::MsgType::AuthProof ||
                             h.type == wire::MsgType::AuthResult;
     if (!s->authenticated && !auth_frame) {
+        if (s->closed) return;  // it never proved itself, and never will on this session
         // The peer proved itself to us already and spoke; its proof to us may still be on its way.
+        if (s->held_bytes + cost > kUnauthenticatedShare || unauthenticated_bytes_ + cost > kUnauthenticatedBytes) {
+            lose_session(*s, SG_ERR_PROTOCOL,
+                         "the peer sent more than " + std::to_string(kUnauthenticatedShare >> 20) +
+                             " MiB before proving its key (or the context's budget for unproven peers is spent)");
+            return;
+        }
         s->last_heard_ns = now_ns();
-        if (s->held_frames.size() < 4096) s->held_frames.emplace_back(bytes.begin(), bytes.end());
+        s->held_frames.emplace_back(bytes.begin(), bytes.end());
+        s->held_bytes += cost;
+        unauthenticated_bytes_ += cost;
         return;
     }
     try {
@@ -719,10 +752,22 @@ void Context::inject_frame(std::span<const uint8_t> frame) {
     on_message(frame);
 }
 
+uint64_t Context::unauthenticated_bytes() {
+    std::lock_guard lock(mu);
+    return unauthenticated_bytes_;
+}
+
+void Context::forget_held_frames(Session &s) {
+    unauthenticated_bytes_ -= s.held_bytes;
+    s.held_bytes = 0;
+    s.held_frames.clear();
+}
+
 void Context::deliver_orphans(Session &s) {
     auto it = orphans_.find(s.peer_ctx_id);
     if (it == orphans_.end()) return;
-    auto frames = std::move(it->second);
+    auto frames = std::move(it->second.frames);
+    unauthenticated_bytes_ -= it->second.bytes;
     orphans_.erase(it);
     for (auto &f : frames) on_message(f);
 }
@@ -1079,7 +1124,7 @@ void Context::handle_auth(Session &s, const wire::FrameHeader &h, std::span<cons
             log.log(SG_LOG_INFO, "session with peer " + std::to_string(s.peer_ctx_id) + " authenticated over the fabric");
             flush_outbox(s);
             auto held = std::move(s.held_frames);
-            s.held_frames.clear();
+            forget_held_frames(s);
             for (auto &f : held) on_message(f);
             cv.notify_all();
             signal_event();
@@ -1286,6 +1331,7 @@ void Context::close_session(Session &s, uint64_t deadline) {
     }
     if (!s.closed) s.lost_ns = now_ns();
     s.closed = true;
+    forget_held_frames(s);
     // Sends that never left are dropped; their cookies go back to the pool.
     for (auto *queue : {&s.outbox, &s.bulk_outbox, &s.auth_outbox}) {
         for (OpCookie *c : *queue) {
@@ -1304,6 +1350,7 @@ void Context::discard_session(Session &s) {
     std::lock_guard lock(mu);
     if (!s.closed) s.lost_ns = now_ns();
     s.closed = true;
+    forget_held_frames(s);
     for (auto *queue : {&s.outbox, &s.bulk_outbox, &s.auth_outbox}) {
         for (OpCookie *c : *queue) {
             if (c->xfer) c->xfer->inflight--;

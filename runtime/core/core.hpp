@@ -149,6 +149,7 @@ class Session {
     std::vector<uint8_t> auth_nonce;  // our challenge to the peer
     std::deque<OpCookie *> auth_outbox;
     std::deque<std::vector<uint8_t>> held_frames;
+    uint64_t held_bytes = 0;  // held_frames, counted as Context::frame_cost
     // Only one side may open the fabric connection: when both RDM endpoints connect to each other at
     // once, tcp;ofi_rxm can lose both connections. The context with the lower id speaks first; the
     // other holds its outbox until it hears from the peer.
@@ -350,6 +351,16 @@ class Context : public transport::CompletionSink {
     // Handles `frame` as if it had arrived from the fabric, from the context its header names: for
     // the handler fuzzer and for tests that play a hostile but authenticated peer. Takes mu.
     void inject_frame(std::span<const uint8_t> frame);
+    // Bytes held for senders that have not proven themselves (orphan and held frames). Takes mu.
+    uint64_t unauthenticated_bytes();
+    // What the context holds at most for unproven senders, all together and for one sender. A
+    // peer that is really bootstrapping sends a HandleExport or two and some Expects before its
+    // proof arrives: well under a megabyte.
+    static constexpr uint64_t kUnauthenticatedBytes = 16ull << 20;
+    static constexpr uint64_t kUnauthenticatedShare = 4ull << 20;
+    // A frame's cost in those budgets: its bytes plus the bookkeeping around it, so that floods of
+    // tiny frames count too.
+    static constexpr uint64_t frame_cost(size_t bytes) { return uint64_t(bytes) + 64; }
     void notify(Session &s, std::span<const uint8_t> data);
     int event_fd() const { return event_fd_; }
     void signal_event();
@@ -477,7 +488,17 @@ class Context : public transport::CompletionSink {
     std::map<uint64_t, std::weak_ptr<Session>> sessions_;  // by peer context id
     std::vector<std::shared_ptr<Transfer>> active_;        // prefill transfers with work to do
     std::vector<std::shared_ptr<Transfer>> lingering_;     // released with operations still in flight
-    std::map<uint64_t, std::vector<std::vector<uint8_t>>> orphans_;  // frames from peers not yet known
+    // Frames from peers this context has no session with yet (their session may be opened in a
+    // moment), by sender id, and how much memory they and unauthenticated sessions' held frames take:
+    // a sender names itself, so an unproven one must not be able to make the context hold without
+    // bound (see kUnauthenticatedBytes).
+    struct OrphanQueue {
+        uint64_t first_ns = 0, bytes = 0;
+        std::vector<std::vector<uint8_t>> frames;
+    };
+    std::map<uint64_t, OrphanQueue> orphans_;
+    uint64_t unauthenticated_bytes_ = 0;
+    void forget_held_frames(Session &s);
     struct Event {
         std::shared_ptr<Transfer> t;
         sg_transfer_event_t type;

@@ -229,4 +229,41 @@ TEST(ExceptionBarrier, ATransportErrorOnTheProgressThreadFailsTheSessionsNotTheP
     EXPECT_NE(s->error_message.find("injected failure"), std::string::npos) << s->error_message;
 }
 
+
+// A big frame: an Expect with 60000 block ids (~240 KB).
+std::vector<uint8_t> big_frame(uint64_t sender) {
+    wire::Expect e;
+    e.request_id = "flood";
+    e.block_ids.assign(60000, 7);
+    std::vector<uint8_t> frame;
+    wire::encode(frame, sender, e);
+    return frame;
+}
+
+// Frames from senders the context has no session with are kept (their session may be opened in a
+// moment), but within a budget: before, 4096 frames per (forged) sender id, without bound overall.
+TEST(Unauthenticated, FramesFromUnknownSendersStayWithinTheContextsBudget) {
+    core::Context c(options(false));
+    for (uint64_t i = 0; i < 200; ++i) c.inject_frame(big_frame(0x1000 + i));  // ~48 MB from 200 ids
+    EXPECT_LE(c.unauthenticated_bytes(), core::Context::kUnauthenticatedBytes);
+    EXPECT_GT(c.unauthenticated_bytes(), 0u);
+    core::Context d(options(false));
+    for (int i = 0; i < 100; ++i) d.inject_frame(big_frame(0x42));  // ~24 MB from one id
+    EXPECT_LE(d.unauthenticated_bytes(), core::Context::kUnauthenticatedShare);
+}
+
+TEST(Unauthenticated, APeerThatSendsTooMuchBeforeProvingItsKeyIsDropped) {
+    core::Context a(options(false)), b(options(false));
+    sg_session_options_t so{};
+    so.struct_size = sizeof so;
+    auto s = a.open_session(b.hello(), so, false);  // from a blob: must prove itself over the fabric
+    for (int i = 0; i < 100; ++i) a.inject_frame(big_frame(b.id));
+    {
+        std::lock_guard lock(a.mu);
+        EXPECT_TRUE(s->closed);
+        EXPECT_EQ(s->error, SG_ERR_PROTOCOL) << s->error_message;
+    }
+    EXPECT_EQ(a.unauthenticated_bytes(), 0u);
+}
+
 }  // namespace
