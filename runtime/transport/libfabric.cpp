@@ -9,13 +9,48 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 
+#include <dlfcn.h>
+
 #include <cerrno>
+#include <csignal>
 #include <cstring>
 #include <string>
 
 namespace sg::transport {
 
 namespace {
+
+// Debian's libfabric links every provider in, and psm's libinfinipath installs SIGINT, SIGTERM,
+// SIGSEGV, SIGBUS, SIGILL and SIGABRT handlers from its constructor when libfabric is loaded: a host
+// that never asked for them then gets backtrace files (.btr) in its working directory instead of
+// the default action, and SIGTERM during a wait crashed inside libfabric. A host's signals are its
+// own: once libfabric (a dependency, so constructed first) is loaded, put every disposition that
+// points into a library SmartGen does not use back to the default. Handlers the host installs
+// itself, before loading us or after, are never touched.
+bool installed_by_unwanted_library(void (*handler)(int)) {
+    if (handler == SIG_DFL || handler == SIG_IGN) return false;
+    Dl_info info{};
+    if (!dladdr(reinterpret_cast<void *>(handler), &info) || !info.dli_fname) return false;
+    const char *name = std::strrchr(info.dli_fname, '/');
+    name = name ? name + 1 : info.dli_fname;
+    return std::strncmp(name, "libinfinipath", 13) == 0 || std::strncmp(name, "libpsm", 6) == 0;
+}
+
+__attribute__((constructor)) void restore_signal_dispositions() {
+    for (int sig : {SIGINT, SIGTERM, SIGQUIT, SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT}) {
+        struct sigaction current {};
+        if (sigaction(sig, nullptr, &current) != 0) continue;
+        if (current.sa_flags & SA_SIGINFO) {
+            if (!installed_by_unwanted_library(reinterpret_cast<void (*)(int)>(current.sa_sigaction))) continue;
+        } else if (!installed_by_unwanted_library(current.sa_handler)) {
+            continue;
+        }
+        struct sigaction dfl {};
+        dfl.sa_handler = SIG_DFL;
+        sigemptyset(&dfl.sa_mask);
+        sigaction(sig, &dfl, nullptr);
+    }
+}
 
 std::string fi_text(int rc) { return std::string(fi_strerror(-rc)) + " (" + std::to_string(rc) + ")"; }
 

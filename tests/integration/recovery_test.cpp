@@ -4,7 +4,11 @@
 // on the same pool stayed SG_IN_PROGRESS for 30 s and more (every run). Over tcp it recovered.
 #include "pair_harness.hpp"
 
+#include <atomic>
 #include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -134,5 +138,79 @@ void survive_a_killed_decode_side(const char *provider) {
 TEST(Recovery, AContextStaysUsableAfterItsDecodePeerIsKilledMidTransferShm) { survive_a_killed_decode_side("shm"); }
 
 TEST(Recovery, AContextStaysUsableAfterItsDecodePeerIsKilledMidTransferTcp) { survive_a_killed_decode_side("tcp"); }
+
+}  // namespace
+
+namespace {
+
+std::atomic<int> g_sigterm_seen{0};
+void on_sigterm(int) { g_sigterm_seen = 1; }
+
+// A process that expects a transfer nobody posts and waits on it; `handler`: installs its own
+// SIGTERM handler first. Another thread sends SIGTERM to the process during the wait.
+[[noreturn]] void wait_and_get_sigterm(bool handler) {
+    alarm(30);
+    if (handler) std::signal(SIGTERM, on_sigterm);
+    sg_context_t a = sgtest::make_context("tcp"), b = sgtest::make_context("tcp");
+    CHILD_CHECK(a && b, "contexts");
+    size_t la = 0, lb = 0;
+    sg_context_get_metadata(a, nullptr, 0, &la);
+    sg_context_get_metadata(b, nullptr, 0, &lb);
+    std::vector<uint8_t> ma(la), mb(lb);
+    sg_context_get_metadata(a, ma.data(), la, &la);
+    sg_context_get_metadata(b, mb.data(), lb, &lb);
+    sg_session_t sa = nullptr, sb = nullptr;
+    CHILD_CHECK(sg_session_from_metadata(a, mb.data(), lb, nullptr, &sa, nullptr) == SG_OK, "session a");
+    CHILD_CHECK(sg_session_from_metadata(b, ma.data(), la, nullptr, &sb, nullptr) == SG_OK, "session b");
+    Pool pool(0);
+    sg_kv_handle_t kv = nullptr;
+    CHILD_CHECK(sg_kv_register(b, &pool.layout, &kv, nullptr) == SG_OK, "register");
+    CHILD_CHECK(sg_session_wait_ready(sb, 5 * kSecond) == SG_OK, "ready");
+    CHILD_CHECK(sg_session_export_kv(sb, kv) == SG_OK, "export");
+    const auto table = all_blocks();
+    sg_transfer_t t = nullptr;
+    CHILD_CHECK(sg_transfer_expect(sb, "never", kv, table.data(), table.size(), kBlocks * kTpb, nullptr, &t, nullptr) == SG_OK,
+                "expect");
+    std::thread killer([] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        kill(getpid(), SIGTERM);
+    });
+    for (int i = 0; i < 40 && !g_sigterm_seen; ++i) sg_transfer_wait(t, 50000000ull);
+    killer.join();
+    _exit(g_sigterm_seen ? 42 : 1);
+}
+
+int run_in_child(bool handler, const std::string &dir) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+        if (chdir(dir.c_str()) != 0) _exit(3);
+        wait_and_get_sigterm(handler);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return status;
+}
+
+bool dir_has_btr_files(const std::string &dir) {
+    const std::string cmd = "ls " + dir + "/*.btr >/dev/null 2>&1";
+    return std::system(cmd.c_str()) == 0;
+}
+
+// Debian's libfabric loads psm's libinfinipath, whose constructor installed its own SIGTERM,
+// SIGINT, SIGSEGV, ... handlers in every host: SIGTERM during sg_transfer_wait wrote .btr files
+// and ended in SIGSEGV inside libfabric in 3 of 6 processes.
+TEST(Signals, TheHostsSignalDispositionsAreItsOwn) {
+    char tmpl[] = "/tmp/sg-signals-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    const std::string dir = tmpl;
+    const int with_handler = run_in_child(true, dir);
+    EXPECT_TRUE(WIFEXITED(with_handler) && WEXITSTATUS(with_handler) == 42) << "status " << with_handler;
+    const int without = run_in_child(false, dir);
+    EXPECT_TRUE(WIFSIGNALED(without) && WTERMSIG(without) == SIGTERM)
+        << "a host without a handler must die of SIGTERM; status " << without;
+    EXPECT_FALSE(dir_has_btr_files(dir));
+    const std::string rm = "rm -rf " + dir;
+    (void)!std::system(rm.c_str());
+}
 
 }  // namespace
