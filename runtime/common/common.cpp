@@ -1,6 +1,8 @@
 #include "common/common.hpp"
 
 #include <cstdio>
+#include <map>
+#include <mutex>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -53,14 +55,56 @@ uint64_t now_ns() noexcept {
     return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
 }
 
+struct Logger::Repeats {
+    struct Seen {
+        uint64_t last_ns = 0;
+        uint64_t held_back = 0;
+    };
+    std::mutex mu;
+    std::map<std::string, Seen> lines;
+    // Distinct lines remembered; past this the oldest are forgotten (they only lose their count).
+    static constexpr size_t kMaxLines = 256;
+};
+
+Logger::Logger(sg_log_level_t level, sg_log_fn fn, void *user)
+    : level_(level), fn_(fn), user_(user), repeats_(std::make_shared<Repeats>()) {}
+
 void Logger::log(sg_log_level_t level, const std::string &message) const noexcept {
     if (!enabled(level)) return;
-    if (fn_) {
-        fn_(user_, level, message.c_str());
-        return;
+    try {
+        std::string text = message;
+        if (repeats_ && level != SG_LOG_DEBUG) {
+            std::lock_guard lock(repeats_->mu);
+            const uint64_t now = now_ns();
+            auto &lines = repeats_->lines;
+            auto it = lines.find(message);
+            if (it != lines.end() && now - it->second.last_ns < kRepeatWindowNs) {
+                it->second.held_back++;
+                return;
+            }
+            if (it != lines.end() && it->second.held_back)
+                text += " (and " + std::to_string(it->second.held_back) + " more like it in the last second)";
+            if (it == lines.end()) {
+                if (lines.size() >= Repeats::kMaxLines) {
+                    auto oldest = lines.begin();
+                    for (auto j = lines.begin(); j != lines.end(); ++j)
+                        if (j->second.last_ns < oldest->second.last_ns) oldest = j;
+                    lines.erase(oldest);
+                }
+                it = lines.emplace(message, Repeats::Seen{}).first;
+            }
+            it->second.last_ns = now;
+            it->second.held_back = 0;
+        }
+        if (fn_) {
+            fn_(user_, level, text.c_str());
+            return;
+        }
+        static const char *names[] = {"off", "error", "warn", "info", "debug"};
+        std::fprintf(stderr, "smartgen[%s]: %s\n", names[level], text.c_str());
+    } catch (...) {
+        // Logging never throws; a line lost to an allocation failure is the least of the problems then.
     }
-    static const char *names[] = {"off", "error", "warn", "info", "debug"};
-    std::fprintf(stderr, "smartgen[%s]: %s\n", names[level], message.c_str());
 }
 
 sg_log_level_t parse_log_level(const char *text, sg_log_level_t fallback) noexcept {

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -73,17 +74,24 @@ using Vec = std::vector<T, Allocator<T>>;
 uint64_t now_ns() noexcept;  // CLOCK_MONOTONIC
 
 // ---- logging ----
+// Repeats are rate-limited: a line identical to one written less than kRepeatWindowNs ago is
+// counted, not written, and the next time it is written it says how many were left out. (A killed
+// peer, a flood of refused blobs or a failing link would otherwise print the same line by the
+// dozen.) Debug lines are never held back.
 class Logger {
   public:
+    static constexpr uint64_t kRepeatWindowNs = 1000000000ull;
     Logger() = default;
-    Logger(sg_log_level_t level, sg_log_fn fn, void *user) : level_(level), fn_(fn), user_(user) {}
+    Logger(sg_log_level_t level, sg_log_fn fn, void *user);
     bool enabled(sg_log_level_t level) const noexcept { return level != SG_LOG_OFF && level <= level_; }
     void log(sg_log_level_t level, const std::string &message) const noexcept;
 
   private:
+    struct Repeats;
     sg_log_level_t level_ = SG_LOG_WARN;
     sg_log_fn fn_ = nullptr;
     void *user_ = nullptr;
+    std::shared_ptr<Repeats> repeats_;
 };
 
 // Parses "error|warn|info|debug|off" (or a digit); returns fallback for anything else.

@@ -643,9 +643,13 @@ void Context::settle(OpCookie *c, int status, const char *error_text) {
         if (c->session) c->session->bytes_inflight -= c->len;
         if (c->unit && c->unit->path == SG_PATH_SPECULATIVE && c->session) c->session->speculative_inflight -= c->len;
     }
+    // What providers report for operations on a connection that went away (rxm fails what was
+    // queued on it with EIO or ECANCELED when the peer dies): the peer is lost, not the transport.
     const bool connection_broke = status == -ECONNRESET || status == -EPIPE || status == -ENOTCONN ||
                                   status == -ECONNABORTED || status == -ECONNREFUSED || status == -EHOSTUNREACH ||
-                                  status == -ETIMEDOUT;
+                                  status == -ETIMEDOUT || status == -EIO || status == -ECANCELED ||
+                                  status == -ESHUTDOWN || status == -ENETDOWN || status == -ENETUNREACH ||
+                                  status == -EHOSTDOWN;
     if (connection_broke && c->session && !c->session->closed)
         lose_session(*c->session, SG_ERR_PEER_LOST,
                      std::string("connection to the peer broke: ") + (error_text ? error_text : ""));
@@ -656,8 +660,13 @@ void Context::settle(OpCookie *c, int status, const char *error_text) {
             // failing too says nothing new: logged once, not once per operation.
             if (!t->finished()) {
                 const std::string what = c->kind == OpCookie::Kind::Send ? "control message" : "RMA write";
-                log.log(SG_LOG_ERROR, "transfer '" + t->request_id + "': " + what + " failed: " + (error_text ? error_text : ""));
-                fail_transfer(*t, SG_ERR_TRANSPORT, what + " failed: " + (error_text ? error_text : ""), false);
+                // On a session already lost, the operation failed because the peer is gone: the
+                // transfer ends with the session's status, as documented, not SG_ERR_TRANSPORT.
+                const bool lost = c->session && c->session->closed && c->session->error;
+                if (!lost)
+                    log.log(SG_LOG_ERROR, "transfer '" + t->request_id + "': " + what + " failed: " + (error_text ? error_text : ""));
+                fail_transfer(*t, lost ? c->session->error : SG_ERR_TRANSPORT,
+                              lost ? c->session->error_message : what + " failed: " + (error_text ? error_text : ""), false);
             }
         } else if (c->kind == OpCookie::Kind::Send) {
             // Completions may come in any order (a rendezvous-sized notice can finish after the

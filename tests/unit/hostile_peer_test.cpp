@@ -266,4 +266,23 @@ TEST(Unauthenticated, APeerThatSendsTooMuchBeforeProvingItsKeyIsDropped) {
     EXPECT_EQ(a.unauthenticated_bytes(), 0u);
 }
 
+
+// One killed peer logged 17-65 identical lines, and every refused blob one more: repeats within a
+// second are counted, not written.
+TEST(Logging, IdenticalLinesWithinASecondAreCountedNotRepeated) {
+    struct Sink {
+        std::vector<std::string> lines;
+        static void write(void *user, sg_log_level_t, const char *msg) { static_cast<Sink *>(user)->lines.push_back(msg); }
+    } sink;
+    Logger log(SG_LOG_INFO, &Sink::write, &sink);
+    for (int i = 0; i < 50; ++i) log.log(SG_LOG_ERROR, "session with peer 7 lost: connection reset");
+    log.log(SG_LOG_ERROR, "another line");
+    ASSERT_EQ(sink.lines.size(), 2u);
+    EXPECT_EQ(sink.lines[0], "session with peer 7 lost: connection reset");
+    std::this_thread::sleep_for(std::chrono::nanoseconds(Logger::kRepeatWindowNs + 10000000));
+    log.log(SG_LOG_ERROR, "session with peer 7 lost: connection reset");
+    ASSERT_EQ(sink.lines.size(), 3u);
+    EXPECT_NE(sink.lines[2].find("and 49 more like it"), std::string::npos) << sink.lines[2];
+}
+
 }  // namespace
