@@ -1915,6 +1915,10 @@ void Context::complete_if_done(Transfer &t) {
         if (t.session->peer_minor >= 1 && !t.done_acked) return;
     } else {
         if (!t.done_received || t.stats.layers_ready < t.layers.size()) return;
+        // Digests travel behind the notices: a layer whose proactive notice came is not complete
+        // before its digests are (SG_LAYER_ESSENTIAL then holds for every such layer at completion).
+        for (const auto &L : t.layers)
+            if (L.essential_notice && !L.essential) return;
         if (t.session->peer_minor >= 1) {
             std::vector<uint8_t> out;
             wire::encode(out, id, wire::TransferAck{t.id});

@@ -435,6 +435,7 @@ void Context::maybe_essential(Transfer &t, uint32_t layer) {
     if (L.essential || !L.essential_notice || L.digest_chunks_received < L.digest_chunks_announced) return;
     L.essential = true;
     emit(t, SG_EVENT_ESSENTIAL_READY, layer, SG_OK);
+    complete_if_done(t);  // the last digests may be what the transfer waited for
     signal_event();
     cv.notify_all();
 }
