@@ -80,6 +80,10 @@ for f in "${fuzzers[@]}"; do
   args=(-max_total_time="$seconds" -print_final_stats=1 -max_len=4096 -timeout=30 -rss_limit_mb=4096
         -artifact_prefix="$BUILD/findings/$f-")
   [[ -n ${SG_FUZZ_SEED:-} ]] && args+=(-seed="$SG_FUZZ_SEED")
+  # The handler fuzzer's sessions persist between inputs, so nearly every input ends with more
+  # allocations than frees and libFuzzer would run it twice plus a leak scan each time (2/3 of its
+  # time, finding only the fixture's growth). LeakSanitizer still checks the whole run at exit.
+  [[ $f == handlers ]] && args+=(-detect_leaks=0)
   echo "fuzz.sh: $f for ${seconds}s (log $log)"
   rc=0
   # shellcheck disable=SC2086 # SG_FUZZ_ARGS holds several flags

@@ -595,6 +595,13 @@ void build_message(FuzzedDataProvider &p, std::vector<uint8_t> &out) {
             return;
         }
         case wire::MsgType::TransferAck: wire::encode(out, from, wire::TransferAck{pick_xfer(p)}); return;
+        case wire::MsgType::Opened: {  // a bootstrap message: a session must ignore it
+            wire::Opened m;
+            m.status = p.ConsumeIntegral<int32_t>();
+            m.message = p.ConsumeRandomLengthString(64);
+            wire::encode(out, from, m);
+            return;
+        }
         default: break;
     }
     // A type this harness does not build yet (a newer minor): an empty body.

@@ -139,6 +139,8 @@ std::vector<Frame> every_type(const wire::Hello &hello) {
     v.push_back(frame("blocks_ready", wire::BlocksReady{2, 0, SG_PATH_PROACTIVE, 1024, 1, {0, 3}, 1, 0}));
     v.push_back(frame("fetch", wire::Fetch{"ps", 9, 1, {1, 2}}));
     v.push_back(frame("transfer_ack", wire::TransferAck{7}));
+    v.push_back(frame("opened", wire::Opened{0, ""}));
+    v.push_back(frame("opened_refused", wire::Opened{SG_ERR_NO_PROVIDER, "no provider in common with the peer"}));
     return v;
 }
 

@@ -84,6 +84,7 @@ void decode_all(std::span<const uint8_t> body) {
     try_decode<BlocksReady>(body, "BlocksReady");
     try_decode<Fetch>(body, "Fetch");
     try_decode<TransferAck>(body, "TransferAck");
+    try_decode<Opened>(body, "Opened");
 }
 
 }  // namespace
