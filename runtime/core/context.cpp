@@ -1168,7 +1168,8 @@ sg_status_t Context::wait_ready(Session &s, uint64_t timeout_ns) {
 // ---------------------------------------------------------------------------------------------
 // Sessions
 // ---------------------------------------------------------------------------------------------
-Session::Session(Context *c, const wire::Hello &hello, const sg_session_options_t &opt) : ctx(c), peer_ctx_id(hello.ctx_id) {
+Session::Session(Context *c, const wire::Hello &hello, const sg_session_options_t &opt)
+    : ctx(c), peer_ctx_id(hello.ctx_id), peer_minor(hello.proto_minor) {
     const bool same_host = !hello.boot_id.empty() && hello.boot_id == read_boot_id() && hello.netns_inode == read_netns_inode();
     std::string want = opt.provider ? transport::canonical_provider(opt.provider) : "";
     int chosen = -1;

@@ -239,3 +239,76 @@ TEST(Idle, AContextWithNoSessionsCostsAlmostNoCpu) {
 }
 
 }  // namespace
+
+namespace {
+
+uint64_t peers_lost(sg_context_t c) {
+    sg_context_stats_t s;
+    sg_context_stats_init(&s);
+    EXPECT_EQ(sg_context_stats(c, &s), SG_OK);
+    return s.peers_lost;
+}
+
+// Two contexts that close their session and make a new one, again and again. Frames of the old
+// session (its Bye above all) used to land on the new one: it started out "peer closed the session"
+// in 1-8 rounds of 10, and with metadata blobs the new session failed with PEER_LOST and then
+// SG_ERR_DUPLICATE for ~3 s.
+void reconnect_rounds(bool blobs) {
+    sg_context_t a = make(), b = make();
+    sg_listener_t l = nullptr;
+    uint16_t port = 0;
+    if (!blobs) {
+        ASSERT_EQ(sg_listener_create(a, "127.0.0.1", 0, &l, nullptr), SG_OK);
+        sg_listener_port(l, &port);
+    }
+    for (int round = 0; round < 10; ++round) {
+        SCOPED_TRACE(round);
+        sg_session_t sa = nullptr, sb = nullptr;
+        if (blobs) {
+            size_t la = 0, lb = 0;
+            sg_context_get_metadata(a, nullptr, 0, &la);
+            sg_context_get_metadata(b, nullptr, 0, &lb);
+            std::vector<uint8_t> ma(la), mb(lb);
+            ASSERT_EQ(sg_context_get_metadata(a, ma.data(), la, &la), SG_OK);
+            ASSERT_EQ(sg_context_get_metadata(b, mb.data(), lb, &lb), SG_OK);
+            ASSERT_EQ(sg_session_from_metadata(a, mb.data(), lb, nullptr, &sa, nullptr), SG_OK) << sg_last_error_message();
+            ASSERT_EQ(sg_session_from_metadata(b, ma.data(), la, nullptr, &sb, nullptr), SG_OK) << sg_last_error_message();
+            ASSERT_EQ(sg_session_wait_ready(sa, 5 * kSecond), SG_OK) << sg_last_error_message();
+            ASSERT_EQ(sg_session_wait_ready(sb, 5 * kSecond), SG_OK) << sg_last_error_message();
+        } else {
+            std::thread t([&] { EXPECT_EQ(sg_session_connect(b, "127.0.0.1", port, nullptr, 5 * kSecond, &sb, nullptr), SG_OK); });
+            ASSERT_EQ(sg_session_accept(l, nullptr, 5 * kSecond, &sa, nullptr), SG_OK) << sg_last_error_message();
+            t.join();
+        }
+        // The new session is healthy: a notification goes both ways, and neither side sees its peer gone.
+        const char hi[] = "hi";
+        for (sg_session_t s : {sa, sb}) {
+            const sg_status_t st = sg_session_notify(s, hi, sizeof hi);
+            sg_status_t why = SG_OK;
+            char msg[256] = "";
+            sg_session_error(s, &why, msg, sizeof msg);
+            ASSERT_EQ(st, SG_OK) << (s == sa ? "accepting" : "connecting") << " side: " << msg;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        for (sg_session_t s : {sa, sb}) {
+            sg_status_t st = SG_OK;
+            char msg[256] = "";
+            ASSERT_EQ(sg_session_error(s, &st, msg, sizeof msg), SG_OK);
+            EXPECT_EQ(st, SG_OK) << msg;
+        }
+        // Both close at once, as two engines restarting their link would.
+        std::thread ca([&] { sg_session_destroy(sa); });
+        sg_session_destroy(sb);
+        ca.join();
+    }
+    EXPECT_EQ(peers_lost(a), 0u);
+    EXPECT_EQ(peers_lost(b), 0u);
+    sg_listener_destroy(l);
+    sg_context_destroy(a);
+    sg_context_destroy(b);
+}
+
+TEST(Reconnect, TenRoundsOverTheListener) { reconnect_rounds(false); }
+TEST(Reconnect, TenRoundsWithMetadataBlobs) { reconnect_rounds(true); }
+
+}  // namespace

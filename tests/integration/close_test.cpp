@@ -5,6 +5,8 @@
 // 10 over tcp.
 #include "pair_harness.hpp"
 
+#include <chrono>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -88,9 +90,21 @@ int prefill_then_exit(const char *provider, uint16_t port, uint32_t round) {
     _exit(0);
 }
 
-void run_rounds(const char *provider, uint32_t rounds) {
+// slow_decode: the decode context has no progress thread and starts waiting only 300 ms after its
+// expect, so the prefill side's bytes sit in buffers while it finishes, closes and exits.
+void run_rounds(const char *provider, uint32_t rounds, bool slow_decode = false) {
     for (uint32_t round = 1; round <= rounds; ++round) {
-        sg_context_t ctx = sgtest::make_context(provider);
+        sg_context_t ctx = nullptr;
+        if (slow_decode) {
+            sg_context_options_t o;
+            sg_context_options_init(&o);
+            o.provider = provider;
+            o.progress_thread = false;
+            SG_TEST_USE_KEY(o);
+            ASSERT_EQ(sg_context_create(&o, &ctx, nullptr), SG_OK) << sg_last_error_message();
+        } else {
+            ctx = sgtest::make_context(provider);
+        }
         ASSERT_NE(ctx, nullptr);
         Pool pool;
         sg_kv_handle_t kv = nullptr;
@@ -113,6 +127,7 @@ void run_rounds(const char *provider, uint32_t rounds) {
                                             ASSERT_EQ(sg_transfer_expect(s, "kv", kv, table.data(), table.size(),
                                                                          kBlocks * kTpb, nullptr, &t, nullptr),
                                                       SG_OK);
+                                            if (slow_decode) std::this_thread::sleep_for(std::chrono::milliseconds(300));
                                             wait_status = sg_transfer_wait(t, 30 * kSecond);
                                             char msg[256] = "";
                                             sg_status_t st;
@@ -134,5 +149,7 @@ void run_rounds(const char *provider, uint32_t rounds) {
 TEST(GracefulClose, APrefillThatExitsRightAfterCloseHasDeliveredEveryByteTcp) { run_rounds("tcp", 10); }
 
 TEST(GracefulClose, APrefillThatExitsRightAfterCloseHasDeliveredEveryByteShm) { run_rounds("shm", 5); }
+
+TEST(GracefulClose, APrefillThatExitsBeforeASlowDecodeSideReadsHasDeliveredEveryByte) { run_rounds("tcp", 5, true); }
 
 }  // namespace
