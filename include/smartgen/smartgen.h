@@ -634,7 +634,8 @@ typedef struct sg_selector_input {
     uint32_t num_q_heads; /* a multiple of num_kv_heads (grouped-query attention) */
     /* Quest: the layer's digests (sg_selector_digest or sg_transfer_digests). */
     const float *digests;
-    /* SnapKV: the keys, through a layout and the request's block table. */
+    /* SnapKV: the keys, through a layout and the request's block table (checked as sg_selector_digest
+     * checks it). */
     const sg_kv_layout_t *keys_layout;
     const uint32_t *block_ids;
     size_t num_block_ids;
