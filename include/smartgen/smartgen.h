@@ -829,7 +829,8 @@ SG_API sg_status_t sg_transfer_status(sg_transfer_t xfer, sg_status_t *status, c
 
 typedef struct sg_transfer_stats {
     size_t struct_size;     /* set by sg_transfer_stats_init */
-    uint64_t bytes;         /* payload bytes moved (or received, decode side) */
+    uint64_t bytes;         /* bytes moved (or received, decode side): KV payload and page digests
+                               (digests counted since 0.2) */
     uint64_t rma_ops;       /* RMA operations posted (prefill side) */
     uint64_t segments;      /* contiguous (src, dst) segments before coalescing */
     uint64_t staged_bytes;  /* bytes that went through the staging path */

@@ -218,6 +218,7 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
         uint32_t spec_cursor = 0;         // prefill: next block the speculative path looks at
         std::vector<uint32_t> selected;   // prefill: essential blocks, chosen when the layer was written
         std::vector<uint8_t> digests;     // prefill: to send; decode: received (the pool's dtype)
+        std::vector<uint32_t> proactive_blocks;  // decode: blocks the proactive notices named (digested here)
         std::vector<uint32_t> demand_waiting;  // prefill: fetched before the layer was written
         uint32_t resident_count = 0;      // decode
         std::vector<uint8_t> requested;   // decode: fetched and not yet resident
@@ -445,6 +446,7 @@ class Context : public transport::CompletionSink {
     void decode_block_resident(Transfer &t, uint32_t layer, std::span<const uint32_t> blocks, uint32_t path,
                                uint64_t bytes);
     void maybe_essential(Transfer &t, uint32_t layer);
+    void digest_proactive_blocks(Transfer &t, uint32_t layer);
     void check_fetches(Transfer &t, uint32_t layer);
     void end_by_release(Transfer &t);
     void send(Session &s, const std::vector<uint8_t> &frame, Transfer *t = nullptr, bool bulk = false);

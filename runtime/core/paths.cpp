@@ -53,6 +53,26 @@ uint64_t digest_block_bytes(const kv::Layout &L) {
     return kernels::digest_floats(1, L.num_kv_heads, L.head_dim) * L.elem_bytes;
 }
 
+// Digests travel and are kept in the pool's dtype: min and max of stored keys are stored keys, so
+// nothing is lost.
+void encode_digests(const kv::Layout &L, const float *digest, size_t n, uint8_t *out) {
+    switch (L.dtype) {
+        case SG_DTYPE_FP16:
+            for (size_t i = 0; i < n; ++i) {
+                const uint16_t h = kernels::float_to_fp16(digest[i]);
+                std::memcpy(out + 2 * i, &h, 2);
+            }
+            break;
+        case SG_DTYPE_BF16:
+            for (size_t i = 0; i < n; ++i) {
+                const uint16_t h = kernels::float_to_bf16(digest[i]);
+                std::memcpy(out + 2 * i, &h, 2);
+            }
+            break;
+        default: std::memcpy(out, digest, n * sizeof(float));
+    }
+}
+
 }  // namespace
 
 // ---- prefill: layers written, units claimed -----------------------------------------------------
@@ -80,23 +100,8 @@ Context::PreparedLayer Context::prepare_layer(Transfer &t, uint32_t layer, const
         t.selector->select(layer, in, sel);
     }
     prep.selected.assign(sel.blocks.begin(), sel.blocks.end());
-    // The wire carries digests in the pool's dtype: min and max of stored keys are stored keys.
     prep.digests.resize(digest.size() * L.elem_bytes);
-    switch (L.dtype) {
-        case SG_DTYPE_FP16:
-            for (size_t i = 0; i < digest.size(); ++i) {
-                const uint16_t h = kernels::float_to_fp16(digest[i]);
-                std::memcpy(&prep.digests[2 * i], &h, 2);
-            }
-            break;
-        case SG_DTYPE_BF16:
-            for (size_t i = 0; i < digest.size(); ++i) {
-                const uint16_t h = kernels::float_to_bf16(digest[i]);
-                std::memcpy(&prep.digests[2 * i], &h, 2);
-            }
-            break;
-        default: std::memcpy(prep.digests.data(), digest.data(), prep.digests.size());
-    }
+    encode_digests(L, digest.data(), digest.size(), prep.digests.data());
     return prep;
 }
 
@@ -289,23 +294,34 @@ void Context::compile_unit(Transfer &t, SendUnit &u) {
     if (u.path == SG_PATH_PROACTIVE && !layer.digests.empty()) {
         // The digests go first, in runs; the notice counts them so the decode side knows when all
         // have arrived, whatever order the provider completes them in.
+        // Only blocks that can still be fetched: the unit's own blocks arrive with it, and the
+        // decode side digests those from its copy of the keys (the same keys, so the same digests).
         const uint64_t per_block = digest_block_bytes(L);
         const uint32_t nb = request_blocks(t);
         const uint32_t run = uint32_t(std::max<uint64_t>(1, kDigestChunkBytes / per_block));
-        for (uint32_t first = 0; first < nb; first += run) {
+        auto in_unit = [&](uint32_t b) { return std::binary_search(u.blocks.begin(), u.blocks.end(), b); };
+        for (uint32_t first = 0; first < nb;) {
+            if (in_unit(first)) {
+                ++first;
+                continue;
+            }
+            uint32_t count = 1;
+            while (count < run && first + count < nb && !in_unit(first + count)) ++count;
             wire::Digests m;
             m.decode_xfer_id = t.id;
             m.layer = u.layer;
             m.first_block = first;
-            m.count = std::min(run, nb - first);
+            m.count = count;
+            first += count;
             m.elem_bytes = L.elem_bytes;
-            m.data.assign(layer.digests.begin() + ptrdiff_t(first * per_block),
-                          layer.digests.begin() + ptrdiff_t((first + m.count) * per_block));
+            m.data.assign(layer.digests.begin() + ptrdiff_t(m.first_block * per_block),
+                          layer.digests.begin() + ptrdiff_t((m.first_block + m.count) * per_block));
             std::vector<uint8_t> out;
             wire::encode(out, id, m);
             send(*t.session, out, &t, true);
             u.digest_chunks++;
             t.stats.digest_bytes += m.data.size();
+            t.stats.bytes += m.data.size();
         }
         std::vector<uint8_t>().swap(layer.digests);
     }
@@ -433,11 +449,33 @@ void Context::selective_notices(Transfer &t) {
 void Context::maybe_essential(Transfer &t, uint32_t layer) {
     Transfer::Layer &L = t.layers[layer];
     if (L.essential || !L.essential_notice || L.digest_chunks_received < L.digest_chunks_announced) return;
+    digest_proactive_blocks(t, layer);
     L.essential = true;
     emit(t, SG_EVENT_ESSENTIAL_READY, layer, SG_OK);
     complete_if_done(t);  // the last digests may be what the transfer waited for
     signal_event();
     cv.notify_all();
+}
+
+// Decode: the digests of the layer's proactive blocks, which the prefill side does not send (they
+// are resident, so their keys are here).
+void Context::digest_proactive_blocks(Transfer &t, uint32_t layer) {
+    Transfer::Layer &L = t.layers[layer];
+    const kv::Layout &KL = t.pool->layout;
+    const uint32_t nb = request_blocks(t);
+    const uint64_t floats_per_block = kernels::digest_floats(1, KL.num_kv_heads, KL.head_dim);
+    const uint64_t per_block = floats_per_block * KL.elem_bytes;
+    if (L.digests.empty()) L.digests.resize(size_t(nb) * per_block);
+    if (L.digests.size() != size_t(nb) * per_block) return;  // the peer's element size: refused on arrival
+    std::vector<float> one(floats_per_block);
+    const uint8_t *k_region = t.pool->region(layer, 0);
+    for (uint32_t b : L.proactive_blocks) {
+        if (b >= nb) continue;
+        const uint64_t tokens = std::min<uint64_t>(KL.tokens_per_block, t.num_tokens - uint64_t(b) * KL.tokens_per_block);
+        layer_digest(KL, k_region, std::span<const uint32_t>(&t.table[b], 1), tokens, one.data());
+        encode_digests(KL, one.data(), one.size(), L.digests.data() + size_t(b) * per_block);
+    }
+    std::vector<uint32_t>().swap(L.proactive_blocks);
 }
 
 void Context::check_fetches(Transfer &t, uint32_t layer) {
@@ -475,6 +513,10 @@ void Context::decode_block_resident(Transfer &t, uint32_t layer, std::span<const
 }
 
 void Context::apply_blocks_ready(Transfer &t, const wire::BlocksReady &m) {
+    if (m.path == SG_PATH_PROACTIVE) {
+        auto &mine = t.layers[m.layer].proactive_blocks;
+        mine.insert(mine.end(), m.blocks.begin(), m.blocks.end());
+    }
     if (m.essential) {
         Transfer::Layer &L = t.layers[m.layer];
         L.essential_notice = true;
@@ -525,6 +567,7 @@ void Context::handle_selective(Session &s, const wire::FrameHeader &h, std::span
             Transfer *t = expect_of(m.decode_xfer_id);
             if (!t) return;
             const kv::Layout &L = t->pool->layout;
+            if (m.elem_bytes != L.elem_bytes) fail(SG_ERR_PROTOCOL, "Digests in another element size than the pool's");
             const uint64_t per_block = kernels::digest_floats(1, L.num_kv_heads, L.head_dim) * m.elem_bytes;
             const uint32_t nb = request_blocks(*t);
             if (m.layer >= t->layers.size() || m.first_block > nb || m.count > nb - m.first_block ||
@@ -535,6 +578,7 @@ void Context::handle_selective(Session &s, const wire::FrameHeader &h, std::span
             if (TL.digests.size() != nb * per_block) fail(SG_ERR_PROTOCOL, "Digests change their element size");
             std::memcpy(TL.digests.data() + m.first_block * per_block, m.data.data(), m.data.size());
             t->stats.digest_bytes += m.data.size();
+            t->stats.bytes += m.data.size();
             TL.digest_chunks_received++;
             maybe_essential(*t, m.layer);
             return;

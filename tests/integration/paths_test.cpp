@@ -249,6 +249,7 @@ TEST(Paths, ProactiveSendsTheProfilesEssentialBlocksAndDigestsAsLayersAreWritten
     std::normal_distribution<float> normal;
     const uint32_t QH = 4, W = 3;
     uint64_t expected_bytes = 0;
+    uint32_t essential_blocks = 0;
     for (uint32_t l = 0; l < L; ++l) {
         std::vector<float> q(size_t(W) * QH * D);
         for (auto &x : q) x = normal(rng);
@@ -258,6 +259,7 @@ TEST(Paths, ProactiveSendsTheProfilesEssentialBlocksAndDigestsAsLayersAreWritten
         const auto want = expected_selection(profile, src, st, tokens, l, q, QH, &want_digests);
         ASSERT_FALSE(want.empty());
         EXPECT_LT(want.size(), NB / 2u);
+        essential_blocks += uint32_t(want.size());
         const auto res = residency(d, l);
         ASSERT_EQ(res.size(), size_t(NB));
         for (uint32_t b = 0; b < NB; ++b) {
@@ -281,10 +283,12 @@ TEST(Paths, ProactiveSendsTheProfilesEssentialBlocksAndDigestsAsLayersAreWritten
     sg_transfer_stats_init(&ds);
     ASSERT_EQ(sg_transfer_stats(d, &ds), SG_OK);
     EXPECT_EQ(ds.bytes_proactive, expected_bytes);
-    EXPECT_EQ(ds.bytes, expected_bytes);
     EXPECT_EQ(ds.bytes_full, 0u);
     EXPECT_EQ(ds.bytes_on_demand + ds.bytes_speculative, 0u);
-    EXPECT_EQ(ds.digest_bytes, uint64_t(L) * NB * H * 2 * D * 2);  // fp16 on the wire
+    // Digests travel for the blocks that can still be fetched only (fp16 on the wire), and count
+    // in the transfer's bytes.
+    EXPECT_EQ(ds.digest_bytes, uint64_t(L * NB - essential_blocks) * H * 2 * D * 2);
+    EXPECT_EQ(ds.bytes, expected_bytes + ds.digest_bytes);
     EXPECT_EQ(link.decode.log.settled_count(SG_EVENT_ESSENTIAL_READY, "r", L), size_t(L));
     // The decode side is done with it: release ends the transfer without a cancel on either side.
     ASSERT_EQ(sg_transfer_release(d), SG_OK);
@@ -373,7 +377,7 @@ TEST(Paths, OnDemandFetchServesMissingBlocksAndSpeculativeCompletesTheRest) {
     sg_transfer_stats_init(&ds);
     ASSERT_EQ(sg_transfer_stats(d, &ds), SG_OK);
     const uint64_t total = uint64_t(L) * NB * T * H * D * 2 * 2;
-    EXPECT_EQ(ds.bytes, total);
+    EXPECT_EQ(ds.bytes, total + ds.digest_bytes) << "the digests count in the transfer's bytes";
     EXPECT_EQ(ds.bytes_proactive + ds.bytes_on_demand + ds.bytes_speculative, total) << "no block went twice";
     EXPECT_GT(ds.bytes_speculative, 0u);
     EXPECT_EQ(link.decode.log.settled_count(SG_EVENT_LAYER_READY, "all", L), size_t(L));
