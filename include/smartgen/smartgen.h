@@ -843,7 +843,9 @@ typedef struct sg_transfer_stats {
     uint64_t bytes_proactive;
     uint64_t bytes_on_demand;
     uint64_t bytes_speculative;
-    uint64_t digest_bytes;      /* page digests sent or received */
+    uint64_t digest_bytes;      /* page digests sent or received (part of bytes); since 0.2 only those
+                                   of blocks outside the layer's proactive set: the decode side digests
+                                   the blocks it received itself */
     uint64_t fetch_requests;    /* on-demand requests (decode: made; prefill: served) */
     uint64_t fetch_blocks;      /* blocks those requests named that were not yet resident or sent */
 } sg_transfer_stats_t;
