@@ -107,6 +107,20 @@ void Logger::log(sg_log_level_t level, const std::string &message) const noexcep
     }
 }
 
+sg_status_t peer_error_status(int32_t wire_status) noexcept {
+    switch (wire_status) {
+        case SG_ERR_INVALID_ARGUMENT: case SG_ERR_INVALID_HANDLE: case SG_ERR_INVALID_LAYOUT:
+        case SG_ERR_LAYOUT_MISMATCH: case SG_ERR_OUT_OF_RANGE: case SG_ERR_BUFFER_TOO_SMALL:
+        case SG_ERR_INVALID_STATE: case SG_ERR_DUPLICATE: case SG_ERR_VERSION_MISMATCH: case SG_ERR_NOT_FOUND:
+        case SG_ERR_NO_MEMORY: case SG_ERR_AGAIN: case SG_ERR_TIMEOUT: case SG_ERR_CANCELED:
+        case SG_ERR_TRANSPORT: case SG_ERR_PEER_LOST: case SG_ERR_PROTOCOL: case SG_ERR_DEADLINE:
+        case SG_ERR_CONNECT: case SG_ERR_REMOTE: case SG_ERR_AUTH_FAILED: case SG_ERR_AUTH_REQUIRED:
+        case SG_ERR_LEASE_EXPIRED: case SG_ERR_UNSUPPORTED: case SG_ERR_NO_PROVIDER: case SG_ERR_INTERNAL:
+            return static_cast<sg_status_t>(wire_status);
+        default: return SG_ERR_REMOTE;
+    }
+}
+
 sg_log_level_t parse_log_level(const char *text, sg_log_level_t fallback) noexcept {
     if (!text || !*text) return fallback;
     if (!std::strcmp(text, "off") || !std::strcmp(text, "0")) return SG_LOG_OFF;

@@ -48,6 +48,10 @@ constexpr uint64_t saturating_mul(uint64_t a, uint64_t b) noexcept {
     return b != 0 && a > UINT64_MAX / b ? UINT64_MAX : a * b;
 }
 
+// A status a peer sent (any int32): itself when it is an error this version knows, else
+// SG_ERR_REMOTE; never a value outside sg_status_t's range.
+sg_status_t peer_error_status(int32_t wire_status) noexcept;
+
 // ---- internal allocation ----
 void *mem_alloc(size_t bytes);
 void mem_free(void *p) noexcept;

@@ -332,8 +332,7 @@ std::shared_ptr<Session> open_agreed(int fd, Context &ctx, const wire::Hello &pe
         if (!s) fail(sg_status_t(mine.status), mine.message);
         const wire::Opened theirs = recv_opened(fd, deadline);
         if (theirs.status != SG_OK) {
-            sg_status_t st = sg_status_t(theirs.status);
-            if (st >= 0) st = SG_ERR_REMOTE;
+            const sg_status_t st = peer_error_status(theirs.status);
             fail(st, "the peer could not open its side of the session: " + theirs.message);
         }
     } catch (...) {

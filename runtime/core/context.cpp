@@ -619,6 +619,23 @@ void Context::on_complete(void *cookie, int status, const char *error_text) {
     give_cookie(c);
 }
 
+// Operations still in the provider when a session closes (a send to a peer whose connection is
+// being replaced can stay there past close's deadline) may complete after the session object is
+// gone. Those of a transfer keep the session alive through the transfer; the others stop naming it,
+// so their completion only returns the cookie (found by the handler fuzzer: a use-after-free).
+void Context::forget_session_in_cookies(Session &s) {
+    for (auto &owned : cookie_store_) {
+        OpCookie *c = owned.get();
+        if (!c->in_use || c->session != &s || c->xfer) continue;
+        if (c->kind != OpCookie::Kind::Send) {
+            // A write without a transfer does not exist; settle it now so the budgets come back.
+            settle(c, -ECANCELED, "the session closed");
+            c->abandoned = true;
+        }
+        c->session = nullptr;
+    }
+}
+
 void Context::abandon_ops(Session &s) {
     for (auto &owned : cookie_store_) {
         OpCookie *c = owned.get();
@@ -981,8 +998,7 @@ void Context::handle(Session &s, const wire::FrameHeader &h, std::span<const uin
                 }
                 return;
             }
-            sg_status_t st = sg_status_t(m.status);
-            if (st >= 0) st = SG_ERR_REMOTE;
+            const sg_status_t st = peer_error_status(m.status);
             const std::string why = std::string(h.type == wire::MsgType::Cancel ? "peer canceled" : "peer failed") +
                                     " the transfer: " + m.message;
             if (m.from_post_side) {
@@ -1353,6 +1369,7 @@ void Context::close_session(Session &s, uint64_t deadline) {
     // The session object goes away with its handle; a provider that never completes operations to
     // a peer that stopped answering would leave them naming it forever.
     if (s.tp->caps().local_only) abandon_ops(s);
+    forget_session_in_cookies(s);
     if (sessions_.erase(s.peer_ctx_id)) counters.sessions_open--;
 }
 
@@ -1369,6 +1386,7 @@ void Context::discard_session(Session &s) {
         queue->clear();
     }
     if (s.tp->caps().local_only) abandon_ops(s);
+    forget_session_in_cookies(s);
     auto it = sessions_.find(s.peer_ctx_id);
     if (it != sessions_.end() && it->second.lock().get() == &s) {
         sessions_.erase(it);

@@ -396,6 +396,7 @@ class Context : public transport::CompletionSink {
     // complete operations addressed to a dead peer (local_only): otherwise they would hold the
     // context's operation budget and keep their transfers from quiescing forever.
     void abandon_ops(Session &s);
+    void forget_session_in_cookies(Session &s);
     // How long after a session on such a provider was lost its operations are abandoned: time for
     // completions already queued to arrive.
     static constexpr uint64_t kAbandonAfterLossNs = 100000000ull;

@@ -576,7 +576,7 @@ void Context::handle_selective(Session &s, const wire::FrameHeader &h, std::span
             Transfer::Layer &TL = t->layers[m.layer];
             if (TL.digests.empty()) TL.digests.resize(nb * per_block);
             if (TL.digests.size() != nb * per_block) fail(SG_ERR_PROTOCOL, "Digests change their element size");
-            std::memcpy(TL.digests.data() + m.first_block * per_block, m.data.data(), m.data.size());
+            if (!m.data.empty()) std::memcpy(TL.digests.data() + m.first_block * per_block, m.data.data(), m.data.size());
             t->stats.digest_bytes += m.data.size();
             t->stats.bytes += m.data.size();
             TL.digest_chunks_received++;

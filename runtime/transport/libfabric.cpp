@@ -158,6 +158,16 @@ class LibfabricTransport final : public Transport {
     }
 
     PeerAddr insert_peer(std::span<const uint8_t> address) override {
+        // fi_av_insert reads as many bytes as the provider's names have (a string name: up to its
+        // NUL), whatever the span holds: a peer's name of another length (empty, say) or a string
+        // without its NUL would be read past its end.
+        if (info_->addr_format == FI_ADDR_STR) {
+            if (address.empty() || std::memchr(address.data(), 0, address.size()) == nullptr)
+                fail(SG_ERR_PROTOCOL, "the peer's " + caps_.provider + " endpoint name is not a terminated string");
+        } else if (address.size() != local_address().size()) {
+            fail(SG_ERR_PROTOCOL, "the peer's " + caps_.provider + " endpoint name has " + std::to_string(address.size()) +
+                                      " bytes, this provider's have " + std::to_string(local_address().size()));
+        }
         fi_addr_t addr = FI_ADDR_UNSPEC;
         int rc = fi_av_insert(av_, address.data(), 1, &addr, 0, nullptr);
         if (rc != 1) fail(SG_ERR_TRANSPORT, "fi_av_insert of the peer's endpoint name failed: " + fi_text(rc));

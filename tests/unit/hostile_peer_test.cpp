@@ -285,4 +285,49 @@ TEST(Logging, IdenticalLinesWithinASecondAreCountedNotRepeated) {
     EXPECT_NE(sink.lines[2].find("and 49 more like it"), std::string::npos) << sink.lines[2];
 }
 
+
+// Found by the handler fuzzer: a peer's status is any int32; one this version does not know is
+// SG_ERR_REMOTE, never a value outside sg_status_t (undefined behaviour, then handed to the host).
+TEST(HostilePeer, AStatusOutsideTheEnumBecomesRemote) {
+    Pair p;
+    Pool pool;
+    auto kv = std::make_shared<core::KvPool>(&p.decode, pool.layout);
+    p.decode.export_kv(*p.at_decode, *kv);
+    const auto tbl = table(8);
+    auto t = p.decode.expect(p.at_decode, "req", kv, tbl, 32, transfer_options());
+    wire::TransferError m;
+    m.request_id = "req";
+    m.decode_xfer_id = t->id;
+    m.status = -1221118153;
+    m.message = "?";
+    m.from_post_side = 1;
+    std::vector<uint8_t> frame;
+    wire::encode(frame, p.prefill.id, m, wire::MsgType::Cancel);
+    p.decode.inject_frame(frame);
+    std::lock_guard lock(p.decode.mu);
+    EXPECT_EQ(t->status, SG_ERR_REMOTE);
+    EXPECT_EQ(peer_error_status(SG_ERR_DEADLINE), SG_ERR_DEADLINE);
+    EXPECT_EQ(peer_error_status(5), SG_ERR_REMOTE);
+}
+
+// Found by the metadata and handshake fuzzers: an endpoint name of the wrong length (empty) reached
+// fi_av_insert, which read the provider's name length from address 0.
+TEST(HostilePeer, AnEndpointNameOfTheWrongLengthIsRefused) {
+    core::Context a(options(false)), b(options(false));
+    wire::Hello h = b.hello();
+    ASSERT_FALSE(h.endpoints.empty());
+    sg_session_options_t so{};
+    so.struct_size = sizeof so;
+    for (size_t len : {size_t(0), size_t(2), h.endpoints[0].address.size() + 1}) {
+        wire::Hello bad = h;
+        for (auto &e : bad.endpoints) e.address.resize(len, 0);
+        try {
+            a.open_session(bad, so, true);
+            ADD_FAILURE() << "a " << len << "-byte endpoint name was taken";
+        } catch (const Error &e) {
+            EXPECT_EQ(e.status(), SG_ERR_PROTOCOL) << e.message();
+        }
+    }
+}
+
 }  // namespace
