@@ -58,7 +58,6 @@ struct Fixture {
     std::vector<std::shared_ptr<Transfer>> extra;  // made by host actions
     std::array<uint64_t, 4> fuzz_handles{};        // ids of pools the fuzzer exported lately
     size_t next_handle = 0;
-    std::unique_ptr<auth::Key> key;
 };
 Fixture *F = nullptr;
 
@@ -215,10 +214,10 @@ void close_pair() {
     for (auto [ctx, s, peer] : {std::tuple{F->b.get(), F->sb.get(), F->a.get()}, std::tuple{F->a.get(), F->sa.get(), F->b.get()}}) {
         if (s->closed || s->authenticated || s->auth_nonce.empty()) continue;
         std::vector<uint8_t> proof;
-        wire::encode(proof, peer->id, wire::AuthProof{auth::fabric_proof(*F->key, peer->id, ctx->id, s->auth_nonce)});
+        wire::encode(proof, peer->id, wire::AuthProof{auth::fabric_proof(fuzz::test_key(), peer->id, ctx->id, s->auth_nonce)});
         ctx->inject_frame(proof);
     }
-    // A session still proving its key would hold the Bye below instead of closing.
+    // Writes under way finish and the proofs land.
     settle([] { return inflight_posts() == 0 && (F->sb->closed || F->sa->closed || (F->sb->authenticated && F->sa->authenticated)); }, 100);
     std::vector<uint8_t> bye;
     wire::encode(bye, F->a->id, wire::Bye{});
@@ -293,8 +292,6 @@ void ensure_fixture(bool fresh, bool authenticated) {
         F->b = fuzz::make_context();
         F->pa = std::make_unique<HostPool>(*F->a);
         F->pb = std::make_unique<HostPool>(*F->b);
-        F->key = std::make_unique<auth::Key>(
-            std::span<const uint8_t>(reinterpret_cast<const uint8_t *>(sg_test_auth_key), sizeof sg_test_auth_key - 1));
         open_pair(true);
     }
     if (!fresh && !(F->sb->authenticated && F->sa->authenticated))
@@ -541,7 +538,7 @@ void build_message(FuzzedDataProvider &p, std::vector<uint8_t> &out) {
             if (p.ConsumeBool()) {
                 // The proof the real A would send: lets an input authenticate B's blob session itself.
                 std::scoped_lock lock(F->b->mu);
-                m.mac = auth::fabric_proof(*F->key, F->a->id, F->b->id, F->sb->auth_nonce);
+                m.mac = auth::fabric_proof(fuzz::test_key(), F->a->id, F->b->id, F->sb->auth_nonce);
             } else {
                 m.mac = pick_bytes(p, wire::kMacBytes, 64);
             }
