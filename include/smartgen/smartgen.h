@@ -325,7 +325,9 @@ typedef enum sg_param {
     /* Progress thread spin before blocking, microseconds. */
     SG_PARAM_PROGRESS_SPIN_US = 3,
     /* How candidate layers are sent: SG_STAGING_AUTO (default) measures the throughput of both
-     * paths on each session and uses the faster, re-measuring the other now and then;
+     * paths on each session and uses the faster, re-measuring the other now and then (less often
+     * the clearer the winner; one layer at a time measures a path nobody has measured yet, the
+     * others meanwhile stage on same-host providers and write directly elsewhere);
      * SG_STAGING_ALWAYS stages every candidate; SG_STAGING_NEVER writes directly. */
     SG_PARAM_STAGING_POLICY = 4
 } sg_param_t;

@@ -168,6 +168,7 @@ class Session {
     // Measured throughput (bytes per ns, smoothed) of candidate layers sent directly [0] and
     // staged [1] on this session; 0 while unmeasured. Drives SG_STAGING_AUTO.
     double path_rate[2] = {0, 0};
+    uint64_t probe_ns[2] = {0, 0};  // when a candidate layer last went down a path still unmeasured
     uint32_t candidate_layers = 0;
     uint64_t bytes_inflight = 0;
     uint64_t speculative_inflight = 0;
@@ -405,6 +406,15 @@ class Context : public transport::CompletionSink {
     // fresh endpoint; sessions that still use the old one keep it (retired_transports_).
     void renew_transport(size_t index);
     void drop_unused_retired_transports();
+    bool tx_full(const transport::Transport &t);
+    void note_tx_full(const transport::Transport &t);
+    // How long a transport that answered EAGAIN is left alone when no completion comes first (rxm
+    // answers EAGAIN while it sets up a connection, which completes nothing).
+    static constexpr uint64_t kTxFullRetryNs = 200000ull;
+    // How often a path still unmeasured on a session gets another candidate layer to measure it
+    // (a probe that never completes, its transfer failed, must not block measuring for good).
+    static constexpr uint64_t kProbeSpacingNs = 1000000000ull;
+    std::unordered_map<const transport::Transport *, uint64_t> tx_full_;  // transport -> when it said EAGAIN
     bool has_sessions_on(const transport::Transport &t) const;
     std::vector<transport::OpenOptions> transport_options_;
     std::vector<std::shared_ptr<transport::Transport>> retired_transports_;
