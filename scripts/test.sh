@@ -6,7 +6,8 @@
 #   2c. fuzz preset:   scripts/fuzz.sh builds the libFuzzer fuzzers (clang) and runs each for 10 s
 #                      from its committed seeds (fixed -seed, corpus in a temporary copy)
 #   3. asan preset:    configure, build, ctest with AddressSanitizer + LeakSanitizer (not the benches)
-#   4. tsan preset:    configure, build, the concurrency, session, failure and transfer-path tests
+#   4. tsan preset:    configure, build, the concurrency, session, failure, transfer-path, bootstrap,
+#                      reconnect and graceful-close tests
 #                      under ThreadSanitizer
 # Prints the duration of each phase; exits nonzero when any step fails.
 # SMARTGEN_CTEST_ARGS: extra ctest arguments for every phase (e.g. "-j2" or "--repeat until-pass:2").
@@ -91,7 +92,7 @@ run_asan_phase() {
 # allowed by SmartGen's fork rule (a child makes its own context) but TSan refuses by default.
 run_tsan_phase() {
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:die_after_fork=0${TSAN_OPTIONS:+:$TSAN_OPTIONS}" \
-    preset_build_and_test tsan -R '^(Concurrency|Session|Failure|Paths)\.'
+    preset_build_and_test tsan -R '^(Concurrency|Session|Failure|Paths|Bootstrap|Reconnect|GracefulClose)\.'
 }
 
 TOTAL_START=$(now_ms)
