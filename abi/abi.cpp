@@ -237,19 +237,7 @@ sg_session_options_t default_session_options() {
     return o;
 }
 
-struct ParamBounds {
-    uint64_t lo, hi;
-};
-ParamBounds bounds_of(sg_param_t p) {
-    switch (p) {
-        case SG_PARAM_STAGING_THRESHOLD: return {0, 64ull << 20};
-        case SG_PARAM_MAX_OP_BYTES: return {4096, 1ull << 30};
-        case SG_PARAM_MAX_OPS_IN_FLIGHT: return {1, 4096};
-        case SG_PARAM_PROGRESS_SPIN_US: return {0, 1000000};
-        case SG_PARAM_STAGING_POLICY: return {SG_STAGING_AUTO, SG_STAGING_NEVER};
-    }
-    fail(SG_ERR_INVALID_ARGUMENT, "unknown sg_param_t " + std::to_string(int(p)));
-}
+core::ParamBounds bounds_of(sg_param_t p) { return core::param_bounds(p); }
 
 }  // namespace
 
@@ -373,7 +361,7 @@ SG_API sg_status_t sg_context_provider(sg_context_t h, char *buf, size_t cap) {
 
 SG_API sg_status_t sg_param_bounds(sg_param_t p, uint64_t *lo, uint64_t *hi) {
     return guard(nullptr, [&] {
-        ParamBounds b = bounds_of(p);
+        const core::ParamBounds b = bounds_of(p);
         need(lo, "min_value");
         need(hi, "max_value");
         *lo = b.lo;
@@ -385,7 +373,7 @@ SG_API sg_status_t sg_param_bounds(sg_param_t p, uint64_t *lo, uint64_t *hi) {
 SG_API sg_status_t sg_context_set_param(sg_context_t h, sg_param_t p, uint64_t v) {
     return guard(nullptr, [&] {
         auto ctx = lookup(contexts(), raw(h), "context");
-        ParamBounds b = bounds_of(p);
+        const core::ParamBounds b = bounds_of(p);
         if (v < b.lo || v > b.hi)
             fail(SG_ERR_OUT_OF_RANGE, "value " + std::to_string(v) + " outside [" + std::to_string(b.lo) + ", " +
                                           std::to_string(b.hi) + "]");

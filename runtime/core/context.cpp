@@ -49,6 +49,38 @@ void StagingArea::release(transport::Transport *tp) noexcept {
     base = nullptr;
 }
 
+ParamBounds param_bounds(sg_param_t p) {
+    switch (p) {
+        case SG_PARAM_STAGING_THRESHOLD: return {0, 64ull << 20};
+        case SG_PARAM_MAX_OP_BYTES: return {4096, 1ull << 30};
+        case SG_PARAM_MAX_OPS_IN_FLIGHT: return {1, 4096};
+        case SG_PARAM_PROGRESS_SPIN_US: return {0, 1000000};
+        case SG_PARAM_STAGING_POLICY: return {SG_STAGING_AUTO, SG_STAGING_NEVER};
+    }
+    fail(SG_ERR_INVALID_ARGUMENT, "unknown sg_param_t " + std::to_string(int(p)));
+}
+
+namespace {
+
+// An SG_* tunable from the environment, held to the bounds sg_context_set_param enforces: a value
+// that is not a plain decimal number inside them refuses the context instead of running with
+// whatever strtoull made of it.
+bool env_param(const char *name, sg_param_t p, uint64_t &out) {
+    const char *text = std::getenv(name);
+    if (!text) return false;
+    const ParamBounds b = param_bounds(p);
+    errno = 0;
+    char *end = nullptr;
+    const unsigned long long v = std::strtoull(text, &end, 10);
+    if (!*text || *end || errno == ERANGE || text[0] == '-' || v < b.lo || v > b.hi)
+        fail(SG_ERR_INVALID_ARGUMENT, std::string(name) + "='" + text + "' is not a number in [" + std::to_string(b.lo) +
+                                          ", " + std::to_string(b.hi) + "]");
+    out = v;
+    return true;
+}
+
+}  // namespace
+
 // ---------------------------------------------------------------------------------------------
 // Context
 // ---------------------------------------------------------------------------------------------
@@ -64,7 +96,7 @@ Context::Context(const sg_context_options_t &opt) : id(random_u64()), opt_(opt) 
     opt_.auth_key = nullptr;
     opt_.auth_key_len = 0;
     spin_us_ = opt.progress_spin_us;
-    if (const char *s = std::getenv("SG_PROGRESS_SPIN_US")) spin_us_ = uint32_t(std::strtoul(s, nullptr, 10));
+    if (uint64_t v; env_param("SG_PROGRESS_SPIN_US", SG_PARAM_PROGRESS_SPIN_US, v)) spin_us_ = uint32_t(v);
     max_ops_ = opt.max_ops_in_flight ? opt.max_ops_in_flight : 64;
     peer_timeout_ns_ = uint64_t(opt.peer_timeout_ms ? opt.peer_timeout_ms : 2000) * 1000000;
     if (opt.max_bytes_in_flight) max_bytes_ = opt.max_bytes_in_flight;
@@ -101,9 +133,9 @@ Context::Context(const sg_context_options_t &opt) : id(random_u64()), opt_(opt) 
         }
     }
     primary_provider = transports[0]->caps().provider;
-    if (const char *e = std::getenv("SG_STAGING_THRESHOLD")) staging_threshold_ = std::strtoull(e, nullptr, 10);
-    if (const char *e = std::getenv("SG_STAGING_POLICY")) staging_policy_ = std::min<uint64_t>(std::strtoull(e, nullptr, 10), 2);
-    max_op_bytes_ = std::min<uint64_t>(16ull << 20, transports[0]->caps().max_msg_size);
+    env_param("SG_STAGING_THRESHOLD", SG_PARAM_STAGING_THRESHOLD, staging_threshold_);
+    env_param("SG_STAGING_POLICY", SG_PARAM_STAGING_POLICY, staging_policy_);
+    max_op_bytes_ = 16ull << 20;  // each session holds it to its own provider's max_msg_size
 
     cookie_store_.reserve(size_t(max_ops_) + 64);
     wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -193,7 +225,7 @@ void Context::set_param(sg_param_t p, uint64_t v) {
     std::lock_guard lock(mu);
     switch (p) {
         case SG_PARAM_STAGING_THRESHOLD: staging_threshold_ = v; break;
-        case SG_PARAM_MAX_OP_BYTES: max_op_bytes_ = std::min<uint64_t>(v, transports[0]->caps().max_msg_size); break;
+        case SG_PARAM_MAX_OP_BYTES: max_op_bytes_ = v; break;
         case SG_PARAM_MAX_OPS_IN_FLIGHT: max_ops_ = uint32_t(v); break;
         case SG_PARAM_PROGRESS_SPIN_US: spin_us_ = uint32_t(v); break;
         case SG_PARAM_STAGING_POLICY: staging_policy_ = v; break;
@@ -292,13 +324,9 @@ void Context::progress_loop_body() {
             nap.tv_nsec = 100000000;
         else
             nap.tv_nsec = 1000000;
-        int rc = ::epoll_pwait2(epoll_fd_, evs, 4, &nap, nullptr);
-        for (int i = 0; i < rc; ++i) {
-            if (evs[i].data.fd == wake_fd_) {
-                uint64_t v;
-                (void)!::read(wake_fd_, &v, sizeof v);
-            }
-        }
+        // What woke us does not matter: the next pass polls everything. The wake descriptor is
+        // drained either way (non-blocking), so it cannot stay readable.
+        (void)::epoll_pwait2(epoll_fd_, evs, 4, &nap, nullptr);
         uint64_t v;
         (void)!::read(wake_fd_, &v, sizeof v);
         last_work = now_ns();
@@ -533,9 +561,13 @@ void Context::schedule_locked() {
     for (auto &[peer_id, weak] : sessions_)
         if (auto s = weak.lock(); s && (!s->outbox.empty() || !s->bulk_outbox.empty() || !s->auth_outbox.empty()))
             flush_outbox(*s);
-    // Highest priority first; stable so equal priorities keep arrival order.
-    std::stable_sort(active_.begin(), active_.end(),
-                     [](const auto &a, const auto &b) { return a->options.priority > b->options.priority; });
+    // Highest priority first; stable so equal priorities keep arrival order. Sorted only when a
+    // transfer joined since the last pass (removals keep the order).
+    if (active_unsorted_) {
+        std::stable_sort(active_.begin(), active_.end(),
+                         [](const auto &a, const auto &b) { return a->options.priority > b->options.priority; });
+        active_unsorted_ = false;
+    }
     // Transfers take turns, a quota of operations each, so equal priorities share a session fairly
     // and a higher priority is served first on every pass.
     // Passes by path: on-demand units of every transfer first, then proactive and full-path work,
@@ -1620,6 +1652,7 @@ void Context::match(Session &s, const std::shared_ptr<Transfer> &t, const wire::
         start_selective(*t);
         t->matched = true;
         active_.push_back(t);
+        active_unsorted_ = true;
     } catch (const Error &err) {
         log.log(SG_LOG_ERROR, "transfer '" + t->request_id + "' cannot start: " + err.message());
         fail_transfer(*t, err.status(), err.message(), true);
@@ -1662,7 +1695,7 @@ bool Context::start_next_layer(Transfer &t) {
     plan::Side src{&t.pool->layout, t.table};
     plan::Side dst{&t.dst->layout, t.dst_table};
     plan::Limits limits;
-    limits.max_op_bytes = max_op_bytes_;
+    limits.max_op_bytes = std::min(max_op_bytes_, t.session->tp->caps().max_msg_size);
     limits.max_iov = uint32_t(std::min<uint64_t>(plan::kMaxIov, std::max<uint64_t>(1, t.session->tp->caps().rma_iov_limit)));
     const plan::LayerPlanStats ps = plan::compile_layer(src, bases, dst, t.num_tokens, limits, t.ops);
     t.stats.segments += ps.segments;

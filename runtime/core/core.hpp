@@ -500,6 +500,7 @@ class Context : public transport::CompletionSink {
     uint64_t next_xfer_id_ = 1;
     std::map<uint64_t, std::weak_ptr<Session>> sessions_;  // by peer context id
     std::vector<std::shared_ptr<Transfer>> active_;        // prefill transfers with work to do
+    bool active_unsorted_ = false;                         // a transfer joined active_ since it was sorted
     std::vector<std::shared_ptr<Transfer>> lingering_;     // released with operations still in flight
     // Frames from peers this context has no session with yet (their session may be opened in a
     // moment), by sender id, and how much memory they and unauthenticated sessions' held frames take:
@@ -546,6 +547,13 @@ class Context : public transport::CompletionSink {
     std::deque<SelectJob> select_jobs_;
     bool select_stop_ = false;
 };
+
+// A tunable's bounds (sg_param_bounds); the same for sg_context_set_param and the SG_* environment
+// variables read at context creation. Throws SG_ERR_INVALID_ARGUMENT for an unknown param.
+struct ParamBounds {
+    uint64_t lo, hi;
+};
+ParamBounds param_bounds(sg_param_t p);
 
 // True on a thread that is running a transfer event callback: blocking calls refuse to run there.
 bool in_event_callback();

@@ -343,7 +343,8 @@ void Context::compile_unit(Transfer &t, SendUnit &u) {
     plan::Side src{&L, src_ids};
     plan::Side dst{&t.dst->layout, dst_ids};
     plan::Limits limits;
-    limits.max_op_bytes = u.path == SG_PATH_SPECULATIVE ? std::min(max_op_bytes_, kSpeculativeOpBytes) : max_op_bytes_;
+    const uint64_t max_op = std::min(max_op_bytes_, t.session->tp->caps().max_msg_size);
+    limits.max_op_bytes = u.path == SG_PATH_SPECULATIVE ? std::min(max_op, kSpeculativeOpBytes) : max_op;
     limits.max_iov = uint32_t(std::min<uint64_t>(plan::kMaxIov, std::max<uint64_t>(1, t.session->tp->caps().rma_iov_limit)));
     const plan::LayerPlanStats ps = plan::compile_layer(src, bases, dst, tokens, limits, u.ops);
     t.stats.segments += ps.segments;

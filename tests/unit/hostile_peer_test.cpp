@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <utility>
 #include <cstring>
 #include <numeric>
 #include <thread>
@@ -328,6 +330,28 @@ TEST(HostilePeer, AnEndpointNameOfTheWrongLengthIsRefused) {
             EXPECT_EQ(e.status(), SG_ERR_PROTOCOL) << e.message();
         }
     }
+}
+
+
+// SG_STAGING_THRESHOLD and SG_PROGRESS_SPIN_US were parsed with strtoull and no bounds (the setter
+// enforces them): garbage or an out-of-range value now refuses the context.
+TEST(Environment, TunablesFromTheEnvironmentKeepTheSettersBounds) {
+    for (auto [name, value] : {std::pair{"SG_STAGING_THRESHOLD", "999999999999"}, std::pair{"SG_PROGRESS_SPIN_US", "abc"},
+                               std::pair{"SG_STAGING_POLICY", "7"}, std::pair{"SG_PROGRESS_SPIN_US", "-1"}}) {
+        setenv(name, value, 1);
+        try {
+            core::Context c(options(false));
+            ADD_FAILURE() << name << "=" << value << " was taken";
+        } catch (const Error &e) {
+            EXPECT_EQ(e.status(), SG_ERR_INVALID_ARGUMENT) << e.message();
+            EXPECT_NE(e.message().find(name), std::string::npos) << e.message();
+        }
+        unsetenv(name);
+    }
+    setenv("SG_STAGING_THRESHOLD", "4096", 1);
+    core::Context ok(options(false));
+    EXPECT_EQ(ok.get_param(SG_PARAM_STAGING_THRESHOLD), 4096u);
+    unsetenv("SG_STAGING_THRESHOLD");
 }
 
 }  // namespace
