@@ -493,12 +493,15 @@ SG_API sg_status_t sg_listener_destroy(sg_listener_t listener);
  * say) both calls fail, with the status of the side that could not (Since 0.2).
  * Returns SG_OK; SG_ERR_TIMEOUT; SG_ERR_VERSION_MISMATCH (peer speaks another protocol major);
  * SG_ERR_AUTH_FAILED (different keys); SG_ERR_AUTH_REQUIRED (one side has no key);
- * SG_ERR_PROTOCOL (malformed message); SG_ERR_NO_PROVIDER; SG_ERR_PEER_LOST. Since 0.1. */
+ * SG_ERR_PROTOCOL (malformed message); SG_ERR_NO_PROVIDER; SG_ERR_DUPLICATE (a session with that
+ * peer context exists: two contexts hold at most one session between them, however it was made;
+ * destroy it first to reconnect); SG_ERR_PEER_LOST. Since 0.1. */
 SG_API sg_status_t sg_session_accept(sg_listener_t listener, const sg_session_options_t *options,
                                      uint64_t timeout_ns, sg_session_t *out, sg_error_info_t *err);
 
 /* Connects to a listener at addr:port and runs the bootstrap exchange. Blocks up to timeout_ns.
- * Same statuses as sg_session_accept, plus SG_ERR_CONNECT. Since 0.1. */
+ * Same statuses as sg_session_accept (SG_ERR_DUPLICATE included: one session per pair of
+ * contexts), plus SG_ERR_CONNECT. Since 0.1. */
 SG_API sg_status_t sg_session_connect(sg_context_t ctx, const char *addr, uint16_t port,
                                       const sg_session_options_t *options, uint64_t timeout_ns,
                                       sg_session_t *out, sg_error_info_t *err);
@@ -516,7 +519,8 @@ SG_API sg_status_t sg_context_get_metadata(sg_context_t ctx, void *buf, size_t c
  * the key, no memory key leaves either side and transfers wait (sg_session_wait_ready waits for
  * it). Returns SG_OK; SG_ERR_PROTOCOL (truncated or corrupt blob); SG_ERR_VERSION_MISMATCH;
  * SG_ERR_AUTH_FAILED (unsigned blob or signed with another key); SG_ERR_AUTH_REQUIRED (one side
- * has no key); SG_ERR_DUPLICATE (a session with that peer exists). Since 0.1. */
+ * has no key); SG_ERR_DUPLICATE (a session with that peer context exists: one session per pair of
+ * contexts; several streams between two engines share it). Since 0.1. */
 SG_API sg_status_t sg_session_from_metadata(sg_context_t ctx, const void *blob, size_t len,
                                             const sg_session_options_t *options, sg_session_t *out,
                                             sg_error_info_t *err);
