@@ -27,10 +27,12 @@ namespace {
 // own: once libfabric (a dependency, so constructed first) is loaded, put every disposition that
 // points into a library SmartGen does not use back to the default. Handlers the host installs
 // itself, before loading us or after, are never touched.
-bool installed_by_unwanted_library(void (*handler)(int)) {
-    if (handler == SIG_DFL || handler == SIG_IGN) return false;
+bool installed_by_unwanted_library(const struct sigaction &action) {
+    void *handler = (action.sa_flags & SA_SIGINFO) ? reinterpret_cast<void *>(action.sa_sigaction)
+                                                    : reinterpret_cast<void *>(action.sa_handler);
+    if (!(action.sa_flags & SA_SIGINFO) && (action.sa_handler == SIG_DFL || action.sa_handler == SIG_IGN)) return false;
     Dl_info info{};
-    if (!dladdr(reinterpret_cast<void *>(handler), &info) || !info.dli_fname) return false;
+    if (!handler || !dladdr(handler, &info) || !info.dli_fname) return false;
     const char *name = std::strrchr(info.dli_fname, '/');
     name = name ? name + 1 : info.dli_fname;
     return std::strncmp(name, "libinfinipath", 13) == 0 || std::strncmp(name, "libpsm", 6) == 0;
@@ -40,11 +42,7 @@ __attribute__((constructor)) void restore_signal_dispositions() {
     for (int sig : {SIGINT, SIGTERM, SIGQUIT, SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT}) {
         struct sigaction current {};
         if (sigaction(sig, nullptr, &current) != 0) continue;
-        if (current.sa_flags & SA_SIGINFO) {
-            if (!installed_by_unwanted_library(reinterpret_cast<void (*)(int)>(current.sa_sigaction))) continue;
-        } else if (!installed_by_unwanted_library(current.sa_handler)) {
-            continue;
-        }
+        if (!installed_by_unwanted_library(current)) continue;
         struct sigaction dfl {};
         dfl.sa_handler = SIG_DFL;
         sigemptyset(&dfl.sa_mask);
