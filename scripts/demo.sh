@@ -1,20 +1,30 @@
 #!/usr/bin/env bash
 # SmartGen demo for a fresh Debian 12. Installs what it needs (scripts/setup-deps.sh: apt-get, root or
 # sudo), builds the release preset (quietly: the build log is shown only when the build fails), runs
-# smartgen-disagg (examples/disagg/README.md) in seven configurations and prints one table of what
+# smartgen-disagg (examples/disagg/README.md) in nine configurations and prints two tables of what
 # each run measured, every value parsed from that run's --json output:
 #
 #   stories260K (the real model, 100-token prompt, 64 new tokens; ../shared/models/stories260K.bin):
 #     colocated                 one process, no transfer: the reference tokens
-#     full, after prefill       --mode full --full-stream off
-#     full, streamed            --mode full --full-stream on
-#     selective                 --mode selective --budget 0.125 --on-demand on --speculative on
+#     full, after prefill       --mode full --full-stream off: the whole KV moves once prefill is done
+#     full, streamed            --mode full --full-stream on: the whole KV moves layer by layer
+#     selective, spec. on       --mode selective --budget 0.125 --on-demand on --speculative on: the
+#                               latency of the selective paths. Decode is sparse only until the
+#                               speculative path has delivered everything, which for this small cache
+#                               over shm usually happens before step 2: no sparse step, full
+#                               attention's tokens (the count depends on timing: see the sparse column)
+#     selective, spec. off      --mode selective --budget 0.125 --on-demand on --speculative off:
+#                               sparse decoding. Every step attends to P u S_t u G within the budget
+#                               (--attend budget, the default); its tokens may differ from colocated
 #   llama3-8b emulated, 8192-token prompt (a real 1 GiB fp16 KV cache moves; compute is modelled):
-#     full, after prefill / full, streamed / selective at budget 0.125 (same flags as above)
+#     full, after prefill / full, streamed / selective, spec. on / selective, spec. off (same flags)
 #
-# Columns: TTFT, TTST, stall = TTST - TTFT, TPOT (ms); bytes moved per path (full, proactive,
-# on-demand, speculative; KiB/MiB/GiB are powers of 1024); whether the run's tokens equal the
-# colocated run's (real-model rows only: the emulated model has no tokens).
+# First table: TTFT, TTST, stall = TTST - TTFT, TPOT (ms); sparse decode steps of all decode steps; P,
+# the proactive set's mean share of the prompt's blocks; the mean share a sparse step attended to
+# (P u S_t, per layer); whether the run's tokens equal the colocated run's (real-model rows only: the
+# emulated model has no tokens). Second table: bytes moved per path (full, proactive, on-demand,
+# speculative), the page digests, the total (every path and the digests: sg_transfer_stats' bytes)
+# and that total over the prompt's whole KV cache; KiB/MiB/GiB are powers of 1024.
 #
 # No row is ever made up: a run that fails (any nonzero exit, 77 included: the model file is missing,
 # or the library lacks the selective paths) has its stderr printed, the rows that did succeed go to
@@ -28,16 +38,19 @@
 #       --budget X           selective budget, tokens or fraction (default 0.125)
 #       --emulate-tokens N   prompt length of the emulated llama3-8b rows (default 8192)
 #       --rows LIST          comma-separated subset of: colocated, full-after, full-streamed, selective,
-#                            emu-full-after, emu-full-streamed, emu-selective (default: all; the
-#                            colocated run is always made, as the token reference)
-#       --no-build           skip set-up and build; run build/release's smartgen-disagg as it is
+#                            selective-sparse, emu-full-after, emu-full-streamed, emu-selective,
+#                            emu-selective-sparse (default: all; the colocated run is always made, as
+#                            the token reference)
+#       --no-build           skip set-up and build; run smartgen-disagg as it is in build/release (or
+#                            in $SMARTGEN_BUILD_DIR)
 #   scripts/demo.sh kv [ARGS...]
 #       the previous demo, smartgen-kv-demo: a Llama-3-8B-shaped KV cache moved between two processes,
 #       next to a plain TCP stream (ARGS: --tokens N, --layers N, --iters N, --provider NAME,
 #       --contiguous, --json, --help)
 #   scripts/demo.sh --help
 #
-# Environment: SMARTGEN_BUILD_JOBS (parallel build jobs, default nproc).
+# Environment: SMARTGEN_BUILD_JOBS (parallel build jobs, default nproc); SMARTGEN_BUILD_DIR (with
+# --no-build: an already built build directory instead of build/release).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -67,7 +80,8 @@ if [[ ${1:-} == kv ]]; then
 fi
 
 provider=() budget=0.125 emu_tokens=8192 do_build=1
-rows=colocated,full-after,full-streamed,selective,emu-full-after,emu-full-streamed,emu-selective
+rows=colocated,full-after,full-streamed,selective,selective-sparse,emu-full-after,emu-full-streamed,emu-selective
+rows+=,emu-selective-sparse
 while [[ $# -gt 0 ]]; do
   case $1 in
     --provider) [[ $# -ge 2 ]] || { echo "demo.sh: --provider needs a value" >&2; exit 2; }
@@ -85,27 +99,32 @@ while [[ $# -gt 0 ]]; do
 done
 
 # Every row: id, label, smartgen-disagg flags.
-ROW_IDS=(colocated full-after full-streamed selective emu-full-after emu-full-streamed emu-selective)
+ROW_IDS=(colocated full-after full-streamed selective selective-sparse emu-full-after emu-full-streamed emu-selective
+         emu-selective-sparse)
 declare -A LABEL=(
   [colocated]="stories260K colocated"
   [full-after]="stories260K full, after prefill"
   [full-streamed]="stories260K full, streamed"
-  [selective]="stories260K selective $budget"
+  [selective]="stories260K selective $budget, spec. on"
+  [selective-sparse]="stories260K selective $budget, spec. off"
   [emu-full-after]="llama3-8b/$emu_tokens full, after prefill"
   [emu-full-streamed]="llama3-8b/$emu_tokens full, streamed"
-  [emu-selective]="llama3-8b/$emu_tokens selective $budget"
+  [emu-selective]="llama3-8b/$emu_tokens selective $budget, spec. on"
+  [emu-selective-sparse]="llama3-8b/$emu_tokens selective $budget, spec. off"
 )
 pv=${provider[*]:+ ${provider[*]}}
 emu=" --emulate llama3-8b --emulate-tokens $emu_tokens"
-sel="--mode selective --budget $budget --on-demand on --speculative on"
+sel="--mode selective --budget $budget --on-demand on"
 declare -A FLAGS=(
   [colocated]="--mode colocated"
   [full-after]="--mode full --full-stream off$pv"
   [full-streamed]="--mode full --full-stream on$pv"
-  [selective]="$sel$pv"
+  [selective]="$sel --speculative on$pv"
+  [selective-sparse]="$sel --speculative off$pv"
   [emu-full-after]="--mode full --full-stream off$emu$pv"
   [emu-full-streamed]="--mode full --full-stream on$emu$pv"
-  [emu-selective]="$sel$emu$pv"
+  [emu-selective]="$sel --speculative on$emu$pv"
+  [emu-selective-sparse]="$sel --speculative off$emu$pv"
 )
 selected=(colocated)
 IFS=, read -r -a wanted <<<"$rows"
@@ -117,6 +136,7 @@ for id in "${ROW_IDS[@]:1}"; do
 done
 
 BIN=build/release/examples/disagg/smartgen-disagg
+[[ $do_build -eq 0 && -n ${SMARTGEN_BUILD_DIR:-} ]] && BIN=$SMARTGEN_BUILD_DIR/examples/disagg/smartgen-disagg
 if [[ $do_build -eq 1 ]]; then
   build smartgen-disagg
 elif [[ ! -x $BIN ]]; then
@@ -137,15 +157,23 @@ human() {
     else if (b >= 10) printf "%.1f %s\n", b, u[i]; else printf "%.2f %s\n", b, u[i] }'
 }
 
-# One row of the table from a run's JSON, tab-separated; fails when a field is missing. Colocated runs
-# move nothing and print no byte fields; every other mode must report all four.
+# One row of the tables from a run's JSON, tab-separated; fails when a field is missing. Colocated runs
+# move nothing and print no byte fields; every other mode must report them all, and selective runs their
+# sparse steps and (when a step was sparse) the attended share. "-" marks what does not apply to the
+# row (printed as n/a): another mode's fields, the attended share without a sparse step, and P's share
+# of a --attend resident run whose decode never formed P (no sparse step); never a missing value.
 # shellcheck disable=SC2016 # jq, not shell, expands these
 JQ_ROW='
   def need($k): if has($k) and .[$k] != null then .[$k] else error("field \"\($k)\" missing") end;
-  def bytes($k): if .mode == "colocated" then 0 else need($k) end;
+  def bytes($k): if .mode == "colocated" then "-" else need($k) end;
+  def sel($k): if .mode == "selective" then need($k) else "-" end;
   [need("mode"), need("provider"), need("ttft_ms"), need("ttst_ms"), need("stall_ms"), need("tpot_ms"),
    bytes("bytes_full"), bytes("bytes_proactive"), bytes("bytes_on_demand"), bytes("bytes_speculative"),
-   (need("tokens") | tojson), need("emulated")] | @tsv'
+   (need("tokens") | tojson), need("emulated"),
+   bytes("digest_bytes"), bytes("bytes"), bytes("bytes_of_kv"),
+   sel("sparse_steps"), need("new_tokens"),
+   (if .mode == "selective" and .proactive_fraction != null then .proactive_fraction else "-" end),
+   (if .mode == "selective" and .sparse_steps > 0 then need("attended_fraction") else "-" end)] | @tsv'
 
 ok_rows=() failed=()
 start=$(date +%s)
@@ -174,17 +202,38 @@ for id in "${selected[@]}"; do
 done
 elapsed=$(( $(date +%s) - start ))
 
-# The table, from the rows that succeeded.
+# percent FRACTION: 12.8%; "-" (does not apply) as n/a.
+percent() {
+  if [[ $1 == - ]]; then echo n/a; else awk -v f="$1" 'BEGIN { printf "%.1f%%\n", 100 * f }'; fi
+}
+# hbytes BYTES: human(), "-" as n/a.
+hbytes() { if [[ $1 == - ]]; then echo n/a; else human "$1"; fi; }
+
+# What each kind of row measures (printed under the tables for the kinds that ran).
+declare -A MEASURES=(
+  [colocated]="one process, no transfer: the reference tokens"
+  [full-after]="the whole KV moves once prefill is done; decode's first step waits for all of it"
+  [full-streamed]="the whole KV moves layer by layer during prefill"
+  [selective]="the selective paths' latency: decode is sparse only until the speculative path has
+                         delivered everything (for a small cache that can be before step 2: sparse 0,
+                         every step attended to the whole prompt)"
+  [selective-sparse]="sparse decoding: the transfer never completes on its own, so every step attends
+                         to P u S_t u G, P and S_t each within the budget, S_t fetched on demand"
+)
+
+# The tables, from the rows that succeeded.
 print_table() {
-  local id mode prov ttft ttst stall tpot bf bp bo bs toks emulated same ref_tokens=""
-  local fmt='%-36s %8s %8s %8s %8s  %10s %10s %10s %10s  %s\n'
+  local id mode prov ttft ttst stall tpot bf bp bo bs toks emulated dg total ofkv sparse newt pfrac att
+  local same ref_tokens="" kind
+  local fmt1='%-44s %8s %8s %8s %8s  %9s %6s %8s  %s\n'
+  local fmt2='%-44s %10s %10s %10s %11s %10s %10s %7s\n'
   [[ -f $work/colocated.tsv ]] && ref_tokens=$(cut -f11 "$work/colocated.tsv")
-  # shellcheck disable=SC2059 # fmt is this function's own format
-  printf "$fmt" run "TTFT ms" "TTST ms" "stall ms" "TPOT ms" full proactive on-demand speculative \
-    "tokens = colocated"
-  local providers=()
+  # shellcheck disable=SC2059 # fmt1 and fmt2 are this function's own formats
+  printf "$fmt1" run "TTFT ms" "TTST ms" "stall ms" "TPOT ms" sparse P attended "tokens = colocated"
+  local providers=() kinds=()
   for id in "${ok_rows[@]}"; do
-    IFS=$'\t' read -r mode prov ttft ttst stall tpot bf bp bo bs toks emulated <"$work/$id.tsv"
+    IFS=$'\t' read -r mode prov ttft ttst stall tpot bf bp bo bs toks emulated dg total ofkv sparse newt pfrac att \
+      <"$work/$id.tsv"
     if [[ $id == colocated ]]; then
       same="(reference)"
     elif [[ $emulated == true ]]; then
@@ -194,17 +243,42 @@ print_table() {
     elif [[ $toks == "$ref_tokens" ]]; then
       same=yes
     else
-      same=no
+      # how many leading tokens agree
+      same="no (first $(jq -n --argjson a "$toks" --argjson b "$ref_tokens" \
+        '[range(0; [($a|length), ($b|length)] | min) | select($a[.] != $b[.])] | (first // ($a|length))') equal)"
     fi
     [[ $mode != colocated ]] && providers+=("${LABEL[$id]}: $prov")
+    kind=${id#emu-}
+    [[ " ${kinds[*]} " == *" $kind "* ]] || kinds+=("$kind")
+    if [[ $sparse == - ]]; then sparse=n/a; else sparse="$sparse of $((newt - 1))"; fi
     # shellcheck disable=SC2059
-    printf "$fmt" "${LABEL[$id]}" "$(printf %.2f "$ttft")" "$(printf %.2f "$ttst")" "$(printf %.2f "$stall")" \
-      "$(printf %.3f "$tpot")" "$(human "$bf")" "$(human "$bp")" "$(human "$bo")" "$(human "$bs")" "$same"
+    printf "$fmt1" "${LABEL[$id]}" "$(printf %.2f "$ttft")" "$(printf %.2f "$ttst")" "$(printf %.2f "$stall")" \
+      "$(printf %.3f "$tpot")" "$sparse" "$(percent "$pfrac")" "$(percent "$att")" "$same"
+  done
+  echo
+  # shellcheck disable=SC2059
+  printf "$fmt2" "bytes moved" full proactive on-demand speculative digests total "of KV"
+  for id in "${ok_rows[@]}"; do
+    [[ $id == colocated ]] && continue
+    IFS=$'\t' read -r mode prov ttft ttst stall tpot bf bp bo bs toks emulated dg total ofkv sparse newt pfrac att \
+      <"$work/$id.tsv"
+    # shellcheck disable=SC2059
+    printf "$fmt2" "${LABEL[$id]}" "$(hbytes "$bf")" "$(hbytes "$bp")" "$(hbytes "$bo")" "$(hbytes "$bs")" \
+      "$(hbytes "$dg")" "$(hbytes "$total")" "$(percent "$ofkv")"
   done
   echo
   echo "TTFT = t0 -> first token (prefill); TTST = t0 -> second token (decode); stall = TTST - TTFT;"
-  echo "TPOT = mean time per token after the second. Bytes: what each path moved (full, proactive,"
-  echo "on-demand, speculative). One run per row, $(nproc) cores, ${elapsed} s for all runs."
+  echo "TPOT = mean time per token after the second. sparse = decode steps that attended to P u S_t u G"
+  echo "(the rest attended to the whole prompt); P = the proactive set's mean share of the prompt's blocks;"
+  echo "attended = the mean share of them a sparse step attended to (per layer). Both are unions over the"
+  echo "KV heads of per-head choices rounded up to whole blocks, sink and recent blocks included, so on a"
+  echo "short prompt they exceed the per-head budget (100 tokens are 7 blocks). Bytes: what each path"
+  echo "moved, the page digests, the total of both (sg_transfer_stats' bytes) and that total over the"
+  echo "prompt's whole KV cache. One run per row, $(nproc) cores, ${elapsed} s for all runs."
+  echo "What each row measures:"
+  for kind in "${kinds[@]}"; do
+    printf '  %-22s %s\n' "$(sed 's/^stories260K //; s/ [0-9.]*,/,/' <<<"${LABEL[$kind]}")" "${MEASURES[$kind]}"
+  done
   if [[ ${#providers[@]} -gt 0 ]]; then
     if [[ $(printf '%s\n' "${providers[@]#*: }" | sort -u | wc -l) -eq 1 ]]; then
       echo "Provider of every transfer run: ${providers[0]#*: }."

@@ -129,8 +129,25 @@ default of \`--proactive-policy\`), sinks one block and recent one block; S_t's 
 (the decode side has the digests, not the keys) and no sinks or recent window, which P already
 holds, so its whole budget goes to scored blocks. The last section shows P chosen by Quest instead
 (\`--proactive-policy quest\`). The sets here are computed
-in one process with the public selector API (\`sg_selector_create\`/\`digest\`/\`select\`); the
-runtime moves exactly these blocks, so they are what a disaggregated run attends to.
+in one process with the public selector API (\`sg_selector_create\`/\`digest\`/\`select\`), the
+runtime's selection code.
+
+**Which disaggregated runs these numbers describe.** They are what \`smartgen-disagg\` attends to at a
+*sparse* step with \`--attend budget\`, the default: P is then the proactive selection itself (the
+prefill side sends the decode side which blocks it is), whatever else has arrived. Which steps are
+sparse depends on the run. With \`--speculative off\` the transfer never completes on its own and every
+decode step is sparse, as here (63 of 63). With the speculative path on (the default) decode is sparse
+only until it has delivered everything, and how many steps that is depends on timing. For
+stories260K's prompts over shm (the default between two processes of one host) it was usually before
+the second token here (0 sparse steps; once 8, on a loaded machine; over tcp 1 and 63 in two runs): a
+run with no sparse step attends to the whole prompt and generates full attention's tokens, so it
+measures the selective paths' latency, not what selection costs. \`--sparse-steps K\` fixes the count
+instead. With \`--attend resident\` P is every block
+resident when the layer's essential blocks were in place, which with the speculative path on is most
+of the prompt (in one run here on stories260K at budget 1/16, 0.63 of a 448-token prompt's blocks
+against 0.07 for the budget set), so such a run attends to far more than these sets. \`disagg.SelectiveRun.*\`
+(examples/disagg/selective_run_test.cpp) checks that a run with a budget attends within it, also
+while the speculative path runs, and that the P the prefill side sends is the runtime's own.
 
 Each set is compared with the **oracle**: at the same step and layer, the same number of prompt
 blocks, chosen with that step's true attention (the blocks with the most softmax mass, summed over
@@ -145,8 +162,9 @@ the query heads). No selector can know it in advance; it is the best choice of t
   heads, so it exceeds the per-head budget).
 - **mass recall**: the share of the step's true attention over the prompt that the set holds, mean
   over the teacher-forced steps and layers, beside the oracle of the same size.
-- **P ∪ G (proactive only)**: decode without the on-demand path; the difference to P ∪ S_t ∪ G is
-  what on-demand fetching buys.
+- **P ∪ G (proactive only)**: decode without the on-demand path (\`--on-demand off --speculative
+  off\`: S_t's blocks outside P never arrive and are dropped); the difference to P ∪ S_t ∪ G is what
+  on-demand fetching buys.
 - **P share**: |P| over the prompt's blocks, mean over layers.
 - **recall of P**: at the first decode step, the share of each query head's attention over the
   prompt that falls in P, averaged over layers and heads; the oracle takes |P| blocks per layer.

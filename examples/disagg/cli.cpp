@@ -63,6 +63,8 @@ const char* mode_name(Mode m) {
     return "?";
 }
 
+const char* attend_name(Attend a) { return a == Attend::kBudget ? "budget" : "resident"; }
+
 const char* dtype_label(uint32_t dtype) {
     switch (dtype) {
         case 0:
@@ -137,7 +139,17 @@ void print_usage(FILE* out) {
         "  --speculative on|off    send the rest in the background (default on)\n"
         "  --sparse-steps K        decode steps that attend to P u S_t u G before attending to\n"
         "                          everything (waiting for what is missing); default: until the\n"
-        "                          transfer completes (sg_transfer_test == SG_OK)\n"
+        "                          transfer completes (sg_transfer_test == SG_OK). With the speculative\n"
+        "                          path on, a small cache on a fast link is usually complete before\n"
+        "                          step 2: no sparse step (the run measures latency, not sparse\n"
+        "                          decoding); with --speculative off it never completes: every step\n"
+        "                          is sparse\n"
+        "  --attend budget|resident   what P is (default budget): budget = the proactive selection\n"
+        "                          itself (the prefill side makes the runtime's choice again with the\n"
+        "                          selector API and sends it), so a sparse step attends to the budget\n"
+        "                          whatever else has arrived; resident = every block resident when the\n"
+        "                          layer's essential blocks were in place (with the speculative path\n"
+        "                          on, most of the prompt on a fast link)\n"
         "  --window W              last prompt queries given to the proactive selector (default 8)\n"
         "emulation (real transfers of a big model's KV cache shape, compute time modelled)\n"
         "  --emulate llama3-8b|qwen3-8b|llama3-70b    fp16 KV, 8 KV heads, head_dim 128\n"
@@ -169,9 +181,10 @@ void print_usage(FILE* out) {
         "session and pools warm (context, session and registration are cold_start_ms); TTFT = t0 -> first\n"
         "token (prefill); TTST = t0 -> second token (decode); stall = TTST - TTFT;\n"
         "TPOT = (t_last - t_second) / (N - 2).\n"
-        "Selective decode, step t, layer l: P = blocks resident when the layer's essential blocks were\n"
-        "in place; S_t = the decode-side selector's blocks for this step's query (same profile, digests\n"
-        "from the transfer), fetched on demand when not resident; G = the generated tokens.\n"
+        "Selective decode, sparse step t, layer l: P = the layer's proactive blocks (--attend budget) or\n"
+        "the blocks resident when they were in place (--attend resident); S_t = the decode-side\n"
+        "selector's blocks for this step's query (same budget, digests from the transfer), fetched on\n"
+        "demand when not resident; G = the generated tokens.\n"
         "Exit status: 0 ok, 1 runtime failure, 2 bad flags, 77 model file absent.\n",
         out);
 }
@@ -284,6 +297,15 @@ std::optional<Options> parse_args(int argc, char** argv) {
             if (saw_selective.empty()) saw_selective = flag;
         } else if (flag == "--speculative") {
             o.speculative = parse_on_off(flag, take());
+            if (saw_selective.empty()) saw_selective = flag;
+        } else if (flag == "--attend") {
+            const std::string v = take();
+            if (v == "budget")
+                o.attend = Attend::kBudget;
+            else if (v == "resident")
+                o.attend = Attend::kResident;
+            else
+                bad(flag, "expected budget or resident, got '" + v + "'");
             if (saw_selective.empty()) saw_selective = flag;
         } else if (flag == "--sparse-steps") {
             o.sparse_steps = int(parse_int(flag, take(), 0, 1 << 20));

@@ -19,6 +19,11 @@ class UsageError : public std::runtime_error {
 
 enum class Mode { kColocated, kFull, kSelective };
 enum class Role { kBoth, kPrefill, kDecode };  // kBoth: fork the decode side (the default)
+// What P is at a sparse step of selective decode (--attend). kBudget: the proactive selection itself
+// (the profile's choice, within its budget), whatever else is resident; kResident: every block resident
+// when the layer's essential blocks were in place (the proactive set plus whatever the speculative path
+// had delivered by then).
+enum class Attend { kBudget, kResident };
 
 struct Budget {
     bool is_fraction = true;
@@ -54,6 +59,7 @@ struct Options {
     bool proactive_policy_set = false;
     bool on_demand = true;
     bool speculative = true;
+    Attend attend = Attend::kBudget;
     int sparse_steps = -1;  // -1: until the transfer completes (sg_transfer_test == SG_OK)
     int window = 8;         // prompt queries passed to sg_transfer_layer_written_q
 
@@ -82,6 +88,7 @@ void print_usage(FILE* out);
 std::vector<int> read_token_file(const std::string& path, const char* flag);
 
 const char* mode_name(Mode m);
+const char* attend_name(Attend a);  // "budget", "resident"
 // P's policy with --budget: --proactive-policy when given, else snapkv with a model and quest with
 // --emulate (SnapKV scores every key on the host: at 8192 tokens and 32 layers that outlasts prefill).
 std::string proactive_policy_for(const Options& o);

@@ -49,6 +49,7 @@
 #include "emulate.hpp"
 #include "engine.hpp"
 #include "pool_layout.hpp"
+#include "proactive_set.hpp"
 
 // The selective-path functions (profiles, selectors, digests, fetches) are referenced weakly: this
 // program links and runs its colocated and full modes against a libsmartgen that does not have them
@@ -67,6 +68,7 @@
 #pragma weak sg_transfer_digests
 #pragma weak sg_transfer_fetch
 #pragma weak sg_transfer_wait_blocks
+#pragma weak sg_selector_budget_blocks
 
 namespace sg::disagg {
 namespace {
@@ -89,7 +91,7 @@ bool selective_available() {
     return sg_profile_parse && sg_profile_load && sg_profile_to_json && sg_profile_destroy && sg_selector_create &&
            sg_selector_destroy && sg_selector_digest_floats && sg_selector_input_init && sg_selector_select &&
            sg_transfer_layer_written_q && sg_transfer_wait_layer_state && sg_transfer_digests && sg_transfer_fetch &&
-           sg_transfer_wait_blocks;
+           sg_transfer_wait_blocks && proactive_mirror_available();
 }
 
 uint64_t now_ns() {
@@ -239,7 +241,10 @@ struct Link {
 
     // The next notification, waiting on the context's event fd; fails when the session is lost, the
     // forked child died, or timeout_s passes.
-    Msg next(const char* waiting_for, const std::function<void()>& idle = {}) {
+    // Notifications do not wake the event fd (layer events, transfer ends and session losses do), so
+    // between polls it sleeps at most nap_us: 20 ms by default, less where a late message would count
+    // in a measured wait (the PSET messages a sparse step waits for).
+    Msg next(const char* waiting_for, const std::function<void()>& idle = {}, long nap_us = 20000) {
         const uint64_t deadline = now_ns() + timeout_ns();
         std::vector<char> buf(SG_NOTIFY_MAX + 1);
         for (;;) {
@@ -269,7 +274,8 @@ struct Link {
                 fatal(fmt("waiting for %s: nothing after %d s (--timeout)", waiting_for, timeout_s));
             if (idle) idle();
             pollfd p{evfd, POLLIN, 0};
-            if (poll(&p, 1, 20) > 0) {
+            const timespec nap{nap_us / 1000000, (nap_us % 1000000) * 1000};
+            if (ppoll(&p, 1, &nap, nullptr) > 0) {
                 uint64_t v;
                 if (read(evfd, &v, sizeof v) < 0) { /* re-armed by someone else: fine */
                 }
@@ -299,7 +305,6 @@ void make_context(Link& L, const Options& o, const std::string& local_addr) {
     check(sg_context_event_fd(L.ctx, &L.evfd), "sg_context_event_fd");
     L.timeout_s = o.timeout_s;
 }
-
 
 void register_pool(Link& L, const KvPool& p) {
     const sg_kv_layout_t layout = layout_of(p);
@@ -521,15 +526,18 @@ class EmuCompute : public Compute {
 
 // ---- selective decode: P u S_t u G --------------------------------------------------------------------
 
-// Per layer, at each sparse step: P = the blocks resident when the layer's essential blocks were in
-// place (the proactive path), S_t = the selector's blocks for this step's query (with the decode-side
-// profile the prefill side sent: quest on the digests from the transfer, the same budget), fetched on
-// demand when not resident (or dropped without the on-demand path). The engine adds G (the generated
-// tokens) itself.
+// Per layer, at each sparse step: P = the layer's proactive set (--attend budget: the blocks the prefill
+// side's profile chose, as its PSET messages say; --attend resident: every block resident when the
+// layer's essential blocks were in place, which with the speculative path on includes whatever it had
+// delivered), S_t = the selector's blocks for this step's query (with the decode-side profile the
+// prefill side sent: quest on the digests from the transfer, the same budget), fetched on demand when
+// not resident (or dropped without the on-demand path). The engine adds G (the generated tokens) itself.
 class SparseDecoder {
   public:
+    // psets: the PSET messages so far (--attend budget), else nullptr; pump: reads the next
+    // notification into psets, for a layer whose P has not arrived yet.
     SparseDecoder(sg_transfer_t x, sg_selector_t sel, int layers, int q_heads, uint32_t prompt_blocks, bool on_demand,
-                  uint64_t timeout_ns, int timeout_s)
+                  uint64_t timeout_ns, int timeout_s, const ProactiveSets* psets, std::function<void()> pump)
         : x_(x),
           sel_(sel),
           L_(layers),
@@ -538,6 +546,8 @@ class SparseDecoder {
           on_demand_(on_demand),
           timeout_ns_(timeout_ns),
           timeout_s_(timeout_s),
+          psets_(psets),
+          pump_(std::move(pump)),
           have_(size_t(layers), 0),
           P_(size_t(layers)),
           digests_(size_t(layers)) {
@@ -546,16 +556,22 @@ class SparseDecoder {
         cache_digests_ = double(digest_floats_) * 4.0 * layers <= double(1ull << 30);
         bitmap_.resize((nb_ + 7) / 8);
         S_.resize(nb_);
+        for (int l = 0; l < L_; ++l) {
+            uint64_t b = 0;
+            check(sg_selector_budget_blocks(sel_, uint32_t(l), &b), "sg_selector_budget_blocks");
+            budget_blocks = std::max(budget_blocks, b);
+        }
     }
 
-    // While decode idles (before token 1 arrives), take in the layers whose essential blocks are
-    // already here, in order: their P sets and digests.
+    // While decode idles (before token 1 arrives), take in the layers whose essential blocks (and, with
+    // --attend budget, whose PSET) are already here, in order: their P sets and digests.
     void prepare_ready() {
         for (int l = 0; l < L_; ++l) {
             if (have_[size_t(l)]) continue;
             uint32_t state = 0;
             check(sg_transfer_layer_state(x_, uint32_t(l), &state), "sg_transfer_layer_state");
             if (!(state & SG_LAYER_ESSENTIAL)) return;
+            if (psets_ && !psets_->complete(uint32_t(l))) return;
             take_layer(l);
         }
     }
@@ -615,8 +631,21 @@ class SparseDecoder {
         std::set_union(P_[li].begin(), P_[li].end(), S_.begin(), S_.begin() + ptrdiff_t(n_sel),
                        std::back_inserter(out_));
         attended_blocks += out_.size();
+        attended_max = std::max<uint64_t>(attended_max, out_.size());
         layer_steps += 1;
         return &out_;
+    }
+
+    // For the report, once decoding is done (--attend budget): P of the layers no sparse step took in
+    // (none, when the transfer completed before step 2), from their PSET messages.
+    void count_untaken_proactive() {
+        if (!psets_) return;
+        for (int l = 0; l < L_; ++l) {
+            if (have_[size_t(l)]) continue;
+            while (!psets_->complete(uint32_t(l))) pump_();
+            proactive_blocks += psets_->blocks(uint32_t(l)).size();
+            proactive_layers += 1;
+        }
     }
 
     // Everything: wait for the speculative path, or fetch what is missing layer by layer.
@@ -639,16 +668,42 @@ class SparseDecoder {
         complete_wait_ns += now_ns() - t;
     }
 
-    uint64_t essential_wait_ns = 0, selector_ns = 0, fetch_wait_ns = 0, complete_wait_ns = 0;
+    uint64_t essential_wait_ns = 0, selector_ns = 0, fetch_wait_ns = 0, complete_wait_ns = 0, pset_wait_ns = 0;
     uint64_t fetch_calls = 0, fetched_blocks = 0, dropped_blocks = 0, attended_blocks = 0, layer_steps = 0;
     uint64_t selected = 0, selected_in_p = 0;
+    // P over all layers (blocks), the largest attended set of one layer at one sparse step, the
+    // decode-side profile's largest per-head budget (blocks), and P's blocks that were not resident at
+    // SG_LAYER_ESSENTIAL (--attend budget: 0 unless the prefill side's copy of the selection differs
+    // from the runtime's; they are then fetched on demand, or dropped without the on-demand path).
+    uint64_t proactive_blocks = 0, proactive_layers = 0, attended_max = 0, budget_blocks = 0, proactive_missing = 0;
 
   private:
-    // P = what is resident once the layer's essential blocks are (the proactive path); the digests.
+    // P (see the class comment) once the layer's essential blocks are here; the digests.
     void take_layer(int l) {
+        std::vector<uint32_t>& P = P_[size_t(l)];
         read_residency(l);
-        for (uint32_t b = 0; b < nb_; ++b)
-            if (resident(b)) P_[size_t(l)].push_back(b);
+        if (psets_) {
+            const uint64_t t = now_ns();
+            while (!psets_->complete(uint32_t(l))) pump_();
+            pset_wait_ns += now_ns() - t;
+            P = psets_->blocks(uint32_t(l));
+            missing_.clear();
+            for (uint32_t b : P)
+                if (!resident(b)) missing_.push_back(b);
+            proactive_missing += missing_.size();
+            if (!missing_.empty() && on_demand_) {
+                check(sg_transfer_fetch(x_, uint32_t(l), missing_.data(), missing_.size()), "sg_transfer_fetch");
+                check_wait(sg_transfer_wait_blocks(x_, uint32_t(l), missing_.data(), missing_.size(), timeout_ns_),
+                           "sg_transfer_wait_blocks", timeout_s_);
+            } else if (!missing_.empty()) {
+                std::erase_if(P, [&](uint32_t b) { return !resident(b); });
+            }
+        } else {
+            for (uint32_t b = 0; b < nb_; ++b)
+                if (resident(b)) P.push_back(b);
+        }
+        proactive_blocks += P.size();
+        proactive_layers += 1;
         digests(l);
         have_[size_t(l)] = 1;
     }
@@ -674,6 +729,8 @@ class SparseDecoder {
     bool on_demand_;
     uint64_t timeout_ns_;
     int timeout_s_;
+    const ProactiveSets* psets_;
+    std::function<void()> pump_;
     size_t digest_floats_ = 0;
     bool cache_digests_ = true;
     std::vector<uint8_t> have_;
@@ -704,6 +761,7 @@ std::string budget_profile_json(const Options& o, const std::string& model, int 
 struct Results {
     std::string mode, model, provider = "none", profile;
     bool emulated = false, full_stream = false, on_demand = false, speculative = false;
+    Attend attend = Attend::kBudget;
     uint32_t paths = 0;
     uint64_t prompt_tokens = 0;
     int new_tokens = 0, block_tokens = 0, sparse_steps_asked = -1;
@@ -713,13 +771,16 @@ struct Results {
     uint64_t cold_ns = 0, decode_cold_ns = 0, prefill_ns = 0;
     // decode side
     uint64_t first_wait_ns = 0, step1_ns = 0, selector_ns = 0, fetch_wait_ns = 0, essential_wait_ns = 0,
-             complete_wait_ns = 0, sparse_steps = 0, attended_blocks = 0, layer_steps = 0, fetch_calls = 0,
-             fetched_blocks = 0, dropped_blocks = 0, selected = 0, selected_in_p = 0;
+             pset_wait_ns = 0, complete_wait_ns = 0, sparse_steps = 0, attended_blocks = 0, layer_steps = 0,
+             fetch_calls = 0, fetched_blocks = 0, dropped_blocks = 0, selected = 0, selected_in_p = 0,
+             proactive_blocks = 0, proactive_layers = 0, attended_max = 0, budget_blocks = 0, proactive_missing = 0;
+    uint64_t mirror_ns = 0;  // prefill side, --attend budget: making P again for PSET (its own thread, not in TTFT)
     // sg_transfer_stats of the decode side (what had arrived by the last token) and of the prefill side
     uint64_t bytes = 0, bytes_full = 0, bytes_proactive = 0, bytes_on_demand = 0, bytes_speculative = 0,
              digest_bytes = 0, fetch_requests = 0, fetch_blocks = 0, staged_bytes = 0, rma_ops = 0;
     long rss_prefill_kb = 0, rss_decode_kb = 0;
     uint64_t prompt_blocks = 0;
+    uint64_t kv_bytes = 0;  // the prompt's whole KV cache (K and V, every layer): what SG_PATH_FULL moves
     // emulation
     EmuParams emu;
     int emu_patterns = 0;
@@ -749,6 +810,13 @@ void print_results(const Results& r, bool json) {
     const double tpot = r.new_tokens > 2 ? ms(r.tlast - r.t2) / double(r.new_tokens - 2) : NAN;
     const double attended_frac =
         r.layer_steps && r.prompt_blocks ? double(r.attended_blocks) / double(r.layer_steps * r.prompt_blocks) : NAN;
+    const double attended_max_frac =
+        r.layer_steps && r.prompt_blocks ? double(r.attended_max) / double(r.prompt_blocks) : NAN;
+    const double proactive_frac = r.proactive_layers && r.prompt_blocks
+                                      ? double(r.proactive_blocks) / double(r.proactive_layers * r.prompt_blocks)
+                                      : NAN;
+    // Every byte the transfer moved (KV of every path and the page digests) over the prompt's whole KV.
+    const double bytes_of_kv = r.kv_bytes ? double(r.bytes) / double(r.kv_bytes) : NAN;
     if (json) {
         std::vector<std::pair<std::string, std::string>> f;
         f.emplace_back("mode", json_str(r.mode));
@@ -773,7 +841,9 @@ void print_results(const Results& r, bool json) {
         if (r.mode != "colocated") {
             f.emplace_back("paths", std::to_string(r.paths));
             if (r.mode == "full") f.emplace_back("full_stream", r.full_stream ? "true" : "false");
-            f.emplace_back("bytes", std::to_string(r.bytes));
+            f.emplace_back("kv_bytes", std::to_string(r.kv_bytes));
+            f.emplace_back("bytes", std::to_string(r.bytes));  // every path's KV and the digests
+            f.emplace_back("bytes_of_kv", num(bytes_of_kv));
             f.emplace_back("bytes_full", std::to_string(r.bytes_full));
             f.emplace_back("bytes_proactive", std::to_string(r.bytes_proactive));
             f.emplace_back("bytes_on_demand", std::to_string(r.bytes_on_demand));
@@ -791,7 +861,14 @@ void print_results(const Results& r, bool json) {
             f.emplace_back("profile", json_str(r.profile));
             f.emplace_back("on_demand", r.on_demand ? "true" : "false");
             f.emplace_back("speculative", r.speculative ? "true" : "false");
+            f.emplace_back("attend", json_str(attend_name(r.attend)));
             f.emplace_back("sparse_steps", std::to_string(r.sparse_steps));
+            f.emplace_back("prompt_blocks", std::to_string(r.prompt_blocks));
+            f.emplace_back("budget_blocks", std::to_string(r.budget_blocks));
+            f.emplace_back("proactive_fraction", num(proactive_frac));
+            f.emplace_back("proactive_missing_blocks", std::to_string(r.proactive_missing));
+            f.emplace_back("proactive_copy_ms", num(ms(r.mirror_ns)));
+            f.emplace_back("proactive_set_wait_ms", num(ms(r.pset_wait_ns)));
             f.emplace_back("essential_wait_ms", num(ms(r.essential_wait_ns)));
             f.emplace_back("selector_ms", num(ms(r.selector_ns)));
             f.emplace_back("fetch_wait_ms", num(ms(r.fetch_wait_ns)));
@@ -800,6 +877,8 @@ void print_results(const Results& r, bool json) {
             f.emplace_back("fetched_blocks", std::to_string(r.fetched_blocks));
             f.emplace_back("dropped_blocks", std::to_string(r.dropped_blocks));
             f.emplace_back("attended_fraction", num(attended_frac));
+            f.emplace_back("attended_max_blocks", std::to_string(r.attended_max));
+            f.emplace_back("attended_max_fraction", num(attended_max_frac));
             f.emplace_back("selected_in_proactive",
                            num(r.selected ? double(r.selected_in_p) / double(r.selected) : NAN));
         }
@@ -852,9 +931,11 @@ void print_results(const Results& r, bool json) {
             r.emu_patterns);
     }
     if (r.mode == "selective")
-        std::printf("  selective        profile %s; on-demand %s, speculative %s, %llu sparse step(s)\n",
-                    r.profile.c_str(), r.on_demand ? "on" : "off", r.speculative ? "on" : "off",
-                    (unsigned long long)r.sparse_steps);
+        std::printf(
+            "  selective        profile %s; on-demand %s, speculative %s, attend %s; %llu of %d decode step(s)"
+            " sparse\n",
+            r.profile.c_str(), r.on_demand ? "on" : "off", r.speculative ? "on" : "off", attend_name(r.attend),
+            (unsigned long long)r.sparse_steps, std::max(r.new_tokens - 1, 0));
     std::printf("\n  %-30s %12s\n", "", "ms");
     std::printf("  %-30s %12.3f\n", "cold start (not in TTFT)", ms(r.cold_ns));
     std::printf("  %-30s %12.3f\n", "TTFT (prefill, first token)", ttft);
@@ -866,21 +947,35 @@ void print_results(const Results& r, bool json) {
         if (r.mode == "selective") {
             std::printf("  %-30s %12.3f\n", "selector (all steps)", ms(r.selector_ns));
             std::printf("  %-30s %12.3f\n", "on-demand waits", ms(r.fetch_wait_ns));
+            if (r.attend == Attend::kBudget)
+                std::printf("  %-30s %12.3f\n", "waiting for PSET (P's list)", ms(r.pset_wait_ns));
             std::printf("  %-30s %12.3f\n", "waiting for the rest", ms(r.complete_wait_ns));
         }
         std::printf(
-            "\n  bytes            full %llu, proactive %llu, on-demand %llu, speculative %llu, digests %llu"
-            " (decode side, by the last token)\n",
+            "\n  bytes            %llu in all, %.1f%% of the prompt's KV (%llu): full %llu, proactive %llu,"
+            " on-demand %llu, speculative %llu, digests %llu (decode side, by the last token)\n",
+            (unsigned long long)r.bytes, 100.0 * bytes_of_kv, (unsigned long long)r.kv_bytes,
             (unsigned long long)r.bytes_full, (unsigned long long)r.bytes_proactive,
             (unsigned long long)r.bytes_on_demand, (unsigned long long)r.bytes_speculative,
             (unsigned long long)r.digest_bytes);
         std::printf("  fetches          %llu requests, %llu blocks\n", (unsigned long long)r.fetch_requests,
                     (unsigned long long)r.fetch_blocks);
-        if (r.mode == "selective")
-            std::printf(
-                "  attended         %.1f%% of the prompt blocks per layer and sparse step; %.1f%% of the"
-                " selected blocks were proactive\n",
-                100.0 * attended_frac, r.selected ? 100.0 * double(r.selected_in_p) / double(r.selected) : 0.0);
+        if (r.mode == "selective") {
+            std::printf("  P                %.1f%% of the prompt blocks per layer (attend %s)%s\n",
+                        100.0 * proactive_frac, attend_name(r.attend),
+                        r.proactive_missing ? fmt("; %llu of its blocks were not resident at SG_LAYER_ESSENTIAL",
+                                                  (unsigned long long)r.proactive_missing)
+                                                  .c_str()
+                                            : "");
+            if (r.sparse_steps)
+                std::printf(
+                    "  attended         %.1f%% of the prompt blocks per layer and sparse step (at most %llu of %llu);"
+                    " %.1f%% of the selected blocks were proactive\n",
+                    100.0 * attended_frac, (unsigned long long)r.attended_max, (unsigned long long)r.prompt_blocks,
+                    r.selected ? 100.0 * double(r.selected_in_p) / double(r.selected) : 0.0);
+            else
+                std::printf("  attended         no sparse step: every decode step attended to the whole prompt\n");
+        }
         std::printf("  resident memory  prefill %.0f MiB, decode %.0f MiB (peak)\n", double(r.rss_prefill_kb) / 1024.0,
                     double(r.rss_decode_kb) / 1024.0);
     }
@@ -997,6 +1092,7 @@ struct RunSpec {  // what the prefill side decides and tells the decode side (RE
     int n_new = 0, block = 16, sparse_steps = -1, window = 0;
     uint32_t dtype = 0;
     bool full_stream = true;
+    Attend attend = Attend::kBudget;
     EmuParams emu;  // name empty: the real model
     int layers = 0, kv_heads = 0, head_dim = 0, dim = 0, vocab = 0;
 };
@@ -1005,7 +1101,8 @@ std::string encode_req(const RunSpec& s) {
     Fields f("REQ");
     f.add("mode", mode_name(s.mode)).add("paths", s.paths).add("prompt", s.prompt_len).add("new", s.n_new);
     f.add("block", s.block).add("dtype", s.dtype).add("sparse", s.sparse_steps).add("window", s.window);
-    f.add("stream", int(s.full_stream)).add("layers", s.layers).add("kv_heads", s.kv_heads);
+    f.add("stream", int(s.full_stream)).add("attend", attend_name(s.attend)).add("layers", s.layers);
+    f.add("kv_heads", s.kv_heads);
     f.add("head_dim", s.head_dim).add("dim", s.dim).add("vocab", s.vocab);
     if (!s.emu.name.empty()) {
         f.add("emulate", s.emu.name).add("tokens", s.emu.tokens).add("tflops", s.emu.tflops).add("tbps", s.emu.tbps);
@@ -1027,6 +1124,9 @@ RunSpec decode_req(const Msg& m) {
     s.sparse_steps = int(m.i("sparse"));
     s.window = int(m.i("window"));
     s.full_stream = m.i("stream") != 0;
+    const std::string attend = m.s("attend");
+    if (attend != "budget" && attend != "resident") fatal("the prefill side asked for --attend '" + attend + "'");
+    s.attend = attend == "budget" ? Attend::kBudget : Attend::kResident;
     s.layers = int(m.i("layers"));
     s.kv_heads = int(m.i("kv_heads"));
     s.head_dim = int(m.i("head_dim"));
@@ -1076,7 +1176,10 @@ Results run_prefill(const Options& o, Compute& comp, const RunSpec& spec, const 
     r.on_demand = spec.paths & SG_PATH_ON_DEMAND;
     r.speculative = spec.paths & SG_PATH_SPECULATIVE;
     r.sparse_steps_asked = spec.sparse_steps;
+    r.attend = spec.attend;
     r.prompt_blocks = blocks_for(int(spec.prompt_len), spec.block);
+    r.kv_bytes = spec.prompt_len * uint64_t(comp.n_layers) * uint64_t(comp.n_kv_heads) * uint64_t(comp.head_dim) * 2 *
+                 sg_dtype_size(sg_dtype_t(spec.dtype));
 
     // The engine's side is ready before the clock starts: model, prompt, pool memory.
     comp.make_pool(false, spec.prompt_len, spec.n_new, spec.block, KvDtype(spec.dtype));
@@ -1132,6 +1235,8 @@ Results run_prefill(const Options& o, Compute& comp, const RunSpec& spec, const 
     sg_transfer_options_t to;
     sg_transfer_options_init(&to);
     to.paths = spec.paths;
+    // --attend budget: the proactive selection made again here, sent to the decode side (proactive_set.hpp).
+    std::unique_ptr<ProactiveSender> mirror;
     if (spec.mode == Mode::kSelective) {
         sg_error_info_init(&err);
         // The decode side's profile goes along, in chunks: the file's with --profile, else --budget's
@@ -1157,6 +1262,10 @@ Results run_prefill(const Options& o, Compute& comp, const RunSpec& spec, const 
         }
         to.profile = L.profile;
         for (size_t off = 0; off < decode_json.size(); off += 4000) L.notify("PRF " + decode_json.substr(off, 4000));
+        if (spec.attend == Attend::kBudget)
+            mirror = std::make_unique<ProactiveSender>(
+                std::make_unique<ProactiveMirror>(L.profile, layout_of(comp.pool), spec.prompt_len, comp.table),
+                [&L](const std::string& m) { L.notify(m); });
     }
     L.notify(encode_req(spec));
     // Warm-up: one block of every layer moves once before t0, so the fabric's connection and the
@@ -1201,9 +1310,11 @@ Results run_prefill(const Options& o, Compute& comp, const RunSpec& spec, const 
         }
         check(sg_transfer_layer_written_q(L.xfer, uint32_t(l), q, uint32_t(W), uint32_t(comp.n_heads)),
               "sg_transfer_layer_written_q");
+        if (mirror) mirror->post(uint32_t(l), q, uint32_t(W), uint32_t(comp.n_heads), size_t(comp.head_dim));
     });
     const uint64_t t1 = now_ns();
     L.notify(Fields("FIRST").add("token", token1).add("prompt", spec.prompt_len).add("t0", t0).add("t1", t1).str());
+    if (mirror) r.mirror_ns = mirror->finish();  // the last PSET messages may follow FIRST
     if (!post_first) {
         to.flags = SG_TRANSFER_ALL_LAYERS_WRITTEN;
         sg_error_info_init(&err);
@@ -1225,6 +1336,7 @@ Results run_prefill(const Options& o, Compute& comp, const RunSpec& spec, const 
     r.selector_ns = res.u("sel");
     r.fetch_wait_ns = res.u("fetch_wait");
     r.essential_wait_ns = res.u("ess_wait");
+    r.pset_wait_ns = res.u("pset_wait");
     r.complete_wait_ns = res.u("complete_wait");
     r.sparse_steps = res.u("sparse_steps");
     r.attended_blocks = res.u("attended");
@@ -1234,6 +1346,11 @@ Results run_prefill(const Options& o, Compute& comp, const RunSpec& spec, const 
     r.dropped_blocks = res.u("dropped");
     r.selected = res.u("selected");
     r.selected_in_p = res.u("selected_in_p");
+    r.proactive_blocks = res.u("p_blocks");
+    r.proactive_layers = res.u("p_layers");
+    r.proactive_missing = res.u("p_missing");
+    r.attended_max = res.u("attended_max");
+    r.budget_blocks = res.u("budget_blocks");
     r.rss_decode_kb = long(res.u("rss_kb"));
     sg_transfer_stats_t ds;
     sg_transfer_stats_init(&ds);
@@ -1336,6 +1453,7 @@ int run_decode(const Options& o, const Model* model, const std::string& host, ui
     check(sg_transfer_expect(L.session, "req-1", L.kv, comp->table.data(), nb, spec.prompt_len, &to, &L.xfer, &err),
           "sg_transfer_expect", &err);
 
+    std::unique_ptr<ProactiveSets> psets;  // --attend budget: P of each layer, from the prefill side
     std::unique_ptr<SparseDecoder> sparse;
     if (spec.mode == Mode::kSelective) {
         if (!selective_available())
@@ -1346,15 +1464,31 @@ int run_decode(const Options& o, const Model* model, const std::string& host, ui
         const sg_kv_layout_t layout = layout_of(comp->pool);
         sg_error_info_init(&err);
         check(sg_selector_create(L.profile, &layout, spec.prompt_len, &L.selector, &err), "sg_selector_create", &err);
+        if (spec.attend == Attend::kBudget) psets = std::make_unique<ProactiveSets>(uint32_t(comp->n_layers), nb);
+        auto pump = [&L, &psets] {
+            const Msg m = L.next("PSET", {}, 50);
+            if (m.kind != "PSET")
+                fatal("expected the proactive set (PSET) from the prefill side, got '" + m.kind + "'");
+            psets->add(m.body);
+        };
         sparse = std::make_unique<SparseDecoder>(L.xfer, L.selector, comp->n_layers, comp->n_heads, nb,
-                                                 spec.paths & SG_PATH_ON_DEMAND, L.timeout_ns(), o.timeout_s);
+                                                 spec.paths & SG_PATH_ON_DEMAND, L.timeout_ns(), o.timeout_s,
+                                                 psets.get(), pump);
     }
     const uint64_t cold = now_ns() - c0;
     L.notify(Fields("READY").add("cold", cold).str());
 
-    const Msg first = L.expect_msg("FIRST", [&] {
+    // The PSET messages of --attend budget come before FIRST (the prefill side sends each layer's as it
+    // marks the layer written).
+    const auto idle = [&] {
         if (sparse) sparse->prepare_ready();
-    });
+    };
+    Msg first = L.next("FIRST", idle);
+    while (first.kind == "PSET" && psets) {
+        psets->add(first.body);
+        first = L.next("FIRST", idle);
+    }
+    if (first.kind != "FIRST") fatal("expected a FIRST message from the peer, got '" + first.kind + "'");
     if (first.u("prompt") != spec.prompt_len) fatal("the first token is for another prompt length");
     std::vector<int> toks{int(first.i("token"))};
     uint64_t t2 = 0, first_wait = 0, sparse_steps = 0;
@@ -1396,12 +1530,15 @@ int run_decode(const Options& o, const Model* model, const std::string& host, ui
         toks.push_back(comp->step(P + i - 1, toks.back(), ap));
         if (i == 1) {
             t2 = now_ns();
-            if (sparse) first_wait = sparse->essential_wait_ns + sparse->fetch_wait_ns + sparse->complete_wait_ns;
+            if (sparse)
+                first_wait =
+                    sparse->essential_wait_ns + sparse->pset_wait_ns + sparse->fetch_wait_ns + sparse->complete_wait_ns;
         }
         if (!spec.emu.name.empty() && spec.n_new >= 16 && i % (spec.n_new / 4) == 0)
             progress(fmt("decode: %d/%d tokens", i + 1, spec.n_new));
     }
     const uint64_t tlast = now_ns();
+    if (sparse) sparse->count_untaken_proactive();
     // A full transfer is always received whole (also when no decode step needed it).
     if (spec.mode == Mode::kFull) check_wait(sg_transfer_wait(L.xfer, L.timeout_ns()), "sg_transfer_wait", o.timeout_s);
 
@@ -1410,12 +1547,14 @@ int run_decode(const Options& o, const Model* model, const std::string& host, ui
     check(sg_transfer_stats(L.xfer, &st), "sg_transfer_stats");
     Fields res("RES");
     res.add("t2", t2).add("tlast", tlast).add("first_wait", first_wait).add("sparse_steps", sparse_steps);
-    uint64_t sel = 0, fetch_wait = 0, ess = 0, comp_wait = 0, attended = 0, layer_steps = 0, calls = 0, fetched = 0,
-             dropped = 0, selected = 0, in_p = 0;
+    uint64_t sel = 0, fetch_wait = 0, ess = 0, pset_wait = 0, comp_wait = 0, attended = 0, layer_steps = 0, calls = 0,
+             fetched = 0, dropped = 0, selected = 0, in_p = 0, p_blocks = 0, p_layers = 0, p_missing = 0, att_max = 0,
+             budget = 0;
     if (sparse) {
         sel = sparse->selector_ns;
         fetch_wait = sparse->fetch_wait_ns;
         ess = sparse->essential_wait_ns;
+        pset_wait = sparse->pset_wait_ns;
         comp_wait = sparse->complete_wait_ns;
         attended = sparse->attended_blocks;
         layer_steps = sparse->layer_steps;
@@ -1424,10 +1563,18 @@ int run_decode(const Options& o, const Model* model, const std::string& host, ui
         dropped = sparse->dropped_blocks;
         selected = sparse->selected;
         in_p = sparse->selected_in_p;
+        p_blocks = sparse->proactive_blocks;
+        p_layers = sparse->proactive_layers;
+        p_missing = sparse->proactive_missing;
+        att_max = sparse->attended_max;
+        budget = sparse->budget_blocks;
     }
-    res.add("sel", sel).add("fetch_wait", fetch_wait).add("ess_wait", ess).add("complete_wait", comp_wait);
+    res.add("sel", sel).add("fetch_wait", fetch_wait).add("ess_wait", ess).add("pset_wait", pset_wait);
+    res.add("complete_wait", comp_wait);
     res.add("attended", attended).add("layer_steps", layer_steps).add("fetch_calls", calls).add("fetched", fetched);
     res.add("dropped", dropped).add("selected", selected).add("selected_in_p", in_p);
+    res.add("p_blocks", p_blocks).add("p_layers", p_layers).add("p_missing", p_missing).add("attended_max", att_max);
+    res.add("budget_blocks", budget);
     res.add("bytes", st.bytes).add("bytes_full", st.bytes_full).add("bytes_proactive", st.bytes_proactive);
     res.add("bytes_on_demand", st.bytes_on_demand).add("bytes_speculative", st.bytes_speculative);
     res.add("digest_bytes", st.digest_bytes).add("fetch_requests", st.fetch_requests);
@@ -1448,7 +1595,10 @@ int run_decode(const Options& o, const Model* model, const std::string& host, ui
     // Release (cancels what the speculative path has not sent yet), then the prefill side says BYE.
     check(sg_transfer_release(L.xfer), "sg_transfer_release");
     L.xfer = nullptr;
-    L.expect_msg("BYE");
+    // PSET messages no sparse step asked for may still be queued ahead of BYE.
+    Msg bye = L.next("BYE");
+    while (bye.kind == "PSET" && psets) bye = L.next("BYE");
+    if (bye.kind != "BYE") fatal("expected a BYE message from the peer, got '" + bye.kind + "'");
     sg_session_close(L.session, 2000000000ull);
     if (o.role == Role::kDecode) progress(fmt("done: %zu tokens generated here", toks.size() - 1));
     return 0;
@@ -1556,6 +1706,7 @@ int main_impl(int argc, char** argv) {
             spec.sparse_steps = o.sparse_steps;
             spec.window = o.window;
             spec.full_stream = o.full_stream;
+            spec.attend = o.attend;
             if (o.emulate.empty()) {
                 const Config& c = model->config();
                 spec.prompt_len = prompt.size();
