@@ -1245,17 +1245,20 @@ Session::Session(Context *c, const wire::Hello &hello, const sg_session_options_
     std::string want = opt.provider ? transport::canonical_provider(opt.provider) : "";
     int chosen = -1;
     size_t peer_ep = 0;
+    // Whether the peer offers one of our same-host-only providers: then a same-host peer uses it.
+    auto peer_offers = [&](const std::string &name) {
+        for (auto &e : hello.endpoints)
+            if (e.provider == name) return true;
+        return false;
+    };
+    bool local_in_common = false;
+    for (auto &t : ctx->transports) local_in_common = local_in_common || (t->caps().local_only && peer_offers(t->caps().provider));
     for (size_t i = 0; i < ctx->transports.size() && chosen < 0; ++i) {
         const std::string &name = ctx->transports[i]->caps().provider;
-        if (!want.empty() ? name != want : (name == "shm" && !same_host)) continue;
-        if (want.empty() && same_host && name != "shm") {
-            // Prefer shm for a same-host peer when both sides have it.
-            bool both_shm = false;
-            for (auto &t : ctx->transports)
-                if (t->caps().provider == "shm")
-                    for (auto &e : hello.endpoints) both_shm = both_shm || e.provider == "shm";
-            if (both_shm) continue;
-        }
+        const bool local_only = ctx->transports[i]->caps().local_only;
+        if (!want.empty() ? name != want : (local_only && !same_host)) continue;
+        // Prefer a same-host provider (shm) for a same-host peer when both sides have one.
+        if (want.empty() && same_host && !local_only && local_in_common) continue;
         for (size_t k = 0; k < hello.endpoints.size(); ++k)
             if (hello.endpoints[k].provider == name) {
                 chosen = int(i);

@@ -355,7 +355,7 @@ void Context::compile_unit(Transfer &t, SendUnit &u) {
     // unpacking it took from both sides the CPU a decode step needs (stall 300 -> 90 ms at 10
     // Gbit/s); shm pays a round trip per write, so it packs everything.
     const uint64_t mean = u.ops.empty() ? 0 : ps.bytes / u.ops.size();
-    const bool pack_bulk = t.session->provider == "shm";
+    const bool pack_bulk = t.session->tp->caps().local_only;
     u.staged = (u.path != SG_PATH_SPECULATIVE || pack_bulk) && t.session->have_peer_staging &&
                staging_policy_ != SG_STAGING_NEVER &&
                (staging_policy_ == SG_STAGING_ALWAYS || (staging_threshold_ && mean < staging_threshold_));
