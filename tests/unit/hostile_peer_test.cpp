@@ -72,6 +72,21 @@ struct Pair {
         at_prefill = prefill.open_session(decode.hello(), so, true);
         at_decode = decode.open_session(prefill.hello(), so, true);
     }
+    // As a host does: close the sessions, then release what was on them (a transfer and its session
+    // hold each other until the transfer is released).
+    ~Pair() {
+        for (auto [ctx, s] : {std::pair{&prefill, at_prefill}, std::pair{&decode, at_decode}}) {
+            ctx->close_session(*s);
+            std::vector<std::shared_ptr<core::Transfer>> ts;
+            {
+                std::lock_guard lock(ctx->mu);
+                for (auto &[k, t] : s->expects) ts.push_back(t);
+                for (auto &[k, t] : s->posts) ts.push_back(t);
+                for (auto &[k, t] : s->unmatched_posts) ts.push_back(t);
+            }
+            for (auto &t : ts) ctx->release(*t);
+        }
+    }
 };
 
 std::vector<uint32_t> table(size_t n) {
