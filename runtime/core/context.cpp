@@ -934,6 +934,7 @@ void Context::handle(Session &s, const wire::FrameHeader &h, std::span<const uin
             wire::StagedChunk m;
             check(wire::decode(body, m), "StagedChunk");
             if (m.slot >= StagingArea::kSlots) fail(SG_ERR_PROTOCOL, "StagedChunk names a slot that does not exist");
+            if (!s.recv_staging.base) fail(SG_ERR_PROTOCOL, "StagedChunk on a session that offered no staging slots");
             auto it = s.expects.find(m.decode_xfer_id);
             if (it != s.expects.end() && !it->second->finished()) {
                 Transfer &t = *it->second;
@@ -1277,17 +1278,8 @@ Session::Session(Context *c, const wire::Hello &hello, const sg_session_options_
     tp = tp_owner.get();
     provider = tp->caps().provider;
     peer = tp->insert_peer(hello.endpoints[peer_ep].address);
-    recv_staging.allocate();
-    send_staging.allocate();
-    try {
-        recv_staging.reg = tp->register_memory(recv_staging.base, StagingArea::kSlots * StagingArea::kSlotBytes, random_u64());
-        if (tp->caps().needs_local_desc)
-            send_staging.reg = tp->register_memory(send_staging.base, StagingArea::kSlots * StagingArea::kSlotBytes, random_u64());
-    } catch (...) {
-        recv_staging.release(tp);
-        send_staging.release(tp);
-        throw;
-    }
+    // Staging areas come on first use, by role (Context::offer_staging, Context::send_staging_of):
+    // a session that only posts never receives staged writes, one that only expects never packs.
     free_send_slots = (1u << StagingArea::kSlots) - 1;
 }
 
@@ -1318,7 +1310,25 @@ std::shared_ptr<Session> Context::open_session(const wire::Hello &peer, const sg
         wire::encode(challenge, id, wire::AuthChallenge{s->auth_nonce});
         send_auth(*s, challenge);
     }
-    // Tell the peer where our staging slots are; it may stage into them from now on.
+    deliver_orphans(*s);
+    log.log(SG_LOG_INFO, "session with peer " + std::to_string(peer.ctx_id) + " over " + s->provider);
+    wake();
+    return s;
+}
+
+// Decode side, before its first Expect on the session: the receive slots the peer may stage into,
+// and where they are (a HandleExport ahead of the Expect, so the peer knows them by the time it
+// matches). Allocated and registered once per session, only by sessions that expect.
+void Context::offer_staging(Session &s) {
+    if (s.recv_staging.base) return;
+    s.recv_staging.allocate();
+    try {
+        s.recv_staging.reg =
+            s.tp->register_memory(s.recv_staging.base, StagingArea::kSlots * StagingArea::kSlotBytes, random_u64());
+    } catch (...) {
+        s.recv_staging.release(s.tp);
+        throw;
+    }
     wire::HandleExport ex;
     ex.handle_id = kStagingHandleId;
     // Described as a pool of opaque 4 KiB blocks so the descriptor passes the same checks as a KV
@@ -1332,15 +1342,28 @@ std::shared_ptr<Session> Context::open_session(const wire::Hello &peer, const sg
     ex.layout.packing = SG_KV_FUSED;
     ex.layout.block_stride_bytes = 4096;
     ex.layout.num_blocks = StagingArea::kSlots * StagingArea::kSlotBytes / 4096;
-    ex.regions.push_back({s->recv_staging.reg.key, s->recv_staging.reg.remote_base,
-                          StagingArea::kSlots * StagingArea::kSlotBytes});
+    ex.regions.push_back({s.recv_staging.reg.key, s.recv_staging.reg.remote_base, StagingArea::kSlots * StagingArea::kSlotBytes});
     std::vector<uint8_t> out;
     wire::encode(out, id, ex);
-    send(*s, out);
-    deliver_orphans(*s);
-    log.log(SG_LOG_INFO, "session with peer " + std::to_string(peer.ctx_id) + " over " + s->provider);
-    wake();
-    return s;
+    send(s, out);
+}
+
+// Prefill side, at the first staged chunk: the slots we pack into. False when they cannot be had
+// (the layer then goes as plain writes).
+bool Context::ensure_send_staging(Session &s) {
+    if (s.send_staging.base) return true;
+    try {
+        s.send_staging.allocate();
+        if (s.tp->caps().needs_local_desc)
+            s.send_staging.reg =
+                s.tp->register_memory(s.send_staging.base, StagingArea::kSlots * StagingArea::kSlotBytes, random_u64());
+        return true;
+    } catch (const Error &e) {
+        s.send_staging.release(s.tp);
+        s.have_peer_staging = false;
+        log.log(SG_LOG_WARN, "staging turned off for this session: " + e.message());
+        return false;
+    }
 }
 
 void Context::export_kv(Session &s, KvPool &pool) {
@@ -1530,6 +1553,7 @@ std::shared_ptr<Transfer> Context::expect(const std::shared_ptr<Session> &s, con
         s->peer_canceled.erase(c);
         return t;
     }
+    offer_staging(*s);
     s->expects[t->id] = t;
     wire::Expect m;
     m.request_id = rid;
@@ -1812,6 +1836,7 @@ bool Context::post_write_op(Transfer &t, uint32_t layer, const Vec<plan::Op> &op
 bool Context::post_staged_chunk(Transfer &t, uint32_t layer, const Vec<plan::Op> &ops, size_t &next_op, SendUnit *unit) {
     Session &s = *t.session;
     if (tx_full(*s.tp)) return false;  // before packing: a refused write would waste the copies
+    if (!ensure_send_staging(s)) return post_write_op(t, layer, ops, next_op, unit);
     if (!s.free_peer_slots || !s.free_send_slots) return false;
     const uint32_t rslot = uint32_t(__builtin_ctz(s.free_peer_slots));
     const uint32_t lslot = uint32_t(__builtin_ctz(s.free_send_slots));

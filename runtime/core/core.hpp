@@ -457,6 +457,8 @@ class Context : public transport::CompletionSink {
     void decode_block_resident(Transfer &t, uint32_t layer, std::span<const uint32_t> blocks, uint32_t path,
                                uint64_t bytes);
     void maybe_essential(Transfer &t, uint32_t layer);
+    void offer_staging(Session &s);
+    bool ensure_send_staging(Session &s);
     void digest_proactive_blocks(Transfer &t, uint32_t layer);
     void check_fetches(Transfer &t, uint32_t layer);
     void end_by_release(Transfer &t);

@@ -369,4 +369,31 @@ TEST(Environment, TunablesFromTheEnvironmentKeepTheSettersBounds) {
     unsetenv("SG_STAGING_THRESHOLD");
 }
 
+
+// Each session used to map and register 64 MiB of staging slots at once, whatever its role. Now a
+// session that expects offers receive slots with its first Expect, and one that stages allocates
+// its pack slots at its first staged chunk: a session that only posts holds no receive slots.
+TEST(Staging, SlotsComeOnFirstUseByRole) {
+    Pair p;
+    {
+        std::lock_guard lock(p.prefill.mu);
+        EXPECT_EQ(p.at_prefill->recv_staging.base, nullptr);
+        EXPECT_EQ(p.at_prefill->send_staging.base, nullptr);
+    }
+    Pool pool;
+    auto src = std::make_shared<core::KvPool>(&p.prefill, pool.layout);
+    p.prefill.export_kv(*p.at_prefill, *src);
+    const auto tbl = table(8);
+    auto posted = p.prefill.post(p.at_prefill, "only-posts", src, tbl, 32, transfer_options());
+    Pool pool2;
+    auto dst = std::make_shared<core::KvPool>(&p.decode, pool2.layout);
+    p.decode.export_kv(*p.at_decode, *dst);
+    auto expected = p.decode.expect(p.at_decode, "expects", dst, tbl, 32, transfer_options());
+    std::lock_guard lp(p.prefill.mu);
+    EXPECT_EQ(p.at_prefill->recv_staging.base, nullptr) << "a session that only posts needs no receive slots";
+    std::lock_guard ld(p.decode.mu);
+    EXPECT_NE(p.at_decode->recv_staging.base, nullptr);
+    EXPECT_EQ(p.at_decode->send_staging.base, nullptr) << "a session that only expects packs nothing";
+}
+
 }  // namespace
