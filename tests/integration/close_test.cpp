@@ -94,26 +94,27 @@ int prefill_then_exit(const char *provider, uint16_t port, uint32_t round) {
 // expect, so the prefill side's bytes sit in buffers while it finishes, closes and exits.
 void run_rounds(const char *provider, uint32_t rounds, bool slow_decode = false) {
     for (uint32_t round = 1; round <= rounds; ++round) {
+        // The context is made after the fork (in the listen step): a context never crosses fork.
         sg_context_t ctx = nullptr;
-        if (slow_decode) {
-            sg_context_options_t o;
-            sg_context_options_init(&o);
-            o.provider = provider;
-            o.progress_thread = false;
-            SG_TEST_USE_KEY(o);
-            ASSERT_EQ(sg_context_create(&o, &ctx, nullptr), SG_OK) << sg_last_error_message();
-        } else {
-            ctx = sgtest::make_context(provider);
-        }
-        ASSERT_NE(ctx, nullptr);
         Pool pool;
         sg_kv_handle_t kv = nullptr;
-        ASSERT_EQ(sg_kv_register(ctx, &pool.layout, &kv, nullptr), SG_OK);
         sg_listener_t l = nullptr;
         sg_status_t wait_status = SG_IN_PROGRESS;
         std::string why;
         const int rc = sgtest::run_pair([&](uint16_t port) { return prefill_then_exit(provider, port, round); },
                                         [&](uint16_t *port) {
+                                            if (slow_decode) {
+                                                sg_context_options_t o;
+                                                sg_context_options_init(&o);
+                                                o.provider = provider;
+                                                o.progress_thread = false;
+                                                SG_TEST_USE_KEY(o);
+                                                ASSERT_EQ(sg_context_create(&o, &ctx, nullptr), SG_OK) << sg_last_error_message();
+                                            } else {
+                                                ctx = sgtest::make_context(provider);
+                                            }
+                                            ASSERT_NE(ctx, nullptr);
+                                            ASSERT_EQ(sg_kv_register(ctx, &pool.layout, &kv, nullptr), SG_OK);
                                             ASSERT_EQ(sg_listener_create(ctx, "127.0.0.1", 0, &l, nullptr), SG_OK);
                                             sg_listener_port(l, port);
                                         },
