@@ -1436,6 +1436,17 @@ void Context::close_session(Session &s, uint64_t deadline) {
             flush_outbox(s);
         }
     }
+    detach_session(s);
+}
+
+void Context::discard_session(Session &s) {
+    std::lock_guard lock(mu);
+    detach_session(s);
+}
+
+// The end of a session on this side, with mu held: closed, its unsent frames dropped, operations
+// still in the provider no longer naming it, and the context's entry for the peer gone.
+void Context::detach_session(Session &s) {
     if (!s.closed) s.lost_ns = now_ns();
     s.closed = true;
     forget_held_frames(s);
@@ -1449,23 +1460,6 @@ void Context::close_session(Session &s, uint64_t deadline) {
     }
     // The session object goes away with its handle; a provider that never completes operations to
     // a peer that stopped answering would leave them naming it forever.
-    if (s.tp->caps().local_only) abandon_ops(s);
-    forget_session_in_cookies(s);
-    if (sessions_.erase(s.peer_ctx_id)) counters.sessions_open--;
-}
-
-void Context::discard_session(Session &s) {
-    std::lock_guard lock(mu);
-    if (!s.closed) s.lost_ns = now_ns();
-    s.closed = true;
-    forget_held_frames(s);
-    for (auto *queue : {&s.outbox, &s.bulk_outbox, &s.auth_outbox}) {
-        for (OpCookie *c : *queue) {
-            if (c->xfer) c->xfer->inflight--;
-            give_cookie(c);
-        }
-        queue->clear();
-    }
     if (s.tp->caps().local_only) abandon_ops(s);
     forget_session_in_cookies(s);
     auto it = sessions_.find(s.peer_ctx_id);

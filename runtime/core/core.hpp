@@ -319,6 +319,7 @@ class Context : public transport::CompletionSink {
     void close_session(Session &s, uint64_t deadline_ns = 0);
     // Forgets a session the peer never opened (bootstrap outcome): no Bye, nothing drained.
     void discard_session(Session &s);
+    void detach_session(Session &s);
     static constexpr uint64_t kDestroyDrainNs = 200000000ull;
     std::shared_ptr<Transfer> expect(const std::shared_ptr<Session> &s, const char *request_id,
                                      const std::shared_ptr<KvPool> &pool, std::span<const uint32_t> table,
