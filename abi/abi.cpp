@@ -400,8 +400,7 @@ SG_API void sg_context_stats_init(sg_context_stats_t *s) {
 
 namespace {
 sg_context_stats_t snapshot(core::Context &ctx) {
-    std::lock_guard lock(ctx.mu);
-    sg_context_stats_t s = ctx.counters;
+    sg_context_stats_t s = ctx.stats();
     s.struct_size = sizeof s;
     return s;
 }
@@ -447,6 +446,7 @@ SG_API sg_status_t sg_context_metrics_text(sg_context_t h, char *buf, size_t cap
             {"smartgen_sessions_open", "gauge", "Sessions currently open.", s.sessions_open},
             {"smartgen_auth_failures_total", "counter", "Sessions refused by authentication.", s.auth_failures},
             {"smartgen_stalls_total", "counter", "Times a transfer with work waited for the in-flight bounds.", s.stalls},
+            {"smartgen_registrations", "gauge", "Memory registrations held now.", s.registrations},
         };
         std::string text;
         for (const Metric &m : metrics) {

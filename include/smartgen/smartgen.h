@@ -68,7 +68,7 @@ extern "C" {
  * ------------------------------------------------------------------------------------------- */
 #define SG_VERSION_MAJOR 0
 #define SG_VERSION_MINOR 1
-#define SG_VERSION_PATCH 0
+#define SG_VERSION_PATCH 1
 #define SG_VERSION_NUMBER (SG_VERSION_MAJOR * 10000 + SG_VERSION_MINOR * 100 + SG_VERSION_PATCH)
 /* The SONAME major: libsmartgen.so.<SG_ABI_VERSION>. */
 #define SG_ABI_VERSION 0
@@ -362,6 +362,9 @@ typedef struct sg_context_stats {
     uint64_t sessions_open;
     uint64_t auth_failures;      /* sessions refused: wrong key, or one side without a key */
     uint64_t stalls;             /* times a transfer with work waited for the in-flight bounds */
+    /* Since 0.1.1: memory registrations the context holds now (pools exported to sessions,
+     * staging slots); a gauge, not a counter: back to its earlier value once sessions close. */
+    uint64_t registrations;
 } sg_context_stats_t;
 
 /* Sets struct_size and clears the rest. Since 0.1. */

@@ -125,7 +125,7 @@ Context::Context(const sg_context_options_t &opt) : id(random_u64()), opt_(opt) 
         o.local_addr = addr;
         o.recv_buffer_bytes = wire::kMaxFrameBytes;
         try {
-            transports.push_back(transport::open_libfabric(o));
+            transports.push_back(transport::open(o));
             transport_options_.push_back(o);
         } catch (const Error &e) {
             if (i == 0) throw;
@@ -172,6 +172,15 @@ Context::~Context() {
     if (wake_fd_ >= 0) ::close(wake_fd_);
     if (event_fd_ >= 0) ::close(event_fd_);
     if (epoll_fd_ >= 0) ::close(epoll_fd_);
+}
+
+sg_context_stats_t Context::stats() {
+    std::lock_guard lock(mu);
+    sg_context_stats_t s = counters;
+    s.registrations = 0;
+    for (auto &t : transports) s.registrations += t->live_registrations();
+    for (auto &t : retired_transports_) s.registrations += t->live_registrations();
+    return s;
 }
 
 void Context::signal_event() {
@@ -450,7 +459,7 @@ bool Context::has_sessions_on(const transport::Transport &t) const {
 void Context::renew_transport(size_t index) {
     std::shared_ptr<transport::Transport> fresh;
     try {
-        fresh = transport::open_libfabric(transport_options_[index]);
+        fresh = transport::open(transport_options_[index]);
     } catch (const Error &e) {
         log.log(SG_LOG_ERROR, "could not open a fresh " + transport_options_[index].provider +
                                   " endpoint after losing a peer on it: " + e.message());

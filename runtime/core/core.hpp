@@ -377,6 +377,9 @@ class Context : public transport::CompletionSink {
     uint64_t peer_timeout_ns() const { return peer_timeout_ns_; }
     uint64_t get_param(sg_param_t p) const;
 
+    // The counters, with the registrations the transports hold now. Takes mu.
+    sg_context_stats_t stats();
+
     std::mutex mu;
     std::condition_variable cv;
     sg_context_stats_t counters{};  // guarded by mu

@@ -187,12 +187,20 @@ class LibfabricTransport final : public Transport {
         r.desc = fi_mr_desc(mr);
         r.key = fi_mr_key(mr);
         r.remote_base = caps_.virt_addr ? reinterpret_cast<uint64_t>(addr) : 0;
+        ++live_registrations_;
         return r;
     }
 
     void deregister(Registration &reg) noexcept override {
-        if (reg.mr) fi_close(&static_cast<fid_mr *>(reg.mr)->fid);
+        if (reg.mr) {
+            fi_close(&static_cast<fid_mr *>(reg.mr)->fid);
+            --live_registrations_;
+        }
         reg = Registration{};
+    }
+
+    uint64_t live_registrations() const override {
+        return live_registrations_ - (recv_reg_.mr ? 1 : 0);
     }
 
     int post_write(PeerAddr peer, std::span<const LocalIov> local, uint64_t remote_addr, uint64_t key,
@@ -375,6 +383,7 @@ class LibfabricTransport final : public Transport {
     size_t recv_bytes_ = 0;
     std::vector<uint8_t> recv_area_;
     Registration recv_reg_;
+    uint64_t live_registrations_ = 0;
     std::vector<RecvSlot> slots_;
 };
 
@@ -382,6 +391,10 @@ class LibfabricTransport final : public Transport {
 
 std::unique_ptr<Transport> open_libfabric(const OpenOptions &options) {
     return std::make_unique<LibfabricTransport>(options);
+}
+
+std::unique_ptr<Transport> open(const OpenOptions &options) {
+    return open_libfabric(options);
 }
 
 }  // namespace sg::transport

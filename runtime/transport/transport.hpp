@@ -109,6 +109,9 @@ class Transport {
     // true; -1 when the provider offers none (then callers poll with short sleeps).
     virtual int wait_fd() const = 0;
     virtual bool prepare_wait() = 0;
+    // Registrations made through register_memory and not yet deregistered (the runtime's own
+    // receive buffers excluded): a leak check for soaks and tests.
+    virtual uint64_t live_registrations() const = 0;
 };
 
 // Cookies handed to post_* start with provider context space.
@@ -122,5 +125,8 @@ struct OpenOptions {
 };
 
 std::unique_ptr<Transport> open_libfabric(const OpenOptions &options);
+// Opens the transport that options.provider names: a libfabric provider, or "fake" (an in-memory
+// fabric for deterministic tests, transport/fake.hpp).
+std::unique_ptr<Transport> open(const OpenOptions &options);
 
 }  // namespace sg::transport

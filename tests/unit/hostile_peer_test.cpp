@@ -214,6 +214,7 @@ class ThrowingTransport : public transport::Transport {
     }
     int wait_fd() const override { return inner_->wait_fd(); }
     bool prepare_wait() override { return inner_->prepare_wait(); }
+    uint64_t live_registrations() const override { return inner_->live_registrations(); }
 
   private:
     std::shared_ptr<transport::Transport> inner_;
