@@ -83,24 +83,6 @@ void wait_fd(int fd, short events, uint64_t deadline, const char *what) {
     }
 }
 
-wire::Hello decode_hello_frame(std::span<const uint8_t> frame) {
-    wire::FrameHeader h;
-    std::span<const uint8_t> body;
-    wire::DecodeError e = wire::decode_header(frame, h, body);
-    if (e == wire::DecodeError::VersionMismatch)
-        fail(SG_ERR_VERSION_MISMATCH, "peer speaks SmartGen wire protocol major " + std::to_string(h.proto_major) +
-                                          ", this library speaks " + std::to_string(wire::kProtoMajor));
-    if (e != wire::DecodeError::None) fail(SG_ERR_PROTOCOL, std::string("bad bootstrap frame: ") + wire::decode_error_str(e));
-    if (h.type != wire::MsgType::Hello) fail(SG_ERR_PROTOCOL, "bootstrap frame is not a Hello");
-    wire::Hello hello;
-    e = wire::decode(body, hello);
-    if (e != wire::DecodeError::None) fail(SG_ERR_PROTOCOL, std::string("bad Hello: ") + wire::decode_error_str(e));
-    if (hello.ctx_id != h.sender_ctx) fail(SG_ERR_PROTOCOL, "Hello names another context than its frame");
-    if (hello.auth == wire::AuthMode::HmacSha256 && hello.nonce.size() != wire::kNonceBytes)
-        fail(SG_ERR_PROTOCOL, "Hello asks for authentication but carries no nonce");
-    return hello;
-}
-
 template <class M> M decode_message(std::span<const uint8_t> frame, wire::MsgType type, const char *what) {
     wire::FrameHeader h;
     std::span<const uint8_t> body;
@@ -494,28 +476,6 @@ std::shared_ptr<Session> connect_session(const char *addr, uint16_t port, Contex
         fail(SG_ERR_CONNECT, std::string("connect to ") + addr + ":" + std::to_string(port) + ": " + std::strerror(err));
     const wire::Hello peer = run_handshake(c.fd, ctx, deadline, auth::Role::Connector);
     return open_agreed(c.fd, ctx, peer, opt, std::max(deadline, now_ns() + kOutcomeGraceNs));
-}
-
-void check_auth_policy(const Context &ctx, const wire::Hello &peer) {
-    const bool peer_keyed = peer.auth == wire::AuthMode::HmacSha256;
-    if (!ctx.key().empty() && !peer_keyed)
-        fail(SG_ERR_AUTH_REQUIRED, "the peer has no authentication key and this context requires one");
-    if (ctx.key().empty() && peer_keyed)
-        fail(SG_ERR_AUTH_REQUIRED, "the peer requires authentication and this context has no key "
-                                   "(set auth_key or SG_AUTH_KEY_FILE)");
-}
-
-wire::Hello parse_metadata(const Context &ctx, std::span<const uint8_t> blob) {
-    wire::Hello peer = decode_hello_frame(blob);
-    check_auth_policy(ctx, peer);
-    if (ctx.key().empty()) return peer;
-    const size_t frame_len = wire::kFrameHeaderBytes + (size_t(blob[20]) | size_t(blob[21]) << 8 |
-                                                        size_t(blob[22]) << 16 | size_t(blob[23]) << 24);
-    if (blob.size() != frame_len + wire::kMacBytes)
-        fail(SG_ERR_AUTH_FAILED, "the metadata blob carries no signature");
-    if (!auth::mac_equal(blob.subspan(frame_len), auth::blob_mac(ctx.key(), blob.first(frame_len))))
-        fail(SG_ERR_AUTH_FAILED, "the metadata blob is not signed with this context's key");
-    return peer;
 }
 
 std::string read_boot_id() {

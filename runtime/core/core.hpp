@@ -52,6 +52,8 @@ class KvPool {
 // Staging: a peer writes packed segments into one of our receive slots, then tells us which
 // segments they are; we unpack and return the slot.
 struct StagingArea {
+    // The id a session's receive slots are exported under (KV pools have random nonzero ids).
+    static constexpr uint64_t kHandleId = 0;
     static constexpr uint64_t kSlotBytes = 4ull << 20;
     static constexpr uint32_t kSlots = 8;
     uint8_t *base = nullptr;  // mmap'd kSlots * kSlotBytes
@@ -577,6 +579,9 @@ std::shared_ptr<Session> connect_session(const char *addr, uint16_t port, Contex
 // The handshake itself on a connected stream socket (fd stays the caller's), blocking until it
 // succeeds, fails or timeout_ns passes. Exposed for the handshake fuzzer.
 wire::Hello bootstrap_exchange(int fd, const Context &ctx, uint64_t timeout_ns, auth::Role role);
+// A Hello frame (bootstrap, metadata blob) decoded and checked: SG_ERR_VERSION_MISMATCH for another
+// protocol major, SG_ERR_PROTOCOL for anything malformed.
+wire::Hello decode_hello_frame(std::span<const uint8_t> frame);
 // Parses a peer's metadata blob and checks its signature against the context's key.
 wire::Hello parse_metadata(const Context &ctx, std::span<const uint8_t> blob);
 // Refuses a peer whose authentication mode does not match ours.

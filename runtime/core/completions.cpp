@@ -1,0 +1,140 @@
+// Posted operations: the cookie each carries through the provider, and what its completion does
+// (budgets returned, the transfer's counts, notices that waited for it, a broken connection seen
+// as a lost peer). Operations a provider will never complete (a dead local_only peer) are settled
+// here too.
+#include "core/core.hpp"
+
+#include <algorithm>
+#include <cerrno>
+
+namespace sg::core {
+
+OpCookie *Context::take_cookie() {
+    if (!free_cookies_.empty()) {
+        OpCookie *c = free_cookies_.back();
+        free_cookies_.pop_back();
+        c->in_use = true;
+        c->abandoned = false;
+        return c;
+    }
+    cookie_store_.push_back(std::make_unique<OpCookie>());
+    cookie_store_.back()->in_use = true;
+    return cookie_store_.back().get();
+}
+
+void Context::give_cookie(OpCookie *c) {
+    c->in_use = false;
+    c->abandoned = false;
+    c->xfer = nullptr;
+    c->session = nullptr;
+    c->unit = nullptr;
+    c->len = 0;
+    c->bytes.clear();
+    free_cookies_.push_back(c);
+}
+
+void Context::on_complete(void *cookie, int status, const char *error_text) {
+    if (!cookie) {
+        log.log(SG_LOG_WARN, std::string("a control message could not be received: ") + (error_text ? error_text : "?"));
+        return;
+    }
+    auto *c = static_cast<OpCookie *>(cookie);
+    if (!c->abandoned) settle(c, status, error_text);
+    give_cookie(c);
+}
+
+// Operations still in the provider when a session closes (a send to a peer whose connection is
+// being replaced can stay there past close's deadline) may complete after the session object is
+// gone. Those of a transfer keep the session alive through the transfer; the others stop naming it,
+// so their completion only returns the cookie (found by the handler fuzzer: a use-after-free).
+void Context::forget_session_in_cookies(Session &s) {
+    for (auto &owned : cookie_store_) {
+        OpCookie *c = owned.get();
+        if (!c->in_use || c->session != &s || c->xfer) continue;
+        if (c->kind != OpCookie::Kind::Send) {
+            // A write without a transfer does not exist; settle it now so the budgets come back.
+            settle(c, -ECANCELED, "the session closed");
+            c->abandoned = true;
+        }
+        c->session = nullptr;
+    }
+}
+
+void Context::abandon_ops(Session &s) {
+    for (auto &owned : cookie_store_) {
+        OpCookie *c = owned.get();
+        if (!c->in_use || c->abandoned || c->session != &s) continue;
+        if (c->kind == OpCookie::Kind::Send &&
+            (std::find(s.outbox.begin(), s.outbox.end(), c) != s.outbox.end() ||
+             std::find(s.bulk_outbox.begin(), s.bulk_outbox.end(), c) != s.bulk_outbox.end() ||
+             std::find(s.auth_outbox.begin(), s.auth_outbox.end(), c) != s.auth_outbox.end()))
+            continue;  // never posted: the outbox owns it
+        settle(c, -ECANCELED, "the peer is gone and the provider will not complete this operation");
+        c->abandoned = true;
+    }
+}
+
+void Context::settle(OpCookie *c, int status, const char *error_text) {
+    Transfer *t = c->xfer;
+    if (log.enabled(SG_LOG_DEBUG))
+        log.log(SG_LOG_DEBUG, "completion kind " + std::to_string(int(c->kind)) + " status " + std::to_string(status));
+    if (c->kind != OpCookie::Kind::Send) {
+        ops_inflight_--;
+        bytes_inflight_ -= c->len;
+        if (c->session) c->session->bytes_inflight -= c->len;
+        if (c->unit && c->unit->path == SG_PATH_SPECULATIVE && c->session) c->session->speculative_inflight -= c->len;
+    }
+    // What providers report for operations on a connection that went away (rxm fails what was
+    // queued on it with EIO or ECANCELED when the peer dies): the peer is lost, not the transport.
+    const bool connection_broke = status == -ECONNRESET || status == -EPIPE || status == -ENOTCONN ||
+                                  status == -ECONNABORTED || status == -ECONNREFUSED || status == -EHOSTUNREACH ||
+                                  status == -ETIMEDOUT || status == -EIO || status == -ECANCELED ||
+                                  status == -ESHUTDOWN || status == -ENETDOWN || status == -ENETUNREACH ||
+                                  status == -EHOSTDOWN;
+    if (connection_broke && c->session && !c->session->closed)
+        lose_session(*c->session, SG_ERR_PEER_LOST,
+                     std::string("connection to the peer broke: ") + (error_text ? error_text : ""));
+    if (t) {
+        t->inflight--;
+        if (status) {
+            // Once the transfer has failed (its session lost, say), the rest of its operations
+            // failing too says nothing new: logged once, not once per operation.
+            if (!t->finished()) {
+                const std::string what = c->kind == OpCookie::Kind::Send ? "control message" : "RMA write";
+                // On a session already lost, the operation failed because the peer is gone: the
+                // transfer ends with the session's status, as documented, not SG_ERR_TRANSPORT.
+                const bool lost = c->session && c->session->closed && c->session->error;
+                if (!lost)
+                    log.log(SG_LOG_ERROR, "transfer '" + t->request_id + "': " + what + " failed: " + (error_text ? error_text : ""));
+                fail_transfer(*t, lost ? c->session->error : SG_ERR_TRANSPORT,
+                              lost ? c->session->error_message : what + " failed: " + (error_text ? error_text : ""), false);
+            }
+        } else if (c->kind == OpCookie::Kind::Send) {
+            // Completions may come in any order (a rendezvous-sized notice can finish after the
+            // done notice), so whichever is last completes the transfer.
+            if (t->done_sent) complete_if_done(*t);
+        } else {
+            if (c->kind == OpCookie::Kind::StagedWrite && !c->session->tp->caps().send_after_write) {
+                // Without send-after-write ordering the chunk notice waits for the write's completion.
+                send(*c->session, std::vector<uint8_t>(c->bytes.begin(), c->bytes.end()), t);
+            }
+            if (c->unit) {
+                c->unit->outstanding--;
+                selective_notices(*t);
+            } else {
+                t->layers[c->layer].outstanding--;
+                maybe_send_notices(*t);
+            }
+        }
+        if (t->finished()) {
+            maybe_send_quiesced(*t);
+            note_quiesced(*t);
+        }
+    } else if (status && !connection_broke) {
+        log.log(SG_LOG_WARN, std::string("control message failed: ") + (error_text ? error_text : ""));
+    }
+    if (c->session && c->session->closed && !c->session->regs_dropped) drop_registrations(*c->session);
+    if (c->kind == OpCookie::Kind::StagedWrite && c->session) c->session->free_send_slots |= 1u << c->staging_slot;
+}
+
+}  // namespace sg::core

@@ -1,0 +1,292 @@
+// Progress: the progress thread's loop and its exception barrier, one pass on the caller's thread
+// (sg_context_progress), the blocking waits of the API, polling the transports (with the EAGAIN
+// backoff and the renewal of a local_only endpoint after a peer died on it), and transfer events.
+#include "core/core.hpp"
+
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+namespace sg::core {
+
+namespace {
+
+thread_local bool t_in_event_callback = false;
+
+}  // namespace
+
+bool in_event_callback() { return t_in_event_callback; }
+
+// Nothing thrown on the progress thread may end the host process: an exception that reaches the
+// loop fails every session of the context with the error (readable through sg_session_error and
+// each transfer's status) and the loop goes on, backing off so a persistent fault cannot spin.
+void Context::fail_all_sessions(sg_status_t status, const std::string &why) noexcept {
+    try {
+        std::lock_guard lock(mu);
+        for (auto &[peer_id, weak] : sessions_)
+            if (auto s = weak.lock(); s && !s->closed) lose_session(*s, status, why);
+        cv.notify_all();
+    } catch (...) {
+        log.log(SG_LOG_ERROR, "failing the sessions after an internal error failed too: " + why);
+    }
+}
+
+void Context::progress_loop() {
+    for (;;) {
+        try {
+            progress_loop_body();
+            return;
+        } catch (const Error &e) {
+            fail_all_sessions(e.status() == SG_ERR_NO_MEMORY ? SG_ERR_NO_MEMORY : SG_ERR_INTERNAL,
+                              "progress thread: " + e.message());
+        } catch (const std::bad_alloc &) {
+            fail_all_sessions(SG_ERR_NO_MEMORY, "progress thread: out of memory");
+        } catch (const std::exception &e) {
+            fail_all_sessions(SG_ERR_INTERNAL, std::string("progress thread: ") + e.what());
+        } catch (...) {
+            fail_all_sessions(SG_ERR_INTERNAL, "progress thread: unknown exception");
+        }
+        ::usleep(10000);
+    }
+}
+
+void Context::progress_loop_body() {
+    uint64_t last_work = now_ns();
+    uint64_t last_real_work = last_work;  // last pass that completed or received something
+    while (!stop_) {
+        size_t n;
+        {
+            std::lock_guard lock(mu);
+            n = poll_locked();
+            schedule_locked();
+        }
+        if (events_pending_.load(std::memory_order_acquire)) dispatch_events();
+        const uint64_t now = now_ns();
+        if (n) {
+            last_work = last_real_work = now;
+            cv.notify_all();
+            continue;
+        }
+        if (now - last_work < uint64_t(spin_us_) * 1000) continue;
+        bool can_block = true;
+        {
+            std::lock_guard lock(mu);
+            for (auto &t : transports) {
+                // A local_only transport cannot wake us for a peer's writes, so it keeps us napping
+                // briefly — but only while a session uses it: an idle context must cost nothing.
+                // (A new session wakes the loop itself.)
+                if (t->caps().local_only && !has_sessions_on(*t)) continue;
+                can_block = t->prepare_wait() && can_block;
+            }
+            for (auto &t : retired_transports_) can_block = t->prepare_wait() && can_block;
+        }
+        epoll_event evs[4];
+        // Some providers (shm) do not signal their wait object when the peer writes, so a wait can
+        // oversleep a message by its whole timeout. Within kBusyWindowNs of real work (a transfer
+        // is likely running) nap briefly; later sleep until a wait object fires, or briefly
+        // without one.
+        constexpr uint64_t kBusyWindowNs = 20000000;
+        timespec nap{};
+        if (now - last_real_work < kBusyWindowNs)
+            nap.tv_nsec = 50000;
+        else if (can_block)
+            nap.tv_nsec = 100000000;
+        else
+            nap.tv_nsec = 1000000;
+        // What woke us does not matter: the next pass polls everything. The wake descriptor is
+        // drained either way (non-blocking), so it cannot stay readable.
+        (void)::epoll_pwait2(epoll_fd_, evs, 4, &nap, nullptr);
+        uint64_t v;
+        (void)!::read(wake_fd_, &v, sizeof v);
+        last_work = now_ns();
+    }
+}
+
+void Context::progress_once(bool run_callbacks) {
+    size_t n;
+    {
+        std::lock_guard lock(mu);
+        n = poll_locked();
+        schedule_locked();
+    }
+    if (n) cv.notify_all();
+    if (run_callbacks && !progress_.joinable() && events_pending_.load(std::memory_order_acquire)) dispatch_events();
+}
+
+// One step of a blocking call's wait, with mu held through `lock`: with a progress thread, sleep
+// until it signals (at most 10 ms, never past the deadline); without one, make progress here.
+void Context::wait_step(std::unique_lock<std::mutex> &lock, uint64_t deadline) {
+    if (progress_.joinable()) {
+        const uint64_t now = now_ns();
+        cv.wait_for(lock, std::chrono::nanoseconds(std::min<uint64_t>(deadline > now ? deadline - now : 0, 10000000)));
+    } else {
+        poll_locked();
+        schedule_locked();
+    }
+}
+
+void Context::emit(Transfer &t, sg_transfer_event_t type, uint32_t layer, sg_status_t status) {
+    if (!opt_.transfer_event_fn || t.released.load(std::memory_order_relaxed)) return;
+    events_.push_back({t.shared_from_this(), type, layer, status});
+    events_pending_.store(true, std::memory_order_release);
+    wake();
+}
+
+void Context::note_quiesced(Transfer &t) {
+    if (t.quiesced_event_sent || !t.is_quiesced()) return;
+    t.quiesced_event_sent = true;
+    emit(t, SG_EVENT_QUIESCED, 0, t.status);
+}
+
+void Context::set_api_handle(Transfer &t, void *handle) {
+    t.api_handle.store(handle, std::memory_order_release);
+    if (opt_.transfer_event_fn) wake();  // events that waited for the handle may go now
+}
+
+void Context::dispatch_events() {
+    // One dispatcher at a time keeps each transfer's events in order.
+    if (t_in_event_callback) return;
+    std::unique_lock dispatching(dispatch_mu_, std::try_to_lock);
+    if (!dispatching.owns_lock()) return;
+    std::vector<Event> batch, later;
+    {
+        std::lock_guard lock(mu);
+        batch.swap(events_);
+        events_pending_.store(false, std::memory_order_relaxed);
+    }
+    t_in_event_callback = true;
+    for (Event &e : batch) {
+        if (e.t->released.load(std::memory_order_acquire)) continue;
+        void *h = e.t->api_handle.load(std::memory_order_acquire);
+        if (!h) {
+            // The ABI has not handed the transfer out yet; a transfer nobody else holds never will.
+            if (e.t.use_count() > 1) later.push_back(std::move(e));
+            continue;
+        }
+        opt_.transfer_event_fn(opt_.transfer_event_user, static_cast<sg_transfer_t>(h), e.t->request_id.c_str(), e.type,
+                               e.layer, e.status);
+    }
+    t_in_event_callback = false;
+    if (!later.empty()) {
+        std::lock_guard lock(mu);
+        events_.insert(events_.begin(), std::make_move_iterator(later.begin()), std::make_move_iterator(later.end()));
+        events_pending_.store(true, std::memory_order_release);
+    }
+}
+
+size_t Context::poll_locked() {
+    size_t n = 0;
+    auto poll_one = [&](transport::Transport &t) {
+        const size_t k = t.poll(*this);
+        if (k && !tx_full_.empty()) tx_full_.erase(&t);  // completions free queue entries
+        n += k;
+    };
+    for (auto &t : transports) poll_one(*t);
+    for (auto &t : retired_transports_) poll_one(*t);
+    return n;
+}
+
+// A provider that answered EAGAIN to a write has a full transmit queue: only a completion (or a
+// connection set up meanwhile, so also a short wait) frees it. Retrying on every pass spun
+// millions of times and took the CPU the peer needed (16 threads on one shm session: 2.25 million
+// retries for 6057 writes).
+bool Context::tx_full(const transport::Transport &t) {
+    if (tx_full_.empty()) return false;
+    auto it = tx_full_.find(&t);
+    if (it == tx_full_.end()) return false;
+    if (now_ns() - it->second < kTxFullRetryNs) return true;
+    tx_full_.erase(it);
+    return false;
+}
+
+void Context::note_tx_full(const transport::Transport &t) {
+    counters.retries++;
+    tx_full_.emplace(&t, now_ns());
+}
+
+bool Context::has_sessions_on(const transport::Transport &t) const {
+    for (auto &[peer_id, weak] : sessions_)
+        if (auto s = weak.lock(); s && s->tp == &t) return true;
+    return false;
+}
+
+void Context::renew_transport(size_t index) {
+    std::shared_ptr<transport::Transport> fresh;
+    try {
+        fresh = transport::open(transport_options_[index]);
+    } catch (const Error &e) {
+        log.log(SG_LOG_ERROR, "could not open a fresh " + transport_options_[index].provider +
+                                  " endpoint after losing a peer on it: " + e.message());
+        return;
+    }
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    if (fresh->wait_fd() >= 0) ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fresh->wait_fd(), &ev);
+    retired_transports_.push_back(std::move(transports[index]));
+    transports[index] = std::move(fresh);
+    log.log(SG_LOG_INFO, "new sessions use a fresh " + transport_options_[index].provider +
+                             " endpoint (a peer died on the previous one)");
+}
+
+void Context::drop_unused_retired_transports() {
+    for (auto it = retired_transports_.begin(); it != retired_transports_.end();) {
+        if (it->use_count() > 1) {  // a session still holds it
+            ++it;
+            continue;
+        }
+        if ((*it)->wait_fd() >= 0) ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, (*it)->wait_fd(), nullptr);
+        it = retired_transports_.erase(it);
+    }
+}
+
+sg_status_t Context::wait_ready(Session &s, uint64_t timeout_ns) {
+    const uint64_t deadline = now_ns() + std::min<uint64_t>(timeout_ns, uint64_t(1) << 62);
+    std::unique_lock lock(mu);
+    for (;;) {
+        if (s.closed) fail(s.error ? s.error : SG_ERR_PEER_LOST, "session failed: " + s.error_message);
+        if (s.authenticated) return SG_OK;
+        const uint64_t now = now_ns();
+        if (now >= deadline) fail(SG_ERR_TIMEOUT, "the session is not authenticated yet");
+        wait_step(lock, deadline);
+    }
+}
+
+void Context::wait_quiesced(Transfer &t, uint64_t timeout_ns) {
+    const uint64_t deadline = now_ns() + std::min<uint64_t>(timeout_ns, uint64_t(1) << 62);
+    std::unique_lock lock(mu);
+    while (!t.is_quiesced()) {
+        const uint64_t now = now_ns();
+        if (now >= deadline)
+            fail(SG_ERR_TIMEOUT, t.finished() ? "the peer has not confirmed that its writes stopped"
+                                              : "the transfer is still in progress");
+        wait_step(lock, deadline);
+    }
+}
+
+sg_status_t Context::wait(Transfer &t, int64_t layer, uint64_t timeout_ns) {
+    const uint64_t deadline = now_ns() + std::min<uint64_t>(timeout_ns, uint64_t(1) << 62);
+    std::unique_lock lock(mu);
+    auto done = [&] {
+        if (t.finished()) return true;
+        return layer >= 0 && t.layers[size_t(layer)].ready;
+    };
+    while (!done()) {
+        const uint64_t now = now_ns();
+        if (now >= deadline) return SG_IN_PROGRESS;
+        if (progress_.joinable()) {
+            cv.wait_for(lock, std::chrono::nanoseconds(std::min<uint64_t>(deadline - now, 50000000)));
+        } else {
+            if (!poll_locked()) {
+                lock.unlock();
+                ::usleep(20);
+                lock.lock();
+            }
+            schedule_locked();
+        }
+    }
+    if (layer >= 0 && t.layers[size_t(layer)].ready) return SG_OK;
+    return t.status;
+}
+
+}  // namespace sg::core

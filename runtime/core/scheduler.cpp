@@ -1,0 +1,161 @@
+// The scheduler's mechanics on the prefill side: each pass serves transfers by priority and by
+// path class (on-demand, then proactive and full, then speculative) within the in-flight bounds,
+// compiling the next written layer of a full transfer and posting its writes.
+#include "core/core.hpp"
+
+#include <algorithm>
+#include <cerrno>
+
+namespace sg::core {
+
+void Context::schedule_locked() {
+    check_timers_locked();
+    // rxm answers EAGAIN while a connection is being set up, so queued control messages are retried
+    // on every pass.
+    for (auto &[peer_id, weak] : sessions_)
+        if (auto s = weak.lock(); s && (!s->outbox.empty() || !s->bulk_outbox.empty() || !s->auth_outbox.empty()))
+            flush_outbox(*s);
+    // Highest priority first; stable so equal priorities keep arrival order. Sorted only when a
+    // transfer joined since the last pass (removals keep the order).
+    if (active_unsorted_) {
+        std::stable_sort(active_.begin(), active_.end(),
+                         [](const auto &a, const auto &b) { return a->options.priority > b->options.priority; });
+        active_unsorted_ = false;
+    }
+    // Transfers take turns, a quota of operations each, so equal priorities share a session fairly
+    // and a higher priority is served first on every pass.
+    // Passes by path: on-demand units of every transfer first, then proactive and full-path work,
+    // then speculative units.
+    for (int pass = 0; pass < 3; ++pass) {
+        for (bool any = true; any;) {
+            any = false;
+            for (size_t i = 0; i < active_.size(); ++i) {
+                Transfer &t = *active_[i];
+                any = (t.selective() ? pump_selective(t, pass, 16) : pass == 1 && pump(t, 16)) || any;
+            }
+        }
+    }
+    active_.erase(std::remove_if(active_.begin(), active_.end(),
+                                 [](const auto &t) { return t->finished() || (t->done_sent && !t->inflight); }),
+                  active_.end());
+}
+
+// Compiles the next written layer in send order into t.ops. Returns false when none is ready.
+bool Context::start_next_layer(Transfer &t) {
+    if (t.order_pos >= t.order.size()) return false;
+    const uint32_t layer = t.order[t.order_pos];
+    if (!t.layers[layer].written) return false;
+    t.order_pos++;
+    const uint32_t rpl = t.pool->layout.regions_per_layer();
+    const uint8_t *bases[2] = {t.pool->region(layer, 0), t.pool->region(layer, rpl - 1)};
+    plan::Side src{&t.pool->layout, t.table};
+    plan::Side dst{&t.dst->layout, t.dst_table};
+    plan::Limits limits;
+    limits.max_op_bytes = std::min(max_op_bytes_, t.session->tp->caps().max_msg_size);
+    limits.max_iov = uint32_t(std::min<uint64_t>(plan::kMaxIov, std::max<uint64_t>(1, t.session->tp->caps().rma_iov_limit)));
+    const plan::LayerPlanStats ps = plan::compile_layer(src, bases, dst, t.num_tokens, limits, t.ops);
+    t.stats.segments += ps.segments;
+    t.cur_layer = layer;
+    t.next_op = 0;
+    const uint64_t mean = t.ops.empty() ? 0 : ps.bytes / t.ops.size();
+    Transfer::Layer &L = t.layers[layer];
+    L.candidate = staging_threshold_ && t.session->have_peer_staging && mean < staging_threshold_ &&
+                  staging_policy_ != SG_STAGING_NEVER;
+    L.staged = L.candidate && (staging_policy_ == SG_STAGING_ALWAYS || choose_staging(*t.session));
+    L.start_ns = now_ns();
+    L.bytes = ps.bytes;
+    t.cur_staged = L.staged;
+    if (t.ops.empty()) L.posted = true;
+    return true;
+}
+
+// One RMA write of ops[next_op], of the full path's current layer (unit NULL) or of a selective
+// send unit; advances next_op when the provider took it.
+bool Context::post_write_op(Transfer &t, uint32_t layer, const Vec<plan::Op> &ops, size_t &next_op, SendUnit *unit) {
+    if (tx_full(*t.session->tp)) return false;
+    const plan::Op &op = ops[next_op];
+    Session &s = *t.session;
+    const Session::LocalReg &lr = *t.src_reg;
+    const uint32_t rpl = t.pool->layout.regions_per_layer();
+    transport::LocalIov iov[plan::kMaxIov];
+    for (uint32_t i = 0; i < op.niov; ++i)
+        iov[i] = {op.iov[i].addr, op.iov[i].len, lr.regions[size_t(layer) * rpl + op.iov[i].src_region].desc};
+    const wire::Region &dr = t.dst->regions[size_t(layer) * t.dst->regions_per_layer + op.dst_region];
+    OpCookie *c = take_cookie();
+    c->kind = OpCookie::Kind::Write;
+    c->xfer = &t;
+    c->session = &s;
+    c->layer = layer;
+    c->unit = unit;
+    int rc;
+    try {
+        rc = s.tp->post_write(s.peer, std::span(iov, op.niov), dr.base + op.dst_offset, dr.key, c);
+    } catch (const Error &e) {
+        give_cookie(c);
+        lose_session(s, SG_ERR_PEER_LOST, "writing to the peer failed: " + e.message());
+        return false;
+    }
+    if (rc == -EAGAIN) {
+        give_cookie(c);
+        note_tx_full(*s.tp);
+        return false;
+    }
+    ops_inflight_++;
+    c->len = op.len;
+    bytes_inflight_ += op.len;
+    s.bytes_inflight += op.len;
+    t.inflight++;
+    if (unit) {
+        unit->outstanding++;
+        count_unit_bytes(t, *unit, op.len);
+    } else {
+        t.layers[layer].outstanding++;
+    }
+    t.stats.rma_ops++;
+    t.stats.bytes += op.len;
+    counters.rma_ops++;
+    counters.bytes_direct += op.len;
+    next_op++;
+    return true;
+}
+
+bool Context::may_post_bytes(const Session &s, uint64_t len) const {
+    if (bytes_inflight_ == 0) return true;  // an operation larger than the bound still goes alone
+    return bytes_inflight_ + len <= max_bytes_ && s.bytes_inflight + len <= max_session_bytes_;
+}
+
+// Posts up to `quota` operations of t; returns whether it posted any (so the caller may give the
+// transfer another turn).
+bool Context::pump(Transfer &t, uint32_t quota) {
+    if (!t.matched || t.finished()) return false;
+    flush_outbox(*t.session);
+    uint32_t posted = 0;
+    for (;;) {
+        if (t.cur_layer < 0 || t.layers[size_t(t.cur_layer)].posted) {
+            if (!start_next_layer(t)) break;
+        }
+        Transfer::Layer &L = t.layers[size_t(t.cur_layer)];
+        while (t.next_op < t.ops.size() && ops_inflight_ < max_ops_ && posted < quota &&
+               may_post_bytes(*t.session, t.ops[t.next_op].len)) {
+            const uint32_t layer = uint32_t(t.cur_layer);
+            if (!(t.cur_staged ? post_staged_chunk(t, layer, t.ops, t.next_op, nullptr)
+                               : post_write_op(t, layer, t.ops, t.next_op, nullptr)))
+                break;
+            posted++;
+        }
+        if (t.next_op < t.ops.size()) {  // out of resources or of this turn's quota
+            const bool stalled = posted < quota && !may_post_bytes(*t.session, t.ops[t.next_op].len);
+            if (stalled && !t.stalled) counters.stalls++;
+            t.stalled = stalled;
+            break;
+        }
+        t.stalled = false;
+        L.posted = true;
+        maybe_send_notices(t);
+        if (t.finished()) return posted > 0;
+    }
+    maybe_send_notices(t);
+    return posted > 0;
+}
+
+}  // namespace sg::core

@@ -1,0 +1,363 @@
+// Sessions: choosing the provider a session runs on, opening one, exporting pools to it, its
+// outbox of control messages (in order, across EAGAIN, auth frames first), its timers (keep-alives,
+// peer loss, deadlines and leases of its transfers), losing it and closing it (Bye, drain, detach).
+#include "core/core.hpp"
+
+#include <algorithm>
+#include <cerrno>
+
+namespace sg::core {
+
+// The peer is gone (silent, connection broken, or closed): every pending transfer on the session
+// fails at once, and nothing more is sent on it.
+void Context::lose_session(Session &s, sg_status_t status, const std::string &why, bool peer_closed) {
+    if (s.closed) return;
+    s.closed = true;
+    s.lost_ns = now_ns();
+    forget_held_frames(s);
+    if (status == SG_ERR_PEER_LOST && !peer_closed) counters.peers_lost++;
+    if (!peer_closed && s.tp->caps().local_only && transports[s.transport_index].get() == s.tp)
+        renew_transport(s.transport_index);
+    signal_event();
+    s.error = status;
+    s.error_message = why;
+    if (!peer_closed) log.log(SG_LOG_ERROR, "session with peer " + std::to_string(s.peer_ctx_id) + " lost: " + why);
+    std::vector<std::shared_ptr<Transfer>> ts;  // fail_transfer takes unmatched posts out of their map
+    for (auto &[k, t] : s.expects) ts.push_back(t);
+    for (auto &[k, t] : s.posts) ts.push_back(t);
+    for (auto &[k, t] : s.unmatched_posts) ts.push_back(t);
+    for (auto &t : ts) fail_transfer(*t, status, why, false);
+    drop_registrations(s);
+    for (auto &[k, t] : s.expects) note_quiesced(*t);
+    for (auto &[k, t] : s.posts) note_quiesced(*t);
+    cv.notify_all();
+}
+
+Session::Session(Context *c, const wire::Hello &hello, const sg_session_options_t &opt)
+    : ctx(c), peer_ctx_id(hello.ctx_id), peer_minor(hello.proto_minor) {
+    const bool same_host = !hello.boot_id.empty() && hello.boot_id == read_boot_id() && hello.netns_inode == read_netns_inode();
+    std::string want = opt.provider ? transport::canonical_provider(opt.provider) : "";
+    int chosen = -1;
+    size_t peer_ep = 0;
+    // Whether the peer offers one of our same-host-only providers: then a same-host peer uses it.
+    auto peer_offers = [&](const std::string &name) {
+        for (auto &e : hello.endpoints)
+            if (e.provider == name) return true;
+        return false;
+    };
+    bool local_in_common = false;
+    for (auto &t : ctx->transports) local_in_common = local_in_common || (t->caps().local_only && peer_offers(t->caps().provider));
+    for (size_t i = 0; i < ctx->transports.size() && chosen < 0; ++i) {
+        const std::string &name = ctx->transports[i]->caps().provider;
+        const bool local_only = ctx->transports[i]->caps().local_only;
+        if (!want.empty() ? name != want : (local_only && !same_host)) continue;
+        // Prefer a same-host provider (shm) for a same-host peer when both sides have one.
+        if (want.empty() && same_host && !local_only && local_in_common) continue;
+        for (size_t k = 0; k < hello.endpoints.size(); ++k)
+            if (hello.endpoints[k].provider == name) {
+                chosen = int(i);
+                peer_ep = k;
+                break;
+            }
+    }
+    if (chosen < 0) {
+        std::string theirs;
+        for (auto &e : hello.endpoints) theirs += (theirs.empty() ? "" : ", ") + e.provider;
+        fail(SG_ERR_NO_PROVIDER, "no provider in common with the peer (" + (want.empty() ? std::string("auto") : want) +
+                                     " here; peer offers " + theirs + ")");
+    }
+    transport_index = size_t(chosen);
+    tp_owner = ctx->transports[transport_index];
+    tp = tp_owner.get();
+    provider = tp->caps().provider;
+    peer = tp->insert_peer(hello.endpoints[peer_ep].address);
+    // Staging areas come on first use, by role (Context::offer_staging, Context::send_staging_of):
+    // a session that only posts never receives staged writes, one that only expects never packs.
+    free_send_slots = (1u << StagingArea::kSlots) - 1;
+}
+
+Session::~Session() {
+    for (auto &[id, reg] : local_regs)
+        for (auto &r : reg.regions) tp->deregister(r);
+    recv_staging.release(tp);
+    send_staging.release(tp);
+    if (tp) tp->remove_peer(peer);
+}
+
+std::shared_ptr<Session> Context::open_session(const wire::Hello &peer, const sg_session_options_t &opt,
+                                               bool authenticated) {
+    if (peer.ctx_id == id) fail(SG_ERR_INVALID_ARGUMENT, "a context cannot open a session with itself");
+    std::lock_guard lock(mu);
+    auto it = sessions_.find(peer.ctx_id);
+    if (it != sessions_.end() && !it->second.expired())
+        fail(SG_ERR_DUPLICATE, "a session with this peer context already exists");
+    auto s = std::make_shared<Session>(this, peer, opt);
+    sessions_[peer.ctx_id] = s;
+    counters.sessions_open++;
+    s->may_send = id < peer.ctx_id;
+    s->last_heard_ns = s->last_sent_ns = now_ns();
+    s->authenticated = authenticated || key_.empty();
+    if (!s->authenticated) {
+        s->auth_nonce = auth::random_nonce();
+        std::vector<uint8_t> challenge;
+        wire::encode(challenge, id, wire::AuthChallenge{s->auth_nonce});
+        send_auth(*s, challenge);
+    }
+    deliver_orphans(*s);
+    log.log(SG_LOG_INFO, "session with peer " + std::to_string(peer.ctx_id) + " over " + s->provider);
+    wake();
+    return s;
+}
+
+void Context::export_kv(Session &s, KvPool &pool) {
+    std::unique_lock lock(mu);
+    if (s.closed) fail(SG_ERR_PEER_LOST, "session is closed");
+    if (s.local_regs.count(pool.id)) return;
+    Session::LocalReg reg;
+    const uint64_t bytes = pool.layout.region_bytes();
+    try {
+        // One region at a time with the lock let go in between: registering a large pool (pinning,
+        // on some providers) must not keep the progress thread from keep-alives for that long.
+        for (uint8_t *base : pool.bases) {
+            reg.regions.push_back(s.tp->register_memory(base, bytes, random_u64()));
+            lock.unlock();
+            lock.lock();
+            if (s.closed) fail(SG_ERR_PEER_LOST, "session is closed");
+        }
+    } catch (...) {
+        for (auto &r : reg.regions) s.tp->deregister(r);
+        throw;
+    }
+    if (s.local_regs.count(pool.id)) {  // exported by another thread meanwhile
+        for (auto &r : reg.regions) s.tp->deregister(r);
+        return;
+    }
+    wire::HandleExport ex;
+    ex.handle_id = pool.id;
+    ex.layout = pool.layout.to_desc();
+    ex.regions_per_layer = pool.layout.regions_per_layer();
+    for (auto &r : reg.regions) ex.regions.push_back({r.key, r.remote_base, bytes});
+    s.local_regs[pool.id] = std::move(reg);
+    std::vector<uint8_t> out;
+    wire::encode(out, id, ex);
+    send(s, out);
+}
+
+void Context::close_session(Session &s, uint64_t deadline) {
+    if (!deadline) deadline = now_ns() + kDestroyDrainNs;
+    std::unique_lock lock(mu);
+    if (!s.closed && !s.bye_sent) {
+        wire::Bye bye;
+        std::vector<uint8_t> out;
+        wire::encode(out, id, bye);
+        send(s, out);
+        s.bye_sent = true;
+    }
+    // fail_transfer takes an unmatched post out of its map: walk a copy.
+    auto fail_all = [&](auto &m) {
+        std::vector<std::shared_ptr<Transfer>> ts;
+        for (auto &[k, t] : m) ts.push_back(t);
+        for (auto &t : ts) fail_transfer(*t, SG_ERR_CANCELED, "session closed", false);
+    };
+    fail_all(s.expects);
+    fail_all(s.posts);
+    fail_all(s.unmatched_posts);
+    // Let queued sends (the Bye) and in-flight writes that name this session drain, and the peer
+    // answer the Bye (peers of 1.1 and newer): until it has, frames we sent may still be in the
+    // provider's or the kernel's buffers, and closing the endpoint could drop them.
+    auto busy = [&] {
+        if (!s.closed && s.peer_minor >= 1 && !s.bye_received) return true;
+        for (auto &c : cookie_store_)
+            if (c->in_use && !c->abandoned && c->session == &s) return true;
+        return false;
+    };
+    while (busy() && now_ns() < deadline) {
+        if (progress_.joinable()) {
+            cv.wait_for(lock, std::chrono::milliseconds(1));
+        } else {
+            poll_locked();
+            flush_outbox(s);
+        }
+    }
+    detach_session(s);
+}
+
+void Context::discard_session(Session &s) {
+    std::lock_guard lock(mu);
+    detach_session(s);
+}
+
+// The end of a session on this side, with mu held: closed, its unsent frames dropped, operations
+// still in the provider no longer naming it, and the context's entry for the peer gone.
+void Context::detach_session(Session &s) {
+    if (!s.closed) s.lost_ns = now_ns();
+    s.closed = true;
+    forget_held_frames(s);
+    // Sends that never left are dropped; their cookies go back to the pool.
+    for (auto *queue : {&s.outbox, &s.bulk_outbox, &s.auth_outbox}) {
+        for (OpCookie *c : *queue) {
+            if (c->xfer) c->xfer->inflight--;
+            give_cookie(c);
+        }
+        queue->clear();
+    }
+    // The session object goes away with its handle; a provider that never completes operations to
+    // a peer that stopped answering would leave them naming it forever.
+    if (s.tp->caps().local_only) abandon_ops(s);
+    forget_session_in_cookies(s);
+    auto it = sessions_.find(s.peer_ctx_id);
+    if (it != sessions_.end() && it->second.lock().get() == &s) {
+        sessions_.erase(it);
+        counters.sessions_open--;
+    }
+}
+
+void Context::close_gracefully(Session &s, uint64_t timeout_ns) {
+    const uint64_t deadline = now_ns() + std::min<uint64_t>(timeout_ns, uint64_t(1) << 62);
+    {
+        std::unique_lock lock(mu);
+        s.draining = true;
+        auto running = [&] {
+            size_t n = s.unmatched_posts.size();
+            for (auto &[k, t] : s.expects) n += !t->is_quiesced();
+            for (auto &[k, t] : s.posts) n += !t->is_quiesced();
+            return n;
+        };
+        for (size_t n; !s.closed && (n = running()) > 0;) {
+            const uint64_t now = now_ns();
+            if (now >= deadline)
+                fail(SG_ERR_TIMEOUT, std::to_string(n) + " transfer(s) still running on the session; it keeps draining");
+            wait_step(lock, deadline);
+        }
+    }
+    close_session(s, deadline);  // nothing left to cancel: says Bye and closes
+    std::lock_guard lock(mu);
+    if (s.error == SG_OK) {
+        s.error = SG_ERR_INVALID_STATE;
+        s.error_message = "closed by sg_session_close";
+    }
+}
+
+size_t Session::unfinished() const {
+    size_t n = 0;
+    for (auto &[k, t] : expects) n += !t->finished();
+    for (auto &[k, t] : posts) n += !t->finished();
+    for (auto &[k, t] : unmatched_posts) n += !t->finished();
+    return n;
+}
+
+// Closes a lost session's registrations as soon as none of our writes uses them, so a peer that
+// is only silent, not gone, cannot write into our blocks any more.
+void Context::drop_registrations(Session &s) {
+    if (s.regs_dropped || s.bytes_inflight) return;
+    for (auto &[pool_id, reg] : s.local_regs) {
+        for (auto &r : reg.regions) s.tp->deregister(r);
+        reg.regions.clear();
+    }
+    s.regs_dropped = true;
+}
+
+
+void Context::send(Session &s, const std::vector<uint8_t> &frame, Transfer *t, bool bulk) {
+    if (s.closed) return;
+    OpCookie *c = take_cookie();
+    c->kind = OpCookie::Kind::Send;
+    c->session = &s;
+    c->xfer = t;
+    c->bytes.assign(frame.begin(), frame.end());
+    if (t) t->inflight++;
+    (bulk ? s.bulk_outbox : s.outbox).push_back(c);
+    flush_outbox(s);
+}
+
+void Context::send_auth(Session &s, const std::vector<uint8_t> &frame) {
+    OpCookie *c = take_cookie();
+    c->kind = OpCookie::Kind::Send;
+    c->session = &s;
+    c->bytes.assign(frame.begin(), frame.end());
+    s.auth_outbox.push_back(c);
+    flush_outbox(s);
+}
+
+void Context::flush_outbox(Session &s) {
+    // Sends the queue's head until the provider pushes back; false when it did.
+    auto drain = [&](std::deque<OpCookie *> &queue) {
+        while (!queue.empty()) {
+            OpCookie *c = queue.front();
+            // Messages are small and the provider copies or registers them itself unless FI_MR_LOCAL.
+            int rc;
+            try {
+                rc = s.tp->post_send(s.peer, c->bytes.data(), c->bytes.size(), nullptr, c);
+            } catch (const Error &e) {
+                lose_session(s, SG_ERR_PEER_LOST, "sending to the peer failed: " + e.message());
+                return false;
+            }
+            if (rc == -EAGAIN) {
+                counters.retries++;
+                return false;
+            }
+            queue.pop_front();
+            s.last_sent_ns = now_ns();
+            counters.messages_sent++;
+        }
+        return true;
+    };
+    if (!s.may_send || !drain(s.auth_outbox)) return;
+    if (s.authenticated && drain(s.outbox)) drain(s.bulk_outbox);
+}
+
+
+// Keep-alives, peer loss and deadlines; cheap, and run at most every 10 ms.
+void Context::check_timers_locked() {
+    const uint64_t now = now_ns();
+    if (now < next_timer_check_ns_) return;
+    next_timer_check_ns_ = now + 10000000;
+    if (!retired_transports_.empty()) drop_unused_retired_transports();
+    // Frames for a session nobody opened within two peer timeouts are not waiting for one.
+    for (auto it = orphans_.begin(); it != orphans_.end();) {
+        if (now - it->second.first_ns > 2 * peer_timeout_ns_) {
+            unauthenticated_bytes_ -= it->second.bytes;
+            it = orphans_.erase(it);
+        } else {
+            ++it;
+        }
+    }
+    for (auto &[peer_id, weak] : sessions_) {
+        auto s = weak.lock();
+        if (s && s->closed && !s->regs_dropped) drop_registrations(*s);
+        if (s && s->closed && s->tp->caps().local_only && now - s->lost_ns > kAbandonAfterLossNs) abandon_ops(*s);
+        if (!s || s->closed) continue;
+        if (now - s->last_heard_ns > peer_timeout_ns_) {
+            lose_session(*s, SG_ERR_PEER_LOST,
+                         "peer sent nothing for " + std::to_string((now - s->last_heard_ns) / 1000000) +
+                             " ms (peer_timeout_ms " + std::to_string(peer_timeout_ns_ / 1000000) + ")");
+            continue;
+        }
+        if (s->may_send && s->outbox.empty() && now - s->last_sent_ns > peer_timeout_ns_ / 4) {
+            wire::Ping ping;
+            ping.sent_ns = now;
+            std::vector<uint8_t> out;
+            wire::encode(out, id, ping);
+            send(*s, out);
+        }
+        // Failing a transfer takes an unmatched post out of its map: walk a snapshot.
+        std::vector<std::shared_ptr<Transfer>> timed;
+        for (auto &[k, t] : s->expects) timed.push_back(t);
+        for (auto &[k, t] : s->posts) timed.push_back(t);
+        for (auto &[k, t] : s->unmatched_posts) timed.push_back(t);
+        for (auto &t : timed) {
+            if (t->deadline_abs_ns && now > t->deadline_abs_ns && !t->finished())
+                fail_transfer(*t, SG_ERR_DEADLINE, "transfer '" + t->request_id + "' missed its deadline", true);
+            if (t->lease_deadline_ns && now > t->lease_deadline_ns && !t->finished()) {
+                emit(*t, SG_EVENT_LEASE_EXPIRED, 0, SG_ERR_LEASE_EXPIRED);
+                fail_transfer(*t, SG_ERR_LEASE_EXPIRED,
+                              "the lease of '" + t->request_id + "' ended (" +
+                                  std::to_string(t->options.lease_ns / 1000000) +
+                                  " ms after its last layer was written) before the decode side held every block",
+                              true);
+            }
+        }
+    }
+}
+
+}  // namespace sg::core

@@ -1,0 +1,112 @@
+// Session authentication, all of it that is not bootstrap's socket handshake: the policy (both
+// sides keyed, or neither), signed metadata blobs, the fabric challenge-response that sessions made
+// from blobs run before anything else, and counting what was refused. The MACs themselves are in
+// auth.cpp; the handshake's proof steps (bootstrap.cpp) call the same policy check.
+#include "core/core.hpp"
+
+namespace sg::core {
+
+wire::Hello decode_hello_frame(std::span<const uint8_t> frame) {
+    wire::FrameHeader h;
+    std::span<const uint8_t> body;
+    wire::DecodeError e = wire::decode_header(frame, h, body);
+    if (e == wire::DecodeError::VersionMismatch)
+        fail(SG_ERR_VERSION_MISMATCH, "peer speaks SmartGen wire protocol major " + std::to_string(h.proto_major) +
+                                          ", this library speaks " + std::to_string(wire::kProtoMajor));
+    if (e != wire::DecodeError::None) fail(SG_ERR_PROTOCOL, std::string("bad bootstrap frame: ") + wire::decode_error_str(e));
+    if (h.type != wire::MsgType::Hello) fail(SG_ERR_PROTOCOL, "bootstrap frame is not a Hello");
+    wire::Hello hello;
+    e = wire::decode(body, hello);
+    if (e != wire::DecodeError::None) fail(SG_ERR_PROTOCOL, std::string("bad Hello: ") + wire::decode_error_str(e));
+    if (hello.ctx_id != h.sender_ctx) fail(SG_ERR_PROTOCOL, "Hello names another context than its frame");
+    if (hello.auth == wire::AuthMode::HmacSha256 && hello.nonce.size() != wire::kNonceBytes)
+        fail(SG_ERR_PROTOCOL, "Hello asks for authentication but carries no nonce");
+    return hello;
+}
+
+void check_auth_policy(const Context &ctx, const wire::Hello &peer) {
+    const bool peer_keyed = peer.auth == wire::AuthMode::HmacSha256;
+    if (!ctx.key().empty() && !peer_keyed)
+        fail(SG_ERR_AUTH_REQUIRED, "the peer has no authentication key and this context requires one");
+    if (ctx.key().empty() && peer_keyed)
+        fail(SG_ERR_AUTH_REQUIRED, "the peer requires authentication and this context has no key "
+                                   "(set auth_key or SG_AUTH_KEY_FILE)");
+}
+
+wire::Hello parse_metadata(const Context &ctx, std::span<const uint8_t> blob) {
+    wire::Hello peer = decode_hello_frame(blob);
+    check_auth_policy(ctx, peer);
+    if (ctx.key().empty()) return peer;
+    const size_t frame_len = wire::kFrameHeaderBytes + (size_t(blob[20]) | size_t(blob[21]) << 8 |
+                                                        size_t(blob[22]) << 16 | size_t(blob[23]) << 24);
+    if (blob.size() != frame_len + wire::kMacBytes)
+        fail(SG_ERR_AUTH_FAILED, "the metadata blob carries no signature");
+    if (!auth::mac_equal(blob.subspan(frame_len), auth::blob_mac(ctx.key(), blob.first(frame_len))))
+        fail(SG_ERR_AUTH_FAILED, "the metadata blob is not signed with this context's key");
+    return peer;
+}
+
+// Fabric challenge-response of sessions made from metadata blobs: each side challenges with a fresh
+// nonce and answers the other's challenge; a side trusts the peer once the peer's answer checks.
+void Context::handle_auth(Session &s, const wire::FrameHeader &h, std::span<const uint8_t> body) {
+    s.last_heard_ns = now_ns();
+    counters.messages_received++;
+    if (!s.may_send) {
+        s.may_send = true;
+        flush_outbox(s);
+    }
+    if (s.closed || key_.empty()) return;
+    auto check = [](wire::DecodeError e, const char *what) {
+        if (e != wire::DecodeError::None) fail(SG_ERR_PROTOCOL, std::string(what) + ": " + wire::decode_error_str(e));
+    };
+    switch (h.type) {
+        case wire::MsgType::AuthChallenge: {
+            // Only sessions the host opened from a blob answer: a bootstrapped session proved itself
+            // already, and answering anyone would make this context an oracle.
+            if (s.auth_nonce.empty()) return;
+            wire::AuthChallenge m;
+            check(wire::decode(body, m), "AuthChallenge");
+            std::vector<uint8_t> out;
+            wire::encode(out, id, wire::AuthProof{auth::fabric_proof(key_, id, s.peer_ctx_id, m.nonce)});
+            send_auth(s, out);
+            return;
+        }
+        case wire::MsgType::AuthProof: {
+            if (s.authenticated || s.auth_nonce.empty()) return;
+            wire::AuthProof m;
+            check(wire::decode(body, m), "AuthProof");
+            const bool ok = auth::mac_equal(m.mac, auth::fabric_proof(key_, s.peer_ctx_id, id, s.auth_nonce));
+            std::vector<uint8_t> out;
+            wire::encode(out, id, wire::AuthResult{ok ? 1u : 0u});
+            send_auth(s, out);
+            if (!ok) {
+                counters.auth_failures++;
+                lose_session(s, SG_ERR_AUTH_FAILED,
+                             "the peer's key proof does not match this context's key (the two sides hold different keys)");
+                return;
+            }
+            s.authenticated = true;
+            log.log(SG_LOG_INFO, "session with peer " + std::to_string(s.peer_ctx_id) + " authenticated over the fabric");
+            flush_outbox(s);
+            auto held = std::move(s.held_frames);
+            forget_held_frames(s);
+            for (auto &f : held) on_message(f);
+            cv.notify_all();
+            signal_event();
+            return;
+        }
+        case wire::MsgType::AuthResult: {
+            wire::AuthResult m;
+            check(wire::decode(body, m), "AuthResult");
+            if (!m.accepted) {
+                counters.auth_failures++;
+                lose_session(s, SG_ERR_AUTH_FAILED,
+                             "the peer rejected this context's key proof (the two sides hold different keys)");
+            }
+            return;
+        }
+        default: return;
+    }
+}
+
+}  // namespace sg::core

@@ -1,0 +1,413 @@
+// Transfers: expect (decode) and post (prefill), matching the two by request id, layers written,
+// the LayerReady/TransferDone notices and their ordering rule, completion, failure and cancel,
+// quiescing, and release.
+#include "core/core.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+namespace sg::core {
+
+namespace {
+
+void check_request_id(const char *rid) {
+    if (!rid || !*rid) fail(SG_ERR_INVALID_ARGUMENT, "request_id is empty");
+    if (std::strlen(rid) > SG_REQUEST_ID_MAX)
+        fail(SG_ERR_INVALID_ARGUMENT, "request_id is longer than SG_REQUEST_ID_MAX (255) bytes");
+}
+
+}  // namespace
+
+Transfer::Transfer(Context *c, std::shared_ptr<Session> s, bool post, std::string rid, std::shared_ptr<KvPool> p,
+                   std::span<const uint32_t> tbl, uint64_t ntok, const sg_transfer_options_t &opt)
+    : ctx(c), session(std::move(s)), post_side(post), request_id(std::move(rid)), pool(std::move(p)),
+      table(tbl.begin(), tbl.end()), num_tokens(ntok), options(opt) {
+    layers.resize(pool->layout.num_layers);
+    residency.reset(pool->layout.num_layers, table.size());
+    stats.struct_size = sizeof stats;
+    pool->transfers_using++;
+}
+
+Transfer::~Transfer() { pool->transfers_using--; }
+
+std::shared_ptr<Transfer> Context::expect(const std::shared_ptr<Session> &s, const char *rid,
+                                          const std::shared_ptr<KvPool> &pool, std::span<const uint32_t> table,
+                                          uint64_t num_tokens, const sg_transfer_options_t &opt) {
+    check_request_id(rid);
+    kv::check_block_table(pool->layout, table, num_tokens);
+    std::lock_guard lock(mu);
+    if (s->closed) fail(s->error ? s->error : SG_ERR_PEER_LOST, "session is closed");
+    if (s->draining) fail(SG_ERR_INVALID_STATE, "session is closing (sg_session_close)");
+    if (!s->local_regs.count(pool->id))
+        fail(SG_ERR_INVALID_STATE, "the destination pool was not exported to this session (sg_session_export_kv)");
+    if (s->unfinished() >= max_transfers_per_session_)
+        fail(SG_ERR_AGAIN, "the session has " + std::to_string(max_transfers_per_session_) +
+                               " unfinished transfers (max_transfers_per_session); retry after some finish");
+    for (auto &[k, t] : s->expects)
+        if (t->request_id == rid && !t->finished()) fail(SG_ERR_DUPLICATE, std::string("request '") + rid + "' is already expected");
+    auto t = std::make_shared<Transfer>(this, s, false, rid, pool, table, num_tokens, opt);
+    t->id = next_xfer_id_++;
+    t->stats.start_ns = now_ns();
+    if (opt.deadline_ns) t->deadline_abs_ns = saturating_add(t->stats.start_ns, opt.deadline_ns);
+    if (auto c = s->peer_canceled.find(rid); c != s->peer_canceled.end()) {
+        // The prefill side canceled this request before we expected it: nothing will be sent.
+        s->expects[t->id] = t;
+        t->quiesced = true;
+        fail_transfer(*t, c->second.first, c->second.second, false);
+        s->peer_canceled.erase(c);
+        return t;
+    }
+    offer_staging(*s);
+    s->expects[t->id] = t;
+    wire::Expect m;
+    m.request_id = rid;
+    m.decode_xfer_id = t->id;
+    m.handle_id = pool->id;
+    m.num_tokens = num_tokens;
+    m.block_ids.assign(table.begin(), table.end());
+    std::vector<uint8_t> out;
+    wire::encode(out, id, m);
+    if (out.size() > wire::kMaxFrameBytes) {
+        s->expects.erase(t->id);
+        fail(SG_ERR_OUT_OF_RANGE, "block table too large for one control message (max about 60000 blocks)");
+    }
+    send(*s, out);
+    wake();
+    return t;
+}
+
+std::shared_ptr<Transfer> Context::post(const std::shared_ptr<Session> &s, const char *rid,
+                                        const std::shared_ptr<KvPool> &pool, std::span<const uint32_t> table,
+                                        uint64_t num_tokens, const sg_transfer_options_t &opt,
+                                        const select::Profile *profile) {
+    check_request_id(rid);
+    kv::check_block_table(pool->layout, table, num_tokens);
+    const uint32_t nl = pool->layout.num_layers;
+    std::vector<uint32_t> order(nl);
+    if (opt.layer_order) {
+        if (opt.layer_order_count != nl) fail(SG_ERR_INVALID_ARGUMENT, "layer_order_count must equal num_layers");
+        std::vector<bool> seen(nl);
+        for (uint32_t i = 0; i < nl; ++i) {
+            const uint32_t l = opt.layer_order[i];
+            if (l >= nl || seen[l]) fail(SG_ERR_INVALID_ARGUMENT, "layer_order is not a permutation of the layers");
+            seen[l] = true;
+            order[i] = l;
+        }
+    } else {
+        for (uint32_t i = 0; i < nl; ++i) order[i] = i;
+    }
+    const uint32_t all_paths = SG_PATH_FULL | SG_PATH_PROACTIVE | SG_PATH_ON_DEMAND | SG_PATH_SPECULATIVE;
+    const uint32_t paths = opt.paths ? opt.paths : SG_PATH_FULL;
+    if (paths & ~all_paths) fail(SG_ERR_INVALID_ARGUMENT, "options.paths holds bits that are not SG_PATH_*");
+    if ((paths & SG_PATH_FULL) && paths != SG_PATH_FULL)
+        fail(SG_ERR_INVALID_ARGUMENT, "SG_PATH_FULL excludes the selective paths");
+    // Built before taking the lock: selecting the layers of an already written request takes time.
+    auto t = std::make_shared<Transfer>(this, s, true, rid, pool, table, num_tokens, opt);
+    t->paths = paths;
+    t->options.profile = nullptr;  // the handle is the caller's; the transfer holds its own copy
+    t->options.layer_order = nullptr;
+    std::vector<PreparedLayer> prepared;
+    if (t->selective()) {
+        const kv::Layout &L = pool->layout;
+        const uint32_t nb = uint32_t(kernels::num_blocks(num_tokens, L.tokens_per_block));
+        for (auto &layer : t->layers) layer.claimed.assign(nb, 0);
+        if (paths & SG_PATH_PROACTIVE) {
+            kernel_dtype(L.dtype);  // selection reads fp32, fp16 and bf16 keys
+            const select::Profile p = profile ? *profile : default_profile(L.num_layers, L.num_kv_heads, L.tokens_per_block);
+            if (p.num_layers != L.num_layers || p.block_tokens != L.tokens_per_block)
+                fail(SG_ERR_LAYOUT_MISMATCH, "the profile is for " + std::to_string(p.num_layers) + " layers of " +
+                                                 std::to_string(p.block_tokens) + "-token blocks, the pool has " +
+                                                 std::to_string(L.num_layers) + " of " +
+                                                 std::to_string(L.tokens_per_block));
+            t->selector = std::make_unique<LayerSelector>(p, L.num_kv_heads, L.head_dim, num_tokens, 2 * L.row_bytes());
+        }
+        if (opt.flags & SG_TRANSFER_ALL_LAYERS_WRITTEN)
+            for (uint32_t l = 0; l < nl; ++l) prepared.push_back(prepare_layer(*t, l, nullptr, 0, 0));
+    }
+    std::lock_guard lock(mu);
+    if (s->closed) fail(s->error ? s->error : SG_ERR_PEER_LOST, "session is closed");
+    if (s->draining) fail(SG_ERR_INVALID_STATE, "session is closing (sg_session_close)");
+    if (s->unmatched_posts.count(rid) || s->posts.count(rid))
+        fail(SG_ERR_DUPLICATE, std::string("request '") + rid + "' is already posted on this session");
+    if (!s->local_regs.count(pool->id))
+        fail(SG_ERR_INVALID_STATE, "the source pool was not exported to this session (sg_session_export_kv)");
+    if (s->unfinished() >= max_transfers_per_session_)
+        fail(SG_ERR_AGAIN, "the session has " + std::to_string(max_transfers_per_session_) +
+                               " unfinished transfers (max_transfers_per_session); retry after some finish");
+    if (s->repost_needed.erase(rid)) {
+        // The decode side remembers that the id was canceled; this post is a new request.
+        std::vector<uint8_t> out;
+        wire::encode(out, id, wire::Reposted{rid});
+        send(*s, out);
+    }
+    t->order = std::move(order);
+    t->src_reg = &s->local_regs.at(pool->id);  // map nodes are stable for the session's life
+    if (opt.deadline_ns) t->deadline_abs_ns = saturating_add(now_ns(), opt.deadline_ns);
+    if (t->selective()) {
+        for (uint32_t l = 0; l < prepared.size(); ++l) commit_layer(*t, l, std::move(prepared[l]));
+    } else if (opt.flags & SG_TRANSFER_ALL_LAYERS_WRITTEN) {
+        const uint64_t now = now_ns();
+        for (auto &L : t->layers) {
+            L.written = true;
+            L.written_ns = now;
+        }
+    }
+    auto e = s->unmatched_expects.find(rid);
+    if (e != s->unmatched_expects.end()) {
+        wire::Expect m = std::move(e->second);
+        s->unmatched_expects.erase(e);
+        match(*s, t, m);
+        if (t->status == SG_ERR_LAYOUT_MISMATCH || t->status == SG_ERR_OUT_OF_RANGE) fail(t->status, t->error);
+    } else {
+        s->unmatched_posts[rid] = t;
+    }
+    wake();
+    return t;
+}
+
+void Context::match(Session &s, const std::shared_ptr<Transfer> &t, const wire::Expect &e) {
+    t->id = e.decode_xfer_id;
+    s.posts[t->request_id] = t;
+    t->stats.start_ns = now_ns();
+    try {
+        auto rp = s.remote_pools.find(e.handle_id);
+        if (rp == s.remote_pools.end())
+            fail(SG_ERR_PROTOCOL, "the decode side expected into a pool it never exported");
+        kv::check_mappable(t->pool->layout, rp->second.layout);
+        if (e.num_tokens != t->num_tokens)
+            fail(SG_ERR_LAYOUT_MISMATCH, "token counts differ: posted " + std::to_string(t->num_tokens) + ", expected " +
+                                             std::to_string(e.num_tokens));
+        kv::check_block_table(rp->second.layout, e.block_ids, e.num_tokens);
+        t->dst = &rp->second;
+        t->dst_table.assign(e.block_ids.begin(), e.block_ids.end());
+        start_selective(*t);
+        t->matched = true;
+        active_.push_back(t);
+        active_unsorted_ = true;
+    } catch (const Error &err) {
+        log.log(SG_LOG_ERROR, "transfer '" + t->request_id + "' cannot start: " + err.message());
+        fail_transfer(*t, err.status(), err.message(), true);
+    }
+}
+
+void Context::layer_written(Transfer &t, uint32_t layer, const float *queries, uint32_t num_queries,
+                            uint32_t num_q_heads) {
+    if (!t.post_side) fail(SG_ERR_INVALID_STATE, "layer_written is for the prefill (posting) side");
+    if (layer >= t.layers.size())
+        fail(SG_ERR_OUT_OF_RANGE, "layer " + std::to_string(layer) + " >= num_layers " + std::to_string(t.layers.size()));
+    if (t.selective()) {
+        check_selection_inputs(t, layer, queries, num_queries, num_q_heads);
+        SelectJob job{t.shared_from_this(), layer, {}, num_queries, num_q_heads};
+        if (queries && num_queries)
+            job.queries.assign(queries, queries + size_t(num_queries) * num_q_heads * t.pool->layout.head_dim);
+        std::lock_guard lock(select_mu_);
+        if (!select_thread_.joinable()) select_thread_ = std::thread([this] { select_loop(); });
+        select_jobs_.push_back(std::move(job));
+        select_cv_.notify_one();
+        return;
+    }
+    std::lock_guard lock(mu);
+    if (!t.layers[layer].written) {
+        t.layers[layer].written = true;
+        t.layers[layer].written_ns = now_ns();
+        if (t.matched && !t.finished()) pump(t, 16);
+    }
+    wake();
+}
+
+// Sends LayerReady for every posted layer whose notice may go now, in send order, and TransferDone
+// after the last. With FI_ORDER_SAW the notice may follow the writes at once; otherwise it waits
+// until the layer's writes (issued with delivery completion) have completed.
+void Context::maybe_send_notices(Transfer &t) {
+    if (t.finished() || !t.matched) return;
+    const bool saw = t.session->tp->caps().send_after_write;
+    // Layers before notice_pos are settled; each call only looks at the few still in flight.
+    for (size_t i = t.notice_pos; i < t.order.size(); ++i) {
+        const uint32_t l = t.order[i];
+        Transfer::Layer &L = t.layers[l];
+        if (!L.posted) break;  // notices go in send order
+        if (!L.notice_sent && (saw || L.outstanding == 0)) {
+            wire::LayerReady m;
+            m.decode_xfer_id = t.id;
+            m.layer = l;
+            m.bytes = t.pool->layout.plane_bytes / t.pool->layout.tokens_per_block * t.num_tokens * 2;
+            m.staged_chunks = L.staged_chunks;
+            std::vector<uint8_t> out;
+            wire::encode(out, id, m);
+            send(*t.session, out, &t);
+            L.notice_sent = true;
+        }
+        if (!L.notice_sent) break;
+        if (L.outstanding == 0 && !L.ready) {
+            record_layer_rate(t, L);
+            t.residency.set_layer(l);
+            mark_ready(t, l);
+        }
+        if (i == t.notice_pos && L.ready) t.notice_pos++;
+    }
+    if (t.notice_pos == t.order.size()) send_done(t);
+}
+
+void Context::send_done(Transfer &t) {
+    if (t.done_sent) return;
+    wire::TransferDone m;
+    m.decode_xfer_id = t.id;
+    m.bytes = t.stats.bytes;
+    std::vector<uint8_t> out;
+    wire::encode(out, id, m);
+    t.done_sent = true;
+    send(*t.session, out, &t);
+}
+
+void Context::mark_ready(Transfer &t, uint32_t layer) {
+    Transfer::Layer &L = t.layers[layer];
+    L.ready = true;
+    L.ready_ns = now_ns();
+    t.stats.layers_ready++;
+    emit(t, SG_EVENT_LAYER_READY, layer, SG_OK);
+}
+
+// Decode side: a layer is ready once its notice arrived and every staged chunk it announced has
+// been unpacked, in whatever order the provider completed those messages.
+void Context::maybe_layer_ready(Transfer &t, uint32_t layer) {
+    Transfer::Layer &L = t.layers[layer];
+    if (L.ready || !L.notice_received || L.staged_chunks < L.chunks_announced) return;
+    t.residency.set_layer(layer);
+    mark_ready(t, layer);
+    complete_if_done(t);
+    signal_event();
+    cv.notify_all();
+}
+
+void Context::complete_if_done(Transfer &t) {
+    if (t.finished()) return;
+    if (t.post_side) {
+        if (!t.done_sent || t.inflight) return;
+        if (t.session->peer_minor >= 1 && !t.done_acked) return;
+    } else {
+        if (!t.done_received || t.stats.layers_ready < t.layers.size()) return;
+        // Digests travel behind the notices: a layer whose proactive notice came is not complete
+        // before its digests are (SG_LAYER_ESSENTIAL then holds for every such layer at completion).
+        for (const auto &L : t.layers)
+            if (L.essential_notice && !L.essential) return;
+        if (t.session->peer_minor >= 1) {
+            std::vector<uint8_t> out;
+            wire::encode(out, id, wire::TransferAck{t.id});
+            send(*t.session, out);
+        }
+    }
+    t.status = SG_OK;
+    t.stats.end_ns = now_ns();
+    counters.transfers_completed++;
+    emit(t, SG_EVENT_FINISHED, 0, SG_OK);
+    note_quiesced(t);
+    signal_event();
+    cv.notify_all();
+}
+
+void Context::fail_transfer(Transfer &t, sg_status_t status, const std::string &message, bool tell_peer) {
+    if (t.finished()) return;
+    t.status = status;
+    t.error = message;
+    counters.transfers_failed++;
+    signal_event();
+    if (status == SG_ERR_CANCELED) counters.transfers_canceled++;
+    if (status == SG_ERR_DEADLINE) counters.deadlines_hit++;
+    t.stats.end_ns = now_ns();
+    if (t.post_side && !t.matched) {
+        Session &s = *t.session;
+        auto u = s.unmatched_posts.find(t.request_id);
+        if (u != s.unmatched_posts.end() && u->second.get() == &t) s.unmatched_posts.erase(u);
+        // The decode side may not have expected yet; its Expect will be answered when it comes.
+        if (tell_peer && s.canceled_unmatched.size() < 65536) s.canceled_unmatched[t.request_id] = {status, message};
+    }
+    if (tell_peer && !t.session->closed) {
+        wire::TransferError m;
+        m.request_id = t.request_id;
+        m.decode_xfer_id = t.id;
+        m.status = status;
+        m.message = message;
+        m.from_post_side = t.post_side ? 1 : 0;
+        std::vector<uint8_t> out;
+        wire::encode(out, id, m, status == SG_ERR_CANCELED ? wire::MsgType::Cancel : wire::MsgType::Error);
+        send(*t.session, out);
+    }
+    maybe_send_quiesced(t);
+    emit(t, SG_EVENT_FINISHED, 0, status);
+    note_quiesced(t);
+    cv.notify_all();
+}
+
+void Context::send_quiesced(Session &s, uint64_t decode_xfer_id) {
+    std::vector<uint8_t> out;
+    wire::encode(out, id, wire::Quiesced{decode_xfer_id});
+    send(s, out);
+}
+
+// Prefill: after a transfer that answered an Expect failed, tell the decode side once its last
+// write completed.
+void Context::maybe_send_quiesced(Transfer &t) {
+    if (!t.post_side || !t.id || !t.finished() || (t.status == SG_OK && !t.peer_released) || t.inflight ||
+        t.quiesce_sent)
+        return;
+    t.quiesce_sent = true;
+    send_quiesced(*t.session, t.id);
+}
+
+bool Transfer::is_quiesced() const {
+    if (!finished()) return false;
+    if (post_side) return inflight == 0;
+    // A lost session's registrations are closed (drop_registrations), so nothing can land.
+    return quiesced || session->closed;
+}
+
+void Context::cancel(Transfer &t, sg_status_t why, const std::string &message) {
+    std::lock_guard lock(mu);
+    if (t.finished()) return;
+    t.canceled_locally = true;
+    fail_transfer(t, why, message, true);
+}
+
+void Context::release(Transfer &t) {
+    std::unique_lock lock(mu);
+    if (!t.finished()) {
+        if (!t.post_side && t.selective())
+            end_by_release(t);
+        else
+            fail_transfer(t, SG_ERR_CANCELED, "released before completion", true);
+    }
+    // Quiesce: no operation of ours may still reference the transfer, and on the decode side the
+    // peer must have confirmed that its writes stopped. A silent peer is lost after
+    // peer_timeout_ms anyway; one that keeps talking but never confirms is treated as broken.
+    const uint64_t deadline = now_ns() + std::max<uint64_t>(5000000000ull, 2 * peer_timeout_ns_ + 1000000000ull);
+    while (!t.is_quiesced() && now_ns() < deadline) wait_step(lock, deadline);
+    if (!t.post_side && !t.is_quiesced())
+        lose_session(*t.session, SG_ERR_PROTOCOL,
+                     "the peer did not confirm that its writes for '" + t.request_id + "' stopped");
+    Session &s = *t.session;
+    if (t.inflight) {
+        // Completions still name this transfer: keep it alive until the context goes away rather
+        // than let a late completion touch freed memory.
+        log.log(SG_LOG_ERROR, "transfer '" + t.request_id + "' released with " + std::to_string(t.inflight) +
+                                  " operation(s) still in flight after 5 s; kept until the context is destroyed");
+        for (auto &p : active_)
+            if (p.get() == &t) lingering_.push_back(p);
+        if (t.post_side) {
+            if (auto p = s.posts.find(t.request_id); p != s.posts.end() && p->second.get() == &t) lingering_.push_back(p->second);
+        } else if (auto e = s.expects.find(t.id); e != s.expects.end()) {
+            lingering_.push_back(e->second);
+        }
+    }
+    if (t.post_side) {
+        auto p = s.posts.find(t.request_id);
+        if (p != s.posts.end() && p->second.get() == &t) s.posts.erase(p);
+        auto u = s.unmatched_posts.find(t.request_id);
+        if (u != s.unmatched_posts.end() && u->second.get() == &t) s.unmatched_posts.erase(u);
+    } else {
+        s.expects.erase(t.id);
+    }
+    active_.erase(std::remove_if(active_.begin(), active_.end(), [&](const auto &p) { return p.get() == &t; }),
+                  active_.end());
+}
+
+}  // namespace sg::core
