@@ -1050,7 +1050,7 @@ SG_API sg_status_t sg_transfer_layer_state(sg_transfer_t h, uint32_t layer, uint
         if (layer >= t->layers.size()) fail(SG_ERR_OUT_OF_RANGE, "layer " + std::to_string(layer) + " >= num_layers");
         std::lock_guard lock(t->ctx->mu);
         const auto &L = t->layers[layer];
-        *state = (L.written ? SG_LAYER_WRITTEN : 0u) | (L.ready ? SG_LAYER_READY : 0u) |
+        *state = (L.out.written ? SG_LAYER_WRITTEN : 0u) | (L.ready ? SG_LAYER_READY : 0u) |
                  (L.essential ? SG_LAYER_ESSENTIAL : 0u);
         return SG_OK;
     });
@@ -1081,7 +1081,7 @@ SG_API sg_status_t sg_transfer_wait_layer_state(sg_transfer_t h, uint32_t layer,
             // essential bit never comes.
             no_proactive = (bits & SG_LAYER_ESSENTIAL) && t->paths && !(t->paths & SG_PATH_PROACTIVE);
             if (no_proactive) return true;
-            return (!(bits & SG_LAYER_WRITTEN) || L.written || !t->post_side) && (!(bits & SG_LAYER_READY) || L.ready) &&
+            return (!(bits & SG_LAYER_WRITTEN) || L.out.written || !t->post_side) && (!(bits & SG_LAYER_READY) || L.ready) &&
                    (!(bits & SG_LAYER_ESSENTIAL) || L.essential);
         });
         if (no_proactive) fail(SG_ERR_INVALID_STATE, "SG_LAYER_ESSENTIAL needs SG_PATH_PROACTIVE, which the transfer lacks");
@@ -1197,7 +1197,7 @@ SG_API sg_status_t sg_transfer_layer_time(sg_transfer_t h, uint32_t layer, uint6
         if (layer >= t->layers.size()) fail(SG_ERR_OUT_OF_RANGE, "layer " + std::to_string(layer) + " >= num_layers");
         std::lock_guard lock(t->ctx->mu);
         const auto &L = t->layers[layer];
-        const uint64_t from = std::max(t->stats.start_ns, L.written_ns);
+        const uint64_t from = std::max(t->stats.start_ns, L.out.written_ns);
         *ns = L.ready && L.ready_ns > from ? L.ready_ns - from : 0;
         return SG_OK;
     });
@@ -1226,7 +1226,6 @@ SG_API sg_status_t sg_transfer_release(sg_transfer_t h) {
         not_in_callback("sg_transfer_release");
         auto t = transfers().remove(raw(h));
         if (!t) fail(SG_ERR_INVALID_HANDLE, "transfer handle is not live");
-        t->released.store(true, std::memory_order_release);
         t->ctx->release(*t);
         return SG_OK;
     });

@@ -91,7 +91,7 @@ void Context::settle(OpCookie *c, int status, const char *error_text) {
                                   status == -ETIMEDOUT || status == -EIO || status == -ECANCELED ||
                                   status == -ESHUTDOWN || status == -ENETDOWN || status == -ENETUNREACH ||
                                   status == -EHOSTDOWN;
-    if (connection_broke && c->session && !c->session->closed)
+    if (connection_broke && c->session && !c->session->closed())
         lose_session(*c->session, SG_ERR_PEER_LOST,
                      std::string("connection to the peer broke: ") + (error_text ? error_text : ""));
     if (t) {
@@ -103,7 +103,7 @@ void Context::settle(OpCookie *c, int status, const char *error_text) {
                 const std::string what = c->kind == OpCookie::Kind::Send ? "control message" : "RMA write";
                 // On a session already lost, the operation failed because the peer is gone: the
                 // transfer ends with the session's status, as documented, not SG_ERR_TRANSPORT.
-                const bool lost = c->session && c->session->closed && c->session->error;
+                const bool lost = c->session && c->session->closed() && c->session->error;
                 if (!lost)
                     log.log(SG_LOG_ERROR, "transfer '" + t->request_id + "': " + what + " failed: " + (error_text ? error_text : ""));
                 fail_transfer(*t, lost ? c->session->error : SG_ERR_TRANSPORT,
@@ -112,7 +112,7 @@ void Context::settle(OpCookie *c, int status, const char *error_text) {
         } else if (c->kind == OpCookie::Kind::Send) {
             // Completions may come in any order (a rendezvous-sized notice can finish after the
             // done notice), so whichever is last completes the transfer.
-            if (t->done_sent) complete_if_done(*t);
+            if (t->prefill.done_sent) complete_if_done(*t);
         } else {
             if (c->kind == OpCookie::Kind::StagedWrite && !c->session->tp->caps().send_after_write) {
                 // Without send-after-write ordering the chunk notice waits for the write's completion.
@@ -122,7 +122,7 @@ void Context::settle(OpCookie *c, int status, const char *error_text) {
                 c->unit->outstanding--;
                 selective_notices(*t);
             } else {
-                t->layers[c->layer].outstanding--;
+                t->layers[c->layer].out.outstanding--;
                 maybe_send_notices(*t);
             }
         }
@@ -133,7 +133,7 @@ void Context::settle(OpCookie *c, int status, const char *error_text) {
     } else if (status && !connection_broke) {
         log.log(SG_LOG_WARN, std::string("control message failed: ") + (error_text ? error_text : ""));
     }
-    if (c->session && c->session->closed && !c->session->regs_dropped) drop_registrations(*c->session);
+    if (c->session && c->session->closed() && !c->session->regs_dropped) drop_registrations(*c->session);
     if (c->kind == OpCookie::Kind::StagedWrite && c->session) c->session->free_send_slots |= 1u << c->staging_slot;
 }
 

@@ -12,6 +12,7 @@
 #include "core/selection.hpp"
 #include "kv/kv.hpp"
 #include "plan/plan.hpp"
+#include "plan/transfer_state.hpp"
 #include "transport/transport.hpp"
 #include "wire/wire.hpp"
 
@@ -104,6 +105,17 @@ struct OpCookie {
     bool abandoned = false;
 };
 
+// A session's life (docs/protocol.md draws it):
+//   Authenticating  made from a metadata blob; the peer's fabric proof not checked yet (only auth
+//                   frames are taken; the rest wait in held_frames)
+//   Open            transfers run
+//   Draining        closing: sg_session_close waits for its transfers, or a Bye went out and its
+//                   answer is awaited; no new transfers
+//   Closed          lost, refused or closed: nothing more is sent; its registrations are dropped
+enum class SessionState : uint8_t { Authenticating, Open, Draining, Closed };
+bool legal_transition(SessionState from, SessionState to);
+const char *state_name(SessionState s);
+
 class Session {
   public:
     Session(Context *ctx, const wire::Hello &peer, const sg_session_options_t &opt);
@@ -115,7 +127,11 @@ class Session {
     std::shared_ptr<transport::Transport> tp_owner;  // keeps a renewed transport open while we use it
     transport::PeerAddr peer = 0;
     std::string provider;
-    bool closed = false;
+    // The state: changed only through advance(), with the context's mutex held, which throws
+    // SG_ERR_INTERNAL for a transition the machine does not have (legal_transition below).
+    SessionState state() const { return state_; }
+    void advance(SessionState to);
+    bool closed() const { return state_ == SessionState::Closed; }
     sg_status_t error = SG_OK;
     std::string error_message;
     std::deque<std::vector<uint8_t>> notifications;  // received, not yet taken by the host
@@ -147,7 +163,9 @@ class Session {
     // Authentication. Sessions bootstrapped over TCP are proven before they exist; sessions made
     // from metadata blobs prove themselves over the fabric first: until the peer's proof arrives,
     // only auth messages leave (auth_outbox) and the peer's other frames wait in held_frames.
-    bool authenticated = true;
+    // The peer proved the key (or neither side has one). A fact, not a state: frames of a session
+    // that closed before its peer proved itself are still refused.
+    bool proven = true;
     std::vector<uint8_t> auth_nonce;  // our challenge to the peer
     std::deque<OpCookie *> auth_outbox;
     std::deque<std::vector<uint8_t>> held_frames;
@@ -156,7 +174,6 @@ class Session {
     // once, tcp;ofi_rxm can lose both connections. The context with the lower id speaks first; the
     // other holds its outbox until it hears from the peer.
     bool may_send = false;
-    bool draining = false;  // sg_session_close: no new transfers
     uint16_t peer_minor = 0;     // the peer's wire protocol minor (what it understands)
     bool bye_sent = false;       // we are closing: the peer's Bye (answer or its own) ends the session
     bool bye_received = false;
@@ -179,6 +196,9 @@ class Session {
     uint64_t lost_ns = 0;       // when the session was lost (CLOCK_MONOTONIC), 0 while it lives
     // Unfinished transfers of the session, against max_transfers_per_session.
     size_t unfinished() const;
+
+  private:
+    SessionState state_ = SessionState::Authenticating;
 };
 
 class Transfer : public std::enable_shared_from_this<Transfer> {
@@ -189,7 +209,7 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
     ~Transfer();
     Context *ctx;
     std::shared_ptr<Session> session;
-    const bool post_side;
+    const bool post_side;  // prefill: posted; decode: expected
     const std::string request_id;
     std::shared_ptr<KvPool> pool;
     Vec<uint32_t> table;
@@ -198,37 +218,59 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
     uint64_t id = 0;  // decode side: our id, sent in Expect; prefill side: the peer's, from Expect
     uint64_t deadline_abs_ns = 0;  // CLOCK_MONOTONIC; 0 = none
 
-    sg_status_t status = SG_IN_PROGRESS;
+    // The state (plan/transfer_state.hpp). Changed only through advance(), with the context's
+    // mutex held, which throws SG_ERR_INTERNAL for a transition the machine does not have; read
+    // without the mutex only by the event dispatcher.
+    plan::TransferState state() const { return state_.load(std::memory_order_acquire); }
+    void advance(plan::TransferState to);
+    sg_status_t status = SG_IN_PROGRESS;  // final once Finished
     std::string error;
+    bool finished() const { return state() >= plan::TransferState::Finished; }
+    // No operation of it is in flight and the peer can no longer write into the decode side's
+    // blocks for it: its blocks may be reused.
+    bool is_quiesced() const { return state() >= plan::TransferState::Quiesced; }
+    // What moves a Finished transfer to Quiesced (Context::note_quiesced makes the move).
+    bool quiesce_condition() const;
+    // The host released it (sg_transfer_release): its events are dropped from then on.
+    std::atomic<bool> released{false};
+
     struct Layer {
-        bool written = false;
-        bool posted = false;         // every op of the layer posted (prefill)
-        bool notice_sent = false;    // LayerReady sent (prefill)
-        bool ready = false;
-        uint32_t outstanding = 0;    // ops of this layer not yet completed (prefill)
+        bool ready = false;          // every byte of the layer is in place (decode) or delivered (prefill)
+        uint64_t ready_ns = 0;
         uint32_t staged_chunks = 0;  // prefill: chunk notices sent; decode: chunks unpacked
-        bool candidate = false;      // prefill: small ops, so its path was chosen by measurement
-        bool staged = false;
-        uint64_t start_ns = 0, bytes = 0;  // prefill: first op posted, bytes of the layer
-        bool notice_received = false;  // decode: LayerReady arrived
-        uint32_t chunks_announced = 0; // decode: staged_chunks from LayerReady
-        uint64_t written_ns = 0, ready_ns = 0;
-        // Selective paths.
-        bool essential = false;           // prefill: proactive unit delivered; decode: it and the digests are here
-        std::vector<uint8_t> claimed;     // prefill: block is in some send unit
-        uint32_t claimed_count = 0;
-        uint32_t delivered_count = 0;     // prefill: blocks whose notice went and writes completed
-        uint32_t spec_cursor = 0;         // prefill: next block the speculative path looks at
-        std::vector<uint32_t> selected;   // prefill: essential blocks, chosen when the layer was written
-        std::vector<uint8_t> digests;     // prefill: to send; decode: received (the pool's dtype)
-        std::vector<uint32_t> proactive_blocks;  // decode: blocks the proactive notices named (digested here)
-        std::vector<uint32_t> demand_waiting;  // prefill: fetched before the layer was written
-        uint32_t resident_count = 0;      // decode
-        std::vector<uint8_t> requested;   // decode: fetched and not yet resident
-        bool essential_notice = false;    // decode: the proactive BlocksReady arrived
-        uint32_t digest_chunks_announced = 0, digest_chunks_received = 0;  // decode
-        // decode: BlocksReady notices whose staged chunks (counted per layer) are not all unpacked yet
-        std::vector<wire::BlocksReady> held_notices;
+        bool essential = false;      // prefill: proactive unit delivered; decode: it and the digests are here
+        std::vector<uint8_t> digests;  // prefill: to send; decode: received (the pool's dtype)
+        // Prefill side.
+        struct Out {
+            bool written = false;        // the engine wrote the layer (sg_transfer_layer_written)
+            uint64_t written_ns = 0;
+            bool posted = false;         // every op of the layer posted
+            bool notice_sent = false;    // LayerReady sent
+            uint32_t outstanding = 0;    // ops of this layer not yet completed
+            bool candidate = false;      // small ops, so its path was chosen by measurement
+            bool staged = false;
+            uint64_t start_ns = 0, bytes = 0;  // first op posted, bytes of the layer
+            // Selective paths.
+            std::vector<uint8_t> claimed;     // block is in some send unit
+            uint32_t claimed_count = 0;
+            uint32_t delivered_count = 0;     // blocks whose notice went and writes completed
+            uint32_t spec_cursor = 0;         // next block the speculative path looks at
+            std::vector<uint32_t> selected;   // essential blocks, chosen when the layer was written
+            std::vector<uint32_t> demand_waiting;  // fetched before the layer was written
+        } out;
+        // Decode side.
+        struct In {
+            bool notice_received = false;  // LayerReady arrived
+            uint32_t chunks_announced = 0; // staged_chunks from LayerReady
+            // Selective paths.
+            std::vector<uint32_t> proactive_blocks;  // blocks the proactive notices named (digested here)
+            uint32_t resident_count = 0;
+            std::vector<uint8_t> requested;   // fetched and not yet resident
+            bool essential_notice = false;    // the proactive BlocksReady arrived
+            uint32_t digest_chunks_announced = 0, digest_chunks_received = 0;
+            // BlocksReady notices whose staged chunks (counted per layer) are not all unpacked yet
+            std::vector<wire::BlocksReady> held_notices;
+        } in;
     };
     std::vector<Layer> layers;
     kv::Residency residency;
@@ -238,58 +280,61 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
     // Paths: prefill, from the options; decode, from the peer's Selective message (0 until then).
     uint32_t paths = 0;
     bool selective() const { return paths && paths != SG_PATH_FULL; }
-    // Prefill, proactive path: the profile applied to this request (selection runs on the thread
-    // that marks a layer written, serialized by select_mu).
-    std::unique_ptr<LayerSelector> selector;
-    std::mutex select_mu;
-    std::deque<std::unique_ptr<SendUnit>> demand_queue, proactive_queue, speculative_queue;
-    std::vector<std::unique_ptr<SendUnit>> posted_units;  // posted; notice or completions pending
-    uint32_t layers_written = 0;
-    uint32_t spec_order_pos = 0;     // first entry of `order` the speculative path has not exhausted
-    uint64_t lease_deadline_ns = 0;  // prefill: set when the last layer is written and lease_ns > 0
-    bool peer_released = false;      // prefill: the decode side released a selective transfer
-    struct PendingFetch {
-        uint32_t layer;
-        std::vector<uint32_t> blocks;
-    };
-    std::vector<PendingFetch> fetches;  // decode: BLOCKS_READY goes when all of one are resident
 
-    // Prefill side, once matched.
-    bool matched = false;
-    const RemotePool *dst = nullptr;
-    Vec<uint32_t> dst_table;
-    std::vector<uint32_t> order;
-    size_t order_pos = 0;   // next entry of `order` to compile
-    size_t notice_pos = 0;  // entries of `order` whose notice went and whose writes all completed
-    const Session::LocalReg *src_reg = nullptr;  // the source pool's registration on the session
-    int64_t cur_layer = -1;
-    bool cur_staged = false;
-    Vec<plan::Op> ops;
-    size_t next_op = 0;
-    bool done_sent = false;
-    // The decode side confirmed that every byte is in place (TransferAck, peers of 1.1 and newer):
-    // only then is a prefill transfer complete, so a prefill process that exits after its wait and
-    // a graceful close loses nothing.
-    bool done_acked = false;
-    bool canceled_locally = false;
-    bool stalled = false;  // waiting for the in-flight bounds (counted once per episode)
+    // Prefill side.
+    struct Prefill {
+        const RemotePool *dst = nullptr;  // the decode side's pool, set at the match
+        Vec<uint32_t> dst_table;
+        std::vector<uint32_t> order;  // layers in send order
+        size_t order_pos = 0;   // next entry of `order` to compile
+        size_t notice_pos = 0;  // entries of `order` whose notice went and whose writes all completed
+        const Session::LocalReg *src_reg = nullptr;  // the source pool's registration on the session
+        int64_t cur_layer = -1;  // full path: the layer being posted
+        bool cur_staged = false;
+        Vec<plan::Op> ops;
+        size_t next_op = 0;
+        bool done_sent = false;
+        // The decode side confirmed that every byte is in place (TransferAck, peers of 1.1 and
+        // newer): only then is a prefill transfer complete, so a prefill process that exits after
+        // its wait and a graceful close loses nothing.
+        bool done_acked = false;
+        bool quiesce_sent = false;  // Quiesced sent after a failure or a release
+        bool stalled = false;       // waiting for the in-flight bounds (counted once per episode)
+        bool peer_released = false; // the decode side released a selective transfer
+        uint64_t lease_deadline_ns = 0;  // set when the last layer is written and lease_ns > 0
+    } prefill;
+    bool matched() const { return prefill.dst != nullptr; }
+
+    // Prefill side, selective paths: the profile applied to this request (selection runs on the
+    // thread that marks a layer written, serialized by select_mu) and the send units by path.
+    struct Selective {
+        std::unique_ptr<LayerSelector> selector;
+        std::mutex select_mu;
+        std::deque<std::unique_ptr<SendUnit>> demand_queue, proactive_queue, speculative_queue;
+        std::vector<std::unique_ptr<SendUnit>> posted_units;  // posted; notice or completions pending
+        uint32_t layers_written = 0;
+        uint32_t spec_order_pos = 0;  // first entry of `order` the speculative path has not exhausted
+    } sel;
 
     // Decode side.
-    bool done_received = false;
-    // The peer confirmed that no write for this transfer will come any more (TransferDone or
-    // Quiesced), or it never learned of it.
-    bool quiesced = false;
-    bool quiesce_sent = false;  // prefill: Quiesced sent after a failure
-    bool quiesced_event_sent = false;
+    struct Decode {
+        bool done_received = false;
+        // The peer confirmed that no write for this transfer will come any more (TransferDone or
+        // Quiesced), or it never learned of it.
+        bool peer_quiesced = false;
+        struct PendingFetch {
+            uint32_t layer;
+            std::vector<uint32_t> blocks;
+        };
+        std::vector<PendingFetch> fetches;  // BLOCKS_READY goes when all of one are resident
+    } decode;
+
     // The C handle, for event callbacks: set once the ABI has registered the transfer; events
     // wait until then and are dropped once the host released it.
     std::atomic<void *> api_handle{nullptr};
-    std::atomic<bool> released{false};
 
-    bool finished() const { return status != SG_IN_PROGRESS; }
-    // No operation of it is in flight and the peer can no longer write into the decode side's
-    // blocks for it: its blocks may be reused.
-    bool is_quiesced() const;
+  private:
+    std::atomic<plan::TransferState> state_{plan::TransferState::Unmatched};
 };
 
 struct PendingHandshake;
@@ -459,7 +504,6 @@ class Context : public transport::CompletionSink {
     void apply_blocks_ready(Transfer &t, const wire::BlocksReady &m);
     void selective_notices(Transfer &t);
     void start_selective(Transfer &t);
-    void handle_selective(Session &s, const wire::FrameHeader &h, std::span<const uint8_t> body);
     void decode_block_resident(Transfer &t, uint32_t layer, std::span<const uint32_t> blocks, uint32_t path,
                                uint64_t bytes);
     void maybe_essential(Transfer &t, uint32_t layer);
@@ -470,9 +514,9 @@ class Context : public transport::CompletionSink {
     void end_by_release(Transfer &t);
     void send(Session &s, const std::vector<uint8_t> &frame, Transfer *t = nullptr, bool bulk = false);
     void send_auth(Session &s, const std::vector<uint8_t> &frame);
-    void handle_auth(Session &s, const wire::FrameHeader &h, std::span<const uint8_t> body);
     void flush_outbox(Session &s);
     void fail_transfer(Transfer &t, sg_status_t status, const std::string &message, bool tell_peer);
+    void finish(Transfer &t, sg_status_t status, const std::string &message);
     void maybe_send_quiesced(Transfer &t);
     void emit(Transfer &t, sg_transfer_event_t type, uint32_t layer, sg_status_t status);
     void note_quiesced(Transfer &t);
@@ -486,7 +530,45 @@ class Context : public transport::CompletionSink {
     void lose_session(Session &s, sg_status_t status, const std::string &why, bool peer_closed = false);
     void record_layer_rate(Transfer &t, Transfer::Layer &L);
     void match(Session &s, const std::shared_ptr<Transfer> &t, const wire::Expect &e);
-    void handle(Session &s, const wire::FrameHeader &h, std::span<const uint8_t> body);
+    // The protocol (protocol.cpp): message type -> handler, each handler given a decoded message.
+    struct Route {
+        const char *name = nullptr;
+        bool auth = false;  // taken before the peer proved its key
+        void (Context::*run)(Session &, std::span<const uint8_t>, const char *) = nullptr;
+    };
+    static const Route &route(wire::MsgType type);
+    template <class M, void (Context::*Handler)(Session &, M &)>
+    static constexpr Route route_to(const char *name, bool auth = false);
+    template <class M, void (Context::*Handler)(Session &, M &)>
+    void decode_then(Session &s, std::span<const uint8_t> body, const char *name);
+    void heard_from(Session &s);
+    void on_auth_challenge(Session &s, wire::AuthChallenge &m);
+    void on_auth_proof(Session &s, wire::AuthProof &m);
+    void on_auth_result(Session &s, wire::AuthResult &m);
+    void on_handle_export(Session &s, wire::HandleExport &m);
+    void on_bye(Session &s, wire::Bye &m);
+    void on_ping(Session &s, wire::Ping &m);
+    void on_notify(Session &s, wire::Notify &m);
+    void on_expect(Session &s, wire::Expect &m);
+    void on_layer_ready(Session &s, wire::LayerReady &m);
+    void on_transfer_done(Session &s, wire::TransferDone &m);
+    void on_transfer_ack(Session &s, wire::TransferAck &m);
+    void on_quiesced(Session &s, wire::Quiesced &m);
+    void on_cancel(Session &s, wire::TransferError &m);
+    void on_error(Session &s, wire::TransferError &m);
+    void on_transfer_error(Session &s, wire::TransferError &m, wire::MsgType type);
+    void on_cancel_ack(Session &s, wire::CancelAck &m);
+    void on_release(Session &s, wire::Release &m);
+    void on_reposted(Session &s, wire::Reposted &m);
+    void on_staged_chunk(Session &s, wire::StagedChunk &m);
+    void on_staging_credit(Session &s, wire::StagingCredit &m);
+    void on_selective(Session &s, wire::Selective &m);
+    void on_digests(Session &s, wire::Digests &m);
+    void on_blocks_ready(Session &s, wire::BlocksReady &m);
+    void on_fetch(Session &s, wire::Fetch &m);
+    // Decode side: the session's unfinished transfer with this id (moved to Running: the prefill
+    // side speaks of it), or NULL.
+    Transfer *running_expect(Session &s, uint64_t decode_xfer_id);
     void deliver_orphans(Session &s);
     OpCookie *take_cookie();
     void give_cookie(OpCookie *c);

@@ -15,7 +15,7 @@ using namespace paths;
 
 void Context::maybe_essential(Transfer &t, uint32_t layer) {
     Transfer::Layer &L = t.layers[layer];
-    if (L.essential || !L.essential_notice || L.digest_chunks_received < L.digest_chunks_announced) return;
+    if (L.essential || !L.in.essential_notice || L.in.digest_chunks_received < L.in.digest_chunks_announced) return;
     digest_proactive_blocks(t, layer);
     L.essential = true;
     emit(t, SG_EVENT_ESSENTIAL_READY, layer, SG_OK);
@@ -36,18 +36,18 @@ void Context::digest_proactive_blocks(Transfer &t, uint32_t layer) {
     if (L.digests.size() != size_t(nb) * per_block) return;  // the peer's element size: refused on arrival
     std::vector<float> one(floats_per_block);
     const uint8_t *k_region = t.pool->region(layer, 0);
-    for (uint32_t b : L.proactive_blocks) {
+    for (uint32_t b : L.in.proactive_blocks) {
         if (b >= nb) continue;
         const uint64_t tokens = std::min<uint64_t>(KL.tokens_per_block, t.num_tokens - uint64_t(b) * KL.tokens_per_block);
         layer_digest(KL, k_region, std::span<const uint32_t>(&t.table[b], 1), tokens, one.data());
         encode_digests(KL, one.data(), one.size(), L.digests.data() + size_t(b) * per_block);
     }
-    std::vector<uint32_t>().swap(L.proactive_blocks);
+    std::vector<uint32_t>().swap(L.in.proactive_blocks);
 }
 
 void Context::check_fetches(Transfer &t, uint32_t layer) {
-    for (size_t i = 0; i < t.fetches.size();) {
-        auto &f = t.fetches[i];
+    for (size_t i = 0; i < t.decode.fetches.size();) {
+        auto &f = t.decode.fetches[i];
         bool all = f.layer == layer;
         for (size_t k = 0; all && k < f.blocks.size(); ++k) all = t.residency.test(layer, f.blocks[k]);
         if (!all) {
@@ -55,7 +55,7 @@ void Context::check_fetches(Transfer &t, uint32_t layer) {
             continue;
         }
         emit(t, SG_EVENT_BLOCKS_READY, layer, SG_OK);
-        t.fetches.erase(t.fetches.begin() + ptrdiff_t(i));
+        t.decode.fetches.erase(t.decode.fetches.begin() + ptrdiff_t(i));
     }
 }
 
@@ -65,14 +65,14 @@ void Context::decode_block_resident(Transfer &t, uint32_t layer, std::span<const
     for (uint32_t b : blocks) {
         if (t.residency.test(layer, b)) continue;
         t.residency.set(layer, b);
-        L.resident_count++;
-        if (b < L.requested.size()) L.requested[b] = 0;
+        L.in.resident_count++;
+        if (b < L.in.requested.size()) L.in.requested[b] = 0;
     }
     t.stats.bytes += bytes;
     if (path == SG_PATH_PROACTIVE) t.stats.bytes_proactive += bytes;
     else if (path == SG_PATH_ON_DEMAND) t.stats.bytes_on_demand += bytes;
     else t.stats.bytes_speculative += bytes;
-    if (L.resident_count == request_blocks(t) && !L.ready) mark_ready(t, layer);
+    if (L.in.resident_count == request_blocks(t) && !L.ready) mark_ready(t, layer);
     check_fetches(t, layer);
     complete_if_done(t);
     signal_event();
@@ -81,20 +81,20 @@ void Context::decode_block_resident(Transfer &t, uint32_t layer, std::span<const
 
 void Context::apply_blocks_ready(Transfer &t, const wire::BlocksReady &m) {
     if (m.path == SG_PATH_PROACTIVE) {
-        auto &mine = t.layers[m.layer].proactive_blocks;
+        auto &mine = t.layers[m.layer].in.proactive_blocks;
         mine.insert(mine.end(), m.blocks.begin(), m.blocks.end());
     }
     if (m.essential) {
         Transfer::Layer &L = t.layers[m.layer];
-        L.essential_notice = true;
-        L.digest_chunks_announced = m.digest_chunks;
+        L.in.essential_notice = true;
+        L.in.digest_chunks_announced = m.digest_chunks;
     }
     decode_block_resident(t, m.layer, m.blocks, m.path, m.bytes);
     if (m.essential) maybe_essential(t, m.layer);
 }
 
 void Context::apply_held_notices(Transfer &t, uint32_t layer) {
-    auto &held = t.layers[layer].held_notices;
+    auto &held = t.layers[layer].in.held_notices;
     for (size_t i = 0; i < held.size();) {
         if (held[i].staged_chunks > t.layers[layer].staged_chunks) {
             ++i;
@@ -107,108 +107,60 @@ void Context::apply_held_notices(Transfer &t, uint32_t layer) {
     }
 }
 
-void Context::handle_selective(Session &s, const wire::FrameHeader &h, std::span<const uint8_t> body) {
-    auto check = [](wire::DecodeError e, const char *what) {
-        if (e != wire::DecodeError::None) fail(SG_ERR_PROTOCOL, std::string(what) + ": " + wire::decode_error_str(e));
-    };
-    auto expect_of = [&](uint64_t xfer_id) -> Transfer * {
-        auto it = s.expects.find(xfer_id);
-        return it == s.expects.end() || it->second->finished() ? nullptr : it->second.get();
-    };
-    switch (h.type) {
-        case wire::MsgType::Selective: {
-            wire::Selective m;
-            check(wire::decode(body, m), "Selective");
-            auto it = s.expects.find(m.decode_xfer_id);
-            if (it == s.expects.end()) return;
-            Transfer &t = *it->second;
-            t.paths = m.paths;
-            if (t.selective())
-                for (auto &L : t.layers) L.requested.assign(request_blocks(t), 0);
-            cv.notify_all();
-            return;
-        }
-        case wire::MsgType::Digests: {
-            wire::Digests m;
-            check(wire::decode(body, m), "Digests");
-            Transfer *t = expect_of(m.decode_xfer_id);
-            if (!t) return;
-            const kv::Layout &L = t->pool->layout;
-            if (m.elem_bytes != L.elem_bytes) fail(SG_ERR_PROTOCOL, "Digests in another element size than the pool's");
-            const uint64_t per_block = kernels::digest_floats(1, L.num_kv_heads, L.head_dim) * m.elem_bytes;
-            const uint32_t nb = request_blocks(*t);
-            if (m.layer >= t->layers.size() || m.first_block > nb || m.count > nb - m.first_block ||
-                m.data.size() != m.count * per_block)
-                fail(SG_ERR_PROTOCOL, "Digests outside the request or of the wrong size");
-            Transfer::Layer &TL = t->layers[m.layer];
-            if (TL.digests.empty()) TL.digests.resize(nb * per_block);
-            if (TL.digests.size() != nb * per_block) fail(SG_ERR_PROTOCOL, "Digests change their element size");
-            if (!m.data.empty()) std::memcpy(TL.digests.data() + m.first_block * per_block, m.data.data(), m.data.size());
-            t->stats.digest_bytes += m.data.size();
-            t->stats.bytes += m.data.size();
-            TL.digest_chunks_received++;
-            maybe_essential(*t, m.layer);
-            return;
-        }
-        case wire::MsgType::BlocksReady: {
-            wire::BlocksReady m;
-            check(wire::decode(body, m), "BlocksReady");
-            Transfer *t = expect_of(m.decode_xfer_id);
-            if (!t) return;
-            const uint32_t nb = request_blocks(*t);
-            if (m.layer >= t->layers.size()) fail(SG_ERR_PROTOCOL, "BlocksReady names a layer that does not exist");
-            for (uint32_t b : m.blocks)
-                if (b >= nb) fail(SG_ERR_PROTOCOL, "BlocksReady names a block beyond the request");
-            Transfer::Layer &L = t->layers[m.layer];
-            if (L.staged_chunks < m.staged_chunks) {
-                // Staged chunks it counts are still on their way (the provider may complete a
-                // later small message before an earlier large one).
-                L.held_notices.push_back(std::move(m));
-                return;
-            }
-            apply_blocks_ready(*t, m);
-            return;
-        }
-        case wire::MsgType::Fetch: {
-            wire::Fetch m;
-            check(wire::decode(body, m), "Fetch");
-            auto p = s.posts.find(m.request_id);
-            if (p == s.posts.end() || p->second->id != m.decode_xfer_id) return;  // released meanwhile
-            Transfer &t = *p->second;
-            if (t.finished()) return;  // the decode side learns the status from the transfer
-            if (!(t.paths & SG_PATH_ON_DEMAND)) {
-                fail_transfer(t, SG_ERR_PROTOCOL, "the decode side fetched blocks without SG_PATH_ON_DEMAND", true);
-                return;
-            }
-            const uint32_t nb = request_blocks(t);
-            if (m.layer >= t.layers.size()) {
-                fail_transfer(t, SG_ERR_PROTOCOL, "fetch names a layer that does not exist", true);
-                return;
-            }
-            for (uint32_t b : m.blocks)
-                if (b >= nb) {
-                    fail_transfer(t, SG_ERR_PROTOCOL, "fetch names a block beyond the request's block table", true);
-                    return;
-                }
-            t.stats.fetch_requests++;
-            s.last_fetch_ns = now_ns();
-            Transfer::Layer &L = t.layers[m.layer];
-            if (!L.written) {
-                // Served as soon as the engine has written the layer.
-                L.demand_waiting.insert(L.demand_waiting.end(), m.blocks.begin(), m.blocks.end());
-                return;
-            }
-            release_unposted_speculative(t, m.layer, m.blocks);
-            auto u = claim(t, m.layer, SG_PATH_ON_DEMAND, m.blocks);
-            t.stats.fetch_blocks += u->blocks.size();
-            if (u->blocks.empty()) return;  // all on their way already
-            t.demand_queue.push_back(std::move(u));
-            pump_selective(t, 0, max_ops_);
-            wake();
-            return;
-        }
-        default: return;
+Transfer *Context::running_expect(Session &s, uint64_t decode_xfer_id) {
+    auto it = s.expects.find(decode_xfer_id);
+    if (it == s.expects.end() || it->second->finished()) return nullptr;
+    Transfer &t = *it->second;
+    // The first word from the prefill side about it: it matched our Expect.
+    if (t.state() == plan::TransferState::Unmatched) t.advance(plan::TransferState::Running);
+    return &t;
+}
+
+void Context::on_selective(Session &s, wire::Selective &m) {
+    Transfer *running = running_expect(s, m.decode_xfer_id);
+    if (!running) return;
+    Transfer &t = *running;
+    t.paths = m.paths;
+    if (t.selective())
+        for (auto &L : t.layers) L.in.requested.assign(request_blocks(t), 0);
+    cv.notify_all();
+}
+
+void Context::on_digests(Session &s, wire::Digests &m) {
+    Transfer *t = running_expect(s, m.decode_xfer_id);
+    if (!t) return;
+    const kv::Layout &L = t->pool->layout;
+    if (m.elem_bytes != L.elem_bytes) fail(SG_ERR_PROTOCOL, "Digests in another element size than the pool's");
+    const uint64_t per_block = kernels::digest_floats(1, L.num_kv_heads, L.head_dim) * m.elem_bytes;
+    const uint32_t nb = request_blocks(*t);
+    if (m.layer >= t->layers.size() || m.first_block > nb || m.count > nb - m.first_block ||
+        m.data.size() != m.count * per_block)
+        fail(SG_ERR_PROTOCOL, "Digests outside the request or of the wrong size");
+    Transfer::Layer &TL = t->layers[m.layer];
+    if (TL.digests.empty()) TL.digests.resize(nb * per_block);
+    if (TL.digests.size() != nb * per_block) fail(SG_ERR_PROTOCOL, "Digests change their element size");
+    if (!m.data.empty()) std::memcpy(TL.digests.data() + m.first_block * per_block, m.data.data(), m.data.size());
+    t->stats.digest_bytes += m.data.size();
+    t->stats.bytes += m.data.size();
+    TL.in.digest_chunks_received++;
+    maybe_essential(*t, m.layer);
+}
+
+void Context::on_blocks_ready(Session &s, wire::BlocksReady &m) {
+    Transfer *t = running_expect(s, m.decode_xfer_id);
+    if (!t) return;
+    const uint32_t nb = request_blocks(*t);
+    if (m.layer >= t->layers.size()) fail(SG_ERR_PROTOCOL, "BlocksReady names a layer that does not exist");
+    for (uint32_t b : m.blocks)
+        if (b >= nb) fail(SG_ERR_PROTOCOL, "BlocksReady names a block beyond the request");
+    Transfer::Layer &L = t->layers[m.layer];
+    if (L.staged_chunks < m.staged_chunks) {
+        // Staged chunks it counts are still on their way (the provider may complete a
+        // later small message before an earlier large one).
+        L.in.held_notices.push_back(std::move(m));
+        return;
     }
+    apply_blocks_ready(*t, m);
 }
 
 // ---- API -----------------------------------------------------------------------------------------
@@ -236,8 +188,8 @@ void Context::fetch(Transfer &t, uint32_t layer, std::span<const uint32_t> block
     for (uint32_t b : blocks) {
         if (t.residency.test(layer, b)) continue;
         missing.push_back(b);
-        if (!L.requested[b]) {
-            L.requested[b] = 1;
+        if (!L.in.requested[b]) {
+            L.in.requested[b] = 1;
             fresh.push_back(b);
         }
     }
@@ -247,7 +199,7 @@ void Context::fetch(Transfer &t, uint32_t layer, std::span<const uint32_t> block
         emit(t, SG_EVENT_BLOCKS_READY, layer, SG_OK);
         return;
     }
-    t.fetches.push_back({layer, std::move(missing)});
+    t.decode.fetches.push_back({layer, std::move(missing)});
     for (size_t first = 0; first < fresh.size(); first += kMaxBlocksPerMessage) {
         wire::Fetch m;
         m.request_id = t.request_id;
@@ -297,21 +249,21 @@ sg_status_t Context::wait_for(Transfer &t, uint64_t timeout_ns, const std::funct
 // need never moves). Not a failure on either side; the prefill side stops and confirms with
 // Quiesced, which release waits for.
 void Context::end_by_release(Transfer &t) {
-    t.status = SG_OK;
-    t.stats.end_ns = now_ns();
-    counters.transfers_completed++;
-    emit(t, SG_EVENT_FINISHED, 0, SG_OK);
-    wire::TransferError m;
-    m.request_id = t.request_id;
-    m.decode_xfer_id = t.id;
-    m.status = 0;
-    m.message = "released by the decode side";
-    m.from_post_side = 0;
+    finish(t, SG_OK, {});
     std::vector<uint8_t> out;
-    wire::encode(out, id, m, wire::MsgType::Cancel);
+    if (t.session->peer_minor >= 2) {
+        wire::encode(out, id, wire::Release{t.request_id, t.id});
+    } else {
+        // Peers before 1.2 know a release as a Cancel with status 0 from the decode side.
+        wire::TransferError m;
+        m.request_id = t.request_id;
+        m.decode_xfer_id = t.id;
+        m.status = 0;
+        m.message = "released by the decode side";
+        m.from_post_side = 0;
+        wire::encode(out, id, m, wire::MsgType::Cancel);
+    }
     send(*t.session, out);
-    signal_event();
-    cv.notify_all();
 }
 
 }  // namespace sg::core

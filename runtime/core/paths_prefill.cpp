@@ -57,7 +57,7 @@ Context::PreparedLayer Context::prepare_layer(Transfer &t, uint32_t layer, const
     layer_digest(L, k_region, t.table, t.num_tokens, digest.data());
     select::LayerSelection sel;
     {
-        std::lock_guard lock(t.select_mu);
+        std::lock_guard lock(t.sel.select_mu);
         ScoreInput in;
         in.queries = queries;
         in.num_queries = num_queries;
@@ -66,7 +66,7 @@ Context::PreparedLayer Context::prepare_layer(Transfer &t, uint32_t layer, const
         in.keys_layout = &L;
         in.k_region = k_region;
         in.table = t.table;
-        t.selector->select(layer, in, sel);
+        t.sel.selector->select(layer, in, sel);
     }
     prep.selected.assign(sel.blocks.begin(), sel.blocks.end());
     prep.digests.resize(digest.size() * L.elem_bytes);
@@ -78,8 +78,8 @@ Context::PreparedLayer Context::prepare_layer(Transfer &t, uint32_t layer, const
 // transfer later on the worker.
 void Context::check_selection_inputs(Transfer &t, uint32_t layer, const float *queries, uint32_t num_queries,
                                      uint32_t num_q_heads) {
-    if (!t.selector) return;
-    const select::Selector &sel = t.selector->selector();
+    if (!t.sel.selector) return;
+    const select::Selector &sel = t.sel.selector->selector();
     if (!sel.needs_scores(layer)) return;
     const kv::Layout &L = t.pool->layout;
     for (uint32_t h = 0; h < L.num_kv_heads; ++h) {
@@ -121,7 +121,7 @@ void Context::select_loop() {
                                                job.num_queries, job.num_q_heads);
             std::lock_guard lock(mu);
             commit_layer(t, job.layer, std::move(prep));
-            if (t.matched && !t.finished()) pump_selective(t, 1, 16);
+            if (t.matched() && !t.finished()) pump_selective(t, 1, 16);
         } catch (const Error &e) {
             fail_job(e.status(), e.message());
         } catch (const std::bad_alloc &) {
@@ -141,7 +141,7 @@ void Context::select_loop() {
 // the in-flight bound, or for the pause the fetch itself causes): such units give their blocks
 // back, so the fetch takes them and the speculative path comes back for the rest later.
 void Context::release_unposted_speculative(Transfer &t, uint32_t layer, std::span<const uint32_t> wanted) {
-    auto &q = t.speculative_queue;
+    auto &q = t.sel.speculative_queue;
     for (auto it = q.begin(); it != q.end();) {
         SendUnit &u = **it;
         if (u.next_op != 0) {
@@ -154,14 +154,14 @@ void Context::release_unposted_speculative(Transfer &t, uint32_t layer, std::spa
         }
         Transfer::Layer &L = t.layers[u.layer];
         for (uint32_t b : u.blocks) {
-            L.claimed[b] = 0;
-            L.claimed_count--;
+            L.out.claimed[b] = 0;
+            L.out.claimed_count--;
         }
-        if (!u.blocks.empty()) L.spec_cursor = std::min(L.spec_cursor, u.blocks.front());
+        if (!u.blocks.empty()) L.out.spec_cursor = std::min(L.out.spec_cursor, u.blocks.front());
         // Send order: the speculative path resumes at the earliest layer that has blocks again.
-        for (uint32_t i = 0; i < t.spec_order_pos; ++i)
-            if (t.order[i] == u.layer) {
-                t.spec_order_pos = i;
+        for (uint32_t i = 0; i < t.sel.spec_order_pos; ++i)
+            if (t.prefill.order[i] == u.layer) {
+                t.sel.spec_order_pos = i;
                 break;
             }
         it = q.erase(it);
@@ -174,9 +174,9 @@ std::unique_ptr<SendUnit> Context::claim(Transfer &t, uint32_t layer, uint32_t p
     u->path = path;
     Transfer::Layer &L = t.layers[layer];
     for (uint32_t b : want) {
-        if (b >= L.claimed.size() || L.claimed[b]) continue;
-        L.claimed[b] = 1;
-        L.claimed_count++;
+        if (b >= L.out.claimed.size() || L.out.claimed[b]) continue;
+        L.out.claimed[b] = 1;
+        L.out.claimed_count++;
         u->blocks.push_back(b);
     }
     std::sort(u->blocks.begin(), u->blocks.end());
@@ -185,24 +185,24 @@ std::unique_ptr<SendUnit> Context::claim(Transfer &t, uint32_t layer, uint32_t p
 
 void Context::commit_layer(Transfer &t, uint32_t layer, PreparedLayer &&prep) {
     Transfer::Layer &L = t.layers[layer];
-    if (L.written) return;
-    L.written = true;
-    L.written_ns = now_ns();
-    t.layers_written++;
+    if (L.out.written) return;
+    L.out.written = true;
+    L.out.written_ns = now_ns();
+    t.sel.layers_written++;
     if (t.paths & SG_PATH_PROACTIVE) {
-        L.selected = std::move(prep.selected);
+        L.out.selected = std::move(prep.selected);
         L.digests = std::move(prep.digests);
         // The proactive unit goes even when empty: its notice is what makes the layer essential.
-        t.proactive_queue.push_back(claim(t, layer, SG_PATH_PROACTIVE, L.selected));
+        t.sel.proactive_queue.push_back(claim(t, layer, SG_PATH_PROACTIVE, L.out.selected));
     }
-    if (!L.demand_waiting.empty()) {
-        auto u = claim(t, layer, SG_PATH_ON_DEMAND, L.demand_waiting);
+    if (!L.out.demand_waiting.empty()) {
+        auto u = claim(t, layer, SG_PATH_ON_DEMAND, L.out.demand_waiting);
         t.stats.fetch_blocks += u->blocks.size();
-        if (!u->blocks.empty()) t.demand_queue.push_back(std::move(u));
-        L.demand_waiting.clear();
+        if (!u->blocks.empty()) t.sel.demand_queue.push_back(std::move(u));
+        L.out.demand_waiting.clear();
     }
-    if (t.layers_written == t.layers.size() && t.options.lease_ns)
-        t.lease_deadline_ns = saturating_add(now_ns(), t.options.lease_ns);
+    if (t.sel.layers_written == t.layers.size() && t.options.lease_ns)
+        t.prefill.lease_deadline_ns = saturating_add(now_ns(), t.options.lease_ns);
 }
 
 // ---- prefill: posting units ----------------------------------------------------------------------
@@ -210,10 +210,10 @@ void Context::commit_layer(Transfer &t, uint32_t layer, PreparedLayer &&prep) {
 // Sends the Selective message that tells the decode side which paths this transfer runs; sent for
 // every matched transfer so that the decode side can answer calls about paths the transfer lacks.
 void Context::start_selective(Transfer &t) {
-    if (t.selective() && t.pool->layout.tokens_per_block != t.dst->layout.tokens_per_block)
+    if (t.selective() && t.pool->layout.tokens_per_block != t.prefill.dst->layout.tokens_per_block)
         fail(SG_ERR_LAYOUT_MISMATCH, "the selective paths need the same tokens_per_block on both sides (prefill " +
                                          std::to_string(t.pool->layout.tokens_per_block) + ", decode " +
-                                         std::to_string(t.dst->layout.tokens_per_block) + ")");
+                                         std::to_string(t.prefill.dst->layout.tokens_per_block) + ")");
     wire::Selective m;
     m.decode_xfer_id = t.id;
     m.paths = t.paths;
@@ -223,35 +223,35 @@ void Context::start_selective(Transfer &t) {
 }
 
 SendUnit *Context::next_unit(Transfer &t, int pass) {
-    if (pass == 0) return t.demand_queue.empty() ? nullptr : t.demand_queue.front().get();
-    if (pass == 1) return t.proactive_queue.empty() ? nullptr : t.proactive_queue.front().get();
+    if (pass == 0) return t.sel.demand_queue.empty() ? nullptr : t.sel.demand_queue.front().get();
+    if (pass == 1) return t.sel.proactive_queue.empty() ? nullptr : t.sel.proactive_queue.front().get();
     if (!(t.paths & SG_PATH_SPECULATIVE)) return nullptr;
     if (t.session->last_fetch_ns && now_ns() - t.session->last_fetch_ns < kSpeculativeYieldNs) {
         // Paused, except for a unit already under way that holds blocks a fetch asked for.
-        const bool urgent = !t.speculative_queue.empty() && t.speculative_queue.front()->urgent;
-        return urgent ? t.speculative_queue.front().get() : nullptr;
+        const bool urgent = !t.sel.speculative_queue.empty() && t.sel.speculative_queue.front()->urgent;
+        return urgent ? t.sel.speculative_queue.front().get() : nullptr;
     }
-    if (!t.speculative_queue.empty()) return t.speculative_queue.front().get();
+    if (!t.sel.speculative_queue.empty()) return t.sel.speculative_queue.front().get();
     // Speculative units wait until every written layer's essential blocks are on their way.
-    if (!t.proactive_queue.empty()) return nullptr;
+    if (!t.sel.proactive_queue.empty()) return nullptr;
     const uint64_t per_block = block_bytes(t.pool->layout);
     const size_t max_blocks =
         std::min<size_t>(kMaxBlocksPerMessage, std::max<uint64_t>(1, kSpeculativeUnitBytes / per_block));
     std::vector<uint32_t> want;
-    while (t.spec_order_pos < t.order.size()) {
-        const uint32_t layer = t.order[t.spec_order_pos];
+    while (t.sel.spec_order_pos < t.prefill.order.size()) {
+        const uint32_t layer = t.prefill.order[t.sel.spec_order_pos];
         Transfer::Layer &L = t.layers[layer];
-        if (!L.written) return nullptr;  // layers go in send order
-        const uint32_t nb = uint32_t(L.claimed.size());
-        while (L.spec_cursor < nb && want.size() < max_blocks) {
-            if (!L.claimed[L.spec_cursor]) want.push_back(L.spec_cursor);
-            L.spec_cursor++;
+        if (!L.out.written) return nullptr;  // layers go in send order
+        const uint32_t nb = uint32_t(L.out.claimed.size());
+        while (L.out.spec_cursor < nb && want.size() < max_blocks) {
+            if (!L.out.claimed[L.out.spec_cursor]) want.push_back(L.out.spec_cursor);
+            L.out.spec_cursor++;
         }
         if (!want.empty()) {
-            t.speculative_queue.push_back(claim(t, layer, SG_PATH_SPECULATIVE, want));
-            return t.speculative_queue.front().get();
+            t.sel.speculative_queue.push_back(claim(t, layer, SG_PATH_SPECULATIVE, want));
+            return t.sel.speculative_queue.front().get();
         }
-        t.spec_order_pos++;
+        t.sel.spec_order_pos++;
     }
     return nullptr;
 }
@@ -302,7 +302,7 @@ void Context::compile_unit(Transfer &t, SendUnit &u) {
     std::vector<uint32_t> src_ids(u.blocks.size()), dst_ids(u.blocks.size());
     for (size_t i = 0; i < u.blocks.size(); ++i) {
         src_ids[i] = t.table[u.blocks[i]];
-        dst_ids[i] = t.dst_table[u.blocks[i]];
+        dst_ids[i] = t.prefill.dst_table[u.blocks[i]];
     }
     const uint64_t last_first_token = uint64_t(u.blocks.back()) * L.tokens_per_block;
     const uint64_t tokens = uint64_t(u.blocks.size() - 1) * L.tokens_per_block +
@@ -310,7 +310,7 @@ void Context::compile_unit(Transfer &t, SendUnit &u) {
     const uint32_t rpl = L.regions_per_layer();
     const uint8_t *bases[2] = {t.pool->region(u.layer, 0), t.pool->region(u.layer, rpl - 1)};
     plan::Side src{&L, src_ids};
-    plan::Side dst{&t.dst->layout, dst_ids};
+    plan::Side dst{&t.prefill.dst->layout, dst_ids};
     plan::Limits limits;
     const uint64_t max_op = std::min(max_op_bytes_, t.session->tp->caps().max_msg_size);
     limits.max_op_bytes = u.path == SG_PATH_SPECULATIVE ? std::min(max_op, kSpeculativeOpBytes) : max_op;
@@ -340,11 +340,11 @@ void Context::count_unit_bytes(Transfer &t, const SendUnit &u, uint64_t len) {
 // Posts up to `quota` writes of the transfer's units of one pass (0 on-demand, 1 proactive,
 // 2 speculative); returns whether it posted any.
 bool Context::pump_selective(Transfer &t, int pass, uint32_t quota) {
-    if (!t.matched || t.finished()) return false;
+    if (!t.matched() || t.finished()) return false;
     flush_outbox(*t.session);
     Session &s = *t.session;
     uint32_t posted = 0;
-    auto &queue = pass == 0 ? t.demand_queue : pass == 1 ? t.proactive_queue : t.speculative_queue;
+    auto &queue = pass == 0 ? t.sel.demand_queue : pass == 1 ? t.sel.proactive_queue : t.sel.speculative_queue;
     while (posted < quota) {
         SendUnit *u = next_unit(t, pass);
         if (!u) break;
@@ -361,7 +361,7 @@ bool Context::pump_selective(Transfer &t, int pass, uint32_t quota) {
             posted++;
         }
         if (!u->fully_posted()) break;
-        t.posted_units.push_back(std::move(queue.front()));
+        t.sel.posted_units.push_back(std::move(queue.front()));
         queue.pop_front();
     }
     selective_notices(t);
@@ -371,10 +371,10 @@ bool Context::pump_selective(Transfer &t, int pass, uint32_t quota) {
 // Sends the notice of every posted unit whose writes are delivered (or ordered before the notice),
 // records delivered units, and ends the transfer once every block of every layer is delivered.
 void Context::selective_notices(Transfer &t) {
-    if (t.finished() || !t.matched) return;
+    if (t.finished() || !t.matched()) return;
     const bool saw = t.session->tp->caps().send_after_write;
-    for (size_t i = 0; i < t.posted_units.size();) {
-        SendUnit &u = *t.posted_units[i];
+    for (size_t i = 0; i < t.sel.posted_units.size();) {
+        SendUnit &u = *t.sel.posted_units[i];
         if (!u.notice_sent && (saw || u.outstanding == 0)) {
             for (size_t first = 0; first < std::max<size_t>(1, u.blocks.size()); first += kMaxBlocksPerMessage) {
                 wire::BlocksReady m;
@@ -402,16 +402,52 @@ void Context::selective_notices(Transfer &t) {
         }
         Transfer::Layer &L = t.layers[u.layer];
         for (uint32_t b : u.blocks) t.residency.set(u.layer, b);
-        L.delivered_count += uint32_t(u.blocks.size());
+        L.out.delivered_count += uint32_t(u.blocks.size());
         if (u.path == SG_PATH_PROACTIVE) {
             L.essential = true;
             emit(t, SG_EVENT_ESSENTIAL_READY, u.layer, SG_OK);
         }
-        if (L.delivered_count == L.claimed.size() && !L.ready) mark_ready(t, u.layer);
-        t.posted_units.erase(t.posted_units.begin() + ptrdiff_t(i));
+        if (L.out.delivered_count == L.out.claimed.size() && !L.ready) mark_ready(t, u.layer);
+        t.sel.posted_units.erase(t.sel.posted_units.begin() + ptrdiff_t(i));
         cv.notify_all();
     }
     if (t.stats.layers_ready == t.layers.size()) send_done(t);
+}
+
+void Context::on_fetch(Session &s, wire::Fetch &m) {
+    auto p = s.posts.find(m.request_id);
+    if (p == s.posts.end() || p->second->id != m.decode_xfer_id) return;  // released meanwhile
+    Transfer &t = *p->second;
+    if (t.finished()) return;  // the decode side learns the status from the transfer
+    if (!(t.paths & SG_PATH_ON_DEMAND)) {
+        fail_transfer(t, SG_ERR_PROTOCOL, "the decode side fetched blocks without SG_PATH_ON_DEMAND", true);
+        return;
+    }
+    const uint32_t nb = request_blocks(t);
+    if (m.layer >= t.layers.size()) {
+        fail_transfer(t, SG_ERR_PROTOCOL, "fetch names a layer that does not exist", true);
+        return;
+    }
+    for (uint32_t b : m.blocks)
+        if (b >= nb) {
+            fail_transfer(t, SG_ERR_PROTOCOL, "fetch names a block beyond the request's block table", true);
+            return;
+        }
+    t.stats.fetch_requests++;
+    s.last_fetch_ns = now_ns();
+    Transfer::Layer &L = t.layers[m.layer];
+    if (!L.out.written) {
+        // Served as soon as the engine has written the layer.
+        L.out.demand_waiting.insert(L.out.demand_waiting.end(), m.blocks.begin(), m.blocks.end());
+        return;
+    }
+    release_unposted_speculative(t, m.layer, m.blocks);
+    auto u = claim(t, m.layer, SG_PATH_ON_DEMAND, m.blocks);
+    t.stats.fetch_blocks += u->blocks.size();
+    if (u->blocks.empty()) return;  // all on their way already
+    t.sel.demand_queue.push_back(std::move(u));
+    pump_selective(t, 0, max_ops_);
+    wake();
 }
 
 }  // namespace sg::core

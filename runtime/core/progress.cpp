@@ -25,7 +25,7 @@ void Context::fail_all_sessions(sg_status_t status, const std::string &why) noex
     try {
         std::lock_guard lock(mu);
         for (auto &[peer_id, weak] : sessions_)
-            if (auto s = weak.lock(); s && !s->closed) lose_session(*s, status, why);
+            if (auto s = weak.lock(); s && !s->closed()) lose_session(*s, status, why);
         cv.notify_all();
     } catch (...) {
         log.log(SG_LOG_ERROR, "failing the sessions after an internal error failed too: " + why);
@@ -133,9 +133,11 @@ void Context::emit(Transfer &t, sg_transfer_event_t type, uint32_t layer, sg_sta
     wake();
 }
 
+// Finished -> Quiesced, once what it waits for has happened; called wherever that can change (a
+// completion, the peer's TransferDone or Quiesced, the session closing) and by the waits.
 void Context::note_quiesced(Transfer &t) {
-    if (t.quiesced_event_sent || !t.is_quiesced()) return;
-    t.quiesced_event_sent = true;
+    if (t.state() != plan::TransferState::Finished || !t.quiesce_condition()) return;
+    t.advance(plan::TransferState::Quiesced);
     emit(t, SG_EVENT_QUIESCED, 0, t.status);
 }
 
@@ -244,8 +246,8 @@ sg_status_t Context::wait_ready(Session &s, uint64_t timeout_ns) {
     const uint64_t deadline = now_ns() + std::min<uint64_t>(timeout_ns, uint64_t(1) << 62);
     std::unique_lock lock(mu);
     for (;;) {
-        if (s.closed) fail(s.error ? s.error : SG_ERR_PEER_LOST, "session failed: " + s.error_message);
-        if (s.authenticated) return SG_OK;
+        if (s.closed()) fail(s.error ? s.error : SG_ERR_PEER_LOST, "session failed: " + s.error_message);
+        if (s.proven) return SG_OK;
         const uint64_t now = now_ns();
         if (now >= deadline) fail(SG_ERR_TIMEOUT, "the session is not authenticated yet");
         wait_step(lock, deadline);
@@ -255,7 +257,7 @@ sg_status_t Context::wait_ready(Session &s, uint64_t timeout_ns) {
 void Context::wait_quiesced(Transfer &t, uint64_t timeout_ns) {
     const uint64_t deadline = now_ns() + std::min<uint64_t>(timeout_ns, uint64_t(1) << 62);
     std::unique_lock lock(mu);
-    while (!t.is_quiesced()) {
+    for (note_quiesced(t); !t.is_quiesced(); note_quiesced(t)) {
         const uint64_t now = now_ns();
         if (now >= deadline)
             fail(SG_ERR_TIMEOUT, t.finished() ? "the peer has not confirmed that its writes stopped"

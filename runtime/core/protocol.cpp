@@ -3,6 +3,7 @@
 // to the handler of its message type.
 #include "core/core.hpp"
 
+#include <array>
 #include <cstring>
 
 namespace sg::core {
@@ -42,10 +43,9 @@ void Context::on_message(std::span<const uint8_t> bytes) {
         unauthenticated_bytes_ += cost;
         return;
     }
-    const bool auth_frame = h.type == wire::MsgType::AuthChallenge || h.type == wire::MsgType::AuthProof ||
-                            h.type == wire::MsgType::AuthResult;
-    if (!s->authenticated && !auth_frame) {
-        if (s->closed) return;  // it never proved itself, and never will on this session
+    const Route &r = route(h.type);
+    if (!s->proven && !r.auth) {
+        if (s->closed()) return;  // it never proved itself, and never will on this session
         // The peer proved itself to us already and spoke; its proof to us may still be on its way.
         if (s->held_bytes + cost > kUnauthenticatedShare || unauthenticated_bytes_ + cost > kUnauthenticatedBytes) {
             lose_session(*s, SG_ERR_PROTOCOL,
@@ -59,11 +59,12 @@ void Context::on_message(std::span<const uint8_t> bytes) {
         unauthenticated_bytes_ += cost;
         return;
     }
+    if (log.enabled(SG_LOG_DEBUG)) log.log(SG_LOG_DEBUG, std::string(r.name) + " from peer " + std::to_string(s->peer_ctx_id));
     try {
-        if (auth_frame)
-            handle_auth(*s, h, body);
-        else
-            handle(*s, h, body);
+        heard_from(*s);
+        // Authentication frames count only on sessions that run the fabric challenge, open ones.
+        if (r.auth && (s->closed() || key_.empty())) return;
+        if (r.run) (this->*r.run)(*s, body, r.name);
     } catch (const Error &err) {
         // A peer that sends what the protocol does not allow (a value out of range, a message that
         // does not decode) cannot be trusted with the session any more.
@@ -98,313 +99,287 @@ void Context::deliver_orphans(Session &s) {
     for (auto &f : frames) on_message(f);
 }
 
-void Context::handle(Session &s, const wire::FrameHeader &h, std::span<const uint8_t> body) {
-    if (log.enabled(SG_LOG_DEBUG)) log.log(SG_LOG_DEBUG, "message type " + std::to_string(int(h.type)) + " from peer");
+// The protocol as a table: one entry per message type with its name, whether it is part of
+// authentication (the only frames a session takes before the peer proved its key), and its
+// handler. Every frame goes through one step, decode_then, that decodes its body into the
+// message's struct or fails the session: handlers receive checked messages only.
+template <class M, void (Context::*Handler)(Session &, M &)>
+void Context::decode_then(Session &s, std::span<const uint8_t> body, const char *name) {
+    M m;
+    const wire::DecodeError e = wire::decode(body, m);
+    if (e != wire::DecodeError::None) fail(SG_ERR_PROTOCOL, std::string(name) + ": " + wire::decode_error_str(e));
+    (this->*Handler)(s, m);
+}
+
+template <class M, void (Context::*Handler)(Session &, M &)>
+constexpr Context::Route Context::route_to(const char *name, bool auth) {
+    return Route{name, auth, &Context::decode_then<M, Handler>};
+}
+
+const Context::Route &Context::route(wire::MsgType type) {
+    using T = wire::MsgType;
+    using namespace wire;
+    static const std::array<Route, size_t(kLastMsgType) + 1> table = [] {
+        std::array<Route, size_t(kLastMsgType) + 1> r{};
+        auto at = [&](T t) -> Route & { return r[size_t(t)]; };
+        // Bootstrap only (the socket handshake): nothing to do on the fabric.
+        at(T::Hello) = Route{"Hello", false, nullptr};
+        at(T::Opened) = Route{"Opened", false, nullptr};
+        // Authentication of sessions made from metadata blobs (session_auth.cpp).
+        at(T::AuthChallenge) = route_to<AuthChallenge, &Context::on_auth_challenge>("AuthChallenge", true);
+        at(T::AuthProof) = route_to<AuthProof, &Context::on_auth_proof>("AuthProof", true);
+        at(T::AuthResult) = route_to<AuthResult, &Context::on_auth_result>("AuthResult", true);
+        // The session.
+        at(T::HandleExport) = route_to<HandleExport, &Context::on_handle_export>("HandleExport");
+        at(T::Bye) = route_to<Bye, &Context::on_bye>("Bye");
+        at(T::Ping) = route_to<Ping, &Context::on_ping>("Ping");
+        at(T::Notify) = route_to<Notify, &Context::on_notify>("Notify");
+        // Transfers.
+        at(T::Expect) = route_to<Expect, &Context::on_expect>("Expect");
+        at(T::LayerReady) = route_to<LayerReady, &Context::on_layer_ready>("LayerReady");
+        at(T::TransferDone) = route_to<TransferDone, &Context::on_transfer_done>("TransferDone");
+        at(T::TransferAck) = route_to<TransferAck, &Context::on_transfer_ack>("TransferAck");
+        at(T::Quiesced) = route_to<Quiesced, &Context::on_quiesced>("Quiesced");
+        at(T::Cancel) = route_to<TransferError, &Context::on_cancel>("Cancel");
+        at(T::Error) = route_to<TransferError, &Context::on_error>("Error");
+        at(T::Release) = route_to<Release, &Context::on_release>("Release");
+        at(T::CancelAck) = route_to<CancelAck, &Context::on_cancel_ack>("CancelAck");
+        at(T::Reposted) = route_to<Reposted, &Context::on_reposted>("Reposted");
+        // Staging (staging.cpp).
+        at(T::StagedChunk) = route_to<StagedChunk, &Context::on_staged_chunk>("StagedChunk");
+        at(T::StagingCredit) = route_to<StagingCredit, &Context::on_staging_credit>("StagingCredit");
+        // Selective paths (paths_prefill.cpp, paths_decode.cpp).
+        at(T::Selective) = route_to<Selective, &Context::on_selective>("Selective");
+        at(T::Digests) = route_to<Digests, &Context::on_digests>("Digests");
+        at(T::BlocksReady) = route_to<BlocksReady, &Context::on_blocks_ready>("BlocksReady");
+        at(T::Fetch) = route_to<Fetch, &Context::on_fetch>("Fetch");
+        return r;
+    }();
+    return table[size_t(type)];
+}
+
+// Frames that reach a session: the peer is alive, and its connection exists, so ours may follow.
+void Context::heard_from(Session &s) {
     s.last_heard_ns = now_ns();
     counters.messages_received++;
     if (!s.may_send) {
-        s.may_send = true;  // the peer's connection exists now; ours can follow on it
+        s.may_send = true;
         flush_outbox(s);
     }
-    auto check = [](wire::DecodeError e, const char *what) {
-        if (e != wire::DecodeError::None) fail(SG_ERR_PROTOCOL, std::string(what) + ": " + wire::decode_error_str(e));
-    };
-    switch (h.type) {
-        case wire::MsgType::HandleExport: {
-            wire::HandleExport m;
-            check(wire::decode(body, m), "HandleExport");
-            if (m.handle_id == StagingArea::kHandleId) {
-                if (m.regions.size() != 1 || m.regions[0].length < StagingArea::kSlots * StagingArea::kSlotBytes)
-                    fail(SG_ERR_PROTOCOL, "peer's staging area has the wrong size");
-                s.peer_staging.regions = m.regions;
-                s.have_peer_staging = true;
-                s.free_peer_slots = (1u << StagingArea::kSlots) - 1;
-                return;
-            }
-            RemotePool rp;
-            rp.layout = kv::from_desc(m.layout);
-            rp.regions_per_layer = m.regions_per_layer;
-            if (m.regions_per_layer != rp.layout.regions_per_layer() ||
-                m.regions.size() != size_t(rp.layout.num_layers) * m.regions_per_layer)
-                fail(SG_ERR_PROTOCOL, "HandleExport region count does not match its layout");
-            for (auto &r : m.regions)
-                if (r.length < rp.layout.region_bytes()) fail(SG_ERR_PROTOCOL, "HandleExport region smaller than its layout");
-            rp.regions = std::move(m.regions);
-            s.remote_pools[m.handle_id] = std::move(rp);
-            return;
-        }
-        case wire::MsgType::Expect: {
-            wire::Expect m;
-            check(wire::decode(body, m), "Expect");
-            if (auto c = s.canceled_unmatched.find(m.request_id); c != s.canceled_unmatched.end()) {
-                wire::TransferError e;
-                e.request_id = m.request_id;
-                e.decode_xfer_id = m.decode_xfer_id;
-                e.status = c->second.first;
-                e.message = c->second.second;
-                e.from_post_side = 1;
-                std::vector<uint8_t> out;
-                wire::encode(out, id, e, e.status == SG_ERR_CANCELED ? wire::MsgType::Cancel : wire::MsgType::Error);
-                send(s, out);
-                send_quiesced(s, m.decode_xfer_id);
-                return;
-            }
-            auto p = s.unmatched_posts.find(m.request_id);
-            if (p != s.unmatched_posts.end()) {
-                auto t = p->second;
-                s.unmatched_posts.erase(p);
-                match(s, t, m);
-            } else {
-                s.unmatched_expects[m.request_id] = std::move(m);
-            }
-            return;
-        }
-        case wire::MsgType::LayerReady: {
-            wire::LayerReady m;
-            check(wire::decode(body, m), "LayerReady");
-            auto it = s.expects.find(m.decode_xfer_id);
-            if (it == s.expects.end()) return;  // released meanwhile
-            Transfer &t = *it->second;
-            if (m.layer >= t.layers.size() || t.finished()) return;
-            Transfer::Layer &L = t.layers[m.layer];
-            if (!L.notice_received) {
-                L.notice_received = true;
-                L.chunks_announced = m.staged_chunks;
-                t.stats.bytes += m.bytes;
-            }
-            maybe_layer_ready(t, m.layer);
-            return;
-        }
-        case wire::MsgType::StagedChunk: {
-            wire::StagedChunk m;
-            check(wire::decode(body, m), "StagedChunk");
-            if (m.slot >= StagingArea::kSlots) fail(SG_ERR_PROTOCOL, "StagedChunk names a slot that does not exist");
-            if (!s.recv_staging.base) fail(SG_ERR_PROTOCOL, "StagedChunk on a session that offered no staging slots");
-            auto it = s.expects.find(m.decode_xfer_id);
-            if (it != s.expects.end() && !it->second->finished()) {
-                Transfer &t = *it->second;
-                const kv::Layout &L = t.pool->layout;
-                const uint8_t *src = s.recv_staging.base + m.slot * StagingArea::kSlotBytes;
-                uint64_t pos = m.slot_offset;
-                // The peer is trusted with the keys of this pool, not with our address space: every
-                // segment must fall inside the slot and inside the pool's region. All are checked
-                // before the first byte is copied.
-                for (const wire::Segment &seg : m.segments) {
-                    const uint32_t layer = seg.region / L.regions_per_layer();
-                    if (layer >= L.num_layers || !in_bounds(seg.offset, seg.length, L.region_bytes()) ||
-                        !in_bounds(pos, seg.length, StagingArea::kSlotBytes))
-                        fail(SG_ERR_PROTOCOL, "StagedChunk segment outside the pool or the staging slot");
-                    pos += seg.length;
-                }
-                pos = m.slot_offset;
-                for (const wire::Segment &seg : m.segments) {
-                    const uint32_t layer = seg.region / L.regions_per_layer();
-                    std::memcpy(t.pool->region(layer, seg.region % L.regions_per_layer()) + seg.offset, src + pos,
-                                seg.length);
-                    pos += seg.length;
-                    counters.staging_copies++;
-                    t.stats.staging_copies++;
-                    t.stats.staged_bytes += seg.length;
-                }
-                if (m.layer < t.layers.size()) {
-                    t.layers[m.layer].staged_chunks++;
-                    if (t.selective())
-                        apply_held_notices(t, m.layer);
-                    else
-                        maybe_layer_ready(t, m.layer);
-                }
-            }
-            wire::StagingCredit credit;
-            credit.slot = m.slot;
-            std::vector<uint8_t> out;
-            wire::encode(out, id, credit);
-            send(s, out);
-            return;
-        }
-        case wire::MsgType::StagingCredit: {
-            wire::StagingCredit m;
-            check(wire::decode(body, m), "StagingCredit");
-            if (m.slot < StagingArea::kSlots) s.free_peer_slots |= 1u << m.slot;
-            return;
-        }
-        case wire::MsgType::TransferDone: {
-            wire::TransferDone m;
-            check(wire::decode(body, m), "TransferDone");
-            auto it = s.expects.find(m.decode_xfer_id);
-            if (it == s.expects.end()) return;
-            it->second->done_received = true;
-            it->second->quiesced = true;  // every write completed before the peer sent this
-            complete_if_done(*it->second);
-            note_quiesced(*it->second);
-            cv.notify_all();
-            return;
-        }
-        case wire::MsgType::Quiesced: {
-            wire::Quiesced m;
-            check(wire::decode(body, m), "Quiesced");
-            auto it = s.expects.find(m.decode_xfer_id);
-            if (it == s.expects.end()) return;
-            it->second->quiesced = true;
-            note_quiesced(*it->second);
-            signal_event();
-            cv.notify_all();
-            return;
-        }
-        case wire::MsgType::CancelAck: {
-            wire::CancelAck m;
-            check(wire::decode(body, m), "CancelAck");
-            s.canceled_unmatched.erase(m.request_id);
-            if (m.recorded) {
-                if (s.unmatched_posts.count(m.request_id) || s.posts.count(m.request_id)) {
-                    // Posted again before the acknowledgement came: lift the remembered cancel now.
-                    std::vector<uint8_t> out;
-                    wire::encode(out, id, wire::Reposted{m.request_id});
-                    send(s, out);
-                } else if (s.repost_needed.size() < 65536) {
-                    s.repost_needed.insert(m.request_id);
-                }
-            }
-            return;
-        }
-        case wire::MsgType::Reposted: {
-            wire::Reposted m;
-            check(wire::decode(body, m), "Reposted");
-            s.peer_canceled.erase(m.request_id);
-            return;
-        }
-        case wire::MsgType::Cancel:
-        case wire::MsgType::Error: {
-            wire::TransferError m;
-            check(wire::decode(body, m), "TransferError");
-            if (!m.from_post_side && m.status == 0) {
-                // The decode side released a selective transfer: done, not canceled.
-                auto p = s.posts.find(m.request_id);
-                if (p == s.posts.end() || p->second->id != m.decode_xfer_id) {
-                    send_quiesced(s, m.decode_xfer_id);
-                    return;
-                }
-                Transfer &t = *p->second;
-                if (!t.finished()) {
-                    t.peer_released = true;
-                    t.status = SG_OK;
-                    t.stats.end_ns = now_ns();
-                    counters.transfers_completed++;
-                    emit(t, SG_EVENT_FINISHED, 0, SG_OK);
-                    signal_event();
-                    cv.notify_all();
-                    maybe_send_quiesced(t);
-                    note_quiesced(t);
-                } else if (t.is_quiesced() && t.status == SG_OK) {
-                    send_quiesced(s, m.decode_xfer_id);
-                }
-                return;
-            }
-            const sg_status_t st = peer_error_status(m.status);
-            const std::string why = std::string(h.type == wire::MsgType::Cancel ? "peer canceled" : "peer failed") +
-                                    " the transfer: " + m.message;
-            if (m.from_post_side) {
-                // We expect: the prefill side gave up. Its Quiesced (or, for a cancel before the
-                // match, the answer to our Expect) tells us when its writes have stopped.
-                if (m.decode_xfer_id) {
-                    auto it = s.expects.find(m.decode_xfer_id);
-                    if (it != s.expects.end()) {
-                        if (st == SG_ERR_LEASE_EXPIRED && !it->second->finished())
-                            emit(*it->second, SG_EVENT_LEASE_EXPIRED, 0, st);
-                        fail_transfer(*it->second, st, why, false);
-                    }
-                    return;
-                }
-                // It gave up before it knew our id: match by request id, and acknowledge so that
-                // it knows which of our Expects were sent before we heard of this.
-                bool any = false;
-                for (auto &[k, t] : s.expects)
-                    if (t->request_id == m.request_id && !t->finished()) {
-                        fail_transfer(*t, st, why, false);
-                        any = true;
-                    }
-                wire::CancelAck ack;
-                ack.request_id = m.request_id;
-                if (!any && s.peer_canceled.size() < 65536) {
-                    s.peer_canceled[m.request_id] = {st, why};
-                    ack.recorded = 1;
-                }
-                std::vector<uint8_t> out;
-                wire::encode(out, id, ack);
-                send(s, out);
-                return;
-            }
-            // We post: the decode side withdrew its Expect. Answer Quiesced once nothing of ours
-            // can still land in its blocks.
-            auto p = s.posts.find(m.request_id);
-            if (p != s.posts.end() && p->second->id == m.decode_xfer_id && !p->second->is_quiesced()) {
-                fail_transfer(*p->second, st, why, false);  // Quiesced follows from maybe_send_quiesced
-                if (p->second->status != SG_OK) return;
-            }
-            auto u = s.unmatched_expects.find(m.request_id);
-            if (u != s.unmatched_expects.end() && u->second.decode_xfer_id == m.decode_xfer_id) s.unmatched_expects.erase(u);
-            send_quiesced(s, m.decode_xfer_id);
-            return;
-        }
-        case wire::MsgType::Bye: {
-            wire::Bye m;
-            check(wire::decode(body, m), "Bye");
-            if (s.bye_sent) {
-                // The answer to ours, or the peer closing at the same time: either way it has read
-                // everything we sent before our Bye.
-                s.bye_received = true;
-                cv.notify_all();
-                return;
-            }
-            if (m.reply) return;  // answers a Bye of an earlier session between the two contexts
-            if (s.peer_minor >= 1) {
-                wire::Bye answer;
-                answer.reply = 1;
-                std::vector<uint8_t> out;
-                wire::encode(out, id, answer);
-                send(s, out);
-            }
-            lose_session(s, SG_ERR_PEER_LOST, kPeerClosed, true);
-            return;
-        }
-        case wire::MsgType::TransferAck: {
-            wire::TransferAck m;
-            check(wire::decode(body, m), "TransferAck");
-            for (auto &[rid, t] : s.posts)
-                if (t->id == m.decode_xfer_id) {
-                    t->done_acked = true;
-                    complete_if_done(*t);
-                    break;
-                }
-            return;
-        }
-        case wire::MsgType::Ping: {
-            wire::Ping m;
-            check(wire::decode(body, m), "Ping");
-            return;
-        }
-        case wire::MsgType::Notify: {
-            wire::Notify m;
-            check(wire::decode(body, m), "Notify");
-            if (s.notifications.size() >= 4096) {
-                s.notifications.pop_front();
-                if (s.notifications_dropped++ % 1024 == 0)
-                    log.log(SG_LOG_WARN, "notifications are not being taken; dropping the oldest (" +
-                                             std::to_string(s.notifications_dropped) + " so far)");
-            }
-            s.notifications.push_back(std::move(m.payload));
-            signal_event();
-            return;
-        }
-        case wire::MsgType::Selective:
-        case wire::MsgType::Digests:
-        case wire::MsgType::BlocksReady:
-        case wire::MsgType::Fetch: handle_selective(s, h, body); return;
-        case wire::MsgType::Hello:
-        case wire::MsgType::Opened: return;  // only meaningful at bootstrap
-        case wire::MsgType::AuthChallenge:
-        case wire::MsgType::AuthProof:
-        case wire::MsgType::AuthResult: return;  // on_message routes them to handle_auth
+}
+
+void Context::on_cancel(Session &s, wire::TransferError &m) { on_transfer_error(s, m, wire::MsgType::Cancel); }
+void Context::on_error(Session &s, wire::TransferError &m) { on_transfer_error(s, m, wire::MsgType::Error); }
+
+void Context::on_handle_export(Session &s, wire::HandleExport &m) {
+    if (m.handle_id == StagingArea::kHandleId) {
+        if (m.regions.size() != 1 || m.regions[0].length < StagingArea::kSlots * StagingArea::kSlotBytes)
+            fail(SG_ERR_PROTOCOL, "peer's staging area has the wrong size");
+        s.peer_staging.regions = m.regions;
+        s.have_peer_staging = true;
+        s.free_peer_slots = (1u << StagingArea::kSlots) - 1;
+        return;
     }
+    RemotePool rp;
+    rp.layout = kv::from_desc(m.layout);
+    rp.regions_per_layer = m.regions_per_layer;
+    if (m.regions_per_layer != rp.layout.regions_per_layer() ||
+        m.regions.size() != size_t(rp.layout.num_layers) * m.regions_per_layer)
+        fail(SG_ERR_PROTOCOL, "HandleExport region count does not match its layout");
+    for (auto &r : m.regions)
+        if (r.length < rp.layout.region_bytes()) fail(SG_ERR_PROTOCOL, "HandleExport region smaller than its layout");
+    rp.regions = std::move(m.regions);
+    s.remote_pools[m.handle_id] = std::move(rp);
+}
+
+void Context::on_bye(Session &s, wire::Bye &m) {
+    if (s.bye_sent) {
+        // The answer to ours, or the peer closing at the same time: either way it has read
+        // everything we sent before our Bye.
+        s.bye_received = true;
+        cv.notify_all();
+        return;
+    }
+    if (m.reply) return;  // answers a Bye of an earlier session between the two contexts
+    if (s.peer_minor >= 1) {
+        wire::Bye answer;
+        answer.reply = 1;
+        std::vector<uint8_t> out;
+        wire::encode(out, id, answer);
+        send(s, out);
+    }
+    lose_session(s, SG_ERR_PEER_LOST, kPeerClosed, true);
+}
+
+// A Ping only proves the peer alive, which heard_from has recorded.
+void Context::on_ping(Session &, wire::Ping &) {}
+
+void Context::on_notify(Session &s, wire::Notify &m) {
+    if (s.notifications.size() >= 4096) {
+        s.notifications.pop_front();
+        if (s.notifications_dropped++ % 1024 == 0)
+            log.log(SG_LOG_WARN, "notifications are not being taken; dropping the oldest (" +
+                                     std::to_string(s.notifications_dropped) + " so far)");
+    }
+    s.notifications.push_back(std::move(m.payload));
+    signal_event();
+}
+
+void Context::on_expect(Session &s, wire::Expect &m) {
+    if (auto c = s.canceled_unmatched.find(m.request_id); c != s.canceled_unmatched.end()) {
+        wire::TransferError e;
+        e.request_id = m.request_id;
+        e.decode_xfer_id = m.decode_xfer_id;
+        e.status = c->second.first;
+        e.message = c->second.second;
+        e.from_post_side = 1;
+        std::vector<uint8_t> out;
+        wire::encode(out, id, e, e.status == SG_ERR_CANCELED ? wire::MsgType::Cancel : wire::MsgType::Error);
+        send(s, out);
+        send_quiesced(s, m.decode_xfer_id);
+        return;
+    }
+    auto p = s.unmatched_posts.find(m.request_id);
+    if (p != s.unmatched_posts.end()) {
+        auto t = p->second;
+        s.unmatched_posts.erase(p);
+        match(s, t, m);
+    } else {
+        s.unmatched_expects[m.request_id] = std::move(m);
+    }
+}
+
+void Context::on_layer_ready(Session &s, wire::LayerReady &m) {
+    Transfer *running = running_expect(s, m.decode_xfer_id);
+    if (!running) return;  // released or finished meanwhile
+    Transfer &t = *running;
+    if (m.layer >= t.layers.size()) return;
+    Transfer::Layer &L = t.layers[m.layer];
+    if (!L.in.notice_received) {
+        L.in.notice_received = true;
+        L.in.chunks_announced = m.staged_chunks;
+        t.stats.bytes += m.bytes;
+    }
+    maybe_layer_ready(t, m.layer);
+}
+
+void Context::on_transfer_done(Session &s, wire::TransferDone &m) {
+    running_expect(s, m.decode_xfer_id);
+    auto it = s.expects.find(m.decode_xfer_id);
+    if (it == s.expects.end()) return;
+    it->second->decode.done_received = true;
+    it->second->decode.peer_quiesced = true;  // every write completed before the peer sent this
+    complete_if_done(*it->second);
+    note_quiesced(*it->second);
+    cv.notify_all();
+}
+
+void Context::on_transfer_ack(Session &s, wire::TransferAck &m) {
+    for (auto &[rid, t] : s.posts)
+        if (t->id == m.decode_xfer_id) {
+            t->prefill.done_acked = true;
+            complete_if_done(*t);
+            break;
+        }
+}
+
+void Context::on_quiesced(Session &s, wire::Quiesced &m) {
+    auto it = s.expects.find(m.decode_xfer_id);
+    if (it == s.expects.end()) return;
+    it->second->decode.peer_quiesced = true;
+    note_quiesced(*it->second);
+    signal_event();
+    cv.notify_all();
+}
+
+void Context::on_transfer_error(Session &s, wire::TransferError &m, wire::MsgType type) {
+    if (!m.from_post_side && m.status == 0) {
+        // How peers before 1.2 say Release.
+        wire::Release r{m.request_id, m.decode_xfer_id};
+        on_release(s, r);
+        return;
+    }
+    const sg_status_t st = peer_error_status(m.status);
+    const std::string why = std::string(type == wire::MsgType::Cancel ? "peer canceled" : "peer failed") +
+                            " the transfer: " + m.message;
+    if (m.from_post_side) {
+        // We expect: the prefill side gave up. Its Quiesced (or, for a cancel before the
+        // match, the answer to our Expect) tells us when its writes have stopped.
+        if (m.decode_xfer_id) {
+            auto it = s.expects.find(m.decode_xfer_id);
+            if (it != s.expects.end()) {
+                if (st == SG_ERR_LEASE_EXPIRED && !it->second->finished())
+                    emit(*it->second, SG_EVENT_LEASE_EXPIRED, 0, st);
+                fail_transfer(*it->second, st, why, false);
+            }
+            return;
+        }
+        // It gave up before it knew our id: match by request id, and acknowledge so that
+        // it knows which of our Expects were sent before we heard of this.
+        bool any = false;
+        for (auto &[k, t] : s.expects)
+            if (t->request_id == m.request_id && !t->finished()) {
+                fail_transfer(*t, st, why, false);
+                any = true;
+            }
+        wire::CancelAck ack;
+        ack.request_id = m.request_id;
+        if (!any && s.peer_canceled.size() < 65536) {
+            s.peer_canceled[m.request_id] = {st, why};
+            ack.recorded = 1;
+        }
+        std::vector<uint8_t> out;
+        wire::encode(out, id, ack);
+        send(s, out);
+        return;
+    }
+    // We post: the decode side withdrew its Expect. Answer Quiesced once nothing of ours
+    // can still land in its blocks.
+    auto p = s.posts.find(m.request_id);
+    if (p != s.posts.end() && p->second->id == m.decode_xfer_id && !p->second->is_quiesced()) {
+        fail_transfer(*p->second, st, why, false);  // Quiesced follows from maybe_send_quiesced
+        if (p->second->status != SG_OK) return;
+    }
+    auto u = s.unmatched_expects.find(m.request_id);
+    if (u != s.unmatched_expects.end() && u->second.decode_xfer_id == m.decode_xfer_id) s.unmatched_expects.erase(u);
+    send_quiesced(s, m.decode_xfer_id);
+}
+
+// The decode side released a selective transfer: done, not canceled. Quiesced answers once no
+// write of ours can still land in its blocks.
+void Context::on_release(Session &s, wire::Release &m) {
+    auto p = s.posts.find(m.request_id);
+    if (p == s.posts.end() || p->second->id != m.decode_xfer_id) {
+        send_quiesced(s, m.decode_xfer_id);
+        return;
+    }
+    Transfer &t = *p->second;
+    if (!t.finished()) {
+        t.prefill.peer_released = true;
+        finish(t, SG_OK, {});
+        maybe_send_quiesced(t);
+        note_quiesced(t);
+    } else if (t.is_quiesced() && t.status == SG_OK) {
+        send_quiesced(s, m.decode_xfer_id);
+    }
+}
+
+void Context::on_cancel_ack(Session &s, wire::CancelAck &m) {
+    s.canceled_unmatched.erase(m.request_id);
+    if (m.recorded) {
+        if (s.unmatched_posts.count(m.request_id) || s.posts.count(m.request_id)) {
+            // Posted again before the acknowledgement came: lift the remembered cancel now.
+            std::vector<uint8_t> out;
+            wire::encode(out, id, wire::Reposted{m.request_id});
+            send(s, out);
+        } else if (s.repost_needed.size() < 65536) {
+            s.repost_needed.insert(m.request_id);
+        }
+    }
+}
+
+void Context::on_reposted(Session &s, wire::Reposted &m) {
+    s.peer_canceled.erase(m.request_id);
 }
 
 }  // namespace sg::core

@@ -36,36 +36,36 @@ void Context::schedule_locked() {
         }
     }
     active_.erase(std::remove_if(active_.begin(), active_.end(),
-                                 [](const auto &t) { return t->finished() || (t->done_sent && !t->inflight); }),
+                                 [](const auto &t) { return t->finished() || (t->prefill.done_sent && !t->inflight); }),
                   active_.end());
 }
 
 // Compiles the next written layer in send order into t.ops. Returns false when none is ready.
 bool Context::start_next_layer(Transfer &t) {
-    if (t.order_pos >= t.order.size()) return false;
-    const uint32_t layer = t.order[t.order_pos];
-    if (!t.layers[layer].written) return false;
-    t.order_pos++;
+    if (t.prefill.order_pos >= t.prefill.order.size()) return false;
+    const uint32_t layer = t.prefill.order[t.prefill.order_pos];
+    if (!t.layers[layer].out.written) return false;
+    t.prefill.order_pos++;
     const uint32_t rpl = t.pool->layout.regions_per_layer();
     const uint8_t *bases[2] = {t.pool->region(layer, 0), t.pool->region(layer, rpl - 1)};
     plan::Side src{&t.pool->layout, t.table};
-    plan::Side dst{&t.dst->layout, t.dst_table};
+    plan::Side dst{&t.prefill.dst->layout, t.prefill.dst_table};
     plan::Limits limits;
     limits.max_op_bytes = std::min(max_op_bytes_, t.session->tp->caps().max_msg_size);
     limits.max_iov = uint32_t(std::min<uint64_t>(plan::kMaxIov, std::max<uint64_t>(1, t.session->tp->caps().rma_iov_limit)));
-    const plan::LayerPlanStats ps = plan::compile_layer(src, bases, dst, t.num_tokens, limits, t.ops);
+    const plan::LayerPlanStats ps = plan::compile_layer(src, bases, dst, t.num_tokens, limits, t.prefill.ops);
     t.stats.segments += ps.segments;
-    t.cur_layer = layer;
-    t.next_op = 0;
-    const uint64_t mean = t.ops.empty() ? 0 : ps.bytes / t.ops.size();
+    t.prefill.cur_layer = layer;
+    t.prefill.next_op = 0;
+    const uint64_t mean = t.prefill.ops.empty() ? 0 : ps.bytes / t.prefill.ops.size();
     Transfer::Layer &L = t.layers[layer];
-    L.candidate = staging_threshold_ && t.session->have_peer_staging && mean < staging_threshold_ &&
+    L.out.candidate = staging_threshold_ && t.session->have_peer_staging && mean < staging_threshold_ &&
                   staging_policy_ != SG_STAGING_NEVER;
-    L.staged = L.candidate && (staging_policy_ == SG_STAGING_ALWAYS || choose_staging(*t.session));
-    L.start_ns = now_ns();
-    L.bytes = ps.bytes;
-    t.cur_staged = L.staged;
-    if (t.ops.empty()) L.posted = true;
+    L.out.staged = L.out.candidate && (staging_policy_ == SG_STAGING_ALWAYS || choose_staging(*t.session));
+    L.out.start_ns = now_ns();
+    L.out.bytes = ps.bytes;
+    t.prefill.cur_staged = L.out.staged;
+    if (t.prefill.ops.empty()) L.out.posted = true;
     return true;
 }
 
@@ -75,12 +75,12 @@ bool Context::post_write_op(Transfer &t, uint32_t layer, const Vec<plan::Op> &op
     if (tx_full(*t.session->tp)) return false;
     const plan::Op &op = ops[next_op];
     Session &s = *t.session;
-    const Session::LocalReg &lr = *t.src_reg;
+    const Session::LocalReg &lr = *t.prefill.src_reg;
     const uint32_t rpl = t.pool->layout.regions_per_layer();
     transport::LocalIov iov[plan::kMaxIov];
     for (uint32_t i = 0; i < op.niov; ++i)
         iov[i] = {op.iov[i].addr, op.iov[i].len, lr.regions[size_t(layer) * rpl + op.iov[i].src_region].desc};
-    const wire::Region &dr = t.dst->regions[size_t(layer) * t.dst->regions_per_layer + op.dst_region];
+    const wire::Region &dr = t.prefill.dst->regions[size_t(layer) * t.prefill.dst->regions_per_layer + op.dst_region];
     OpCookie *c = take_cookie();
     c->kind = OpCookie::Kind::Write;
     c->xfer = &t;
@@ -109,7 +109,7 @@ bool Context::post_write_op(Transfer &t, uint32_t layer, const Vec<plan::Op> &op
         unit->outstanding++;
         count_unit_bytes(t, *unit, op.len);
     } else {
-        t.layers[layer].outstanding++;
+        t.layers[layer].out.outstanding++;
     }
     t.stats.rma_ops++;
     t.stats.bytes += op.len;
@@ -127,30 +127,30 @@ bool Context::may_post_bytes(const Session &s, uint64_t len) const {
 // Posts up to `quota` operations of t; returns whether it posted any (so the caller may give the
 // transfer another turn).
 bool Context::pump(Transfer &t, uint32_t quota) {
-    if (!t.matched || t.finished()) return false;
+    if (!t.matched() || t.finished()) return false;
     flush_outbox(*t.session);
     uint32_t posted = 0;
     for (;;) {
-        if (t.cur_layer < 0 || t.layers[size_t(t.cur_layer)].posted) {
+        if (t.prefill.cur_layer < 0 || t.layers[size_t(t.prefill.cur_layer)].out.posted) {
             if (!start_next_layer(t)) break;
         }
-        Transfer::Layer &L = t.layers[size_t(t.cur_layer)];
-        while (t.next_op < t.ops.size() && ops_inflight_ < max_ops_ && posted < quota &&
-               may_post_bytes(*t.session, t.ops[t.next_op].len)) {
-            const uint32_t layer = uint32_t(t.cur_layer);
-            if (!(t.cur_staged ? post_staged_chunk(t, layer, t.ops, t.next_op, nullptr)
-                               : post_write_op(t, layer, t.ops, t.next_op, nullptr)))
+        Transfer::Layer &L = t.layers[size_t(t.prefill.cur_layer)];
+        while (t.prefill.next_op < t.prefill.ops.size() && ops_inflight_ < max_ops_ && posted < quota &&
+               may_post_bytes(*t.session, t.prefill.ops[t.prefill.next_op].len)) {
+            const uint32_t layer = uint32_t(t.prefill.cur_layer);
+            if (!(t.prefill.cur_staged ? post_staged_chunk(t, layer, t.prefill.ops, t.prefill.next_op, nullptr)
+                               : post_write_op(t, layer, t.prefill.ops, t.prefill.next_op, nullptr)))
                 break;
             posted++;
         }
-        if (t.next_op < t.ops.size()) {  // out of resources or of this turn's quota
-            const bool stalled = posted < quota && !may_post_bytes(*t.session, t.ops[t.next_op].len);
-            if (stalled && !t.stalled) counters.stalls++;
-            t.stalled = stalled;
+        if (t.prefill.next_op < t.prefill.ops.size()) {  // out of resources or of this turn's quota
+            const bool stalled = posted < quota && !may_post_bytes(*t.session, t.prefill.ops[t.prefill.next_op].len);
+            if (stalled && !t.prefill.stalled) counters.stalls++;
+            t.prefill.stalled = stalled;
             break;
         }
-        t.stalled = false;
-        L.posted = true;
+        t.prefill.stalled = false;
+        L.out.posted = true;
         maybe_send_notices(t);
         if (t.finished()) return posted > 0;
     }

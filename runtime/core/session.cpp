@@ -8,11 +8,39 @@
 
 namespace sg::core {
 
+bool legal_transition(SessionState from, SessionState to) {
+    using S = SessionState;
+    switch (from) {
+        case S::Authenticating: return to == S::Open || to == S::Draining || to == S::Closed;
+        case S::Open: return to == S::Draining || to == S::Closed;
+        case S::Draining: return to == S::Closed;
+        case S::Closed: return false;
+    }
+    return false;
+}
+
+const char *state_name(SessionState s) {
+    switch (s) {
+        case SessionState::Authenticating: return "Authenticating";
+        case SessionState::Open: return "Open";
+        case SessionState::Draining: return "Draining";
+        case SessionState::Closed: return "Closed";
+    }
+    return "?";
+}
+
+void Session::advance(SessionState to) {
+    if (!legal_transition(state_, to))
+        fail(SG_ERR_INTERNAL, "session with peer " + std::to_string(peer_ctx_id) + ": no transition " +
+                                  state_name(state_) + " -> " + state_name(to));
+    state_ = to;
+}
+
 // The peer is gone (silent, connection broken, or closed): every pending transfer on the session
 // fails at once, and nothing more is sent on it.
 void Context::lose_session(Session &s, sg_status_t status, const std::string &why, bool peer_closed) {
-    if (s.closed) return;
-    s.closed = true;
+    if (s.closed()) return;
+    s.advance(SessionState::Closed);
     s.lost_ns = now_ns();
     forget_held_frames(s);
     if (status == SG_ERR_PEER_LOST && !peer_closed) counters.peers_lost++;
@@ -96,8 +124,10 @@ std::shared_ptr<Session> Context::open_session(const wire::Hello &peer, const sg
     counters.sessions_open++;
     s->may_send = id < peer.ctx_id;
     s->last_heard_ns = s->last_sent_ns = now_ns();
-    s->authenticated = authenticated || key_.empty();
-    if (!s->authenticated) {
+    s->proven = authenticated || key_.empty();
+    if (s->proven) {
+        s->advance(SessionState::Open);
+    } else {
         s->auth_nonce = auth::random_nonce();
         std::vector<uint8_t> challenge;
         wire::encode(challenge, id, wire::AuthChallenge{s->auth_nonce});
@@ -111,7 +141,7 @@ std::shared_ptr<Session> Context::open_session(const wire::Hello &peer, const sg
 
 void Context::export_kv(Session &s, KvPool &pool) {
     std::unique_lock lock(mu);
-    if (s.closed) fail(SG_ERR_PEER_LOST, "session is closed");
+    if (s.closed()) fail(SG_ERR_PEER_LOST, "session is closed");
     if (s.local_regs.count(pool.id)) return;
     Session::LocalReg reg;
     const uint64_t bytes = pool.layout.region_bytes();
@@ -122,7 +152,7 @@ void Context::export_kv(Session &s, KvPool &pool) {
             reg.regions.push_back(s.tp->register_memory(base, bytes, random_u64()));
             lock.unlock();
             lock.lock();
-            if (s.closed) fail(SG_ERR_PEER_LOST, "session is closed");
+            if (s.closed()) fail(SG_ERR_PEER_LOST, "session is closed");
         }
     } catch (...) {
         for (auto &r : reg.regions) s.tp->deregister(r);
@@ -146,12 +176,13 @@ void Context::export_kv(Session &s, KvPool &pool) {
 void Context::close_session(Session &s, uint64_t deadline) {
     if (!deadline) deadline = now_ns() + kDestroyDrainNs;
     std::unique_lock lock(mu);
-    if (!s.closed && !s.bye_sent) {
+    if (!s.closed() && !s.bye_sent) {
         wire::Bye bye;
         std::vector<uint8_t> out;
         wire::encode(out, id, bye);
         send(s, out);
         s.bye_sent = true;
+        if (s.state() == SessionState::Open) s.advance(SessionState::Draining);
     }
     // fail_transfer takes an unmatched post out of its map: walk a copy.
     auto fail_all = [&](auto &m) {
@@ -166,7 +197,7 @@ void Context::close_session(Session &s, uint64_t deadline) {
     // answer the Bye (peers of 1.1 and newer): until it has, frames we sent may still be in the
     // provider's or the kernel's buffers, and closing the endpoint could drop them.
     auto busy = [&] {
-        if (!s.closed && s.peer_minor >= 1 && !s.bye_received) return true;
+        if (!s.closed() && s.peer_minor >= 1 && !s.bye_received) return true;
         for (auto &c : cookie_store_)
             if (c->in_use && !c->abandoned && c->session == &s) return true;
         return false;
@@ -190,8 +221,10 @@ void Context::discard_session(Session &s) {
 // The end of a session on this side, with mu held: closed, its unsent frames dropped, operations
 // still in the provider no longer naming it, and the context's entry for the peer gone.
 void Context::detach_session(Session &s) {
-    if (!s.closed) s.lost_ns = now_ns();
-    s.closed = true;
+    if (!s.closed()) {
+        s.lost_ns = now_ns();
+        s.advance(SessionState::Closed);
+    }
     forget_held_frames(s);
     // Sends that never left are dropped; their cookies go back to the pool.
     for (auto *queue : {&s.outbox, &s.bulk_outbox, &s.auth_outbox}) {
@@ -201,6 +234,8 @@ void Context::detach_session(Session &s) {
         }
         queue->clear();
     }
+    for (auto &[k, t] : s.expects) note_quiesced(*t);
+    for (auto &[k, t] : s.posts) note_quiesced(*t);
     // The session object goes away with its handle; a provider that never completes operations to
     // a peer that stopped answering would leave them naming it forever.
     if (s.tp->caps().local_only) abandon_ops(s);
@@ -216,14 +251,21 @@ void Context::close_gracefully(Session &s, uint64_t timeout_ns) {
     const uint64_t deadline = now_ns() + std::min<uint64_t>(timeout_ns, uint64_t(1) << 62);
     {
         std::unique_lock lock(mu);
-        s.draining = true;
+        if (s.state() == SessionState::Open || s.state() == SessionState::Authenticating)
+            s.advance(SessionState::Draining);
         auto running = [&] {
             size_t n = s.unmatched_posts.size();
-            for (auto &[k, t] : s.expects) n += !t->is_quiesced();
-            for (auto &[k, t] : s.posts) n += !t->is_quiesced();
+            auto count = [&](auto &transfers) {
+                for (auto &[k, t] : transfers) {
+                    note_quiesced(*t);
+                    n += !t->is_quiesced();
+                }
+            };
+            count(s.expects);
+            count(s.posts);
             return n;
         };
-        for (size_t n; !s.closed && (n = running()) > 0;) {
+        for (size_t n; !s.closed() && (n = running()) > 0;) {
             const uint64_t now = now_ns();
             if (now >= deadline)
                 fail(SG_ERR_TIMEOUT, std::to_string(n) + " transfer(s) still running on the session; it keeps draining");
@@ -259,7 +301,7 @@ void Context::drop_registrations(Session &s) {
 
 
 void Context::send(Session &s, const std::vector<uint8_t> &frame, Transfer *t, bool bulk) {
-    if (s.closed) return;
+    if (s.closed()) return;
     OpCookie *c = take_cookie();
     c->kind = OpCookie::Kind::Send;
     c->session = &s;
@@ -303,7 +345,7 @@ void Context::flush_outbox(Session &s) {
         return true;
     };
     if (!s.may_send || !drain(s.auth_outbox)) return;
-    if (s.authenticated && drain(s.outbox)) drain(s.bulk_outbox);
+    if (s.proven && drain(s.outbox)) drain(s.bulk_outbox);
 }
 
 
@@ -324,9 +366,9 @@ void Context::check_timers_locked() {
     }
     for (auto &[peer_id, weak] : sessions_) {
         auto s = weak.lock();
-        if (s && s->closed && !s->regs_dropped) drop_registrations(*s);
-        if (s && s->closed && s->tp->caps().local_only && now - s->lost_ns > kAbandonAfterLossNs) abandon_ops(*s);
-        if (!s || s->closed) continue;
+        if (s && s->closed() && !s->regs_dropped) drop_registrations(*s);
+        if (s && s->closed() && s->tp->caps().local_only && now - s->lost_ns > kAbandonAfterLossNs) abandon_ops(*s);
+        if (!s || s->closed()) continue;
         if (now - s->last_heard_ns > peer_timeout_ns_) {
             lose_session(*s, SG_ERR_PEER_LOST,
                          "peer sent nothing for " + std::to_string((now - s->last_heard_ns) / 1000000) +
@@ -348,7 +390,7 @@ void Context::check_timers_locked() {
         for (auto &t : timed) {
             if (t->deadline_abs_ns && now > t->deadline_abs_ns && !t->finished())
                 fail_transfer(*t, SG_ERR_DEADLINE, "transfer '" + t->request_id + "' missed its deadline", true);
-            if (t->lease_deadline_ns && now > t->lease_deadline_ns && !t->finished()) {
+            if (t->prefill.lease_deadline_ns && now > t->prefill.lease_deadline_ns && !t->finished()) {
                 emit(*t, SG_EVENT_LEASE_EXPIRED, 0, SG_ERR_LEASE_EXPIRED);
                 fail_transfer(*t, SG_ERR_LEASE_EXPIRED,
                               "the lease of '" + t->request_id + "' ended (" +

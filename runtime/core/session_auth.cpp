@@ -48,64 +48,44 @@ wire::Hello parse_metadata(const Context &ctx, std::span<const uint8_t> blob) {
 
 // Fabric challenge-response of sessions made from metadata blobs: each side challenges with a fresh
 // nonce and answers the other's challenge; a side trusts the peer once the peer's answer checks.
-void Context::handle_auth(Session &s, const wire::FrameHeader &h, std::span<const uint8_t> body) {
-    s.last_heard_ns = now_ns();
-    counters.messages_received++;
-    if (!s.may_send) {
-        s.may_send = true;
-        flush_outbox(s);
+
+void Context::on_auth_challenge(Session &s, wire::AuthChallenge &m) {
+    // Only sessions the host opened from a blob answer: a bootstrapped session proved itself
+    // already, and answering anyone would make this context an oracle.
+    if (s.auth_nonce.empty()) return;
+    std::vector<uint8_t> out;
+    wire::encode(out, id, wire::AuthProof{auth::fabric_proof(key_, id, s.peer_ctx_id, m.nonce)});
+    send_auth(s, out);
+}
+
+void Context::on_auth_proof(Session &s, wire::AuthProof &m) {
+    if (s.proven || s.auth_nonce.empty()) return;
+    const bool ok = auth::mac_equal(m.mac, auth::fabric_proof(key_, s.peer_ctx_id, id, s.auth_nonce));
+    std::vector<uint8_t> out;
+    wire::encode(out, id, wire::AuthResult{ok ? 1u : 0u});
+    send_auth(s, out);
+    if (!ok) {
+        counters.auth_failures++;
+        lose_session(s, SG_ERR_AUTH_FAILED,
+                     "the peer's key proof does not match this context's key (the two sides hold different keys)");
+        return;
     }
-    if (s.closed || key_.empty()) return;
-    auto check = [](wire::DecodeError e, const char *what) {
-        if (e != wire::DecodeError::None) fail(SG_ERR_PROTOCOL, std::string(what) + ": " + wire::decode_error_str(e));
-    };
-    switch (h.type) {
-        case wire::MsgType::AuthChallenge: {
-            // Only sessions the host opened from a blob answer: a bootstrapped session proved itself
-            // already, and answering anyone would make this context an oracle.
-            if (s.auth_nonce.empty()) return;
-            wire::AuthChallenge m;
-            check(wire::decode(body, m), "AuthChallenge");
-            std::vector<uint8_t> out;
-            wire::encode(out, id, wire::AuthProof{auth::fabric_proof(key_, id, s.peer_ctx_id, m.nonce)});
-            send_auth(s, out);
-            return;
-        }
-        case wire::MsgType::AuthProof: {
-            if (s.authenticated || s.auth_nonce.empty()) return;
-            wire::AuthProof m;
-            check(wire::decode(body, m), "AuthProof");
-            const bool ok = auth::mac_equal(m.mac, auth::fabric_proof(key_, s.peer_ctx_id, id, s.auth_nonce));
-            std::vector<uint8_t> out;
-            wire::encode(out, id, wire::AuthResult{ok ? 1u : 0u});
-            send_auth(s, out);
-            if (!ok) {
-                counters.auth_failures++;
-                lose_session(s, SG_ERR_AUTH_FAILED,
-                             "the peer's key proof does not match this context's key (the two sides hold different keys)");
-                return;
-            }
-            s.authenticated = true;
-            log.log(SG_LOG_INFO, "session with peer " + std::to_string(s.peer_ctx_id) + " authenticated over the fabric");
-            flush_outbox(s);
-            auto held = std::move(s.held_frames);
-            forget_held_frames(s);
-            for (auto &f : held) on_message(f);
-            cv.notify_all();
-            signal_event();
-            return;
-        }
-        case wire::MsgType::AuthResult: {
-            wire::AuthResult m;
-            check(wire::decode(body, m), "AuthResult");
-            if (!m.accepted) {
-                counters.auth_failures++;
-                lose_session(s, SG_ERR_AUTH_FAILED,
-                             "the peer rejected this context's key proof (the two sides hold different keys)");
-            }
-            return;
-        }
-        default: return;
+    s.proven = true;
+    s.advance(SessionState::Open);
+    log.log(SG_LOG_INFO, "session with peer " + std::to_string(s.peer_ctx_id) + " authenticated over the fabric");
+    flush_outbox(s);
+    auto held = std::move(s.held_frames);
+    forget_held_frames(s);
+    for (auto &f : held) on_message(f);
+    cv.notify_all();
+    signal_event();
+}
+
+void Context::on_auth_result(Session &s, wire::AuthResult &m) {
+    if (!m.accepted) {
+        counters.auth_failures++;
+        lose_session(s, SG_ERR_AUTH_FAILED,
+                     "the peer rejected this context's key proof (the two sides hold different keys)");
     }
 }
 

@@ -113,10 +113,10 @@ bool Context::choose_staging(Session &s) {
 }
 
 void Context::record_layer_rate(Transfer &t, Transfer::Layer &L) {
-    if (!L.candidate || staging_policy_ != SG_STAGING_AUTO) return;
-    const uint64_t ns = std::max<uint64_t>(1, now_ns() - L.start_ns);
-    const double rate = double(L.bytes) / double(ns);
-    double &r = t.session->path_rate[L.staged ? 1 : 0];
+    if (!L.out.candidate || staging_policy_ != SG_STAGING_AUTO) return;
+    const uint64_t ns = std::max<uint64_t>(1, now_ns() - L.out.start_ns);
+    const double rate = double(L.out.bytes) / double(ns);
+    double &r = t.session->path_rate[L.out.staged ? 1 : 0];
     r = r == 0 ? rate : 0.5 * r + 0.5 * rate;
 }
 
@@ -153,7 +153,7 @@ bool Context::post_staged_chunk(Transfer &t, uint32_t layer, const Vec<plan::Op>
             t.stats.staging_copies++;
             counters.staging_copies++;
         }
-        chunk.segments.push_back({layer * t.dst->regions_per_layer + op.dst_region, op.dst_offset, op.len});
+        chunk.segments.push_back({layer * t.prefill.dst->regions_per_layer + op.dst_region, op.dst_offset, op.len});
     }
     const wire::Region &peer_area = s.peer_staging.regions[0];
     OpCookie *c = take_cookie();
@@ -191,7 +191,7 @@ bool Context::post_staged_chunk(Transfer &t, uint32_t layer, const Vec<plan::Op>
         unit->outstanding++;
         count_unit_bytes(t, *unit, used);
     } else {
-        t.layers[layer].outstanding++;
+        t.layers[layer].out.outstanding++;
     }
     t.stats.rma_ops++;
     t.stats.bytes += used;
@@ -206,6 +206,53 @@ bool Context::post_staged_chunk(Transfer &t, uint32_t layer, const Vec<plan::Op>
         c->bytes.assign(notice.begin(), notice.end());  // sent when the write completes
     }
     return true;
+}
+
+void Context::on_staged_chunk(Session &s, wire::StagedChunk &m) {
+    if (m.slot >= StagingArea::kSlots) fail(SG_ERR_PROTOCOL, "StagedChunk names a slot that does not exist");
+    if (!s.recv_staging.base) fail(SG_ERR_PROTOCOL, "StagedChunk on a session that offered no staging slots");
+    if (Transfer *running = running_expect(s, m.decode_xfer_id)) {
+        Transfer &t = *running;
+        const kv::Layout &L = t.pool->layout;
+        const uint8_t *src = s.recv_staging.base + m.slot * StagingArea::kSlotBytes;
+        uint64_t pos = m.slot_offset;
+        // The peer is trusted with the keys of this pool, not with our address space: every
+        // segment must fall inside the slot and inside the pool's region. All are checked
+        // before the first byte is copied.
+        for (const wire::Segment &seg : m.segments) {
+            const uint32_t layer = seg.region / L.regions_per_layer();
+            if (layer >= L.num_layers || !in_bounds(seg.offset, seg.length, L.region_bytes()) ||
+                !in_bounds(pos, seg.length, StagingArea::kSlotBytes))
+                fail(SG_ERR_PROTOCOL, "StagedChunk segment outside the pool or the staging slot");
+            pos += seg.length;
+        }
+        pos = m.slot_offset;
+        for (const wire::Segment &seg : m.segments) {
+            const uint32_t layer = seg.region / L.regions_per_layer();
+            std::memcpy(t.pool->region(layer, seg.region % L.regions_per_layer()) + seg.offset, src + pos,
+                        seg.length);
+            pos += seg.length;
+            counters.staging_copies++;
+            t.stats.staging_copies++;
+            t.stats.staged_bytes += seg.length;
+        }
+        if (m.layer < t.layers.size()) {
+            t.layers[m.layer].staged_chunks++;
+            if (t.selective())
+                apply_held_notices(t, m.layer);
+            else
+                maybe_layer_ready(t, m.layer);
+        }
+    }
+    wire::StagingCredit credit;
+    credit.slot = m.slot;
+    std::vector<uint8_t> out;
+    wire::encode(out, id, credit);
+    send(s, out);
+}
+
+void Context::on_staging_credit(Session &s, wire::StagingCredit &m) {
+    if (m.slot < StagingArea::kSlots) s.free_peer_slots |= 1u << m.slot;
 }
 
 }  // namespace sg::core

@@ -36,8 +36,8 @@ std::shared_ptr<Transfer> Context::expect(const std::shared_ptr<Session> &s, con
     check_request_id(rid);
     kv::check_block_table(pool->layout, table, num_tokens);
     std::lock_guard lock(mu);
-    if (s->closed) fail(s->error ? s->error : SG_ERR_PEER_LOST, "session is closed");
-    if (s->draining) fail(SG_ERR_INVALID_STATE, "session is closing (sg_session_close)");
+    if (s->closed()) fail(s->error ? s->error : SG_ERR_PEER_LOST, "session is closed");
+    if (s->state() == SessionState::Draining) fail(SG_ERR_INVALID_STATE, "session is closing (sg_session_close)");
     if (!s->local_regs.count(pool->id))
         fail(SG_ERR_INVALID_STATE, "the destination pool was not exported to this session (sg_session_export_kv)");
     if (s->unfinished() >= max_transfers_per_session_)
@@ -52,7 +52,7 @@ std::shared_ptr<Transfer> Context::expect(const std::shared_ptr<Session> &s, con
     if (auto c = s->peer_canceled.find(rid); c != s->peer_canceled.end()) {
         // The prefill side canceled this request before we expected it: nothing will be sent.
         s->expects[t->id] = t;
-        t->quiesced = true;
+        t->decode.peer_quiesced = true;
         fail_transfer(*t, c->second.first, c->second.second, false);
         s->peer_canceled.erase(c);
         return t;
@@ -110,7 +110,7 @@ std::shared_ptr<Transfer> Context::post(const std::shared_ptr<Session> &s, const
     if (t->selective()) {
         const kv::Layout &L = pool->layout;
         const uint32_t nb = uint32_t(kernels::num_blocks(num_tokens, L.tokens_per_block));
-        for (auto &layer : t->layers) layer.claimed.assign(nb, 0);
+        for (auto &layer : t->layers) layer.out.claimed.assign(nb, 0);
         if (paths & SG_PATH_PROACTIVE) {
             kernel_dtype(L.dtype);  // selection reads fp32, fp16 and bf16 keys
             const select::Profile p = profile ? *profile : default_profile(L.num_layers, L.num_kv_heads, L.tokens_per_block);
@@ -119,14 +119,14 @@ std::shared_ptr<Transfer> Context::post(const std::shared_ptr<Session> &s, const
                                                  std::to_string(p.block_tokens) + "-token blocks, the pool has " +
                                                  std::to_string(L.num_layers) + " of " +
                                                  std::to_string(L.tokens_per_block));
-            t->selector = std::make_unique<LayerSelector>(p, L.num_kv_heads, L.head_dim, num_tokens, 2 * L.row_bytes());
+            t->sel.selector = std::make_unique<LayerSelector>(p, L.num_kv_heads, L.head_dim, num_tokens, 2 * L.row_bytes());
         }
         if (opt.flags & SG_TRANSFER_ALL_LAYERS_WRITTEN)
             for (uint32_t l = 0; l < nl; ++l) prepared.push_back(prepare_layer(*t, l, nullptr, 0, 0));
     }
     std::lock_guard lock(mu);
-    if (s->closed) fail(s->error ? s->error : SG_ERR_PEER_LOST, "session is closed");
-    if (s->draining) fail(SG_ERR_INVALID_STATE, "session is closing (sg_session_close)");
+    if (s->closed()) fail(s->error ? s->error : SG_ERR_PEER_LOST, "session is closed");
+    if (s->state() == SessionState::Draining) fail(SG_ERR_INVALID_STATE, "session is closing (sg_session_close)");
     if (s->unmatched_posts.count(rid) || s->posts.count(rid))
         fail(SG_ERR_DUPLICATE, std::string("request '") + rid + "' is already posted on this session");
     if (!s->local_regs.count(pool->id))
@@ -140,16 +140,16 @@ std::shared_ptr<Transfer> Context::post(const std::shared_ptr<Session> &s, const
         wire::encode(out, id, wire::Reposted{rid});
         send(*s, out);
     }
-    t->order = std::move(order);
-    t->src_reg = &s->local_regs.at(pool->id);  // map nodes are stable for the session's life
+    t->prefill.order = std::move(order);
+    t->prefill.src_reg = &s->local_regs.at(pool->id);  // map nodes are stable for the session's life
     if (opt.deadline_ns) t->deadline_abs_ns = saturating_add(now_ns(), opt.deadline_ns);
     if (t->selective()) {
         for (uint32_t l = 0; l < prepared.size(); ++l) commit_layer(*t, l, std::move(prepared[l]));
     } else if (opt.flags & SG_TRANSFER_ALL_LAYERS_WRITTEN) {
         const uint64_t now = now_ns();
         for (auto &L : t->layers) {
-            L.written = true;
-            L.written_ns = now;
+            L.out.written = true;
+            L.out.written_ns = now;
         }
     }
     auto e = s->unmatched_expects.find(rid);
@@ -178,10 +178,10 @@ void Context::match(Session &s, const std::shared_ptr<Transfer> &t, const wire::
             fail(SG_ERR_LAYOUT_MISMATCH, "token counts differ: posted " + std::to_string(t->num_tokens) + ", expected " +
                                              std::to_string(e.num_tokens));
         kv::check_block_table(rp->second.layout, e.block_ids, e.num_tokens);
-        t->dst = &rp->second;
-        t->dst_table.assign(e.block_ids.begin(), e.block_ids.end());
+        t->prefill.dst = &rp->second;
+        t->prefill.dst_table.assign(e.block_ids.begin(), e.block_ids.end());
         start_selective(*t);
-        t->matched = true;
+        t->advance(plan::TransferState::Running);
         active_.push_back(t);
         active_unsorted_ = true;
     } catch (const Error &err) {
@@ -207,10 +207,10 @@ void Context::layer_written(Transfer &t, uint32_t layer, const float *queries, u
         return;
     }
     std::lock_guard lock(mu);
-    if (!t.layers[layer].written) {
-        t.layers[layer].written = true;
-        t.layers[layer].written_ns = now_ns();
-        if (t.matched && !t.finished()) pump(t, 16);
+    if (!t.layers[layer].out.written) {
+        t.layers[layer].out.written = true;
+        t.layers[layer].out.written_ns = now_ns();
+        if (t.matched() && !t.finished()) pump(t, 16);
     }
     wake();
 }
@@ -219,14 +219,14 @@ void Context::layer_written(Transfer &t, uint32_t layer, const float *queries, u
 // after the last. With FI_ORDER_SAW the notice may follow the writes at once; otherwise it waits
 // until the layer's writes (issued with delivery completion) have completed.
 void Context::maybe_send_notices(Transfer &t) {
-    if (t.finished() || !t.matched) return;
+    if (t.finished() || !t.matched()) return;
     const bool saw = t.session->tp->caps().send_after_write;
     // Layers before notice_pos are settled; each call only looks at the few still in flight.
-    for (size_t i = t.notice_pos; i < t.order.size(); ++i) {
-        const uint32_t l = t.order[i];
+    for (size_t i = t.prefill.notice_pos; i < t.prefill.order.size(); ++i) {
+        const uint32_t l = t.prefill.order[i];
         Transfer::Layer &L = t.layers[l];
-        if (!L.posted) break;  // notices go in send order
-        if (!L.notice_sent && (saw || L.outstanding == 0)) {
+        if (!L.out.posted) break;  // notices go in send order
+        if (!L.out.notice_sent && (saw || L.out.outstanding == 0)) {
             wire::LayerReady m;
             m.decode_xfer_id = t.id;
             m.layer = l;
@@ -235,27 +235,27 @@ void Context::maybe_send_notices(Transfer &t) {
             std::vector<uint8_t> out;
             wire::encode(out, id, m);
             send(*t.session, out, &t);
-            L.notice_sent = true;
+            L.out.notice_sent = true;
         }
-        if (!L.notice_sent) break;
-        if (L.outstanding == 0 && !L.ready) {
+        if (!L.out.notice_sent) break;
+        if (L.out.outstanding == 0 && !L.ready) {
             record_layer_rate(t, L);
             t.residency.set_layer(l);
             mark_ready(t, l);
         }
-        if (i == t.notice_pos && L.ready) t.notice_pos++;
+        if (i == t.prefill.notice_pos && L.ready) t.prefill.notice_pos++;
     }
-    if (t.notice_pos == t.order.size()) send_done(t);
+    if (t.prefill.notice_pos == t.prefill.order.size()) send_done(t);
 }
 
 void Context::send_done(Transfer &t) {
-    if (t.done_sent) return;
+    if (t.prefill.done_sent) return;
     wire::TransferDone m;
     m.decode_xfer_id = t.id;
     m.bytes = t.stats.bytes;
     std::vector<uint8_t> out;
     wire::encode(out, id, m);
-    t.done_sent = true;
+    t.prefill.done_sent = true;
     send(*t.session, out, &t);
 }
 
@@ -271,7 +271,7 @@ void Context::mark_ready(Transfer &t, uint32_t layer) {
 // been unpacked, in whatever order the provider completed those messages.
 void Context::maybe_layer_ready(Transfer &t, uint32_t layer) {
     Transfer::Layer &L = t.layers[layer];
-    if (L.ready || !L.notice_received || L.staged_chunks < L.chunks_announced) return;
+    if (L.ready || !L.in.notice_received || L.staged_chunks < L.in.chunks_announced) return;
     t.residency.set_layer(layer);
     mark_ready(t, layer);
     complete_if_done(t);
@@ -282,46 +282,55 @@ void Context::maybe_layer_ready(Transfer &t, uint32_t layer) {
 void Context::complete_if_done(Transfer &t) {
     if (t.finished()) return;
     if (t.post_side) {
-        if (!t.done_sent || t.inflight) return;
-        if (t.session->peer_minor >= 1 && !t.done_acked) return;
+        if (!t.prefill.done_sent || t.inflight) return;
+        if (t.session->peer_minor >= 1 && !t.prefill.done_acked) return;
     } else {
-        if (!t.done_received || t.stats.layers_ready < t.layers.size()) return;
+        if (!t.decode.done_received || t.stats.layers_ready < t.layers.size()) return;
         // Digests travel behind the notices: a layer whose proactive notice came is not complete
         // before its digests are (SG_LAYER_ESSENTIAL then holds for every such layer at completion).
         for (const auto &L : t.layers)
-            if (L.essential_notice && !L.essential) return;
+            if (L.in.essential_notice && !L.essential) return;
         if (t.session->peer_minor >= 1) {
             std::vector<uint8_t> out;
             wire::encode(out, id, wire::TransferAck{t.id});
             send(*t.session, out);
         }
     }
-    t.status = SG_OK;
-    t.stats.end_ns = now_ns();
-    counters.transfers_completed++;
-    emit(t, SG_EVENT_FINISHED, 0, SG_OK);
+    finish(t, SG_OK, {});
     note_quiesced(t);
+}
+
+// Unmatched or Running -> Finished with its final status: the one place a transfer's outcome is
+// set, counted and announced.
+void Context::finish(Transfer &t, sg_status_t status, const std::string &message) {
+    t.status = status;
+    t.error = message;
+    t.stats.end_ns = now_ns();
+    t.advance(plan::TransferState::Finished);
+    if (status == SG_OK) {
+        counters.transfers_completed++;
+    } else {
+        counters.transfers_failed++;
+        if (status == SG_ERR_CANCELED) counters.transfers_canceled++;
+        if (status == SG_ERR_DEADLINE) counters.deadlines_hit++;
+    }
+    emit(t, SG_EVENT_FINISHED, 0, status);
     signal_event();
     cv.notify_all();
 }
 
 void Context::fail_transfer(Transfer &t, sg_status_t status, const std::string &message, bool tell_peer) {
     if (t.finished()) return;
-    t.status = status;
-    t.error = message;
-    counters.transfers_failed++;
-    signal_event();
-    if (status == SG_ERR_CANCELED) counters.transfers_canceled++;
-    if (status == SG_ERR_DEADLINE) counters.deadlines_hit++;
-    t.stats.end_ns = now_ns();
-    if (t.post_side && !t.matched) {
+    const bool was_matched = t.state() != plan::TransferState::Unmatched;
+    finish(t, status, message);
+    if (t.post_side && !was_matched) {
         Session &s = *t.session;
         auto u = s.unmatched_posts.find(t.request_id);
         if (u != s.unmatched_posts.end() && u->second.get() == &t) s.unmatched_posts.erase(u);
         // The decode side may not have expected yet; its Expect will be answered when it comes.
         if (tell_peer && s.canceled_unmatched.size() < 65536) s.canceled_unmatched[t.request_id] = {status, message};
     }
-    if (tell_peer && !t.session->closed) {
+    if (tell_peer && !t.session->closed()) {
         wire::TransferError m;
         m.request_id = t.request_id;
         m.decode_xfer_id = t.id;
@@ -333,9 +342,7 @@ void Context::fail_transfer(Transfer &t, sg_status_t status, const std::string &
         send(*t.session, out);
     }
     maybe_send_quiesced(t);
-    emit(t, SG_EVENT_FINISHED, 0, status);
     note_quiesced(t);
-    cv.notify_all();
 }
 
 void Context::send_quiesced(Session &s, uint64_t decode_xfer_id) {
@@ -347,28 +354,35 @@ void Context::send_quiesced(Session &s, uint64_t decode_xfer_id) {
 // Prefill: after a transfer that answered an Expect failed, tell the decode side once its last
 // write completed.
 void Context::maybe_send_quiesced(Transfer &t) {
-    if (!t.post_side || !t.id || !t.finished() || (t.status == SG_OK && !t.peer_released) || t.inflight ||
-        t.quiesce_sent)
+    if (!t.post_side || !t.id || !t.finished() || (t.status == SG_OK && !t.prefill.peer_released) || t.inflight ||
+        t.prefill.quiesce_sent)
         return;
-    t.quiesce_sent = true;
+    t.prefill.quiesce_sent = true;
     send_quiesced(*t.session, t.id);
 }
 
-bool Transfer::is_quiesced() const {
-    if (!finished()) return false;
+void Transfer::advance(plan::TransferState to) {
+    const plan::TransferState from = state();
+    if (!plan::legal_transition(from, to))
+        fail(SG_ERR_INTERNAL, "transfer '" + request_id + "': no transition " + plan::state_name(from) + " -> " +
+                                  plan::state_name(to));
+    state_.store(to, std::memory_order_release);
+}
+
+bool Transfer::quiesce_condition() const {
     if (post_side) return inflight == 0;
     // A lost session's registrations are closed (drop_registrations), so nothing can land.
-    return quiesced || session->closed;
+    return decode.peer_quiesced || session->closed();
 }
 
 void Context::cancel(Transfer &t, sg_status_t why, const std::string &message) {
     std::lock_guard lock(mu);
     if (t.finished()) return;
-    t.canceled_locally = true;
     fail_transfer(t, why, message, true);
 }
 
 void Context::release(Transfer &t) {
+    t.released.store(true, std::memory_order_release);  // its events are dropped from now on
     std::unique_lock lock(mu);
     if (!t.finished()) {
         if (!t.post_side && t.selective())
@@ -380,7 +394,7 @@ void Context::release(Transfer &t) {
     // peer must have confirmed that its writes stopped. A silent peer is lost after
     // peer_timeout_ms anyway; one that keeps talking but never confirms is treated as broken.
     const uint64_t deadline = now_ns() + std::max<uint64_t>(5000000000ull, 2 * peer_timeout_ns_ + 1000000000ull);
-    while (!t.is_quiesced() && now_ns() < deadline) wait_step(lock, deadline);
+    for (note_quiesced(t); !t.is_quiesced() && now_ns() < deadline; note_quiesced(t)) wait_step(lock, deadline);
     if (!t.post_side && !t.is_quiesced())
         lose_session(*t.session, SG_ERR_PROTOCOL,
                      "the peer did not confirm that its writes for '" + t.request_id + "' stopped");
@@ -408,6 +422,7 @@ void Context::release(Transfer &t) {
     }
     active_.erase(std::remove_if(active_.begin(), active_.end(), [&](const auto &p) { return p.get() == &t; }),
                   active_.end());
+    if (t.finished()) t.advance(plan::TransferState::Released);
 }
 
 }  // namespace sg::core

@@ -38,6 +38,7 @@
 //   Fetch          1 request_id bytes, 2 decode_xfer_id u64, 3 layer u32, 4 blocks: packed u32 array
 //   TransferAck    1 decode_xfer_id u64 (since 1.1)
 //   Opened         1 status i32, 2 message bytes (since 1.1)
+//   Release        1 request_id bytes, 2 decode_xfer_id u64 (since 1.2)
 //
 // Every tag of v1.0 is required and must appear exactly once, Hello's endpoint excepted (0..n
 // times). Strings and packed arrays are required too but may be zero bytes long: requiring them
@@ -404,6 +405,13 @@ void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const TransferAck &m
     encode_frame(out, sender_ctx, MsgType::TransferAck, [&] { int_field(out, 1, m.decode_xfer_id); });
 }
 
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Release &m) {
+    encode_frame(out, sender_ctx, MsgType::Release, [&] {
+        str_field(out, 1, m.request_id);
+        int_field(out, 2, m.decode_xfer_id);
+    });
+}
+
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Ping &m) {
     encode_frame(out, sender_ctx, MsgType::Ping, [&] { int_field(out, 1, m.sent_ns); });
 }
@@ -602,6 +610,12 @@ DecodeError decode(std::span<const uint8_t> body, Opened &m) {
 
 DecodeError decode(std::span<const uint8_t> body, TransferAck &m) {
     return walk(body, {1}, [&](uint16_t, Bytes v) { return get(v, m.decode_xfer_id); });
+}
+
+DecodeError decode(std::span<const uint8_t> body, Release &m) {
+    return walk(body, {2}, [&](uint16_t tag, Bytes v) {
+        return tag == 1 ? get(v, m.request_id, kMaxNameBytes) : get(v, m.decode_xfer_id);
+    });
 }
 
 DecodeError decode(std::span<const uint8_t> body, Ping &m) {

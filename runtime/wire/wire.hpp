@@ -20,7 +20,7 @@ namespace sg::wire {
 inline constexpr uint32_t kMagic = 0x31574753u;  // bytes "SGW1" on the wire (little-endian)
 inline constexpr uint16_t kProtoMajor = 1;
 // 1.1: AuthResult carries a MAC (role-bound bootstrap verdicts), TransferAck, Bye replies.
-inline constexpr uint16_t kProtoMinor = 1;
+inline constexpr uint16_t kProtoMinor = 2;
 inline constexpr uint16_t kOptionalBit = 0x8000;
 inline constexpr size_t kFrameHeaderBytes = 4 + 2 + 2 + 2 + 2 + 8 + 4;
 // Largest frame either side sends or accepts (receive buffers are this size).
@@ -53,8 +53,10 @@ enum class MsgType : uint16_t {
     // Since 1.1:
     TransferAck = 23,    // decode -> prefill: every byte of the transfer is in place (it completed)
     Opened = 24,         // bootstrap, each way, last: whether the sender could open its session
+    // Since 1.2:
+    Release = 25,        // decode -> prefill: the decode side is done with a selective transfer (not a failure)
 };
-inline constexpr MsgType kLastMsgType = MsgType::Opened;
+inline constexpr MsgType kLastMsgType = MsgType::Release;
 
 inline constexpr size_t kNonceBytes = 32;
 inline constexpr size_t kMacBytes = 32;  // HMAC-SHA256
@@ -232,6 +234,12 @@ struct TransferAck {
     uint64_t decode_xfer_id = 0;
 };
 
+// 1.2: replaces "Cancel with status 0 from the decode side", which peers before 1.2 still send.
+struct Release {
+    std::string request_id;
+    uint64_t decode_xfer_id = 0;
+};
+
 // The last bootstrap frame each way (1.1): both sides report whether they opened the session, so a
 // session exists on both sides or on neither (a provider mismatch used to fail one side only).
 struct Opened {
@@ -283,6 +291,7 @@ void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Digests &m);
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const BlocksReady &m);
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Fetch &m);
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const TransferAck &m);
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Release &m);
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Opened &m);
 
 // Parses the frame header and checks magic, major version and that body_len fits in `frame`.
@@ -312,6 +321,7 @@ DecodeError decode(std::span<const uint8_t> body, Digests &m);
 DecodeError decode(std::span<const uint8_t> body, BlocksReady &m);
 DecodeError decode(std::span<const uint8_t> body, Fetch &m);
 DecodeError decode(std::span<const uint8_t> body, TransferAck &m);
+DecodeError decode(std::span<const uint8_t> body, Release &m);
 DecodeError decode(std::span<const uint8_t> body, Opened &m);
 
 // For tests of forward compatibility: appends a field with an arbitrary tag to the last frame in

@@ -114,7 +114,7 @@ TEST(HostilePeer, AStagedChunkWhoseSlotOffsetWrapsFailsTheSessionAndTouchesNoMem
     wire::encode(frame, p.prefill.id, m);
     p.decode.inject_frame(frame);
     std::lock_guard lock(p.decode.mu);
-    EXPECT_TRUE(p.at_decode->closed);
+    EXPECT_TRUE(p.at_decode->closed());
     EXPECT_EQ(p.at_decode->error, SG_ERR_PROTOCOL) << p.at_decode->error_message;
     EXPECT_EQ(t->status, SG_ERR_PROTOCOL);
     for (uint16_t x : pool.k[0]) ASSERT_EQ(x, 0u);
@@ -237,12 +237,12 @@ TEST(ExceptionBarrier, ATransportErrorOnTheProgressThreadFailsTheSessionsNotTheP
     for (;;) {
         {
             std::lock_guard lock(a.mu);
-            if (s->closed || now_ns() > until) break;
+            if (s->closed() || now_ns() > until) break;
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     std::lock_guard lock(a.mu);
-    EXPECT_TRUE(s->closed);
+    EXPECT_TRUE(s->closed());
     EXPECT_EQ(s->error, SG_ERR_INTERNAL);
     EXPECT_NE(s->error_message.find("injected failure"), std::string::npos) << s->error_message;
 }
@@ -278,7 +278,7 @@ TEST(Unauthenticated, APeerThatSendsTooMuchBeforeProvingItsKeyIsDropped) {
     for (int i = 0; i < 100; ++i) a.inject_frame(big_frame(b.id));
     {
         std::lock_guard lock(a.mu);
-        EXPECT_TRUE(s->closed);
+        EXPECT_TRUE(s->closed());
         EXPECT_EQ(s->error, SG_ERR_PROTOCOL) << s->error_message;
     }
     EXPECT_EQ(a.unauthenticated_bytes(), 0u);

@@ -153,6 +153,7 @@ std::vector<Buf> corpus() {
     add([](Buf &b) { encode(b, kCtx, Bye{0, 1}); });
     add([](Buf &b) { encode(b, kCtx, TransferAck{8}); });
     add([](Buf &b) { encode(b, kCtx, Opened{-7, "no provider in common"}); });
+    add([](Buf &b) { encode(b, kCtx, Release{"req-9", 8}); });
     return frames;
 }
 
@@ -186,6 +187,7 @@ DecodeError decode_frame(Bytes frame) {
     case MsgType::Fetch: { Fetch m; return decode(body, m); }
     case MsgType::TransferAck: { TransferAck m; return decode(body, m); }
     case MsgType::Opened: { Opened m; return decode(body, m); }
+    case MsgType::Release: { Release m; return decode(body, m); }
     }
     return E::UnknownType;
 }
