@@ -99,7 +99,7 @@ Layout make_layout(const sg_kv_layout_t &pub) {
     return l;
 }
 
-Layout from_desc(const wire::LayoutDesc &d) {
+Layout from_desc(const LayoutDesc &d) {
     // Enum fields are checked as integers before they become enums: a peer may send anything.
     if (d.dtype > SG_DTYPE_FP8_E4M3 || d.packing > SG_KV_FUSED || d.block_order > SG_BLOCK_HEAD_MAJOR ||
         d.mem_kind > SG_MEM_CUDA)
@@ -119,8 +119,8 @@ Layout from_desc(const wire::LayoutDesc &d) {
     return l;
 }
 
-wire::LayoutDesc Layout::to_desc() const {
-    wire::LayoutDesc d;
+LayoutDesc Layout::to_desc() const {
+    LayoutDesc d;
     d.num_layers = num_layers;
     d.num_kv_heads = num_kv_heads;
     d.head_dim = head_dim;

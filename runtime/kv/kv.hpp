@@ -1,5 +1,5 @@
 // runtime/kv: paged KV pool layouts — validation, block addressing, mapping between two layouts —
-// and residency bitmaps. Depends on common/ and wire/ (for the layout descriptor a peer sends).
+// and residency bitmaps. Depends on common/ (also for the layout descriptor a peer sends).
 //
 // A pool has, per layer, one region (fused K+V, or K) or two (K and V). A block's K plane holds
 // tokens_per_block x num_kv_heads x head_dim elements, ordered token-major or head-major; its V
@@ -7,7 +7,7 @@
 #pragma once
 
 #include "common/common.hpp"
-#include "wire/wire.hpp"
+#include "common/layout_desc.hpp"
 
 #include <smartgen/smartgen.h>
 
@@ -48,7 +48,7 @@ struct Layout {
         return (uint64_t(head) * tokens_per_block + token) * row_bytes();
     }
 
-    wire::LayoutDesc to_desc() const;
+    LayoutDesc to_desc() const;
 };
 
 // Bytes of one element; 0 for a value that is not an sg_dtype_t (also backs sg_dtype_size).
@@ -60,7 +60,7 @@ Layout make_layout(const sg_kv_layout_t &pub);
 // The same checks of the shape only (no base pointers; num_blocks 0 taken as 1), for selectors.
 Layout make_layout_shape(const sg_kv_layout_t &pub);
 // Same checks for a descriptor received from a peer (SG_ERR_PROTOCOL on nonsense).
-Layout from_desc(const wire::LayoutDesc &desc);
+Layout from_desc(const LayoutDesc &desc);
 
 // Throws Error(SG_ERR_LAYOUT_MISMATCH) naming the field when src cannot be mapped onto dst.
 // Block ids, tokens per block, packing, block order and stride may differ; shape and dtype may not.

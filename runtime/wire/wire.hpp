@@ -1,6 +1,6 @@
 // runtime/wire: control messages between two SmartGen contexts — encode and decode only.
 //
-// Depends on nothing else in the runtime. Every message is a frame:
+// Depends on nothing else in the runtime but common/layout_desc.hpp. Every message is a frame:
 //   u32 magic 'SGW1' | u16 proto_major | u16 proto_minor | u16 type | u16 reserved (0)
 //   | u64 sender context id | u32 body_len | body
 // and the body is a sequence of fields: u16 tag | u32 len | len bytes. A decoder skips fields whose
@@ -8,6 +8,8 @@
 // unknown required tag. Integers are little-endian. Every length is checked against what remains, so
 // a truncated or corrupt message is refused with a reason, never read past its end.
 #pragma once
+
+#include "common/layout_desc.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -107,12 +109,8 @@ struct Region {
     uint64_t length = 0;
 };
 
-struct LayoutDesc {
-    uint32_t num_layers = 0, num_kv_heads = 0, head_dim = 0, tokens_per_block = 0;
-    uint64_t num_blocks = 0;
-    uint32_t dtype = 0, packing = 0, block_order = 0, mem_kind = 0;
-    uint64_t block_stride_bytes = 0;  // resolved (never 0 on the wire)
-};
+// The layout descriptor is shared with kv/ (which may not use wire/), so it lives in common/.
+using LayoutDesc = sg::LayoutDesc;
 
 struct HandleExport {
     uint64_t handle_id = 0;          // the exporter's id of the pool, used in Expect

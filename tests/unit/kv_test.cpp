@@ -53,8 +53,8 @@ struct Pub {
     }
 };
 
-wire::LayoutDesc desc(uint32_t heads = 4, uint32_t head_dim = 64, uint32_t tpb = 16, sg_dtype_t dtype = SG_DTYPE_FP16) {
-    wire::LayoutDesc d;
+LayoutDesc desc(uint32_t heads = 4, uint32_t head_dim = 64, uint32_t tpb = 16, sg_dtype_t dtype = SG_DTYPE_FP16) {
+    LayoutDesc d;
     d.num_layers = 4;
     d.num_kv_heads = heads;
     d.head_dim = head_dim;
@@ -200,7 +200,7 @@ TEST(KvLayout, RefusesStrideTimesBlocksOverflow) {
 TEST(KvLayout, PlaneAndRowOffsetsMatchHandComputedValues) {
     // 3 heads x 5 dims of fp16: a row (one token, one head) is 10 bytes; 4 tokens per block, so a
     // plane is 4 * 3 * 10 = 120 bytes.
-    wire::LayoutDesc d = desc(3, 5, 4, SG_DTYPE_FP16);
+    LayoutDesc d = desc(3, 5, 4, SG_DTYPE_FP16);
 
     d.packing = SG_KV_SEPARATE;
     d.block_order = SG_BLOCK_TOKEN_MAJOR;
@@ -248,7 +248,7 @@ TEST(KvLayout, PlaneAndRowOffsetsMatchHandComputedValues) {
 
 TEST(KvMapping, AcceptsDifferencesThePlannerMaps) {
     const Layout base = from_desc(desc());
-    wire::LayoutDesc d = desc(4, 64, 32);
+    LayoutDesc d = desc(4, 64, 32);
     d.packing = SG_KV_FUSED;
     d.block_order = SG_BLOCK_HEAD_MAJOR;
     d.num_blocks = 999;
@@ -263,18 +263,18 @@ TEST(KvMapping, RefusesShapeOrDtypeDifferenceByName) {
     const Layout base = from_desc(desc());
     struct Case {
         const char *field;
-        void (*change)(wire::LayoutDesc &);
+        void (*change)(LayoutDesc &);
     };
     const Case cases[] = {
-        {"num_layers", [](wire::LayoutDesc &d) { d.num_layers = 5; }},
-        {"num_kv_heads", [](wire::LayoutDesc &d) { d.num_kv_heads = 8; }},
-        {"head_dim", [](wire::LayoutDesc &d) { d.head_dim = 128; }},
+        {"num_layers", [](LayoutDesc &d) { d.num_layers = 5; }},
+        {"num_kv_heads", [](LayoutDesc &d) { d.num_kv_heads = 8; }},
+        {"head_dim", [](LayoutDesc &d) { d.head_dim = 128; }},
         // Same element size, different type: bytes would copy but mean something else.
-        {"dtype", [](wire::LayoutDesc &d) { d.dtype = SG_DTYPE_BF16; }},
+        {"dtype", [](LayoutDesc &d) { d.dtype = SG_DTYPE_BF16; }},
     };
     for (const Case &c : cases) {
         SCOPED_TRACE(c.field);
-        wire::LayoutDesc d = desc();
+        LayoutDesc d = desc();
         c.change(d);
         const Layout other = from_desc(d);
         EXPECT_SG_ERROR(check_mappable(base, other), SG_ERR_LAYOUT_MISMATCH, c.field);
@@ -461,7 +461,7 @@ TEST(KvDesc, RoundTripsThroughDescriptor) {
     p.l.dtype = SG_DTYPE_FP8_E4M3;
     p.l.block_stride_bytes = 2 * 16 * 8 * 128 + 512;
     const Layout a = make_layout(p.l);
-    const wire::LayoutDesc d = a.to_desc();
+    const LayoutDesc d = a.to_desc();
     EXPECT_EQ(d.block_stride_bytes, a.block_stride);  // always resolved on the wire
     const Layout b = from_desc(d);
     EXPECT_EQ(b.num_layers, a.num_layers);
@@ -480,30 +480,30 @@ TEST(KvDesc, RoundTripsThroughDescriptor) {
 TEST(KvDesc, RefusesNonsenseAsProtocolError) {
     struct Case {
         const char *needle;
-        void (*change)(wire::LayoutDesc &);
+        void (*change)(LayoutDesc &);
     };
     const Case cases[] = {
-        {"num_layers", [](wire::LayoutDesc &d) { d.num_layers = 0; }},
-        {"num_layers", [](wire::LayoutDesc &d) { d.num_layers = 65537; }},
-        {"num_kv_heads", [](wire::LayoutDesc &d) { d.num_kv_heads = 0; }},
-        {"head_dim", [](wire::LayoutDesc &d) { d.head_dim = 0; }},
-        {"tokens_per_block", [](wire::LayoutDesc &d) { d.tokens_per_block = 0; }},
-        {"tokens_per_block", [](wire::LayoutDesc &d) { d.tokens_per_block = 0xFFFFFFFF; }},
-        {"num_blocks", [](wire::LayoutDesc &d) { d.num_blocks = 0; }},
-        {"num_blocks", [](wire::LayoutDesc &d) { d.num_blocks = ~uint64_t(0); }},
-        {"dtype", [](wire::LayoutDesc &d) { d.dtype = 4; }},
-        {"packing", [](wire::LayoutDesc &d) { d.packing = 0xFFFFFFFF; }},
-        {"block_order", [](wire::LayoutDesc &d) { d.block_order = 9; }},
-        {"mem_kind", [](wire::LayoutDesc &d) { d.mem_kind = 3; }},
-        {"block_stride_bytes", [](wire::LayoutDesc &d) { d.block_stride_bytes = 3; }},
-        {"overflows", [](wire::LayoutDesc &d) {
+        {"num_layers", [](LayoutDesc &d) { d.num_layers = 0; }},
+        {"num_layers", [](LayoutDesc &d) { d.num_layers = 65537; }},
+        {"num_kv_heads", [](LayoutDesc &d) { d.num_kv_heads = 0; }},
+        {"head_dim", [](LayoutDesc &d) { d.head_dim = 0; }},
+        {"tokens_per_block", [](LayoutDesc &d) { d.tokens_per_block = 0; }},
+        {"tokens_per_block", [](LayoutDesc &d) { d.tokens_per_block = 0xFFFFFFFF; }},
+        {"num_blocks", [](LayoutDesc &d) { d.num_blocks = 0; }},
+        {"num_blocks", [](LayoutDesc &d) { d.num_blocks = ~uint64_t(0); }},
+        {"dtype", [](LayoutDesc &d) { d.dtype = 4; }},
+        {"packing", [](LayoutDesc &d) { d.packing = 0xFFFFFFFF; }},
+        {"block_order", [](LayoutDesc &d) { d.block_order = 9; }},
+        {"mem_kind", [](LayoutDesc &d) { d.mem_kind = 3; }},
+        {"block_stride_bytes", [](LayoutDesc &d) { d.block_stride_bytes = 3; }},
+        {"overflows", [](LayoutDesc &d) {
              d.block_stride_bytes = uint64_t(1) << 40;
              d.num_blocks = uint64_t(1) << 30;
          }},
     };
     for (const Case &c : cases) {
         SCOPED_TRACE(c.needle);
-        wire::LayoutDesc d = desc();
+        LayoutDesc d = desc();
         ASSERT_NO_THROW(from_desc(d));
         c.change(d);
         EXPECT_SG_ERROR(from_desc(d), SG_ERR_PROTOCOL, c.needle);

@@ -35,7 +35,7 @@ struct SideSpec {
 };
 
 kv::Layout make(const Shape &s, const SideSpec &p) {
-    wire::LayoutDesc d;
+    LayoutDesc d;
     d.num_layers = s.layers;
     d.num_kv_heads = s.heads;
     d.head_dim = s.head_dim;

@@ -13,18 +13,14 @@
 #include <vector>
 
 namespace sg::wire {
-// The structs have no operator==; these let the tests compare whole messages.
+// The structs have no operator== (LayoutDesc, from common/, has one); these let the tests compare
+// whole messages.
 static auto tie(const Hello::Endpoint &e) { return std::tie(e.provider, e.address); }
 static auto tie(const Region &r) { return std::tie(r.key, r.base, r.length); }
 static auto tie(const Segment &s) { return std::tie(s.region, s.offset, s.length); }
-static auto tie(const LayoutDesc &l) {
-    return std::tie(l.num_layers, l.num_kv_heads, l.head_dim, l.tokens_per_block, l.num_blocks, l.dtype,
-                    l.packing, l.block_order, l.mem_kind, l.block_stride_bytes);
-}
 static bool operator==(const Hello::Endpoint &a, const Hello::Endpoint &b) { return tie(a) == tie(b); }
 static bool operator==(const Region &a, const Region &b) { return tie(a) == tie(b); }
 static bool operator==(const Segment &a, const Segment &b) { return tie(a) == tie(b); }
-static bool operator==(const LayoutDesc &a, const LayoutDesc &b) { return tie(a) == tie(b); }
 static bool operator==(const Hello &a, const Hello &b) {
     return std::tie(a.proto_major, a.proto_minor, a.ctx_id, a.boot_id, a.netns_inode, a.endpoints, a.auth, a.nonce) ==
            std::tie(b.proto_major, b.proto_minor, b.ctx_id, b.boot_id, b.netns_inode, b.endpoints, b.auth, b.nonce);

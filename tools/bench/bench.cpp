@@ -1,5 +1,6 @@
-// smartgen-bench: the pieces every subcommand shares (bench.hpp): JSON lines, tables, progress,
-// statistics, byte parsing, the LLC size, memcpy bandwidth, plots and flag helpers.
+// smartgen-bench and smartgen-microbench: the pieces every subcommand shares (bench.hpp): the command
+// line, JSON lines, tables, progress, statistics, byte parsing, the LLC size, memcpy bandwidth, plots
+// and flag helpers.
 #include "bench.hpp"
 
 #include <algorithm>
@@ -251,7 +252,7 @@ void Report::plot(const std::string &title, const std::string &x_label, const st
 }
 
 void progress(const std::string &bench, const std::string &text) {
-    std::fprintf(stderr, "smartgen-bench %s: %s\n", bench.c_str(), text.c_str());
+    std::fprintf(stderr, "%s %s: %s\n", kProgram, bench.c_str(), text.c_str());
     std::fflush(stderr);
 }
 
@@ -361,7 +362,7 @@ std::optional<std::string> Flags::take(const std::string &name) {
         const std::string &a = rest_[i];
         if (a == name) {
             if (i + 1 >= rest_.size() || (rest_[i + 1].rfind("--", 0) == 0 && rest_[i + 1].size() > 2)) {
-                std::fprintf(stderr, "smartgen-bench %s: %s needs a value\n", bench_.c_str(), name.c_str());
+                std::fprintf(stderr, "%s %s: %s needs a value\n", kProgram, bench_.c_str(), name.c_str());
                 std::exit(2);
             }
             std::string v = rest_[i + 1];
@@ -386,8 +387,8 @@ bool Flags::take_switch(const std::string &name) {
 
 void Flags::finish() const {
     if (rest_.empty()) return;
-    std::fprintf(stderr, "smartgen-bench %s: unknown flag %s (see smartgen-bench %s --help)\n", bench_.c_str(),
-                 rest_.front().c_str(), bench_.c_str());
+    std::fprintf(stderr, "%s %s: unknown flag %s (see %s %s --help)\n", kProgram, bench_.c_str(),
+                 rest_.front().c_str(), kProgram, bench_.c_str());
     std::exit(2);
 }
 
@@ -542,7 +543,7 @@ int reap_peer(Peer &peer, int timeout_s) {
 int finish_peer(const std::string &bench, Peer &peer, int rc, int timeout_s) {
     const int prc = reap_peer(peer, rc ? 5 : timeout_s);
     if (prc != 0 && rc == 0) {
-        std::fprintf(stderr, "smartgen-bench %s: the peer process failed (status %d)\n", bench.c_str(), prc);
+        std::fprintf(stderr, "%s %s: the peer process failed (status %d)\n", kProgram, bench.c_str(), prc);
         return 1;
     }
     return rc;
@@ -627,6 +628,94 @@ double process_cpu_seconds() {
     getrusage(RUSAGE_SELF, &ru);
     return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
            static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+// ---- The command line (run_main) -----------------------------------------------------------------
+
+namespace {
+
+const char kCommonHelp[] =
+    "  --quick          the whole subcommand in <= 60 s (fewer sizes and repetitions)\n"
+    "  --json           JSON lines on stdout instead of the table (progress stays on stderr)\n"
+    "  --plot FILE.png  draw the sweep with gnuplot (gnuplot must be installed)\n"
+    "  --help           this text\n";
+
+void usage(FILE *to, std::span<const Subcommand> subs, const char *note) {
+    std::fprintf(to,
+                 "usage: %s <subcommand> [--quick] [--json] [--plot FILE.png] [flags]\n"
+                 "       %s <subcommand> --help\n\nsubcommands:\n",
+                 kProgram, kProgram);
+    for (const auto &s : subs) std::fprintf(to, "  %-7s %s\n", s.name, s.summary);
+    std::fprintf(to, "\nflags every subcommand accepts:\n%s", kCommonHelp);
+    if (note) std::fprintf(to, "\n%s", note);
+}
+
+void subcommand_help(const Subcommand &s) {
+    std::printf("usage: %s %s [--quick] [--json] [--plot FILE.png] [flags]\n\n%s\n\n", kProgram, s.name, s.summary);
+    std::printf("flags:\n%s", kCommonHelp);
+    if (s.flags)
+        std::printf("%s", s.flags);
+    else
+        std::printf("  (this subcommand's own flags: see docs/benchmarks.md; an unknown flag exits 2 naming it)\n");
+    std::printf("\nEvery JSON line has bench, figure, value, unit, baseline_name, baseline_value, ratio,\n"
+                "provider, op, pattern, block_bytes, queue_depth, total_bytes and link (null when n/a).\n");
+}
+
+}  // namespace
+
+int run_main(std::span<const Subcommand> subs, const char *note, int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr, subs, note);
+        return 2;
+    }
+    std::string cmd = argv[1];
+    if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+        usage(stdout, subs, note);
+        return 0;
+    }
+    const Subcommand *sub = nullptr;
+    for (const auto &s : subs)
+        if (cmd == s.name) sub = &s;
+    if (!sub) {
+        std::fprintf(stderr, "%s: unknown subcommand %s\n", kProgram, cmd.c_str());
+        usage(stderr, subs, note);
+        return 2;
+    }
+    Common c;
+    for (int i = 2; i < argc; ++i) {
+        std::string a = argv[i];
+        if (a == "--help" || a == "-h") {
+            subcommand_help(*sub);
+            return 0;
+        }
+        if (a == "--quick") {
+            c.quick = true;
+        } else if (a == "--json") {
+            c.json = true;
+        } else if (a == "--plot" || a.rfind("--plot=", 0) == 0) {
+            if (a == "--plot") {
+                if (i + 1 >= argc || argv[i + 1][0] == '\0') {
+                    std::fprintf(stderr, "%s %s: --plot needs a file name\n", kProgram, sub->name);
+                    return 2;
+                }
+                c.plot = argv[++i];
+            } else {
+                c.plot = a.substr(7);
+                if (c.plot.empty()) {
+                    std::fprintf(stderr, "%s %s: --plot needs a file name\n", kProgram, sub->name);
+                    return 2;
+                }
+            }
+        } else {
+            c.rest.push_back(std::move(a));
+        }
+    }
+    try {
+        return sub->run(c);
+    } catch (const std::exception &e) {
+        std::fprintf(stderr, "%s %s: %s\n", kProgram, sub->name, e.what());
+        return 1;
+    }
 }
 
 }  // namespace sg::bench

@@ -1,6 +1,6 @@
-// smartgen-bench: one binary, five subcommands (xfer, ttst, select, plan, cold). This header is what
-// they share: the command line every subcommand accepts, JSON lines, tables, progress, medians and
-// plots. Every figure is a ratio against a baseline measured in the same invocation (this machine is
+// smartgen-bench: one binary, three subcommands (xfer, ttst, cold), public header only. This header is
+// what they share: the command line every subcommand accepts, JSON lines, tables, progress, medians
+// and plots. The internal micro-benchmarks (select, plan) share it too: tests/bench/main.cpp. Every figure is a ratio against a baseline measured in the same invocation (this machine is
 // shared and noisy), alternated with the measured runs where the subcommand says so.
 #pragma once
 
@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -80,9 +81,22 @@ double memcpy_gbps(uint64_t bytes, int reps);
 // Subcommands: each returns the process exit status (0 ok, 2 bad flags with a message on stderr).
 int run_xfer(const Common &c);
 int run_ttst(const Common &c);
-int run_select(const Common &c);
-int run_plan(const Common &c);
 int run_cold(const Common &c);
+
+// The program's name in messages ("smartgen-bench"; "smartgen-microbench" for the internal one),
+// defined by each program's main.cpp.
+extern const char *const kProgram;
+
+struct Subcommand {
+    const char *name;
+    int (*run)(const Common &);
+    const char *summary;
+    const char *flags;  // the subcommand's own flags, for --help
+};
+
+// A whole program: parses the flags every subcommand shares (--quick, --json, --plot, --help) and
+// runs the subcommand argv[1] names with the rest. `note` (may be null) follows the usage text.
+int run_main(std::span<const Subcommand> subcommands, const char *note, int argc, char **argv);
 
 // Flag helpers for the subcommands' own flags: `rest` is consumed left to right.
 class Flags {

@@ -1,29 +1,13 @@
-// smartgen-bench: one binary, five subcommands (docs/benchmarks.md). This file parses the flags every
-// subcommand shares (--quick, --json, --plot) and hands the rest to the subcommand.
-#include <cstdio>
-#include <cstring>
-#include <exception>
-#include <string>
-#include <vector>
-
+// smartgen-bench: one binary, three subcommands (docs/benchmarks.md), public header only: it links
+// libsmartgen and nothing else. The micro-benchmarks of the runtime's internals (select: the
+// selection kernels, P6; plan: the planner, P5) are in tests/bench (smartgen-microbench).
 #include "bench.hpp"
+
+const char *const sg::bench::kProgram = "smartgen-bench";
 
 namespace {
 
-using sg::bench::Common;
-
-struct Subcommand {
-    const char *name;
-    int (*run)(const Common &);
-    const char *summary;
-    const char *flags;  // the subcommand's own flags, for --help
-};
-
-const char kCommonHelp[] =
-    "  --quick          the whole subcommand in <= 60 s (fewer sizes and repetitions)\n"
-    "  --json           JSON lines on stdout instead of the table (progress stays on stderr)\n"
-    "  --plot FILE.png  draw the sweep with gnuplot (gnuplot must be installed)\n"
-    "  --help           this text\n";
+using sg::bench::Subcommand;
 
 const Subcommand kSubcommands[] = {
     {"xfer", sg::bench::run_xfer,
@@ -51,11 +35,6 @@ const Subcommand kSubcommands[] = {
      "  --budgets LIST     1/4,1/8,1/16                     --runs N        medians over N runs\n"
      "  --provider NAME    --disagg PATH (smartgen-disagg)  --iperf-seconds S\n"
      "  --p7-bytes N  --p7-reps N  --p7-gap-us N  --p7-session-inflight N  --p7-max-op N  --no-p7  --p7-only\n"},
-    {"select", sg::bench::run_select, "digest + scoring throughput per policy against memcpy, P6",
-     "  --bytes SIZE   largest key buffer (>= 256 MiB for P6)  --reps N (>= 5)\n"
-     "  --window N     SnapKV query window                     --policies LIST\n"},
-    {"plan", sg::bench::run_plan, "block tables -> ready-to-post operations, Llama-3-8B layout, P5",
-     "  --tokens N   --iters N (100)   --max-iov N   --layers N\n"},
     {"cold", sg::bench::run_cold,
      "connect + register + first 1 MiB transfer: fresh contexts (cold) against the same session (warm)",
      "  --provider NAME   tcp (default) or shm\n"
@@ -63,78 +42,12 @@ const Subcommand kSubcommands[] = {
      "  --bytes BYTES     size of the first transfer (default 1M)\n"},
 };
 
-void usage(FILE *to) {
-    std::fprintf(to,
-                 "usage: smartgen-bench <subcommand> [--quick] [--json] [--plot FILE.png] [flags]\n"
-                 "       smartgen-bench <subcommand> --help\n\nsubcommands:\n");
-    for (const auto &s : kSubcommands) std::fprintf(to, "  %-7s %s\n", s.name, s.summary);
-    std::fprintf(to, "\nflags every subcommand accepts:\n%s", kCommonHelp);
-}
-
-void subcommand_help(const Subcommand &s) {
-    std::printf("usage: smartgen-bench %s [--quick] [--json] [--plot FILE.png] [flags]\n\n%s\n\n", s.name, s.summary);
-    std::printf("flags:\n%s", kCommonHelp);
-    if (s.flags)
-        std::printf("%s", s.flags);
-    else
-        std::printf("  (this subcommand's own flags: see docs/benchmarks.md; an unknown flag exits 2 naming it)\n");
-    std::printf("\nEvery JSON line has bench, figure, value, unit, baseline_name, baseline_value, ratio,\n"
-                "provider, op, pattern, block_bytes, queue_depth, total_bytes and link (null when n/a).\n");
-}
 
 }  // namespace
 
 int main(int argc, char **argv) {
-    if (argc < 2) {
-        usage(stderr);
-        return 2;
-    }
-    std::string cmd = argv[1];
-    if (cmd == "--help" || cmd == "-h" || cmd == "help") {
-        usage(stdout);
-        return 0;
-    }
-    const Subcommand *sub = nullptr;
-    for (const auto &s : kSubcommands)
-        if (cmd == s.name) sub = &s;
-    if (!sub) {
-        std::fprintf(stderr, "smartgen-bench: unknown subcommand %s\n", cmd.c_str());
-        usage(stderr);
-        return 2;
-    }
-    Common c;
-    for (int i = 2; i < argc; ++i) {
-        std::string a = argv[i];
-        if (a == "--help" || a == "-h") {
-            subcommand_help(*sub);
-            return 0;
-        }
-        if (a == "--quick") {
-            c.quick = true;
-        } else if (a == "--json") {
-            c.json = true;
-        } else if (a == "--plot" || a.rfind("--plot=", 0) == 0) {
-            if (a == "--plot") {
-                if (i + 1 >= argc || argv[i + 1][0] == '\0') {
-                    std::fprintf(stderr, "smartgen-bench %s: --plot needs a file name\n", sub->name);
-                    return 2;
-                }
-                c.plot = argv[++i];
-            } else {
-                c.plot = a.substr(7);
-                if (c.plot.empty()) {
-                    std::fprintf(stderr, "smartgen-bench %s: --plot needs a file name\n", sub->name);
-                    return 2;
-                }
-            }
-        } else {
-            c.rest.push_back(std::move(a));
-        }
-    }
-    try {
-        return sub->run(c);
-    } catch (const std::exception &e) {
-        std::fprintf(stderr, "smartgen-bench %s: %s\n", sub->name, e.what());
-        return 1;
-    }
+    return sg::bench::run_main(kSubcommands,
+                               "The selection-kernel and planner micro-benchmarks (P6, P5) test the runtime's\n"
+                               "internals: smartgen-microbench select|plan, built under tests/bench (not installed).\n",
+                               argc, argv);
 }

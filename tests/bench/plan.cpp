@@ -1,6 +1,7 @@
-// smartgen-bench plan: the time from new block tables in memory to ready-to-post operation lists
-// for every layer of a request — the two tables checked against their pools (as a transfer's
-// submission does) and plan::compile_layer for each of the 32 layers, one thread.
+// smartgen-microbench plan (internal: it links the runtime's plan/ folder, not libsmartgen): the
+// time from new block tables in memory to ready-to-post operation lists for every layer of a request
+// — the two tables checked against their pools (as a transfer's submission does) and
+// plan::compile_layer for each of the 32 layers, one thread.
 //
 // Llama-3-8B layout on both sides: 32 layers, 8 KV heads, head_dim 128, fp16, 16-token blocks,
 // separate K and V regions, token-major, pools of twice the request's blocks. Each iteration draws
@@ -38,8 +39,10 @@ namespace {
 constexpr double kTargetMs = 1.0;
 
 kv::Layout llama_layout(uint32_t layers, uint64_t num_blocks) {
-    sg_kv_layout_t pub;
-    sg_kv_layout_init(&pub);
+    // What sg_kv_layout_init gives (this internal benchmark does not link libsmartgen, where it lives).
+    sg_kv_layout_t pub{};
+    pub.struct_size = sizeof pub;
+    pub.mem_kind = SG_MEM_HOST;
     pub.num_layers = layers;
     pub.num_kv_heads = 8;
     pub.head_dim = 128;
@@ -119,12 +122,12 @@ int run_plan(const Common &c) {
         if (auto v = flags.take("--max-iov")) max_iov = uint32_t(std::stoul(*v));
         if (auto v = flags.take("--layers")) layers = uint32_t(std::stoul(*v));
     } catch (const std::exception &e) {
-        std::fprintf(stderr, "smartgen-bench plan: bad number: %s\n", e.what());
+        std::fprintf(stderr, "smartgen-microbench plan: bad number: %s\n", e.what());
         return 2;
     }
     flags.finish();
     if (tokens < 1 || iters < 1 || max_iov < 1 || max_iov > plan::kMaxIov || layers < 1) {
-        std::fprintf(stderr, "smartgen-bench plan: need --tokens >= 1, --iters >= 1, --max-iov 1..%u, --layers >= 1\n",
+        std::fprintf(stderr, "smartgen-microbench plan: need --tokens >= 1, --iters >= 1, --max-iov 1..%u, --layers >= 1\n",
                      plan::kMaxIov);
         return 2;
     }
@@ -180,7 +183,7 @@ int run_plan(const Common &c) {
     if (!c.json) report.print_table();
     if (!c.plot.empty())
         report.plot(
-            "smartgen-bench plan: " + std::to_string(layers) + " layers, Llama-3-8B layout, 1 thread", "tokens",
+            "smartgen-microbench plan: " + std::to_string(layers) + " layers, Llama-3-8B layout, 1 thread", "tokens",
             "ms (median)", [](const Line &x) { return x.extra.at("tokens"); },
             [](const Line &x) { return x.pattern.value_or("?"); });
     return 0;

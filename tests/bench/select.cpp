@@ -1,5 +1,6 @@
-// smartgen-bench select: throughput of the selection kernels on one thread, against a one-thread
-// memcpy of the same bytes measured in the same invocation (alternated pass by pass, medians).
+// smartgen-microbench select (internal: it links the runtime's select/ folder and kernels, not
+// libsmartgen): throughput of the selection kernels on one thread, against a one-thread memcpy of the
+// same bytes measured in the same invocation (alternated pass by pass, medians).
 //
 // Keys are fp16, Llama-3-8B shaped (8 KV heads, 32 query heads, head_dim 128, 16-token blocks),
 // token-major and packed: one View over the whole buffer, which is what one call per block of a
@@ -129,28 +130,28 @@ int run_select(const Common &c) {
             policies = {list.begin(), list.end()};
         }
     } catch (const std::exception &e) {
-        std::fprintf(stderr, "smartgen-bench select: %s\n", e.what());
+        std::fprintf(stderr, "smartgen-microbench select: %s\n", e.what());
         return 2;
     }
     flags.finish();
     for (const std::string &p : policies)
         if (p != "quest" && p != "h2o" && p != "snapkv" && p != "sinks_recent") {
             std::fprintf(stderr,
-                         "smartgen-bench select: --policies: unknown policy '%s' (quest, h2o, snapkv, sinks_recent)\n",
+                         "smartgen-microbench select: --policies: unknown policy '%s' (quest, h2o, snapkv, sinks_recent)\n",
                          p.c_str());
             return 2;
         }
     if (reps < 5) {
-        std::fprintf(stderr, "smartgen-bench select: --reps: at least 5 (medians of >= 5), got %d\n", reps);
+        std::fprintf(stderr, "smartgen-microbench select: --reps: at least 5 (medians of >= 5), got %d\n", reps);
         return 2;
     }
     if (window < 1) {
-        std::fprintf(stderr, "smartgen-bench select: --window: at least 1\n");
+        std::fprintf(stderr, "smartgen-microbench select: --window: at least 1\n");
         return 2;
     }
     const uint64_t max_tokens = max_bytes / kTokenBytes / kBlockTokens * kBlockTokens;
     if (max_tokens < kBlockTokens) {
-        std::fprintf(stderr, "smartgen-bench select: --bytes: at least %s\n", mib(kTokenBytes * kBlockTokens).c_str());
+        std::fprintf(stderr, "smartgen-microbench select: --bytes: at least %s\n", mib(kTokenBytes * kBlockTokens).c_str());
         return 2;
     }
     max_bytes = max_tokens * kTokenBytes;
@@ -330,7 +331,7 @@ int run_select(const Common &c) {
     if (!c.json) report.print_table();
     if (!c.plot.empty())
         report.plot(
-            "smartgen-bench select: 1 thread, fp16 keys (Llama-3-8B shape); memcpy baselines in the table",
+            "smartgen-microbench select: 1 thread, fp16 keys (Llama-3-8B shape); memcpy baselines in the table",
             "key buffer (MiB)", "GB/s",
             [](const Line &l) {
                 // Bandwidths only; select_layer times (ms) are in the table.

@@ -1,0 +1,114 @@
+// runtime/transport/fake: an in-memory fabric for deterministic tests. Every fake endpoint of the
+// process attaches to the one Fabric a test installed; everything the fabric decides (delays,
+// reordering within the promised ordering, EAGAIN, held completions, provider keys) comes from its
+// own seeded PRNG, so one seed replays one schedule exactly. Nothing moves between polls: a write
+// lands and a message arrives when the target polls, a completion when the initiator does.
+// Depends on common/ and transport.hpp. docs/testing.md says what it models and what it does not.
+#pragma once
+
+#include "transport/transport.hpp"
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+namespace sg::transport::fake {
+
+// splitmix64: small, fast and the same everywhere, so a seed means the same schedule on every
+// machine (std::mt19937's distributions are not specified bit for bit).
+struct Rng {
+    uint64_t state;
+    explicit Rng(uint64_t seed) : state(seed) {}
+    uint64_t next() {
+        uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        return z ^ (z >> 31);
+    }
+    uint64_t below(uint64_t n) { return n ? next() % n : 0; }          // [0, n)
+    bool chance(double p) { return p > 0 && double(next() >> 11) * 0x1.0p-53 < p; }
+};
+
+// What the fabric's endpoints report and how the fabric schedules. Capabilities are read when an
+// endpoint opens; the schedule knobs apply from the moment they are set.
+struct Knobs {
+    // ---- capabilities (transport::Capabilities) ----
+    bool send_after_write = true;    // a send never overtakes an earlier write on the same link
+    bool provider_keys = false;      // FI_MR_PROV_KEY: the fabric picks keys, requested ones are ignored
+    bool virt_addr = false;          // FI_MR_VIRT_ADDR: remote addresses are virtual addresses
+    bool needs_local_desc = false;   // FI_MR_LOCAL: local buffers must be registered, descs checked
+    bool local_only = false;         // shm-like: no connections, operations to a dead peer never complete
+    uint64_t max_msg_size = 1ull << 30;
+    uint64_t rma_iov_limit = 4;
+    // ---- schedule ----
+    double delay = 0;                // chance that an operation waits max_delay_polls target polls or fewer
+    uint32_t max_delay_polls = 8;    // (later ones overtake it where the ordering allows)
+    double hold = 0;                 // chance that a completion waits max_hold_polls initiator polls or fewer
+    uint32_t max_hold_polls = 8;
+    double early_completion = 0;     // send_after_write only: a write completes before it lands
+                                     // (transmit completion; the source is read at that moment)
+    double eagain = 0;               // chance that post_write / post_send answers -EAGAIN
+    uint32_t max_events_per_poll = 64;
+};
+
+// A write as posted, in posting order (fabric-wide seq): what the scheduler asked for.
+struct WriteRecord {
+    uint64_t seq;
+    uint32_t from, to;   // endpoint ids
+    uint64_t key;
+    uint64_t offset;       // into the target registration
+    uint64_t len;
+    uint64_t target_addr;  // where it lands in the target's memory; 0 when the key or range is refused
+};
+
+// Writes an endpoint had posted and not yet seen complete, at most: against the context's bounds.
+struct Flow {
+    uint64_t max_ops = 0, max_bytes = 0;
+    uint64_t ops = 0, bytes = 0;  // now
+};
+
+class Fabric {
+  public:
+    // Installs the process's fake fabric (at most one at a time; throws SG_ERR_INVALID_STATE when
+    // one is installed). Endpoints opened while it is installed keep it alive after it is uninstalled.
+    Fabric(uint64_t seed, const Knobs &knobs);
+    ~Fabric();  // uninstalls
+    Fabric(const Fabric &) = delete;
+    Fabric &operator=(const Fabric &) = delete;
+
+    void set_knobs(const Knobs &knobs);
+    // The endpoint id behind an address from local_address() (a peer's metadata carries it).
+    static uint32_t endpoint_id(std::span<const uint8_t> address);
+    // The connection between two endpoints breaks: what is pending between them completes with
+    // ECONNRESET, and later posts either throw or fail at completion (the PRNG picks, per link).
+    // On a local_only fabric there is no connection to break: this does nothing.
+    void drop_link(uint32_t a, uint32_t b);
+    // The endpoint's process dies: it is cut off from every peer. Peers' operations to it fail
+    // (ECONNRESET) or, local_only, never complete; if the test polls it again (to clean up), its
+    // own pending operations fail.
+    void kill(uint32_t endpoint);
+    // Called before every poll of every endpoint (not re-entered): lets a test drive other contexts
+    // and the test clock while a core call blocks (release, close_session), on one thread.
+    void on_poll(std::function<void()> hook);
+
+    std::vector<WriteRecord> writes() const;
+    Flow flow(uint32_t endpoint) const;
+    // Operations and completions the fabric still owes somebody; `stuck` counts those addressed to
+    // a dead peer of a local_only fabric, which it never settles.
+    size_t pending() const;
+    size_t stuck() const;
+    uint64_t eagains() const;
+
+    struct State;
+
+  private:
+    std::shared_ptr<State> state_;
+};
+
+// The transport for provider "fake" (transport::open dispatches here). Throws SG_ERR_NO_PROVIDER
+// when no fabric is installed.
+std::unique_ptr<Transport> open_fake(const OpenOptions &options);
+
+}  // namespace sg::transport::fake
