@@ -620,11 +620,7 @@ extern "C++" template <class F> auto counting_auth_failures(core::Context &ctx, 
     try {
         return bootstrap();
     } catch (const sg::Error &e) {
-        if (e.status() == SG_ERR_AUTH_FAILED || e.status() == SG_ERR_AUTH_REQUIRED) {
-            std::lock_guard lock(ctx.mu);
-            ctx.counters.auth_failures++;
-            ctx.log.log(SG_LOG_ERROR, "session refused: " + e.message());
-        }
+        ctx.count_refused_session(e);
         throw;
     }
 }
@@ -726,16 +722,8 @@ SG_API sg_status_t sg_session_next_notification(sg_session_t sh, void *buf, size
         auto s = lookup(sessions(), raw(sh), "session");
         need(len, "len");
         const bool query = size_query(buf, cap, "buf");
-        std::lock_guard lock(s->ctx->mu);
-        if (s->notifications.empty()) return SG_ERR_AGAIN;  // the normal "nothing yet", not recorded
-        const auto &front = s->notifications.front();
-        *len = front.size();
-        if (query) return SG_OK;  // the notification stays for the call that takes it
-        if (cap < front.size())
-            fail(SG_ERR_BUFFER_TOO_SMALL, "notification needs " + std::to_string(front.size()) + " bytes");
-        std::memcpy(buf, front.data(), front.size());
-        s->notifications.pop_front();
-        return SG_OK;
+        // SG_ERR_AGAIN is the normal "nothing yet", not recorded as an error.
+        return s->ctx->next_notification(*s, buf, cap, query, *len);
     });
 }
 
@@ -744,9 +732,9 @@ SG_API sg_status_t sg_session_error(sg_session_t sh, sg_status_t *status, char *
         auto s = lookup(sessions(), raw(sh), "session");
         need(status, "status");
         check_detail_buffer(msg, cap);
-        std::lock_guard lock(s->ctx->mu);
-        *status = s->error;
-        copy_detail(s->error_message, msg, cap);
+        const core::Outcome o = s->ctx->session_error(*s);
+        *status = o.status;
+        copy_detail(o.message, msg, cap);
         return SG_OK;
     });
 }
@@ -1011,23 +999,27 @@ SG_API sg_status_t sg_transfer_layer_written(sg_transfer_t h, uint32_t layer, vo
 SG_API sg_status_t sg_transfer_test(sg_transfer_t h) {
     return guard(nullptr, [&] {
         auto t = lookup(transfers(), raw(h), "transfer");
-        sg_status_t st;
-        {
-            std::lock_guard lock(t->ctx->mu);
-            st = t->status;
-            if (st < 0) record(st, t->error, nullptr);
-        }
+        const core::Outcome o = t->ctx->outcome(*t);
+        const sg_status_t st = o.status;
+        if (st < 0) record(st, o.message, nullptr);
         if (st == SG_IN_PROGRESS) t->ctx->progress_once();
         return st;
     });
 }
+
+namespace {
+// A failed wait leaves the transfer's detail as the thread's last error.
+void record_failure(core::Transfer &t, sg_status_t st) {
+    if (st < 0) record(st, t.ctx->outcome(t).message, nullptr);
+}
+}  // namespace
 
 SG_API sg_status_t sg_transfer_wait(sg_transfer_t h, uint64_t timeout_ns) {
     return guard(nullptr, [&] {
         not_in_callback("sg_transfer_wait");
         auto t = lookup(transfers(), raw(h), "transfer");
         sg_status_t st = t->ctx->wait(*t, -1, timeout_ns);
-        if (st < 0) record(st, t->error, nullptr);
+        record_failure(*t, st);
         return st;
     });
 }
@@ -1036,9 +1028,9 @@ SG_API sg_status_t sg_transfer_wait_layer(sg_transfer_t h, uint32_t layer, uint6
     return guard(nullptr, [&] {
         not_in_callback("sg_transfer_wait_layer");
         auto t = lookup(transfers(), raw(h), "transfer");
-        if (layer >= t->layers.size()) fail(SG_ERR_OUT_OF_RANGE, "layer " + std::to_string(layer) + " >= num_layers");
+        if (layer >= t->num_layers()) fail(SG_ERR_OUT_OF_RANGE, "layer " + std::to_string(layer) + " >= num_layers");
         sg_status_t st = t->ctx->wait(*t, layer, timeout_ns);
-        if (st < 0) record(st, t->error, nullptr);
+        record_failure(*t, st);
         return st;
     });
 }
@@ -1047,11 +1039,7 @@ SG_API sg_status_t sg_transfer_layer_state(sg_transfer_t h, uint32_t layer, uint
     return guard(nullptr, [&] {
         auto t = lookup(transfers(), raw(h), "transfer");
         need(state, "state");
-        if (layer >= t->layers.size()) fail(SG_ERR_OUT_OF_RANGE, "layer " + std::to_string(layer) + " >= num_layers");
-        std::lock_guard lock(t->ctx->mu);
-        const auto &L = t->layers[layer];
-        *state = (L.out.written ? SG_LAYER_WRITTEN : 0u) | (L.ready ? SG_LAYER_READY : 0u) |
-                 (L.essential ? SG_LAYER_ESSENTIAL : 0u);
+        *state = t->ctx->layer_state(*t, layer);
         return SG_OK;
     });
 }
@@ -1072,20 +1060,9 @@ SG_API sg_status_t sg_transfer_wait_layer_state(sg_transfer_t h, uint32_t layer,
     return guard(nullptr, [&] {
         not_in_callback("sg_transfer_wait_layer_state");
         auto t = lookup(transfers(), raw(h), "transfer");
-        if (layer >= t->layers.size()) fail(SG_ERR_OUT_OF_RANGE, "layer " + std::to_string(layer) + " >= num_layers");
         check_bits(bits, kLayerBits, "bits", "SG_LAYER_*");
-        const auto &L = t->layers[layer];
-        bool no_proactive = false;
-        const sg_status_t st = t->ctx->wait_for(*t, timeout_ns, [&] {
-            // The decode side learns the paths at the match; without the proactive path the
-            // essential bit never comes.
-            no_proactive = (bits & SG_LAYER_ESSENTIAL) && t->paths && !(t->paths & SG_PATH_PROACTIVE);
-            if (no_proactive) return true;
-            return (!(bits & SG_LAYER_WRITTEN) || L.out.written || !t->post_side) && (!(bits & SG_LAYER_READY) || L.ready) &&
-                   (!(bits & SG_LAYER_ESSENTIAL) || L.essential);
-        });
-        if (no_proactive) fail(SG_ERR_INVALID_STATE, "SG_LAYER_ESSENTIAL needs SG_PATH_PROACTIVE, which the transfer lacks");
-        if (st < 0) record(st, t->error, nullptr);
+        const sg_status_t st = t->ctx->wait_layer_state(*t, layer, bits, timeout_ns);
+        record_failure(*t, st);
         return st;
     });
 }
@@ -1095,7 +1072,7 @@ SG_API sg_status_t sg_transfer_digests(sg_transfer_t h, uint32_t layer, float *o
         auto t = lookup(transfers(), raw(h), "transfer");
         need(count, "count");
         const bool query = size_query(out, cap, "out");
-        if (layer >= t->layers.size()) fail(SG_ERR_OUT_OF_RANGE, "layer " + std::to_string(layer) + " >= num_layers");
+        if (layer >= t->num_layers()) fail(SG_ERR_OUT_OF_RANGE, "layer " + std::to_string(layer) + " >= num_layers");
         std::vector<float> d;
         if (!t->ctx->digests(*t, layer, d))
             fail(SG_ERR_INVALID_STATE, t->post_side ? "digests are read on the decode side"
@@ -1123,19 +1100,9 @@ SG_API sg_status_t sg_transfer_wait_blocks(sg_transfer_t h, uint32_t layer, cons
     return guard(nullptr, [&] {
         not_in_callback("sg_transfer_wait_blocks");
         auto t = lookup(transfers(), raw(h), "transfer");
-        if (layer >= t->layers.size()) fail(SG_ERR_OUT_OF_RANGE, "layer " + std::to_string(layer) + " >= num_layers");
         if (count && !blocks) fail(SG_ERR_INVALID_ARGUMENT, "blocks is NULL");
-        for (size_t i = 0; i < count; ++i)
-            if (blocks[i] >= t->residency.num_blocks())
-                fail(SG_ERR_OUT_OF_RANGE, "blocks[" + std::to_string(i) + "] is beyond the request's block table");
-        // Resident blocks stay usable whatever happens to the transfer later (a lease that ended,
-        // a peer that went away): they are checked first.
-        const sg_status_t st = t->ctx->wait_for(*t, timeout_ns, [&] {
-            for (size_t i = 0; i < count; ++i)
-                if (!t->residency.test(layer, blocks[i])) return false;
-            return true;
-        });
-        if (st < 0) record(st, t->error, nullptr);
+        const sg_status_t st = t->ctx->wait_blocks(*t, layer, std::span<const uint32_t>(blocks, count), timeout_ns);
+        record_failure(*t, st);
         return st == SG_OK || st < 0 ? st : SG_IN_PROGRESS;
     });
 }
@@ -1145,14 +1112,7 @@ SG_API sg_status_t sg_transfer_residency(sg_transfer_t h, uint32_t layer, uint8_
         auto t = lookup(transfers(), raw(h), "transfer");
         need(num_bits, "num_bits");
         const bool query = size_query(bitmap, cap, "bitmap");
-        if (layer >= t->layers.size()) fail(SG_ERR_OUT_OF_RANGE, "layer " + std::to_string(layer) + " >= num_layers");
-        std::lock_guard lock(t->ctx->mu);
-        const size_t nb = t->residency.num_blocks();
-        *num_bits = nb;
-        if (query) return SG_OK;
-        if (cap < (nb + 7) / 8)
-            fail(SG_ERR_BUFFER_TOO_SMALL, "bitmap needs " + std::to_string((nb + 7) / 8) + " bytes");
-        t->residency.copy_layer(layer, bitmap);
+        *num_bits = t->ctx->residency(*t, layer, query ? nullptr : bitmap, cap);
         return SG_OK;
     });
 }
@@ -1162,9 +1122,9 @@ SG_API sg_status_t sg_transfer_status(sg_transfer_t h, sg_status_t *status, char
         auto t = lookup(transfers(), raw(h), "transfer");
         need(status, "status");
         check_detail_buffer(msg, cap);
-        std::lock_guard lock(t->ctx->mu);
-        *status = t->status;
-        copy_detail(t->error, msg, cap);
+        const core::Outcome o = t->ctx->outcome(*t);
+        *status = o.status;
+        copy_detail(o.message, msg, cap);
         return SG_OK;
     });
 }
@@ -1180,9 +1140,7 @@ SG_API sg_status_t sg_transfer_stats(sg_transfer_t h, sg_transfer_stats_t *out) 
         auto t = lookup(transfers(), raw(h), "transfer");
         need(out, "out");
         if (out->struct_size < sizeof(size_t)) fail(SG_ERR_INVALID_ARGUMENT, "out->struct_size is not set");
-        std::lock_guard lock(t->ctx->mu);
-        sg_transfer_stats_t s = t->stats;
-        s.bytes_full = t->selective() ? 0 : s.bytes;
+        sg_transfer_stats_t s = t->ctx->transfer_stats(*t);
         const size_t n = std::min(out->struct_size, sizeof s);
         s.struct_size = n;
         std::memcpy(static_cast<void *>(out), &s, n);
@@ -1194,11 +1152,7 @@ SG_API sg_status_t sg_transfer_layer_time(sg_transfer_t h, uint32_t layer, uint6
     return guard(nullptr, [&] {
         auto t = lookup(transfers(), raw(h), "transfer");
         need(ns, "ns");
-        if (layer >= t->layers.size()) fail(SG_ERR_OUT_OF_RANGE, "layer " + std::to_string(layer) + " >= num_layers");
-        std::lock_guard lock(t->ctx->mu);
-        const auto &L = t->layers[layer];
-        const uint64_t from = std::max(t->stats.start_ns, L.out.written_ns);
-        *ns = L.ready && L.ready_ns > from ? L.ready_ns - from : 0;
+        *ns = t->ctx->layer_time(*t, layer);
         return SG_OK;
     });
 }

@@ -1,0 +1,336 @@
+// Internal to core/ (core.hpp is the folder's header): the context — one per engine — with its
+// transports, sessions, progress thread, scheduler state, events and the selection worker. Its
+// member functions are defined by responsibility across core/*.cpp (each file's header says which).
+#pragma once
+
+#include "core/auth.hpp"
+#include "core/transfer.hpp"
+
+namespace sg::core {
+
+struct PendingHandshake;
+struct Listener {
+    Context *ctx;
+    int fd = -1;
+    uint16_t port = 0;
+    std::mutex mu;  // one accept at a time advances the handshakes
+    std::vector<std::unique_ptr<PendingHandshake>> pending;  // accepted, handshake under way
+    ~Listener();
+};
+
+class Context : public transport::CompletionSink {
+  public:
+    explicit Context(const sg_context_options_t &opt);
+    ~Context() override;
+
+    // ---- API operations (each takes the lock itself) ----
+    // authenticated: the peer proved the key during bootstrap (or neither side has one); false makes
+    // the session run the fabric challenge-response before anything else.
+    std::shared_ptr<Session> open_session(const wire::Hello &peer, const sg_session_options_t &opt, bool authenticated);
+    // Waits until the session is authenticated (SG_OK); throws its error when it failed, and
+    // SG_ERR_TIMEOUT when timeout_ns passed first.
+    sg_status_t wait_ready(Session &s, uint64_t timeout_ns);
+    void export_kv(Session &s, KvPool &pool);
+    // Says Bye and closes; waits until the peer answered the Bye (or was lost) and our sends that
+    // name the session drained, or until deadline_ns (CLOCK_MONOTONIC; 0: kDestroyDrainNs from now,
+    // what sg_session_destroy allows).
+    void close_session(Session &s, uint64_t deadline_ns = 0);
+    // Forgets a session the peer never opened (bootstrap outcome): no Bye, nothing drained.
+    void discard_session(Session &s);
+    void detach_session(Session &s);
+    static constexpr uint64_t kDestroyDrainNs = 200000000ull;
+    std::shared_ptr<Transfer> expect(const std::shared_ptr<Session> &s, const char *request_id,
+                                     const std::shared_ptr<KvPool> &pool, std::span<const uint32_t> table,
+                                     uint64_t num_tokens, const sg_transfer_options_t &opt);
+    // profile: for SG_PATH_PROACTIVE (NULL: default_profile).
+    std::shared_ptr<Transfer> post(const std::shared_ptr<Session> &s, const char *request_id,
+                                   const std::shared_ptr<KvPool> &pool, std::span<const uint32_t> table,
+                                   uint64_t num_tokens, const sg_transfer_options_t &opt,
+                                   const select::Profile *profile = nullptr);
+    void layer_written(Transfer &t, uint32_t layer, const float *queries = nullptr, uint32_t num_queries = 0,
+                       uint32_t num_q_heads = 0);
+    // Selective paths (paths.cpp).
+    void fetch(Transfer &t, uint32_t layer, std::span<const uint32_t> blocks);
+    // Copies the layer's received digests as fp32; false before the layer is essential.
+    bool digests(Transfer &t, uint32_t layer, std::vector<float> &out);
+    // Waits until pred() (evaluated with mu held) or the transfer finished; SG_IN_PROGRESS on timeout.
+    sg_status_t wait_for(Transfer &t, uint64_t timeout_ns, const std::function<bool()> &pred);
+    sg_status_t wait(Transfer &t, int64_t layer, uint64_t timeout_ns);  // layer -1: whole transfer
+    void cancel(Transfer &t, sg_status_t why, const std::string &message);
+    void release(Transfer &t);
+    // sg_session_close: drain, then say Bye. Throws SG_ERR_TIMEOUT (still draining) on timeout.
+    void close_gracefully(Session &s, uint64_t timeout_ns);
+    void set_api_handle(Transfer &t, void *handle);
+    // Runs queued transfer event callbacks; call without mu held.
+    void dispatch_events();
+    // Waits until t is quiesced; throws SG_ERR_TIMEOUT when timeout_ns passes first.
+    void wait_quiesced(Transfer &t, uint64_t timeout_ns);
+    // One pass of progress on the caller's thread. Event callbacks run only when run_callbacks is
+    // set (sg_context_progress) and the context has no progress thread: the header promises they
+    // run on the progress thread, or without one inside sg_context_progress, nowhere else.
+    void progress_once(bool run_callbacks = false);
+    // Handles `frame` as if it had arrived from the fabric, from the context its header names: for
+    // the handler fuzzer and for tests that play a hostile but authenticated peer. Takes mu.
+    void inject_frame(std::span<const uint8_t> frame);
+    // Bytes held for senders that have not proven themselves (orphan and held frames). Takes mu.
+    uint64_t unauthenticated_bytes();
+    // What the context holds at most for unproven senders, all together and for one sender. A
+    // peer that is really bootstrapping sends a HandleExport or two and some Expects before its
+    // proof arrives: well under a megabyte.
+    static constexpr uint64_t kUnauthenticatedBytes = 16ull << 20;
+    static constexpr uint64_t kUnauthenticatedShare = 4ull << 20;
+    // A frame's cost in those budgets: its bytes plus the bookkeeping around it, so that floods of
+    // tiny frames count too.
+    static constexpr uint64_t frame_cost(size_t bytes) { return uint64_t(bytes) + 64; }
+    void notify(Session &s, std::span<const uint8_t> data);
+    int event_fd() const { return event_fd_; }
+    void signal_event();
+
+    // A Hello with a fresh nonce (bootstrap) and the metadata blob: a Hello frame, followed by its
+    // HMAC when the context has a key.
+    wire::Hello hello() const;
+    std::vector<uint8_t> metadata() const;
+    const auth::Key &key() const { return key_; }
+    void set_param(sg_param_t p, uint64_t v);
+    uint64_t peer_timeout_ns() const { return peer_timeout_ns_; }
+    uint64_t get_param(sg_param_t p) const;
+
+    // The counters, with the registrations the transports hold now. Takes mu.
+    sg_context_stats_t stats();
+    // ---- What the host reads (queries.cpp); each takes mu ----
+    Outcome outcome(const Transfer &t);
+    Outcome session_error(const Session &s);
+    // The oldest notification into buf (SG_ERR_AGAIN when none; query: only its size into len).
+    sg_status_t next_notification(Session &s, void *buf, size_t cap, bool query, size_t &len);
+    uint32_t layer_state(const Transfer &t, uint32_t layer);  // SG_LAYER_* bits
+    uint64_t layer_time(const Transfer &t, uint32_t layer);   // written (or start) to ready, ns
+    // The layer's residency bitmap into bitmap (NULL: only the count); returns the number of bits.
+    size_t residency(const Transfer &t, uint32_t layer, uint8_t *bitmap, size_t cap);
+    sg_transfer_stats_t transfer_stats(const Transfer &t);
+    sg_status_t wait_layer_state(Transfer &t, uint32_t layer, uint32_t bits, uint64_t timeout_ns);
+    sg_status_t wait_blocks(Transfer &t, uint32_t layer, std::span<const uint32_t> blocks, uint64_t timeout_ns);
+    // Counts (and logs) a session that bootstrap refused for authentication.
+    void count_refused_session(const Error &e);
+
+    std::mutex mu;
+    std::condition_variable cv;
+    sg_context_stats_t counters{};  // guarded by mu
+    Logger log;
+    uint64_t id;
+    // Guarded by mu once the context exists: a local_only transport is renewed (renew_transport)
+    // after a peer on it was lost, and the one it replaces stays in retired_transports_ while
+    // sessions still use it.
+    std::vector<std::shared_ptr<transport::Transport>> transports;
+    std::string primary_provider;
+
+  private:
+    // CompletionSink, called with mu held.
+    void on_complete(void *cookie, int status, const char *error_text) override;
+    void on_message(std::span<const uint8_t> bytes) override;
+    // The effects of an operation's completion, without returning its cookie.
+    void settle(OpCookie *c, int status, const char *error_text);
+    // Settles the session's operations still in flight as failed, for providers that never
+    // complete operations addressed to a dead peer (local_only): otherwise they would hold the
+    // context's operation budget and keep their transfers from quiescing forever.
+    void abandon_ops(Session &s);
+    void forget_session_in_cookies(Session &s);
+    // How long after a session on such a provider was lost its operations are abandoned: time for
+    // completions already queued to arrive.
+    static constexpr uint64_t kAbandonAfterLossNs = 100000000ull;
+    // A peer that dies inside a local_only provider (shm) can leave that endpoint's shared queues
+    // locked or full for good: 1.17's shm then delivers nothing more to anyone. New sessions get a
+    // fresh endpoint; sessions that still use the old one keep it (retired_transports_).
+    void renew_transport(size_t index);
+    void drop_unused_retired_transports();
+    bool tx_full(const transport::Transport &t);
+    void note_tx_full(const transport::Transport &t);
+    // How long a transport that answered EAGAIN is left alone when no completion comes first (rxm
+    // answers EAGAIN while it sets up a connection, which completes nothing).
+    static constexpr uint64_t kTxFullRetryNs = 200000ull;
+    // How often a path still unmeasured on a session gets another candidate layer to measure it
+    // (a probe that never completes, its transfer failed, must not block measuring for good).
+    static constexpr uint64_t kProbeSpacingNs = 1000000000ull;
+    std::unordered_map<const transport::Transport *, uint64_t> tx_full_;  // transport -> when it said EAGAIN
+    bool has_sessions_on(const transport::Transport &t) const;
+    std::vector<transport::OpenOptions> transport_options_;
+    std::vector<std::shared_ptr<transport::Transport>> retired_transports_;
+
+    void progress_loop();
+    void progress_loop_body();
+    void fail_all_sessions(sg_status_t status, const std::string &why) noexcept;
+    void wait_step(std::unique_lock<std::mutex> &lock, uint64_t deadline);
+    size_t poll_locked();
+    void schedule_locked();
+    bool pump(Transfer &t, uint32_t quota);
+    bool may_post_bytes(const Session &s, uint64_t len) const;
+    bool start_next_layer(Transfer &t);
+    bool post_write_op(Transfer &t, uint32_t layer, const Vec<plan::Op> &ops, size_t &next_op, SendUnit *unit);
+    bool post_staged_chunk(Transfer &t, uint32_t layer, const Vec<plan::Op> &ops, size_t &next_op, SendUnit *unit);
+    void maybe_send_notices(Transfer &t);
+    void send_done(Transfer &t);                   // TransferDone, once
+    void mark_ready(Transfer &t, uint32_t layer);  // the layer's bytes are all in place (or delivered)
+    // Selective paths (paths.cpp).
+    struct PreparedLayer {
+        std::vector<uint32_t> selected;
+        std::vector<uint8_t> digests;
+    };
+    PreparedLayer prepare_layer(Transfer &t, uint32_t layer, const float *queries, uint32_t num_queries,
+                                uint32_t num_q_heads);
+    void commit_layer(Transfer &t, uint32_t layer, PreparedLayer &&prep);
+    void release_unposted_speculative(Transfer &t, uint32_t layer, std::span<const uint32_t> wanted);
+    void check_selection_inputs(Transfer &t, uint32_t layer, const float *queries, uint32_t num_queries,
+                                uint32_t num_q_heads);
+    std::unique_ptr<SendUnit> claim(Transfer &t, uint32_t layer, uint32_t path, std::span<const uint32_t> want);
+    bool pump_selective(Transfer &t, int pass, uint32_t quota);
+    SendUnit *next_unit(Transfer &t, int pass);
+    void compile_unit(Transfer &t, SendUnit &u);
+    void count_unit_bytes(Transfer &t, const SendUnit &u, uint64_t len);
+    void apply_held_notices(Transfer &t, uint32_t layer);
+    void apply_blocks_ready(Transfer &t, const wire::BlocksReady &m);
+    void selective_notices(Transfer &t);
+    void start_selective(Transfer &t);
+    void decode_block_resident(Transfer &t, uint32_t layer, std::span<const uint32_t> blocks, uint32_t path,
+                               uint64_t bytes);
+    void maybe_essential(Transfer &t, uint32_t layer);
+    void offer_staging(Session &s);
+    bool ensure_send_staging(Session &s);
+    void digest_proactive_blocks(Transfer &t, uint32_t layer);
+    void check_fetches(Transfer &t, uint32_t layer);
+    void end_by_release(Transfer &t);
+    void send(Session &s, const std::vector<uint8_t> &frame, Transfer *t = nullptr, bool bulk = false);
+    void send_auth(Session &s, const std::vector<uint8_t> &frame);
+    void flush_outbox(Session &s);
+    void fail_transfer(Transfer &t, sg_status_t status, const std::string &message, bool tell_peer);
+    void finish(Transfer &t, sg_status_t status, const std::string &message);
+    void maybe_send_quiesced(Transfer &t);
+    void emit(Transfer &t, sg_transfer_event_t type, uint32_t layer, sg_status_t status);
+    void note_quiesced(Transfer &t);
+    void drop_registrations(Session &s);
+    void send_quiesced(Session &s, uint64_t decode_xfer_id);
+    void complete_if_done(Transfer &t);
+    void maybe_layer_ready(Transfer &t, uint32_t layer);
+    bool choose_staging(Session &s);
+    void check_timers_locked();
+    // peer_closed: the peer said Bye (not a failure: no error log, not counted as a lost peer).
+    void lose_session(Session &s, sg_status_t status, const std::string &why, bool peer_closed = false);
+    void record_layer_rate(Transfer &t, Transfer::Layer &L);
+    void match(Session &s, const std::shared_ptr<Transfer> &t, const wire::Expect &e);
+    // The protocol (protocol.cpp): message type -> handler, each handler given a decoded message.
+    struct Route {
+        const char *name = nullptr;
+        bool auth = false;  // taken before the peer proved its key
+        void (Context::*run)(Session &, std::span<const uint8_t>, const char *) = nullptr;
+    };
+    static const Route &route(wire::MsgType type);
+    template <class M, void (Context::*Handler)(Session &, M &)>
+    static constexpr Route route_to(const char *name, bool auth = false);
+    template <class M, void (Context::*Handler)(Session &, M &)>
+    void decode_then(Session &s, std::span<const uint8_t> body, const char *name);
+    void heard_from(Session &s);
+    void on_auth_challenge(Session &s, wire::AuthChallenge &m);
+    void on_auth_proof(Session &s, wire::AuthProof &m);
+    void on_auth_result(Session &s, wire::AuthResult &m);
+    void on_handle_export(Session &s, wire::HandleExport &m);
+    void on_bye(Session &s, wire::Bye &m);
+    void on_ping(Session &s, wire::Ping &m);
+    void on_notify(Session &s, wire::Notify &m);
+    void on_expect(Session &s, wire::Expect &m);
+    void on_layer_ready(Session &s, wire::LayerReady &m);
+    void on_transfer_done(Session &s, wire::TransferDone &m);
+    void on_transfer_ack(Session &s, wire::TransferAck &m);
+    void on_quiesced(Session &s, wire::Quiesced &m);
+    void on_cancel(Session &s, wire::TransferError &m);
+    void on_error(Session &s, wire::TransferError &m);
+    void on_transfer_error(Session &s, wire::TransferError &m, wire::MsgType type);
+    void on_cancel_ack(Session &s, wire::CancelAck &m);
+    void on_release(Session &s, wire::Release &m);
+    void on_reposted(Session &s, wire::Reposted &m);
+    void on_staged_chunk(Session &s, wire::StagedChunk &m);
+    void on_staging_credit(Session &s, wire::StagingCredit &m);
+    void on_selective(Session &s, wire::Selective &m);
+    void on_digests(Session &s, wire::Digests &m);
+    void on_blocks_ready(Session &s, wire::BlocksReady &m);
+    void on_fetch(Session &s, wire::Fetch &m);
+    // Decode side: the session's unfinished transfer with this id (moved to Running: the prefill
+    // side speaks of it), or NULL.
+    Transfer *running_expect(Session &s, uint64_t decode_xfer_id);
+    void deliver_orphans(Session &s);
+    OpCookie *take_cookie();
+    void give_cookie(OpCookie *c);
+    void wake();
+
+    sg_context_options_t opt_{};
+    auth::Key key_;
+    uint64_t staging_threshold_ = 256 * 1024;
+    uint64_t staging_policy_ = SG_STAGING_AUTO;
+    uint64_t max_op_bytes_ = 16ull << 20;
+    uint32_t max_ops_ = 64;
+    uint32_t spin_us_ = 50;
+    uint64_t peer_timeout_ns_ = 2000000000ull;
+    uint64_t next_timer_check_ns_ = 0;
+    uint32_t ops_inflight_ = 0;
+    uint64_t bytes_inflight_ = 0;
+    uint64_t max_bytes_ = 64ull << 20, max_session_bytes_ = 32ull << 20;
+    uint32_t max_transfers_per_session_ = 1024;
+    uint64_t next_xfer_id_ = 1;
+    std::map<uint64_t, std::weak_ptr<Session>> sessions_;  // by peer context id
+    std::vector<std::shared_ptr<Transfer>> active_;        // prefill transfers with work to do
+    bool active_unsorted_ = false;                         // a transfer joined active_ since it was sorted
+    std::vector<std::shared_ptr<Transfer>> lingering_;     // released with operations still in flight
+    // Frames from peers this context has no session with yet (their session may be opened in a
+    // moment), by sender id, and how much memory they and unauthenticated sessions' held frames take:
+    // a sender names itself, so an unproven one must not be able to make the context hold without
+    // bound (see kUnauthenticatedBytes).
+    struct OrphanQueue {
+        uint64_t first_ns = 0, bytes = 0;
+        std::vector<std::vector<uint8_t>> frames;
+    };
+    std::map<uint64_t, OrphanQueue> orphans_;
+    uint64_t unauthenticated_bytes_ = 0;
+    void forget_held_frames(Session &s);
+    struct Event {
+        std::shared_ptr<Transfer> t;
+        sg_transfer_event_t type;
+        uint32_t layer;
+        sg_status_t status;
+    };
+    std::vector<Event> events_;  // guarded by mu
+    std::atomic<bool> events_pending_{false};
+    std::mutex dispatch_mu_;
+    std::vector<std::unique_ptr<OpCookie>> cookie_store_;
+    std::vector<OpCookie *> free_cookies_;
+    std::thread progress_;
+    std::atomic<bool> stop_{false};
+    int wake_fd_ = -1;
+    int event_fd_ = -1;  // the host's: readable when something happened
+    int epoll_fd_ = -1;
+    std::string boot_id_;
+    uint64_t netns_ = 0;
+
+    // Proactive selection of written layers runs on a worker of its own (started with the first
+    // such layer), so the engine's thread goes on with its next layer at once.
+    struct SelectJob {
+        std::shared_ptr<Transfer> t;
+        uint32_t layer;
+        std::vector<float> queries;
+        uint32_t num_queries, num_q_heads;
+    };
+    void select_loop();
+    std::thread select_thread_;
+    std::mutex select_mu_;
+    std::condition_variable select_cv_;
+    std::deque<SelectJob> select_jobs_;
+    bool select_stop_ = false;
+};
+
+// A tunable's bounds (sg_param_bounds); the same for sg_context_set_param and the SG_* environment
+// variables read at context creation. Throws SG_ERR_INVALID_ARGUMENT for an unknown param.
+struct ParamBounds {
+    uint64_t lo, hi;
+};
+ParamBounds param_bounds(sg_param_t p);
+
+// True on a thread that is running a transfer event callback: blocking calls refuse to run there.
+bool in_event_callback();
+
+}  // namespace sg::core

@@ -1,0 +1,172 @@
+// Internal to core/ (core.hpp is the folder's header): a session with one peer context and what
+// it holds — its state, the provider and peer address, its outbox, the pools exported to it and
+// the peer's, staging slots, the transfers by role, and authentication of blob-made sessions.
+#pragma once
+
+#include "common/common.hpp"
+#include "kv/kv.hpp"
+#include "transport/transport.hpp"
+#include "wire/wire.hpp"
+
+#include <smartgen/smartgen.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+namespace sg::core {
+
+class Context;
+class Session;
+class Transfer;
+struct SendUnit;
+
+// A transfer's or session's status and its detail, as one snapshot.
+struct Outcome {
+    sg_status_t status;
+    std::string message;
+};
+
+// Staging: a peer writes packed segments into one of our receive slots, then tells us which
+// segments they are; we unpack and return the slot.
+struct StagingArea {
+    // The id a session's receive slots are exported under (KV pools have random nonzero ids).
+    static constexpr uint64_t kHandleId = 0;
+    static constexpr uint64_t kSlotBytes = 4ull << 20;
+    static constexpr uint32_t kSlots = 8;
+    uint8_t *base = nullptr;  // mmap'd kSlots * kSlotBytes
+    transport::Registration reg;
+    void allocate();
+    void release(transport::Transport *tp) noexcept;
+};
+
+struct RemotePool {
+    kv::Layout layout;
+    uint32_t regions_per_layer = 0;
+    std::vector<wire::Region> regions;
+};
+
+// Cookie for every posted operation; starts with the provider's context space.
+struct OpCookie {
+    alignas(16) uint8_t provider_ctx[transport::kCookieBytes];
+    enum class Kind : uint8_t { Write, StagedWrite, Send } kind = Kind::Write;
+    Transfer *xfer = nullptr;  // kept alive by Transfer::inflight until the completion
+    Session *session = nullptr;
+    uint32_t layer = 0;
+    uint32_t staging_slot = 0;
+    uint64_t len = 0;  // payload bytes of a write, for the in-flight bounds
+    SendUnit *unit = nullptr;  // selective paths: the unit this write belongs to
+    Vec<uint8_t> bytes;  // message body for sends; segment list encoding for staged writes
+    bool in_use = false;
+    // Settled without the provider's completion (its peer is gone and the provider will never
+    // complete it, see Context::abandon_ops); if the completion comes after all, it only returns
+    // the cookie.
+    bool abandoned = false;
+};
+
+// A session's life (docs/protocol.md draws it):
+//   Authenticating  made from a metadata blob; the peer's fabric proof not checked yet (only auth
+//                   frames are taken; the rest wait in held_frames)
+//   Open            transfers run
+//   Draining        closing: sg_session_close waits for its transfers, or a Bye went out and its
+//                   answer is awaited; no new transfers
+//   Closed          lost, refused or closed: nothing more is sent; its registrations are dropped
+enum class SessionState : uint8_t { Authenticating, Open, Draining, Closed };
+bool legal_transition(SessionState from, SessionState to);
+const char *state_name(SessionState s);
+
+class Session {
+  public:
+    Session(Context *ctx, const wire::Hello &peer, const sg_session_options_t &opt);
+    ~Session();
+    Context *ctx;
+    uint64_t peer_ctx_id = 0;
+    size_t transport_index = 0;
+    transport::Transport *tp = nullptr;
+    std::shared_ptr<transport::Transport> tp_owner;  // keeps a renewed transport open while we use it
+    transport::PeerAddr peer = 0;
+    std::string provider;
+    // The state: changed only through advance(), with the context's mutex held, which throws
+    // SG_ERR_INTERNAL for a transition the machine does not have (legal_transition below).
+    SessionState state() const { return state_; }
+    void advance(SessionState to);
+    bool closed() const { return state_ == SessionState::Closed; }
+    sg_status_t error = SG_OK;
+    std::string error_message;
+    std::deque<std::vector<uint8_t>> notifications;  // received, not yet taken by the host
+    uint64_t notifications_dropped = 0;
+    uint64_t last_heard_ns = 0;  // any frame from the peer
+    uint64_t last_sent_ns = 0;   // any frame to the peer accepted by the provider
+
+    // Our pools registered for this session (one registration per region) and exported.
+    struct LocalReg {
+        std::vector<transport::Registration> regions;
+    };
+    std::map<uint64_t, LocalReg> local_regs;         // pool id -> registrations
+    std::map<uint64_t, RemotePool> remote_pools;      // peer's pool id -> descriptor
+    std::map<std::string, std::shared_ptr<Transfer>> unmatched_posts;  // prefill: waiting for Expect
+    std::map<std::string, wire::Expect> unmatched_expects;             // prefill: waiting for post
+    // prefill: posts canceled before their Expect arrived. Until the decode side acknowledges the
+    // cancel (CancelAck), any Expect of the id was sent before it heard of the cancel and is
+    // answered with Cancel + Quiesced, even when the id has been posted again meanwhile.
+    std::map<std::string, std::pair<sg_status_t, std::string>> canceled_unmatched;
+    std::set<std::string> repost_needed;  // prefill: ids whose cancel the decode side remembers
+    // decode: cancels by request id that arrived before any expect of the id.
+    std::map<std::string, std::pair<sg_status_t, std::string>> peer_canceled;
+    std::map<uint64_t, std::shared_ptr<Transfer>> expects;             // decode: by decode xfer id
+    std::map<std::string, std::shared_ptr<Transfer>> posts;            // prefill: matched, by request id
+    std::deque<OpCookie *> outbox;  // sends not yet accepted by the provider, kept in order
+    // Page digests: megabytes of messages that may wait; the outbox (notices, fetches, the host's
+    // notifications) goes first.
+    std::deque<OpCookie *> bulk_outbox;
+    // Authentication. Sessions bootstrapped over TCP are proven before they exist; sessions made
+    // from metadata blobs prove themselves over the fabric first: until the peer's proof arrives,
+    // only auth messages leave (auth_outbox) and the peer's other frames wait in held_frames.
+    // The peer proved the key (or neither side has one). A fact, not a state: frames of a session
+    // that closed before its peer proved itself are still refused.
+    bool proven = true;
+    std::vector<uint8_t> auth_nonce;  // our challenge to the peer
+    std::deque<OpCookie *> auth_outbox;
+    std::deque<std::vector<uint8_t>> held_frames;
+    uint64_t held_bytes = 0;  // held_frames, counted as Context::frame_cost
+    // Only one side may open the fabric connection: when both RDM endpoints connect to each other at
+    // once, tcp;ofi_rxm can lose both connections. The context with the lower id speaks first; the
+    // other holds its outbox until it hears from the peer.
+    bool may_send = false;
+    uint16_t peer_minor = 0;     // the peer's wire protocol minor (what it understands)
+    bool bye_sent = false;       // we are closing: the peer's Bye (answer or its own) ends the session
+    bool bye_received = false;
+
+    StagingArea recv_staging;  // the peer writes here
+    StagingArea send_staging;  // we pack here
+    RemotePool peer_staging;   // the peer's recv_staging (regions[0])
+    bool have_peer_staging = false;
+    uint32_t free_peer_slots = 0;  // bitmask of the peer's free receive slots
+    uint32_t free_send_slots = 0;  // bitmask of our free pack slots
+    // Measured throughput (bytes per ns, smoothed) of candidate layers sent directly [0] and
+    // staged [1] on this session; 0 while unmeasured. Drives SG_STAGING_AUTO.
+    double path_rate[2] = {0, 0};
+    uint64_t probe_ns[2] = {0, 0};  // when a candidate layer last went down a path still unmeasured
+    uint32_t candidate_layers = 0;
+    uint64_t bytes_inflight = 0;
+    uint64_t speculative_inflight = 0;
+    uint64_t last_fetch_ns = 0;  // the peer's last on-demand fetch (the speculative path yields after it)  // bytes of speculative writes in flight (bounded, so a fetch waits little)
+    bool regs_dropped = false;  // registrations closed after the session was lost
+    uint64_t lost_ns = 0;       // when the session was lost (CLOCK_MONOTONIC), 0 while it lives
+    // Unfinished transfers of the session, against max_transfers_per_session.
+    size_t unfinished() const;
+
+  private:
+    SessionState state_ = SessionState::Authenticating;
+};
+
+}  // namespace sg::core

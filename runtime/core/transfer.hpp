@@ -1,0 +1,181 @@
+// Internal to core/ (core.hpp is the folder's header): a registered KV pool, and a transfer — one
+// request's KV on one side — with its state, its per-layer progress and its role-specific parts
+// (prefill, decode, the selective paths' send units).
+#pragma once
+
+#include "core/selection.hpp"
+#include "core/session.hpp"
+#include "plan/plan.hpp"
+#include "plan/transfer_state.hpp"
+
+namespace sg::core {
+
+// A registered paged KV pool.
+class KvPool {
+  public:
+    KvPool(Context *ctx, const sg_kv_layout_t &pub);
+    Context *ctx;
+    kv::Layout layout;
+    // Region r of layer l at bases[l * regions_per_layer + r].
+    std::vector<uint8_t *> bases;
+    uint64_t id;  // exported to peers in HandleExport
+    std::atomic<int> transfers_using{0};
+    uint8_t *region(uint32_t layer, uint32_t r) const { return bases[size_t(layer) * layout.regions_per_layer() + r]; }
+};
+
+// Selective paths, prefill side: blocks of one layer that go under one path and end with one
+// BlocksReady notice. Units of the on-demand path go before everything else, speculative ones last.
+struct SendUnit {
+    uint32_t layer = 0;
+    uint32_t path = 0;             // one SG_PATH_* bit
+    std::vector<uint32_t> blocks;  // logical indices, ascending
+    Vec<plan::Op> ops;
+    bool compiled = false;
+    size_t next_op = 0;
+    uint32_t outstanding = 0;      // writes posted and not completed
+    bool notice_sent = false;
+    uint32_t digest_chunks = 0;    // proactive: Digests messages sent ahead of the notice
+    uint64_t bytes = 0;
+    bool staged = false;           // small ops: packed into staging slots
+    bool urgent = false;           // speculative, under way, holds blocks a fetch asked for
+    bool fully_posted() const { return compiled && next_op == ops.size(); }
+};
+
+class Transfer : public std::enable_shared_from_this<Transfer> {
+  public:
+    Transfer(Context *ctx, std::shared_ptr<Session> s, bool post_side, std::string request_id,
+             std::shared_ptr<KvPool> pool, std::span<const uint32_t> table, uint64_t num_tokens,
+             const sg_transfer_options_t &opt);
+    ~Transfer();
+    Context *ctx;
+    std::shared_ptr<Session> session;
+    const bool post_side;  // prefill: posted; decode: expected
+    const std::string request_id;
+    std::shared_ptr<KvPool> pool;
+    Vec<uint32_t> table;
+    const uint64_t num_tokens;
+    sg_transfer_options_t options{};
+    uint64_t id = 0;  // decode side: our id, sent in Expect; prefill side: the peer's, from Expect
+    uint64_t deadline_abs_ns = 0;  // CLOCK_MONOTONIC; 0 = none
+
+    // The state (plan/transfer_state.hpp). Changed only through advance(), with the context's
+    // mutex held, which throws SG_ERR_INTERNAL for a transition the machine does not have; read
+    // without the mutex only by the event dispatcher.
+    plan::TransferState state() const { return state_.load(std::memory_order_acquire); }
+    void advance(plan::TransferState to);
+    sg_status_t status = SG_IN_PROGRESS;  // final once Finished
+    std::string error;
+    bool finished() const { return state() >= plan::TransferState::Finished; }
+    uint32_t num_layers() const { return uint32_t(layers.size()); }  // fixed at construction
+    // No operation of it is in flight and the peer can no longer write into the decode side's
+    // blocks for it: its blocks may be reused.
+    bool is_quiesced() const { return state() >= plan::TransferState::Quiesced; }
+    // What moves a Finished transfer to Quiesced (Context::note_quiesced makes the move).
+    bool quiesce_condition() const;
+    // The host released it (sg_transfer_release): its events are dropped from then on.
+    std::atomic<bool> released{false};
+
+    struct Layer {
+        bool ready = false;          // every byte of the layer is in place (decode) or delivered (prefill)
+        uint64_t ready_ns = 0;
+        uint32_t staged_chunks = 0;  // prefill: chunk notices sent; decode: chunks unpacked
+        bool essential = false;      // prefill: proactive unit delivered; decode: it and the digests are here
+        std::vector<uint8_t> digests;  // prefill: to send; decode: received (the pool's dtype)
+        // Prefill side.
+        struct Out {
+            bool written = false;        // the engine wrote the layer (sg_transfer_layer_written)
+            uint64_t written_ns = 0;
+            bool posted = false;         // every op of the layer posted
+            bool notice_sent = false;    // LayerReady sent
+            uint32_t outstanding = 0;    // ops of this layer not yet completed
+            bool candidate = false;      // small ops, so its path was chosen by measurement
+            bool staged = false;
+            uint64_t start_ns = 0, bytes = 0;  // first op posted, bytes of the layer
+            // Selective paths.
+            std::vector<uint8_t> claimed;     // block is in some send unit
+            uint32_t claimed_count = 0;
+            uint32_t delivered_count = 0;     // blocks whose notice went and writes completed
+            uint32_t spec_cursor = 0;         // next block the speculative path looks at
+            std::vector<uint32_t> selected;   // essential blocks, chosen when the layer was written
+            std::vector<uint32_t> demand_waiting;  // fetched before the layer was written
+        } out;
+        // Decode side.
+        struct In {
+            bool notice_received = false;  // LayerReady arrived
+            uint32_t chunks_announced = 0; // staged_chunks from LayerReady
+            // Selective paths.
+            std::vector<uint32_t> proactive_blocks;  // blocks the proactive notices named (digested here)
+            uint32_t resident_count = 0;
+            std::vector<uint8_t> requested;   // fetched and not yet resident
+            bool essential_notice = false;    // the proactive BlocksReady arrived
+            uint32_t digest_chunks_announced = 0, digest_chunks_received = 0;
+            // BlocksReady notices whose staged chunks (counted per layer) are not all unpacked yet
+            std::vector<wire::BlocksReady> held_notices;
+        } in;
+    };
+    std::vector<Layer> layers;
+    kv::Residency residency;
+    sg_transfer_stats_t stats{};
+    uint32_t inflight = 0;  // ops and sends of this transfer not yet completed
+
+    // Paths: prefill, from the options; decode, from the peer's Selective message (0 until then).
+    uint32_t paths = 0;
+    bool selective() const { return paths && paths != SG_PATH_FULL; }
+
+    // Prefill side.
+    struct Prefill {
+        const RemotePool *dst = nullptr;  // the decode side's pool, set at the match
+        Vec<uint32_t> dst_table;
+        std::vector<uint32_t> order;  // layers in send order
+        size_t order_pos = 0;   // next entry of `order` to compile
+        size_t notice_pos = 0;  // entries of `order` whose notice went and whose writes all completed
+        const Session::LocalReg *src_reg = nullptr;  // the source pool's registration on the session
+        int64_t cur_layer = -1;  // full path: the layer being posted
+        bool cur_staged = false;
+        Vec<plan::Op> ops;
+        size_t next_op = 0;
+        bool done_sent = false;
+        // The decode side confirmed that every byte is in place (TransferAck, peers of 1.1 and
+        // newer): only then is a prefill transfer complete, so a prefill process that exits after
+        // its wait and a graceful close loses nothing.
+        bool done_acked = false;
+        bool quiesce_sent = false;  // Quiesced sent after a failure or a release
+        bool stalled = false;       // waiting for the in-flight bounds (counted once per episode)
+        bool peer_released = false; // the decode side released a selective transfer
+        uint64_t lease_deadline_ns = 0;  // set when the last layer is written and lease_ns > 0
+    } prefill;
+    bool matched() const { return prefill.dst != nullptr; }
+
+    // Prefill side, selective paths: the profile applied to this request (selection runs on the
+    // thread that marks a layer written, serialized by select_mu) and the send units by path.
+    struct Selective {
+        std::unique_ptr<LayerSelector> selector;
+        std::mutex select_mu;
+        std::deque<std::unique_ptr<SendUnit>> demand_queue, proactive_queue, speculative_queue;
+        std::vector<std::unique_ptr<SendUnit>> posted_units;  // posted; notice or completions pending
+        uint32_t layers_written = 0;
+        uint32_t spec_order_pos = 0;  // first entry of `order` the speculative path has not exhausted
+    } sel;
+
+    // Decode side.
+    struct Decode {
+        bool done_received = false;
+        // The peer confirmed that no write for this transfer will come any more (TransferDone or
+        // Quiesced), or it never learned of it.
+        bool peer_quiesced = false;
+        struct PendingFetch {
+            uint32_t layer;
+            std::vector<uint32_t> blocks;
+        };
+        std::vector<PendingFetch> fetches;  // BLOCKS_READY goes when all of one are resident
+    } decode;
+
+    // The C handle, for event callbacks: set once the ABI has registered the transfer; events
+    // wait until then and are dropped once the host released it.
+    std::atomic<void *> api_handle{nullptr};
+
+  private:
+    std::atomic<plan::TransferState> state_{plan::TransferState::Unmatched};
+};
+
+}  // namespace sg::core
