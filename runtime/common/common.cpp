@@ -49,7 +49,16 @@ bool mem_uses_mimalloc() noexcept {
 #endif
 }
 
+namespace {
+// 0: no test clock. A process-wide value, not the context's, because a test drives several
+// contexts (and the fake fabric) on one timeline.
+std::atomic<uint64_t> g_test_clock_ns{0};
+}  // namespace
+
+void set_test_clock_ns(uint64_t ns) noexcept { g_test_clock_ns.store(ns, std::memory_order_relaxed); }
+
 uint64_t now_ns() noexcept {
+    if (const uint64_t t = g_test_clock_ns.load(std::memory_order_relaxed)) return t;
     timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);

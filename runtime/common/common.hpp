@@ -75,7 +75,12 @@ template <class T>
 using Vec = std::vector<T, Allocator<T>>;
 
 // ---- time ----
-uint64_t now_ns() noexcept;  // CLOCK_MONOTONIC
+uint64_t now_ns() noexcept;  // CLOCK_MONOTONIC, or the test clock while one is set
+// The test clock (tests only; transport/fake.hpp's schedules): from now on now_ns() returns `ns`,
+// so deadlines, leases, peer timeouts and keep-alives move only when a test moves them; 0 goes
+// back to CLOCK_MONOTONIC. Costs now_ns() one relaxed atomic load. Set it before creating the
+// contexts it should drive: times they took from the other clock do not mix with it.
+void set_test_clock_ns(uint64_t ns) noexcept;
 
 // ---- logging ----
 // Repeats are rate-limited: a line identical to one written less than kRepeatWindowNs ago is

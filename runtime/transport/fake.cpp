@@ -99,7 +99,7 @@ struct Fabric::State {
     }
     Link &link(uint32_t a, uint32_t b) {
         auto [it, fresh] = links.try_emplace({std::min(a, b), std::max(a, b)});
-        if (fresh) it->second.posts_throw = rng.chance(0.5);
+        if (fresh) it->second.posts_throw = rng.chance(knobs.broken_posts_throw);
         return it->second;
     }
     // Whether an operation between the two can no longer land.

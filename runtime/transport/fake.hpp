@@ -50,6 +50,8 @@ struct Knobs {
     double early_completion = 0;     // send_after_write only: a write completes before it lands
                                      // (transmit completion; the source is read at that moment)
     double eagain = 0;               // chance that post_write / post_send answers -EAGAIN
+    double broken_posts_throw = 0.5; // chance, per broken link, that later posts throw (else they
+                                     // are taken and fail at completion, as rxm does either way)
     uint32_t max_events_per_poll = 64;
 };
 
@@ -82,7 +84,7 @@ class Fabric {
     // The endpoint id behind an address from local_address() (a peer's metadata carries it).
     static uint32_t endpoint_id(std::span<const uint8_t> address);
     // The connection between two endpoints breaks: what is pending between them completes with
-    // ECONNRESET, and later posts either throw or fail at completion (the PRNG picks, per link).
+    // ECONNRESET, and later posts either throw or fail at completion (broken_posts_throw, per link).
     // On a local_only fabric there is no connection to break: this does nothing.
     void drop_link(uint32_t a, uint32_t b);
     // The endpoint's process dies: it is cut off from every peer. Peers' operations to it fail
