@@ -50,7 +50,7 @@ bool parse_args(int argc, char **argv, Config &c, bool &help) {
         std::string a = argv[i];
         if (a == "--short") {
             c.sessions = 8, c.prefill_procs = 2, c.decode_procs = 2, c.transfers = 200, c.kills = 2;
-            c.warmup = 4, c.timeout_s = 150, c.progress_s = 2, c.cancel_rate = 0.15;
+            c.warmup = 4, c.timeout_s = 120, c.wait_s = 15, c.progress_s = 2, c.cancel_rate = 0.15;
             continue;
         }
         if (a == "--help" || a == "-h") {
