@@ -79,8 +79,7 @@ void Context::settle(OpCookie *c, int status, const char *error_text) {
     if (log.enabled(SG_LOG_DEBUG))
         log.log(SG_LOG_DEBUG, "completion kind " + std::to_string(int(c->kind)) + " status " + std::to_string(status));
     if (c->kind != OpCookie::Kind::Send) {
-        ops_inflight_--;
-        bytes_inflight_ -= c->len;
+        budget_.completed(c->len);
         if (c->session) c->session->bytes_inflight -= c->len;
         if (c->unit && c->unit->path == SG_PATH_SPECULATIVE && c->session) c->session->speculative_inflight -= c->len;
     }

@@ -69,10 +69,10 @@ Context::Context(const sg_context_options_t &opt) : id(random_u64()), opt_(opt) 
     opt_.auth_key_len = 0;
     spin_us_ = opt.progress_spin_us;
     if (uint64_t v; env_param("SG_PROGRESS_SPIN_US", SG_PARAM_PROGRESS_SPIN_US, v)) spin_us_ = uint32_t(v);
-    max_ops_ = opt.max_ops_in_flight ? opt.max_ops_in_flight : 64;
+    budget_.max_ops = opt.max_ops_in_flight ? opt.max_ops_in_flight : 64;
     peer_timeout_ns_ = uint64_t(opt.peer_timeout_ms ? opt.peer_timeout_ms : 2000) * 1000000;
-    if (opt.max_bytes_in_flight) max_bytes_ = opt.max_bytes_in_flight;
-    if (opt.max_session_bytes_in_flight) max_session_bytes_ = opt.max_session_bytes_in_flight;
+    if (opt.max_bytes_in_flight) budget_.max_bytes = opt.max_bytes_in_flight;
+    if (opt.max_session_bytes_in_flight) budget_.max_session_bytes = opt.max_session_bytes_in_flight;
     if (opt.max_transfers_per_session) max_transfers_per_session_ = opt.max_transfers_per_session;
     boot_id_ = read_boot_id();
     netns_ = read_netns_inode();
@@ -109,7 +109,7 @@ Context::Context(const sg_context_options_t &opt) : id(random_u64()), opt_(opt) 
     env_param("SG_STAGING_POLICY", SG_PARAM_STAGING_POLICY, staging_policy_);
     max_op_bytes_ = 16ull << 20;  // each session holds it to its own provider's max_msg_size
 
-    cookie_store_.reserve(size_t(max_ops_) + 64);
+    cookie_store_.reserve(size_t(budget_.max_ops) + 64);
     wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     event_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (event_fd_ < 0) fail(SG_ERR_INTERNAL, std::string("eventfd: ") + std::strerror(errno));
@@ -207,7 +207,7 @@ void Context::set_param(sg_param_t p, uint64_t v) {
     switch (p) {
         case SG_PARAM_STAGING_THRESHOLD: staging_threshold_ = v; break;
         case SG_PARAM_MAX_OP_BYTES: max_op_bytes_ = v; break;
-        case SG_PARAM_MAX_OPS_IN_FLIGHT: max_ops_ = uint32_t(v); break;
+        case SG_PARAM_MAX_OPS_IN_FLIGHT: budget_.max_ops = uint32_t(v); break;
         case SG_PARAM_PROGRESS_SPIN_US: spin_us_ = uint32_t(v); break;
         case SG_PARAM_STAGING_POLICY: staging_policy_ = v; break;
     }
@@ -219,7 +219,7 @@ uint64_t Context::get_param(sg_param_t p) const {
     switch (p) {
         case SG_PARAM_STAGING_THRESHOLD: return staging_threshold_;
         case SG_PARAM_MAX_OP_BYTES: return max_op_bytes_;
-        case SG_PARAM_MAX_OPS_IN_FLIGHT: return max_ops_;
+        case SG_PARAM_MAX_OPS_IN_FLIGHT: return budget_.max_ops;
         case SG_PARAM_PROGRESS_SPIN_US: return spin_us_;
         case SG_PARAM_STAGING_POLICY: return staging_policy_;
     }

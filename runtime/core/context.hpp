@@ -206,6 +206,7 @@ class Context : public transport::CompletionSink {
     void emit(Transfer &t, sg_transfer_event_t type, uint32_t layer, sg_status_t status);
     void note_quiesced(Transfer &t);
     void drop_registrations(Session &s);
+    void drop_unsent(Session &s, bool transfer_frames_only);
     void send_quiesced(Session &s, uint64_t decode_xfer_id);
     void complete_if_done(Transfer &t);
     void maybe_layer_ready(Transfer &t, uint32_t layer);
@@ -264,13 +265,10 @@ class Context : public transport::CompletionSink {
     uint64_t staging_threshold_ = 256 * 1024;
     uint64_t staging_policy_ = SG_STAGING_AUTO;
     uint64_t max_op_bytes_ = 16ull << 20;
-    uint32_t max_ops_ = 64;
     uint32_t spin_us_ = 50;
     uint64_t peer_timeout_ns_ = 2000000000ull;
     uint64_t next_timer_check_ns_ = 0;
-    uint32_t ops_inflight_ = 0;
-    uint64_t bytes_inflight_ = 0;
-    uint64_t max_bytes_ = 64ull << 20, max_session_bytes_ = 32ull << 20;
+    plan::InflightBudget budget_;  // the scheduler's in-flight bounds (plan/schedule.hpp)
     uint32_t max_transfers_per_session_ = 1024;
     uint64_t next_xfer_id_ = 1;
     std::map<uint64_t, std::weak_ptr<Session>> sessions_;  // by peer context id

@@ -121,7 +121,7 @@ void Context::select_loop() {
                                                job.num_queries, job.num_q_heads);
             std::lock_guard lock(mu);
             commit_layer(t, job.layer, std::move(prep));
-            if (t.matched() && !t.finished()) pump_selective(t, 1, 16);
+            if (t.matched() && !t.finished()) pump_selective(t, 1, plan::kTurnQuota);
         } catch (const Error &e) {
             fail_job(e.status(), e.message());
         } catch (const std::bad_alloc &) {
@@ -349,7 +349,7 @@ bool Context::pump_selective(Transfer &t, int pass, uint32_t quota) {
         SendUnit *u = next_unit(t, pass);
         if (!u) break;
         if (!u->compiled) compile_unit(t, *u);
-        while (u->next_op < u->ops.size() && ops_inflight_ < max_ops_ && posted < quota) {
+        while (u->next_op < u->ops.size() && budget_.has_op_slot() && posted < quota) {
             const uint64_t len = u->ops[u->next_op].len;
             // On-demand writes only wait for operation slots; bulk respects the byte bounds, and
             // speculative bulk its own small bound on top.
@@ -446,7 +446,7 @@ void Context::on_fetch(Session &s, wire::Fetch &m) {
     t.stats.fetch_blocks += u->blocks.size();
     if (u->blocks.empty()) return;  // all on their way already
     t.sel.demand_queue.push_back(std::move(u));
-    pump_selective(t, 0, max_ops_);
+    pump_selective(t, 0, budget_.max_ops);
     wake();
 }
 

@@ -226,6 +226,7 @@ void Context::on_notify(Session &s, wire::Notify &m) {
 }
 
 void Context::on_expect(Session &s, wire::Expect &m) {
+    s.expect_canceled.erase(m.request_id);
     if (auto c = s.canceled_unmatched.find(m.request_id); c != s.canceled_unmatched.end()) {
         wire::TransferError e;
         e.request_id = m.request_id;
@@ -336,10 +337,12 @@ void Context::on_transfer_error(Session &s, wire::TransferError &m, wire::MsgTyp
     // We post: the decode side withdrew its Expect. Answer Quiesced once nothing of ours
     // can still land in its blocks.
     auto p = s.posts.find(m.request_id);
-    if (p != s.posts.end() && p->second->id == m.decode_xfer_id && !p->second->is_quiesced()) {
+    const bool matched_here = p != s.posts.end() && p->second->id == m.decode_xfer_id;
+    if (matched_here && !p->second->is_quiesced()) {
         fail_transfer(*p->second, st, why, false);  // Quiesced follows from maybe_send_quiesced
         if (p->second->status != SG_OK) return;
     }
+    if (!matched_here && s.expect_canceled.size() < 65536) s.expect_canceled[m.request_id] = {st, why};
     auto u = s.unmatched_expects.find(m.request_id);
     if (u != s.unmatched_expects.end() && u->second.decode_xfer_id == m.decode_xfer_id) s.unmatched_expects.erase(u);
     send_quiesced(s, m.decode_xfer_id);

@@ -26,12 +26,13 @@ void Context::schedule_locked() {
     // and a higher priority is served first on every pass.
     // Passes by path: on-demand units of every transfer first, then proactive and full-path work,
     // then speculative units.
-    for (int pass = 0; pass < 3; ++pass) {
+    for (int pass = 0; pass < plan::kPathClasses; ++pass) {
         for (bool any = true; any;) {
             any = false;
             for (size_t i = 0; i < active_.size(); ++i) {
                 Transfer &t = *active_[i];
-                any = (t.selective() ? pump_selective(t, pass, 16) : pass == 1 && pump(t, 16)) || any;
+                any = (t.selective() ? pump_selective(t, pass, plan::kTurnQuota)
+                                     : pass == int(plan::PathClass::Bulk) && pump(t, plan::kTurnQuota)) || any;
             }
         }
     }
@@ -100,9 +101,8 @@ bool Context::post_write_op(Transfer &t, uint32_t layer, const Vec<plan::Op> &op
         note_tx_full(*s.tp);
         return false;
     }
-    ops_inflight_++;
     c->len = op.len;
-    bytes_inflight_ += op.len;
+    budget_.posted(op.len);
     s.bytes_inflight += op.len;
     t.inflight++;
     if (unit) {
@@ -120,8 +120,7 @@ bool Context::post_write_op(Transfer &t, uint32_t layer, const Vec<plan::Op> &op
 }
 
 bool Context::may_post_bytes(const Session &s, uint64_t len) const {
-    if (bytes_inflight_ == 0) return true;  // an operation larger than the bound still goes alone
-    return bytes_inflight_ + len <= max_bytes_ && s.bytes_inflight + len <= max_session_bytes_;
+    return budget_.may_post_bytes(s.bytes_inflight, len);
 }
 
 // Posts up to `quota` operations of t; returns whether it posted any (so the caller may give the
@@ -135,7 +134,7 @@ bool Context::pump(Transfer &t, uint32_t quota) {
             if (!start_next_layer(t)) break;
         }
         Transfer::Layer &L = t.layers[size_t(t.prefill.cur_layer)];
-        while (t.prefill.next_op < t.prefill.ops.size() && ops_inflight_ < max_ops_ && posted < quota &&
+        while (t.prefill.next_op < t.prefill.ops.size() && budget_.has_op_slot() && posted < quota &&
                may_post_bytes(*t.session, t.prefill.ops[t.prefill.next_op].len)) {
             const uint32_t layer = uint32_t(t.prefill.cur_layer);
             if (!(t.prefill.cur_staged ? post_staged_chunk(t, layer, t.prefill.ops, t.prefill.next_op, nullptr)

@@ -55,6 +55,7 @@ void Context::lose_session(Session &s, sg_status_t status, const std::string &wh
     for (auto &[k, t] : s.posts) ts.push_back(t);
     for (auto &[k, t] : s.unmatched_posts) ts.push_back(t);
     for (auto &t : ts) fail_transfer(*t, status, why, false);
+    drop_unsent(s, true);
     drop_registrations(s);
     for (auto &[k, t] : s.expects) note_quiesced(*t);
     for (auto &[k, t] : s.posts) note_quiesced(*t);
@@ -226,16 +227,7 @@ void Context::detach_session(Session &s) {
         s.advance(SessionState::Closed);
     }
     forget_held_frames(s);
-    // Sends that never left are dropped; their cookies go back to the pool.
-    for (auto *queue : {&s.outbox, &s.bulk_outbox, &s.auth_outbox}) {
-        for (OpCookie *c : *queue) {
-            if (c->xfer) c->xfer->inflight--;
-            give_cookie(c);
-        }
-        queue->clear();
-    }
-    for (auto &[k, t] : s.expects) note_quiesced(*t);
-    for (auto &[k, t] : s.posts) note_quiesced(*t);
+    drop_unsent(s, false);
     // The session object goes away with its handle; a provider that never completes operations to
     // a peer that stopped answering would leave them naming it forever.
     if (s.tp->caps().local_only) abandon_ops(s);
@@ -245,6 +237,26 @@ void Context::detach_session(Session &s) {
         sessions_.erase(it);
         counters.sessions_open--;
     }
+}
+
+// Sends that never left are dropped — all of them when the session ends here, or only those of
+// transfers when it was lost (its transfers have failed; a Bye answer may still go out) — their
+// cookies go back to the pool and their transfers stop counting them, so those can quiesce.
+void Context::drop_unsent(Session &s, bool transfer_frames_only) {
+    for (auto *queue : {&s.outbox, &s.bulk_outbox, &s.auth_outbox}) {
+        auto keep = queue->begin();
+        for (OpCookie *c : *queue) {
+            if (transfer_frames_only && !c->xfer) {
+                *keep++ = c;
+                continue;
+            }
+            if (c->xfer) c->xfer->inflight--;
+            give_cookie(c);
+        }
+        queue->erase(keep, queue->end());
+    }
+    for (auto &[k, t] : s.expects) note_quiesced(*t);
+    for (auto &[k, t] : s.posts) note_quiesced(*t);
 }
 
 void Context::close_gracefully(Session &s, uint64_t timeout_ns) {

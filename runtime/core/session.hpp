@@ -119,6 +119,9 @@ class Session {
     // cancel (CancelAck), any Expect of the id was sent before it heard of the cancel and is
     // answered with Cancel + Quiesced, even when the id has been posted again meanwhile.
     std::map<std::string, std::pair<sg_status_t, std::string>> canceled_unmatched;
+    // prefill: Expects the decode side canceled before any post of the id matched them; the next
+    // post of the id ends with that status (a new Expect of the id forgets it: a new request).
+    std::map<std::string, std::pair<sg_status_t, std::string>> expect_canceled;
     std::set<std::string> repost_needed;  // prefill: ids whose cancel the decode side remembers
     // decode: cancels by request id that arrived before any expect of the id.
     std::map<std::string, std::pair<sg_status_t, std::string>> peer_canceled;

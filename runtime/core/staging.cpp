@@ -181,11 +181,10 @@ bool Context::post_staged_chunk(Transfer &t, uint32_t layer, const Vec<plan::Op>
     counters.rma_ops++;
     counters.bytes_staged += used;
     c->len = used;
-    bytes_inflight_ += used;
+    budget_.posted(used);
     s.bytes_inflight += used;
     s.free_peer_slots &= ~(1u << rslot);
     s.free_send_slots &= ~(1u << lslot);
-    ops_inflight_++;
     t.inflight++;
     if (unit) {
         unit->outstanding++;

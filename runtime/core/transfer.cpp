@@ -134,6 +134,14 @@ std::shared_ptr<Transfer> Context::post(const std::shared_ptr<Session> &s, const
     if (s->unfinished() >= max_transfers_per_session_)
         fail(SG_ERR_AGAIN, "the session has " + std::to_string(max_transfers_per_session_) +
                                " unfinished transfers (max_transfers_per_session); retry after some finish");
+    if (auto c = s->expect_canceled.find(rid); c != s->expect_canceled.end()) {
+        // The decode side canceled its Expect of this id before any post: this post answers that
+        // cancel and ends with it.
+        const auto why = c->second;
+        s->expect_canceled.erase(c);
+        fail_transfer(*t, why.first, why.second, false);
+        return t;
+    }
     if (s->repost_needed.erase(rid)) {
         // The decode side remembers that the id was canceled; this post is a new request.
         std::vector<uint8_t> out;
@@ -210,7 +218,7 @@ void Context::layer_written(Transfer &t, uint32_t layer, const float *queries, u
     if (!t.layers[layer].out.written) {
         t.layers[layer].out.written = true;
         t.layers[layer].out.written_ns = now_ns();
-        if (t.matched() && !t.finished()) pump(t, 16);
+        if (t.matched() && !t.finished()) pump(t, plan::kTurnQuota);
     }
     wake();
 }

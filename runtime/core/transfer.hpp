@@ -6,6 +6,7 @@
 #include "core/selection.hpp"
 #include "core/session.hpp"
 #include "plan/plan.hpp"
+#include "plan/schedule.hpp"
 #include "plan/transfer_state.hpp"
 
 namespace sg::core {

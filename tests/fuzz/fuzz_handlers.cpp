@@ -169,12 +169,12 @@ bool try_open_pair(bool authenticated) {
     // Frames of the previous pair that arrived after it closed wait as orphans and are delivered to
     // the new sessions; a late Bye closes one at once (see docs/fuzzing.md). Then the pair is
     // opened again, the orphans being spent.
-    if (F->sb->closed || F->sa->closed) return false;
+    if (F->sb->closed() || F->sa->closed()) return false;
     if (!authenticated || settle(exports_arrived, 1000)) return true;
     if (std::getenv("SG_FUZZ_TRACE"))
         for (Session *s : {F->sb.get(), F->sa.get()})
             std::fprintf(stderr, "stuck open (%s): auth %d may_send %d outbox %zu remote_pools %zu staging %d\n",
-                         s == F->sb.get() ? "b" : "a", s->authenticated, s->may_send, s->outbox.size(), s->remote_pools.size(),
+                         s == F->sb.get() ? "b" : "a", s->proven, s->may_send, s->outbox.size(), s->remote_pools.size(),
                          s->have_peer_staging);
     return false;
 }
@@ -185,7 +185,7 @@ void open_pair(bool authenticated) {
             auto show = [](const char *who, const Session &s) {
                 std::fprintf(stderr,
                              "  %s: closed %d (%s) authenticated %d may_send %d remote_pools %zu staging %d outbox %zu\n",
-                             who, s.closed, s.error_message.c_str(), s.authenticated, s.may_send, s.remote_pools.size(),
+                             who, s.closed(), s.error_message.c_str(), s.proven, s.may_send, s.remote_pools.size(),
                              s.have_peer_staging, s.outbox.size());
             };
             std::fprintf(stderr, "fuzz_handlers: cannot bring up a session pair with both pools exported\n");
@@ -213,13 +213,13 @@ void close_pair() {
     // A session still proving its key would hold the Bye below instead of closing: finish its proof
     // with the answer the real peer would give (the harness holds the key).
     for (auto [ctx, s, peer] : {std::tuple{F->b.get(), F->sb.get(), F->a.get()}, std::tuple{F->a.get(), F->sa.get(), F->b.get()}}) {
-        if (s->closed || s->authenticated || s->auth_nonce.empty()) continue;
+        if (s->closed() || s->proven || s->auth_nonce.empty()) continue;
         std::vector<uint8_t> proof;
         wire::encode(proof, peer->id, wire::AuthProof{auth::fabric_proof(fuzz::test_key(), peer->id, ctx->id, s->auth_nonce)});
         ctx->inject_frame(proof);
     }
     // Writes under way finish and the proofs land.
-    settle([] { return inflight_posts() == 0 && (F->sb->closed || F->sa->closed || (F->sb->authenticated && F->sa->authenticated)); }, 100);
+    settle([] { return inflight_posts() == 0 && (F->sb->closed() || F->sa->closed() || (F->sb->proven && F->sa->proven)); }, 100);
     std::vector<uint8_t> bye;
     wire::encode(bye, F->a->id, wire::Bye{});
     F->b->inject_frame(bye);
@@ -237,14 +237,14 @@ void close_pair() {
         const bool trace = std::getenv("SG_FUZZ_TRACE");
         char before[256];
         if (trace) std::snprintf(before, sizeof before, "closed %d auth %d may_send %d outbox %zu/%zu/%zu bye %d/%d minor %d",
-                                 s.closed, s.authenticated, s.may_send, s.outbox.size(), s.bulk_outbox.size(), s.auth_outbox.size(),
+                                 s.closed(), s.proven, s.may_send, s.outbox.size(), s.bulk_outbox.size(), s.auth_outbox.size(),
                                  s.bye_sent, s.bye_received, s.peer_minor);
         const uint64_t t0 = now_ns();
         // A session lost before it was authenticated holds sends in its outbox that were never
         // handed to the provider and never will be; close_session would wait its whole drain time
         // (200 ms) for them. The auth messages it did hand over completed meanwhile (the peer
         // makes progress), so a short drain loses nothing there.
-        if (s.closed && !s.authenticated)
+        if (s.closed() && !s.proven)
             closing.close_session(s, now_ns() + kLostUnauthDrainNs);
         else
             closing.close_session(s);
@@ -279,7 +279,7 @@ void close_pair() {
 bool needs_rebuild() {
     std::scoped_lock lock(F->a->mu, F->b->mu);
     const Session &s = *F->sb;
-    return s.closed || F->sa->closed || s.expects.size() > 32 || s.posts.size() > 16 ||
+    return s.closed() || F->sa->closed() || s.expects.size() > 32 || s.posts.size() > 16 ||
            s.unmatched_expects.size() > 64 || s.remote_pools.size() > 64 || s.canceled_unmatched.size() > 64 ||
            s.peer_canceled.size() > 64 || s.repost_needed.size() > 64 || s.held_frames.size() > 256 ||
            s.outbox.size() > 1024 || s.bulk_outbox.size() > 1024 || F->sa->held_frames.size() > 256 ||
@@ -295,11 +295,11 @@ void ensure_fixture(bool fresh, bool authenticated) {
         F->pb = std::make_unique<HostPool>(*F->b);
         open_pair(true);
     }
-    if (!fresh && !(F->sb->authenticated && F->sa->authenticated))
-        settle([] { return F->sb->authenticated && F->sa->authenticated; }, 100);
-    if (fresh || needs_rebuild() || !F->sb->authenticated || !F->sa->authenticated) {
+    if (!fresh && !(F->sb->proven && F->sa->proven))
+        settle([] { return F->sb->proven && F->sa->proven; }, 100);
+    if (fresh || needs_rebuild() || !F->sb->proven || !F->sa->proven) {
         const uint64_t t0 = now_ns();
-        stats.closed += F->sb->closed || F->sa->closed;
+        stats.closed += F->sb->closed() || F->sa->closed();
         stats.fresh += fresh;
         close_pair();
         const uint64_t t1 = now_ns();

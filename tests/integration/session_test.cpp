@@ -510,6 +510,39 @@ TEST(Session, CancelBeforeMatchReachesALaterExpect) {
     sg_transfer_release(y);
 }
 
+// The mirror case, found by the soak (tools/soak, --cancel-modes decode-before): the decode side
+// expects and cancels before the prefill side posts; the later post must fail with
+// SG_ERR_CANCELED, as sg_transfer_cancel promises, instead of waiting for an Expect that never
+// comes.
+TEST(Session, DecodeCancelBeforeMatchReachesALaterPost) {
+    Pair p;
+    Pool src(p.prefill.h, 1, 1, 16, 4, 8), dst(p.decode.h, 1, 1, 16, 4, 8);
+    ASSERT_EQ(sg_session_export_kv(p.ps, src.kv), SG_OK);
+    ASSERT_EQ(sg_session_export_kv(p.ds, dst.kv), SG_OK);
+    const uint32_t t[2] = {0, 1};
+    sg_transfer_t x = nullptr, y = nullptr;
+    ASSERT_EQ(sg_transfer_expect(p.ds, "withdrawn", dst.kv, t, 2, 8, nullptr, &y, nullptr), SG_OK);
+    ASSERT_EQ(sg_transfer_cancel(y), SG_OK);
+    EXPECT_EQ(sg_transfer_wait(y, kSecond), SG_ERR_CANCELED);
+    // Quiesced comes from the prefill side's answer to the cancel: it has heard of it now.
+    ASSERT_EQ(sg_transfer_wait_quiesced(y, 5 * kSecond), SG_OK);
+    sg_transfer_options_t o;
+    sg_transfer_options_init(&o);
+    o.flags = SG_TRANSFER_ALL_LAYERS_WRITTEN;
+    ASSERT_EQ(sg_transfer_post(p.ps, "withdrawn", src.kv, t, 2, 8, &o, &x, nullptr), SG_OK);
+    EXPECT_EQ(sg_transfer_wait(x, 5 * kSecond), SG_ERR_CANCELED);
+    EXPECT_EQ(sg_transfer_wait_quiesced(x, kSecond), SG_OK);
+    sg_transfer_release(x);
+    sg_transfer_release(y);
+    // A new Expect of the id is a new request: it matches the next post.
+    ASSERT_EQ(sg_transfer_expect(p.ds, "withdrawn", dst.kv, t, 2, 8, nullptr, &y, nullptr), SG_OK);
+    ASSERT_EQ(sg_transfer_post(p.ps, "withdrawn", src.kv, t, 2, 8, &o, &x, nullptr), SG_OK);
+    EXPECT_EQ(sg_transfer_wait(y, 5 * kSecond), SG_OK) << sg_last_error_message();
+    EXPECT_EQ(sg_transfer_wait(x, 5 * kSecond), SG_OK);
+    sg_transfer_release(x);
+    sg_transfer_release(y);
+}
+
 // Hosts that want no library threads drive progress themselves.
 TEST(Session, HostDrivenProgress) {
     Pair p(false);

@@ -52,9 +52,6 @@ std::string run_schedule(uint64_t seed) {
     cfg.max_bytes_in_flight = 1024 * (1 + rng.below(64));
     cfg.max_session_bytes_in_flight = cfg.max_bytes_in_flight;
     cfg.peer_timeout_ms = 200;
-    // Broken links whose later posts throw are left out until the core quiesces a transfer whose
-    // send sat in a lost session's outbox (Schedule.DISABLED_ASendRefusedOnABrokenLinkKeeps...).
-    k.broken_posts_throw = 0;
     FakePair p(seed, cfg);
 
     const size_t n = 1 + rng.below(4);
