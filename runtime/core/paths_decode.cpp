@@ -11,6 +11,15 @@ namespace sg::core {
 
 using namespace paths;
 
+namespace {
+
+// BlocksReady notices of one layer waiting for the staged chunks they count: a real prefill side
+// has at most a slot's worth of chunks (StagingArea::kSlots) in flight, so a peer past this bound
+// is not waiting for chunks but piling notices up.
+constexpr size_t kMaxHeldNotices = 4096;
+
+}  // namespace
+
 // ---- decode: residency, digests, fetches ---------------------------------------------------------
 
 void Context::maybe_essential(Transfer &t, uint32_t layer) {
@@ -157,6 +166,8 @@ void Context::on_blocks_ready(Session &s, wire::BlocksReady &m) {
     if (L.staged_chunks < m.staged_chunks) {
         // Staged chunks it counts are still on their way (the provider may complete a
         // later small message before an earlier large one).
+        if (L.in.held_notices.size() >= kMaxHeldNotices)
+            fail(SG_ERR_PROTOCOL, "BlocksReady notices pile up for staged chunks that never come");
         L.in.held_notices.push_back(std::move(m));
         return;
     }

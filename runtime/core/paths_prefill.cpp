@@ -419,26 +419,23 @@ void Context::on_fetch(Session &s, wire::Fetch &m) {
     if (p == s.posts.end() || p->second->id != m.decode_xfer_id) return;  // released meanwhile
     Transfer &t = *p->second;
     if (t.finished()) return;  // the decode side learns the status from the transfer
-    if (!(t.paths & SG_PATH_ON_DEMAND)) {
-        fail_transfer(t, SG_ERR_PROTOCOL, "the decode side fetched blocks without SG_PATH_ON_DEMAND", true);
-        return;
-    }
+    // A peer whose values fail these checks loses its session, like any other range check of what
+    // a peer sends (STYLE 25); its transfers end with SG_ERR_PROTOCOL.
+    if (!(t.paths & SG_PATH_ON_DEMAND)) fail(SG_ERR_PROTOCOL, "the decode side fetched blocks without SG_PATH_ON_DEMAND");
     const uint32_t nb = request_blocks(t);
-    if (m.layer >= t.layers.size()) {
-        fail_transfer(t, SG_ERR_PROTOCOL, "fetch names a layer that does not exist", true);
-        return;
-    }
+    if (m.layer >= t.layers.size()) fail(SG_ERR_PROTOCOL, "Fetch names a layer that does not exist");
     for (uint32_t b : m.blocks)
-        if (b >= nb) {
-            fail_transfer(t, SG_ERR_PROTOCOL, "fetch names a block beyond the request's block table", true);
-            return;
-        }
+        if (b >= nb) fail(SG_ERR_PROTOCOL, "Fetch names a block beyond the request's block table");
     t.stats.fetch_requests++;
     s.last_fetch_ns = now_ns();
     Transfer::Layer &L = t.layers[m.layer];
     if (!L.out.written) {
         // Served as soon as the engine has written the layer.
-        L.out.demand_waiting.insert(L.out.demand_waiting.end(), m.blocks.begin(), m.blocks.end());
+        // Kept as a set of the request's blocks, so repeated fetches cannot grow it.
+        auto &w = L.out.demand_waiting;
+        w.insert(w.end(), m.blocks.begin(), m.blocks.end());
+        std::sort(w.begin(), w.end());
+        w.erase(std::unique(w.begin(), w.end()), w.end());
         return;
     }
     release_unposted_speculative(t, m.layer, m.blocks);

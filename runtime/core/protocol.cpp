@@ -246,6 +246,10 @@ void Context::on_expect(Session &s, wire::Expect &m) {
         s.unmatched_posts.erase(p);
         match(s, t, m);
     } else {
+        // Bounded like the other per-id tables: a real decode side has at most its
+        // max_transfers_per_session expects outstanding.
+        if (s.unmatched_expects.size() >= 65536 && !s.unmatched_expects.count(m.request_id))
+            fail(SG_ERR_PROTOCOL, "more than 65536 Expects wait for a post");
         s.unmatched_expects[m.request_id] = std::move(m);
     }
 }
@@ -254,7 +258,7 @@ void Context::on_layer_ready(Session &s, wire::LayerReady &m) {
     Transfer *running = running_expect(s, m.decode_xfer_id);
     if (!running) return;  // released or finished meanwhile
     Transfer &t = *running;
-    if (m.layer >= t.layers.size()) return;
+    if (m.layer >= t.layers.size()) fail(SG_ERR_PROTOCOL, "LayerReady names a layer that does not exist");
     Transfer::Layer &L = t.layers[m.layer];
     if (!L.in.notice_received) {
         L.in.notice_received = true;
@@ -294,7 +298,7 @@ void Context::on_quiesced(Session &s, wire::Quiesced &m) {
 }
 
 void Context::on_transfer_error(Session &s, wire::TransferError &m, wire::MsgType type) {
-    if (!m.from_post_side && m.status == 0) {
+    if (!m.from_post_side && m.status == 0 && type == wire::MsgType::Cancel) {
         // How peers before 1.2 say Release.
         wire::Release r{m.request_id, m.decode_xfer_id};
         on_release(s, r);

@@ -198,7 +198,9 @@ void Context::close_session(Session &s, uint64_t deadline) {
     // answer the Bye (peers of 1.1 and newer): until it has, frames we sent may still be in the
     // provider's or the kernel's buffers, and closing the endpoint could drop them.
     auto busy = [&] {
-        if (!s.closed() && s.peer_minor >= 1 && !s.bye_received) return true;
+        // A Bye that cannot leave — the peer has not proven its key, or we may not speak first and
+        // never heard from it — gets no answer to wait for.
+        if (!s.closed() && s.proven && s.may_send && s.peer_minor >= 1 && !s.bye_received) return true;
         for (auto &c : cookie_store_)
             if (c->in_use && !c->abandoned && c->session == &s) return true;
         return false;
@@ -402,7 +404,10 @@ void Context::check_timers_locked() {
         for (auto &t : timed) {
             if (t->deadline_abs_ns && now > t->deadline_abs_ns && !t->finished())
                 fail_transfer(*t, SG_ERR_DEADLINE, "transfer '" + t->request_id + "' missed its deadline", true);
-            if (t->prefill.lease_deadline_ns && now > t->prefill.lease_deadline_ns && !t->finished()) {
+            // A transfer whose bytes are all delivered and that only waits for the decode side's
+            // acknowledgement holds the decode side to nothing more: its lease cannot end it.
+            const bool delivered = t->prefill.done_sent && t->inflight == 0;
+            if (t->prefill.lease_deadline_ns && now > t->prefill.lease_deadline_ns && !t->finished() && !delivered) {
                 emit(*t, SG_EVENT_LEASE_EXPIRED, 0, SG_ERR_LEASE_EXPIRED);
                 fail_transfer(*t, SG_ERR_LEASE_EXPIRED,
                               "the lease of '" + t->request_id + "' ended (" +

@@ -82,6 +82,9 @@ void Context::on_auth_proof(Session &s, wire::AuthProof &m) {
 }
 
 void Context::on_auth_result(Session &s, wire::AuthResult &m) {
+    // Like a challenge, a verdict means something only on a session that runs the fabric
+    // challenge (made from a blob); a bootstrapped session was proven by its handshake.
+    if (s.auth_nonce.empty()) return;
     if (!m.accepted) {
         counters.auth_failures++;
         lose_session(s, SG_ERR_AUTH_FAILED,

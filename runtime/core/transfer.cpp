@@ -165,7 +165,12 @@ std::shared_ptr<Transfer> Context::post(const std::shared_ptr<Session> &s, const
         wire::Expect m = std::move(e->second);
         s->unmatched_expects.erase(e);
         match(*s, t, m);
-        if (t->status == SG_ERR_LAYOUT_MISMATCH || t->status == SG_ERR_OUT_OF_RANGE) fail(t->status, t->error);
+        if (t->status == SG_ERR_LAYOUT_MISMATCH || t->status == SG_ERR_OUT_OF_RANGE) {
+            // The caller gets the error, not a handle: nothing of this post may stay behind, or the
+            // id could never be posted again on the session.
+            if (auto p = s->posts.find(rid); p != s->posts.end() && p->second == t) s->posts.erase(p);
+            fail(t->status, t->error);
+        }
     } else {
         s->unmatched_posts[rid] = t;
     }
@@ -336,7 +341,10 @@ void Context::fail_transfer(Transfer &t, sg_status_t status, const std::string &
         auto u = s.unmatched_posts.find(t.request_id);
         if (u != s.unmatched_posts.end() && u->second.get() == &t) s.unmatched_posts.erase(u);
         // The decode side may not have expected yet; its Expect will be answered when it comes.
-        if (tell_peer && s.canceled_unmatched.size() < 65536) s.canceled_unmatched[t.request_id] = {status, message};
+        // (A post that failed at its match knows the decode side's id: its Error names it, and no
+        // later Expect of the id is about this one.)
+        if (tell_peer && !t.id && s.canceled_unmatched.size() < 65536)
+            s.canceled_unmatched[t.request_id] = {status, message};
     }
     if (tell_peer && !t.session->closed()) {
         wire::TransferError m;
@@ -411,14 +419,8 @@ void Context::release(Transfer &t) {
         // Completions still name this transfer: keep it alive until the context goes away rather
         // than let a late completion touch freed memory.
         log.log(SG_LOG_ERROR, "transfer '" + t.request_id + "' released with " + std::to_string(t.inflight) +
-                                  " operation(s) still in flight after 5 s; kept until the context is destroyed");
-        for (auto &p : active_)
-            if (p.get() == &t) lingering_.push_back(p);
-        if (t.post_side) {
-            if (auto p = s.posts.find(t.request_id); p != s.posts.end() && p->second.get() == &t) lingering_.push_back(p->second);
-        } else if (auto e = s.expects.find(t.id); e != s.expects.end()) {
-            lingering_.push_back(e->second);
-        }
+                                  " operation(s) still in flight after the release wait; kept until the context is destroyed");
+        lingering_.push_back(t.shared_from_this());
     }
     if (t.post_side) {
         auto p = s.posts.find(t.request_id);

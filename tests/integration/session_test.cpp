@@ -543,6 +543,59 @@ TEST(Session, DecodeCancelBeforeMatchReachesALaterPost) {
     sg_transfer_release(y);
 }
 
+// A match that fails (token counts differ) ends that request only: the id works again afterwards,
+// whichever side came first. Before, a post refused at its match stayed registered (the next post
+// of the id was SG_ERR_DUPLICATE), and a post failed by a later Expect was remembered as canceled
+// before its match (every later Expect of the id was answered with the error).
+TEST(Session, AFailedMatchLeavesTheRequestIdUsable) {
+    Pair p;
+    Pool src(p.prefill.h, 1, 1, 16, 4, 8), dst(p.decode.h, 1, 1, 16, 4, 8);
+    ASSERT_EQ(sg_session_export_kv(p.ps, src.kv), SG_OK);
+    ASSERT_EQ(sg_session_export_kv(p.ds, dst.kv), SG_OK);
+    const uint32_t t[3] = {0, 1, 2};
+    sg_transfer_options_t o;
+    sg_transfer_options_init(&o);
+    o.flags = SG_TRANSFER_ALL_LAYERS_WRITTEN;
+    auto run_ok = [&](const char *rid) {
+        sg_transfer_t x = nullptr, y = nullptr;
+        ASSERT_EQ(sg_transfer_expect(p.ds, rid, dst.kv, t, 2, 8, nullptr, &y, nullptr), SG_OK);
+        ASSERT_EQ(sg_transfer_post(p.ps, rid, src.kv, t, 2, 8, &o, &x, nullptr), SG_OK) << sg_last_error_message();
+        EXPECT_EQ(sg_transfer_wait(y, 5 * kSecond), SG_OK) << sg_last_error_message();
+        EXPECT_EQ(sg_transfer_wait(x, 5 * kSecond), SG_OK) << sg_last_error_message();
+        sg_transfer_release(x);
+        sg_transfer_release(y);
+    };
+    // Expect first, then a post of another length: the post call fails at its match.
+    {
+        sg_transfer_t x = nullptr, y = nullptr;
+        ASSERT_EQ(sg_transfer_expect(p.ds, "mismatch-a", dst.kv, t, 3, 12, nullptr, &y, nullptr), SG_OK);
+        sg_status_t st = SG_IN_PROGRESS;
+        for (int i = 0; i < 500 && st != SG_ERR_LAYOUT_MISMATCH; ++i) {  // until the Expect is there
+            st = sg_transfer_post(p.ps, "mismatch-a", src.kv, t, 2, 8, &o, &x, nullptr);
+            if (st == SG_OK) {  // it came before the Expect: the match fails on arrival instead
+                EXPECT_EQ(sg_transfer_wait(x, 5 * kSecond), SG_ERR_LAYOUT_MISMATCH);
+                sg_transfer_release(x);
+                st = SG_ERR_LAYOUT_MISMATCH;
+            }
+        }
+        EXPECT_EQ(st, SG_ERR_LAYOUT_MISMATCH);
+        EXPECT_LT(sg_transfer_wait(y, 5 * kSecond), 0);
+        sg_transfer_release(y);
+    }
+    run_ok("mismatch-a");
+    // Post first, then an Expect of another length: the match fails when the Expect arrives.
+    {
+        sg_transfer_t x = nullptr, y = nullptr;
+        ASSERT_EQ(sg_transfer_post(p.ps, "mismatch-b", src.kv, t, 2, 8, &o, &x, nullptr), SG_OK);
+        ASSERT_EQ(sg_transfer_expect(p.ds, "mismatch-b", dst.kv, t, 3, 12, nullptr, &y, nullptr), SG_OK);
+        EXPECT_EQ(sg_transfer_wait(x, 5 * kSecond), SG_ERR_LAYOUT_MISMATCH);
+        EXPECT_LT(sg_transfer_wait(y, 5 * kSecond), 0);
+        sg_transfer_release(x);
+        sg_transfer_release(y);
+    }
+    run_ok("mismatch-b");
+}
+
 // Hosts that want no library threads drive progress themselves.
 TEST(Session, HostDrivenProgress) {
     Pair p(false);

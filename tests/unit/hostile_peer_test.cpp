@@ -151,6 +151,61 @@ TEST(HostilePeer, AMessageThatDoesNotDecodeFailsTheSession) {
 
 // Two posts whose deadlines pass before any Expect: the sweep used to range-iterate the unmatched
 // posts while failing one erased it from that map (use-after-free, seen by ASan).
+// The range checks of what a peer sends lose the session wherever they fail (STYLE 25); a
+// LayerReady for a layer that does not exist used to be ignored and a bad Fetch failed only its
+// transfer (docs/protocol.md review).
+TEST(HostilePeer, ALayerReadyForALayerThatDoesNotExistFailsTheSession) {
+    Pair p;
+    Pool pool;
+    auto kv = std::make_shared<core::KvPool>(&p.decode, pool.layout);
+    p.decode.export_kv(*p.at_decode, *kv);
+    const auto tbl = table(8);
+    auto t = p.decode.expect(p.at_decode, "req", kv, tbl, 32, transfer_options());
+    wire::LayerReady m;
+    m.decode_xfer_id = t->id;
+    m.layer = 7;
+    std::vector<uint8_t> frame;
+    wire::encode(frame, p.prefill.id, m);
+    p.decode.inject_frame(frame);
+    std::lock_guard lock(p.decode.mu);
+    EXPECT_TRUE(p.at_decode->closed());
+    EXPECT_EQ(p.at_decode->error, SG_ERR_PROTOCOL) << p.at_decode->error_message;
+    EXPECT_EQ(t->status, SG_ERR_PROTOCOL);
+}
+
+// An AuthResult means something only on a session that runs the fabric challenge (made from a
+// blob); on a session its bootstrap handshake proved, a rejection from the peer is noise.
+TEST(HostilePeer, AnAuthResultOnABootstrappedSessionIsIgnored) {
+    Pair p;
+    std::vector<uint8_t> frame;
+    wire::encode(frame, p.prefill.id, wire::AuthResult{0});
+    p.decode.inject_frame(frame);
+    std::lock_guard lock(p.decode.mu);
+    EXPECT_FALSE(p.at_decode->closed()) << p.at_decode->error_message;
+    EXPECT_EQ(p.decode.counters.auth_failures, 0u);
+}
+
+// Expects waiting for a post are bounded like the context's other per-id tables.
+TEST(HostilePeer, ExpectsWithoutPostsAreBounded) {
+    Pair p;
+    wire::Expect m;
+    m.handle_id = 1;
+    m.num_tokens = 4;
+    m.block_ids = {0};
+    std::vector<uint8_t> frame;
+    for (uint32_t i = 0; i <= 65536; ++i) {
+        m.request_id = "r" + std::to_string(i);
+        m.decode_xfer_id = i + 1;
+        frame.clear();
+        wire::encode(frame, p.decode.id, m);
+        p.prefill.inject_frame(frame);
+    }
+    std::lock_guard lock(p.prefill.mu);
+    EXPECT_TRUE(p.at_prefill->closed());
+    EXPECT_EQ(p.at_prefill->error, SG_ERR_PROTOCOL) << p.at_prefill->error_message;
+    EXPECT_LE(p.at_prefill->unmatched_expects.size(), 65536u);
+}
+
 TEST(Deadlines, PostsWhoseDeadlinePassesBeforeTheirExpectFailCleanly) {
     Pair p;
     Pool pool;
