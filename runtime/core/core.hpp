@@ -9,9 +9,10 @@
 // cancel, quiesce, release), scheduler, staging, completions, paths_prefill, paths_decode,
 // queries (what the host reads), bootstrap, selection, auth (the MACs).
 //
-// Locking (docs/protocol.md has the whole picture). Lock order, outermost first:
-//   registry (abi/) -> Listener::mu -> Transfer::Selective::select_mu -> Context::mu
-//   Context::dispatch_mu_ and Context::select_mu_ are never held with Context::mu.
+// Locking (docs/protocol.md §6 has the whole picture). Lock order, outermost first:
+//   Listener::mu -> Context::mu;  Context::dispatch_mu_ -> Context::mu;  Context::mu -> the logger's.
+//   Context::select_mu_ and Transfer::Selective::select_mu are never held with another library
+//   lock; abi/'s registry locks are leaves, never held while calling into the core.
 // - Context::mu guards all of the context's state, every session and transfer, and every call into
 //   its transports (opened FI_THREAD_DOMAIN). The progress thread and API threads take it for short
 //   sections and never block while holding it; waits happen on the condition variable `cv` or the
@@ -20,8 +21,8 @@
 // - Context::dispatch_mu_: one event dispatcher at a time, so each transfer's events stay in
 //   order; callbacks run with no lock held.
 // - Context::select_mu_: the selection worker's job queue.
-// - Transfer::Selective::select_mu: serializes proactive selection of one transfer's layers (runs
-//   without Context::mu, then takes it to commit).
+// - Transfer::Selective::select_mu: serializes proactive selection of one transfer's layers (held
+//   only around the selector; Context::mu is taken after it is let go, to commit).
 // - Listener::mu: one accept at a time advances the listener's handshakes (sockets only; takes
 //   Context::mu only to open the session).
 #pragma once
