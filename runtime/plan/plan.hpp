@@ -1,6 +1,7 @@
-// runtime/plan: compiles one layer of a request into coalesced RMA operations. Depends on kv/ and
-// common/. (The transfer state machine that runs these plans lives with the context in core/, which
-// owns the sessions the transfers belong to.)
+// runtime/plan: compiles one layer of a request into coalesced RMA operations (this header), the
+// transfer state machine (transfer_state.hpp) and the scheduler's policy (schedule.hpp), as
+// ARCHITECTURE.md §4 places them. Depends on kv/ and common/. The core drives the state machine
+// and applies the policy to the transfers and sessions it owns (core/transfer.cpp, scheduler.cpp).
 //
 // Compilation walks the request in token runs that stay inside one source and one destination
 // block, so its cost is O(blocks) (O(blocks x heads) when a side is head-major) whatever the two
