@@ -1112,7 +1112,7 @@ SG_API sg_status_t sg_transfer_residency(sg_transfer_t h, uint32_t layer, uint8_
         auto t = lookup(transfers(), raw(h), "transfer");
         need(num_bits, "num_bits");
         const bool query = size_query(bitmap, cap, "bitmap");
-        *num_bits = t->ctx->residency(*t, layer, query ? nullptr : bitmap, cap);
+        t->ctx->residency(*t, layer, query ? nullptr : bitmap, cap, *num_bits);
         return SG_OK;
     });
 }

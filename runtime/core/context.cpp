@@ -138,6 +138,7 @@ Context::~Context() {
         std::lock_guard lock(mu);
         active_.clear();
         lingering_.clear();
+        unpacks_.clear();
     }
     transports.clear();
     retired_transports_.clear();

@@ -104,8 +104,9 @@ class Context : public transport::CompletionSink {
     sg_status_t next_notification(Session &s, void *buf, size_t cap, bool query, size_t &len);
     uint32_t layer_state(const Transfer &t, uint32_t layer);  // SG_LAYER_* bits
     uint64_t layer_time(const Transfer &t, uint32_t layer);   // written (or start) to ready, ns
-    // The layer's residency bitmap into bitmap (NULL: only the count); returns the number of bits.
-    size_t residency(const Transfer &t, uint32_t layer, uint8_t *bitmap, size_t cap);
+    // The layer's residency bitmap into bitmap (NULL: only its size); num_bits gets the number of
+    // bits, also when cap is too small (SG_ERR_BUFFER_TOO_SMALL).
+    void residency(const Transfer &t, uint32_t layer, uint8_t *bitmap, size_t cap, size_t &num_bits);
     sg_transfer_stats_t transfer_stats(const Transfer &t);
     sg_status_t wait_layer_state(Transfer &t, uint32_t layer, uint32_t bits, uint64_t timeout_ns);
     sg_status_t wait_blocks(Transfer &t, uint32_t layer, std::span<const uint32_t> blocks, uint64_t timeout_ns);
@@ -207,9 +208,20 @@ class Context : public transport::CompletionSink {
     void note_quiesced(Transfer &t);
     void drop_registrations(Session &s);
     void drop_unsent(Session &s, bool transfer_frames_only);
+    // Staged chunks are checked under mu (on_staged_chunk) and copied into the pool outside it:
+    // a chunk is up to a 4 MiB slot, too long to keep API threads and the other sessions waiting.
+    struct Unpack {
+        std::shared_ptr<Transfer> t;  // holds the pool and the session (whose slot is read)
+        wire::StagedChunk chunk;
+    };
+    std::vector<Unpack> unpacks_;  // guarded by mu
+    bool unpacking_ = false;       // a thread is copying a batch (one at a time)
+    // With mu held through `lock`: copies the queued chunks with mu let go, then counts them.
+    void run_unpacks(std::unique_lock<std::mutex> &lock);
+    void finish_unpack(Unpack &u);
     void send_quiesced(Session &s, uint64_t decode_xfer_id);
     void complete_if_done(Transfer &t);
-    void maybe_layer_ready(Transfer &t, uint32_t layer);
+    void layers_ready_in_order(Transfer &t);
     bool choose_staging(Session &s);
     void check_timers_locked();
     // peer_closed: the peer said Bye (not a failure: no error log, not counted as a lost peer).

@@ -57,9 +57,10 @@ void Context::progress_loop_body() {
     while (!stop_) {
         size_t n;
         {
-            std::lock_guard lock(mu);
+            std::unique_lock lock(mu);
             n = poll_locked();
             schedule_locked();
+            run_unpacks(lock);
         }
         if (events_pending_.load(std::memory_order_acquire)) dispatch_events();
         const uint64_t now = now_ns();
@@ -106,9 +107,10 @@ void Context::progress_loop_body() {
 void Context::progress_once(bool run_callbacks) {
     size_t n;
     {
-        std::lock_guard lock(mu);
+        std::unique_lock lock(mu);
         n = poll_locked();
         schedule_locked();
+        run_unpacks(lock);
     }
     if (n) cv.notify_all();
     if (run_callbacks && !progress_.joinable() && events_pending_.load(std::memory_order_acquire)) dispatch_events();
@@ -123,6 +125,7 @@ void Context::wait_step(std::unique_lock<std::mutex> &lock, uint64_t deadline) {
     } else {
         poll_locked();
         schedule_locked();
+        run_unpacks(lock);
     }
 }
 
@@ -285,6 +288,7 @@ sg_status_t Context::wait(Transfer &t, int64_t layer, uint64_t timeout_ns) {
                 lock.lock();
             }
             schedule_locked();
+            run_unpacks(lock);
         }
     }
     if (layer >= 0 && t.layers[size_t(layer)].ready) return SG_OK;

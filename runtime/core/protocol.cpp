@@ -264,8 +264,9 @@ void Context::on_layer_ready(Session &s, wire::LayerReady &m) {
         L.in.notice_received = true;
         L.in.chunks_announced = m.staged_chunks;
         t.stats.bytes += m.bytes;
+        t.decode.noticed.push_back(m.layer);
     }
-    maybe_layer_ready(t, m.layer);
+    layers_ready_in_order(t);
 }
 
 void Context::on_transfer_done(Session &s, wire::TransferDone &m) {

@@ -55,14 +55,14 @@ uint64_t Context::layer_time(const Transfer &t, uint32_t layer) {
     return L.ready && L.ready_ns > from ? L.ready_ns - from : 0;
 }
 
-size_t Context::residency(const Transfer &t, uint32_t layer, uint8_t *bitmap, size_t cap) {
+void Context::residency(const Transfer &t, uint32_t layer, uint8_t *bitmap, size_t cap, size_t &num_bits) {
     check_layer(t, layer);
     std::lock_guard lock(mu);
     const size_t nb = t.residency.num_blocks();
-    if (!bitmap) return nb;
+    num_bits = nb;  // reported also when the buffer is too small (the caller-buffer rule)
+    if (!bitmap) return;
     if (cap < (nb + 7) / 8) fail(SG_ERR_BUFFER_TOO_SMALL, "bitmap needs " + std::to_string((nb + 7) / 8) + " bytes");
     t.residency.copy_layer(layer, bitmap);
-    return nb;
 }
 
 sg_transfer_stats_t Context::transfer_stats(const Transfer &t) {

@@ -213,7 +213,6 @@ void Context::on_staged_chunk(Session &s, wire::StagedChunk &m) {
     if (Transfer *running = running_expect(s, m.decode_xfer_id)) {
         Transfer &t = *running;
         const kv::Layout &L = t.pool->layout;
-        const uint8_t *src = s.recv_staging.base + m.slot * StagingArea::kSlotBytes;
         uint64_t pos = m.slot_offset;
         // The peer is trusted with the keys of this pool, not with our address space: every
         // segment must fall inside the slot and inside the pool's region. All are checked
@@ -225,12 +224,54 @@ void Context::on_staged_chunk(Session &s, wire::StagedChunk &m) {
                 fail(SG_ERR_PROTOCOL, "StagedChunk segment outside the pool or the staging slot");
             pos += seg.length;
         }
-        pos = m.slot_offset;
-        for (const wire::Segment &seg : m.segments) {
+        // The copy happens outside mu (run_unpacks); the slot stays ours until its credit goes.
+        t.decode.unpacks_pending++;
+        unpacks_.push_back({t.shared_from_this(), std::move(m)});
+        wake();
+        return;
+    }
+    wire::StagingCredit credit;
+    credit.slot = m.slot;
+    std::vector<uint8_t> out;
+    wire::encode(out, id, credit);
+    send(s, out);
+}
+
+void Context::run_unpacks(std::unique_lock<std::mutex> &lock) {
+    if (unpacks_.empty() || unpacking_) return;
+    std::vector<Unpack> batch;
+    batch.swap(unpacks_);
+    unpacking_ = true;
+    lock.unlock();
+    for (Unpack &u : batch) {
+        // A transfer that ended meanwhile needs no bytes; its blocks are not reused before the
+        // pending count is back to 0 either way.
+        if (u.t->finished()) continue;
+        const kv::Layout &L = u.t->pool->layout;
+        const uint8_t *src = u.t->session->recv_staging.base + u.chunk.slot * StagingArea::kSlotBytes;
+        uint64_t pos = u.chunk.slot_offset;
+        for (const wire::Segment &seg : u.chunk.segments) {  // checked by on_staged_chunk
             const uint32_t layer = seg.region / L.regions_per_layer();
-            std::memcpy(t.pool->region(layer, seg.region % L.regions_per_layer()) + seg.offset, src + pos,
+            std::memcpy(u.t->pool->region(layer, seg.region % L.regions_per_layer()) + seg.offset, src + pos,
                         seg.length);
             pos += seg.length;
+        }
+    }
+    lock.lock();
+    unpacking_ = false;
+    for (Unpack &u : batch) finish_unpack(u);
+    if (!unpacks_.empty()) wake();
+}
+
+// With mu: the chunk is in place (or its transfer ended): count it, let the layer's notices that
+// waited for it apply, and give the slot back to the peer.
+void Context::finish_unpack(Unpack &u) {
+    Transfer &t = *u.t;
+    Session &s = *t.session;
+    const wire::StagedChunk &m = u.chunk;
+    t.decode.unpacks_pending--;
+    if (!t.finished()) {
+        for (const wire::Segment &seg : m.segments) {
             counters.staging_copies++;
             t.stats.staging_copies++;
             t.stats.staged_bytes += seg.length;
@@ -240,14 +281,16 @@ void Context::on_staged_chunk(Session &s, wire::StagedChunk &m) {
             if (t.selective())
                 apply_held_notices(t, m.layer);
             else
-                maybe_layer_ready(t, m.layer);
+                layers_ready_in_order(t);
         }
     }
+    note_quiesced(t);
     wire::StagingCredit credit;
     credit.slot = m.slot;
     std::vector<uint8_t> out;
     wire::encode(out, id, credit);
     send(s, out);
+    cv.notify_all();
 }
 
 void Context::on_staging_credit(Session &s, wire::StagingCredit &m) {

@@ -282,11 +282,25 @@ void Context::mark_ready(Transfer &t, uint32_t layer) {
 
 // Decode side: a layer is ready once its notice arrived and every staged chunk it announced has
 // been unpacked, in whatever order the provider completed those messages.
-void Context::maybe_layer_ready(Transfer &t, uint32_t layer) {
-    Transfer::Layer &L = t.layers[layer];
-    if (L.ready || !L.in.notice_received || L.staged_chunks < L.in.chunks_announced) return;
-    t.residency.set_layer(layer);
-    mark_ready(t, layer);
+// Decode side: layers become ready in the order their notices came (the prefill side's send
+// order), each once every staged chunk it announced is unpacked, in whatever order the provider
+// completed those messages. A layer whose chunks are still being copied (outside the mutex, see
+// run_unpacks) holds back the layers noticed after it, so readiness never runs ahead of that order.
+void Context::layers_ready_in_order(Transfer &t) {
+    auto &noticed = t.decode.noticed;
+    bool any = false;
+    while (!noticed.empty()) {
+        const uint32_t layer = noticed.front();
+        Transfer::Layer &L = t.layers[layer];
+        if (L.staged_chunks < L.in.chunks_announced) break;
+        if (!L.ready) {
+            t.residency.set_layer(layer);
+            mark_ready(t, layer);
+            any = true;
+        }
+        noticed.pop_front();
+    }
+    if (!any) return;
     complete_if_done(t);
     signal_event();
     cv.notify_all();
@@ -388,7 +402,7 @@ void Transfer::advance(plan::TransferState to) {
 bool Transfer::quiesce_condition() const {
     if (post_side) return inflight == 0;
     // A lost session's registrations are closed (drop_registrations), so nothing can land.
-    return decode.peer_quiesced || session->closed();
+    return (decode.peer_quiesced || session->closed()) && decode.unpacks_pending == 0;
 }
 
 void Context::cancel(Transfer &t, sg_status_t why, const std::string &message) {

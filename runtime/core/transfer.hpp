@@ -164,6 +164,10 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
         // The peer confirmed that no write for this transfer will come any more (TransferDone or
         // Quiesced), or it never learned of it.
         bool peer_quiesced = false;
+        // Staged chunks checked and waiting for their copy into the pool (done outside the
+        // context's mutex, Context::run_unpacks): the transfer is not quiesced before they land.
+        uint32_t unpacks_pending = 0;
+        std::deque<uint32_t> noticed;  // layers whose LayerReady came, in that order, not yet ready
         struct PendingFetch {
             uint32_t layer;
             std::vector<uint32_t> blocks;

@@ -206,6 +206,30 @@ TEST(HostilePeer, ExpectsWithoutPostsAreBounded) {
     EXPECT_LE(p.at_prefill->unmatched_expects.size(), 65536u);
 }
 
+// The session's machine: only the diagram's transitions (docs/protocol.md 5.2) are legal, and an
+// illegal one is refused with SG_ERR_INTERNAL instead of silently taken.
+TEST(SessionStateMachine, OnlyTheDiagramsTransitionsAreLegal) {
+    using S = core::SessionState;
+    const S all[] = {S::Authenticating, S::Open, S::Draining, S::Closed};
+    int legal = 0;
+    for (S a : all)
+        for (S b : all) legal += core::legal_transition(a, b);
+    EXPECT_EQ(legal, 6);  // Authenticating -> Open, Draining, Closed; Open -> Draining, Closed; Draining -> Closed
+    EXPECT_TRUE(core::legal_transition(S::Draining, S::Closed));
+    EXPECT_FALSE(core::legal_transition(S::Closed, S::Open));
+    EXPECT_FALSE(core::legal_transition(S::Open, S::Authenticating));
+    Pair p;
+    std::lock_guard lock(p.decode.mu);
+    EXPECT_EQ(p.at_decode->state(), S::Open);
+    try {
+        p.at_decode->advance(S::Authenticating);
+        ADD_FAILURE() << "Open -> Authenticating was taken";
+    } catch (const Error &e) {
+        EXPECT_EQ(e.status(), SG_ERR_INTERNAL);
+    }
+    EXPECT_EQ(p.at_decode->state(), S::Open);
+}
+
 TEST(Deadlines, PostsWhoseDeadlinePassesBeforeTheirExpectFailCleanly) {
     Pair p;
     Pool pool;

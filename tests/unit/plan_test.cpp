@@ -3,6 +3,8 @@
 // every element of the destination with the source (and checks nothing else was touched). The rest
 // pins down coalescing, the op size and iov limits, and that compilation does not allocate per block.
 #include "plan/plan.hpp"
+#include "plan/schedule.hpp"
+#include "plan/transfer_state.hpp"
 
 #include <gtest/gtest.h>
 
@@ -546,3 +548,49 @@ TEST(PlanAllocation, CompileDoesNotAllocatePerBlock) {
 
 }  // namespace
 }  // namespace sg::plan
+
+// ---- The transfer state machine and the scheduler's policy -------------------------------------
+
+namespace state_tests {
+using sg::plan::TransferState;
+
+TEST(TransferStateMachine, OnlyTheDiagramsTransitionsAreLegal) {
+    const TransferState all[] = {TransferState::Unmatched, TransferState::Running, TransferState::Finished,
+                                 TransferState::Quiesced, TransferState::Released};
+    auto edge = [](TransferState a, TransferState b) {
+        using S = TransferState;
+        return (a == S::Unmatched && (b == S::Running || b == S::Finished)) || (a == S::Running && b == S::Finished) ||
+               (a == S::Finished && (b == S::Quiesced || b == S::Released)) || (a == S::Quiesced && b == S::Released);
+    };
+    int legal = 0;
+    for (TransferState a : all)
+        for (TransferState b : all) {
+            EXPECT_EQ(sg::plan::legal_transition(a, b), edge(a, b))
+                << sg::plan::state_name(a) << " -> " << sg::plan::state_name(b);
+            legal += sg::plan::legal_transition(a, b);
+        }
+    EXPECT_EQ(legal, 6);  // no state moves to itself, nothing leaves Released, nothing goes back
+}
+
+TEST(InflightBudget, BoundsOperationsAndBytesButLetsAnOversizedOperationGoAlone) {
+    sg::plan::InflightBudget b;
+    b.max_ops = 2;
+    b.max_bytes = 100;
+    b.max_session_bytes = 60;
+    EXPECT_TRUE(b.has_op_slot());
+    EXPECT_TRUE(b.may_post_bytes(0, 1000));  // nothing in flight: even one larger than every bound
+    b.posted(50);
+    EXPECT_FALSE(b.may_post_bytes(50, 20));  // the session's bound (50 + 20 > 60)
+    EXPECT_TRUE(b.may_post_bytes(0, 20));    // another session may
+    EXPECT_FALSE(b.may_post_bytes(0, 51));   // the context's bound (50 + 51 > 100)
+    b.posted(40);
+    EXPECT_FALSE(b.has_op_slot());
+    b.completed(50);
+    EXPECT_TRUE(b.has_op_slot());
+    EXPECT_EQ(b.ops(), 1u);
+    EXPECT_EQ(b.bytes(), 40u);
+    b.completed(40);
+    EXPECT_TRUE(b.may_post_bytes(0, 1u << 30));
+}
+
+}  // namespace state_tests
