@@ -139,6 +139,7 @@ Context::~Context() {
         active_.clear();
         lingering_.clear();
         unpacks_.clear();
+        packs_.clear();
     }
     transports.clear();
     retired_transports_.clear();

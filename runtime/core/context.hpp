@@ -219,6 +219,28 @@ class Context : public transport::CompletionSink {
     // With mu held through `lock`: copies the queued chunks with mu let go, then counts them.
     void run_unpacks(std::unique_lock<std::mutex> &lock);
     void finish_unpack(Unpack &u);
+    // The prefill side's half: post_staged_chunk reserves the slots and counts the chunk under mu,
+    // run_packs packs it with mu let go and then hands it to the provider under mu. Notices of its
+    // layer or unit wait until it is handed over (packs_pending), so none overtakes its data.
+    struct Pack {
+        std::shared_ptr<Transfer> t;  // holds the session (whose pack slot is written) and the unit
+        uint32_t layer = 0;
+        SendUnit *unit = nullptr;
+        uint32_t lslot = 0, rslot = 0;
+        uint64_t used = 0;
+        std::vector<std::pair<const uint8_t *, uint64_t>> pieces;  // source ranges, in slot order
+        std::vector<uint8_t> notice;  // its StagedChunk frame
+        bool packed = false;          // copied; waiting for the provider (it answered EAGAIN)
+    };
+    std::deque<Pack> packs_;  // guarded by mu
+    bool packing_ = false;    // a thread is copying a batch (one at a time)
+    // With mu held through `lock`: packs and posts the reserved chunks, then unpacks received ones.
+    void run_copies(std::unique_lock<std::mutex> &lock);
+    void run_packs(std::unique_lock<std::mutex> &lock);
+    // Hands a packed chunk to the provider; false when it is full (the chunk stays queued).
+    bool post_pack(Pack &p);
+    // Gives back what a chunk reserved when it will never be posted (its transfer or session ended).
+    void drop_pack(Pack &p);
     void send_quiesced(Session &s, uint64_t decode_xfer_id);
     void complete_if_done(Transfer &t);
     void layers_ready_in_order(Transfer &t);

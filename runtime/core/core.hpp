@@ -16,8 +16,9 @@
 // - Context::mu guards all of the context's state, every session and transfer, and every call into
 //   its transports (opened FI_THREAD_DOMAIN). The progress thread and API threads take it for short
 //   sections and never block while holding it; waits happen on the condition variable `cv` or the
-//   transports' wait descriptors. Known exception: staging pack and unpack copy up to one 4 MiB
-//   slot under it.
+//   transports' wait descriptors. Staging's copies (up to a 4 MiB slot each)
+//   happen outside it: chunks are reserved and checked under it and copied by run_copies with it
+//   let go (staging.cpp).
 // - Context::dispatch_mu_: one event dispatcher at a time, so each transfer's events stay in
 //   order; callbacks run with no lock held.
 // - Context::select_mu_: the selection worker's job queue.

@@ -375,7 +375,7 @@ void Context::selective_notices(Transfer &t) {
     const bool saw = t.session->tp->caps().send_after_write;
     for (size_t i = 0; i < t.sel.posted_units.size();) {
         SendUnit &u = *t.sel.posted_units[i];
-        if (!u.notice_sent && (saw || u.outstanding == 0)) {
+        if (!u.notice_sent && u.packs_pending == 0 && (saw || u.outstanding == 0)) {
             for (size_t first = 0; first < std::max<size_t>(1, u.blocks.size()); first += kMaxBlocksPerMessage) {
                 wire::BlocksReady m;
                 m.decode_xfer_id = t.id;

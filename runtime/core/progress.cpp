@@ -59,8 +59,9 @@ void Context::progress_loop_body() {
         {
             std::unique_lock lock(mu);
             n = poll_locked();
+            run_copies(lock);  // chunks reserved by the last pass go before this pass's new writes
             schedule_locked();
-            run_unpacks(lock);
+            run_copies(lock);
         }
         if (events_pending_.load(std::memory_order_acquire)) dispatch_events();
         const uint64_t now = now_ns();
@@ -71,8 +72,10 @@ void Context::progress_loop_body() {
         }
         if (now - last_work < uint64_t(spin_us_) * 1000) continue;
         bool can_block = true;
+        bool copies_waiting = false;  // chunks to pack or unpack, or packed ones the provider refused
         {
             std::lock_guard lock(mu);
+            copies_waiting = !packs_.empty() || !unpacks_.empty();
             for (auto &t : transports) {
                 // A local_only transport cannot wake us for a peer's writes, so it keeps us napping
                 // briefly — but only while a session uses it: an idle context must cost nothing.
@@ -89,7 +92,7 @@ void Context::progress_loop_body() {
         // without one.
         constexpr uint64_t kBusyWindowNs = 20000000;
         timespec nap{};
-        if (now - last_real_work < kBusyWindowNs)
+        if (now - last_real_work < kBusyWindowNs || copies_waiting)
             nap.tv_nsec = 50000;
         else if (can_block)
             nap.tv_nsec = 100000000;
@@ -109,8 +112,9 @@ void Context::progress_once(bool run_callbacks) {
     {
         std::unique_lock lock(mu);
         n = poll_locked();
+        run_copies(lock);
         schedule_locked();
-        run_unpacks(lock);
+        run_copies(lock);
     }
     if (n) cv.notify_all();
     if (run_callbacks && !progress_.joinable() && events_pending_.load(std::memory_order_acquire)) dispatch_events();
@@ -125,7 +129,7 @@ void Context::wait_step(std::unique_lock<std::mutex> &lock, uint64_t deadline) {
     } else {
         poll_locked();
         schedule_locked();
-        run_unpacks(lock);
+        run_copies(lock);
     }
 }
 
@@ -288,7 +292,7 @@ sg_status_t Context::wait(Transfer &t, int64_t layer, uint64_t timeout_ns) {
                 lock.lock();
             }
             schedule_locked();
-            run_unpacks(lock);
+            run_copies(lock);
         }
     }
     if (layer >= 0 && t.layers[size_t(layer)].ready) return SG_OK;

@@ -210,7 +210,7 @@ void Context::close_session(Session &s, uint64_t deadline) {
             cv.wait_for(lock, std::chrono::milliseconds(1));
         } else {
             poll_locked();
-            run_unpacks(lock);
+            run_copies(lock);
             flush_outbox(s);
         }
     }

@@ -120,91 +120,171 @@ void Context::record_layer_rate(Transfer &t, Transfer::Layer &L) {
     r = r == 0 ? rate : 0.5 * r + 0.5 * rate;
 }
 
-// Packs as many of the layer's remaining ops as fit into one staging slot and writes them with one
-// operation; the chunk notice (segment list) follows in order. unit: the selective send unit the
-// ops belong to (NULL: the full path's current layer).
+// Reserves a staging slot on each side for as many of the layer's remaining ops as fit and counts
+// them as one write in flight; the packing (up to a slot's 4 MiB) and the write happen in
+// run_packs, outside the context's mutex. unit: the selective send unit the ops belong to (NULL:
+// the full path's current layer).
 bool Context::post_staged_chunk(Transfer &t, uint32_t layer, const Vec<plan::Op> &ops, size_t &next_op, SendUnit *unit) {
     Session &s = *t.session;
-    if (tx_full(*s.tp)) return false;  // before packing: a refused write would waste the copies
+    if (tx_full(*s.tp)) return false;  // the provider is full: a packed chunk would only wait
     if (!ensure_send_staging(s)) return post_write_op(t, layer, ops, next_op, unit);
     if (!s.free_peer_slots || !s.free_send_slots) return false;
-    const uint32_t rslot = uint32_t(__builtin_ctz(s.free_peer_slots));
-    const uint32_t lslot = uint32_t(__builtin_ctz(s.free_send_slots));
-    uint8_t *pack = s.send_staging.base + lslot * StagingArea::kSlotBytes;
+    Pack p;
+    p.rslot = uint32_t(__builtin_ctz(s.free_peer_slots));
+    p.lslot = uint32_t(__builtin_ctz(s.free_send_slots));
     wire::StagedChunk chunk;
     chunk.decode_xfer_id = t.id;
     chunk.layer = layer;
-    chunk.slot = rslot;
-    uint64_t used = 0;
+    chunk.slot = p.rslot;
     const size_t first = next_op;
     size_t k = first;
     for (; k < ops.size() && chunk.segments.size() < kMaxSegmentsPerChunk; ++k) {
         const plan::Op &op = ops[k];
-        if (used + op.len > StagingArea::kSlotBytes) {
-            if (k == first) {
-                // An op larger than a slot goes as a plain write.
-                return post_write_op(t, layer, ops, next_op, unit);
-            }
+        if (p.used + op.len > StagingArea::kSlotBytes) {
+            if (k == first) return post_write_op(t, layer, ops, next_op, unit);  // larger than a slot: a plain write
             break;
         }
         for (uint32_t i = 0; i < op.niov; ++i) {
-            std::memcpy(pack + used, op.iov[i].addr, op.iov[i].len);
-            used += op.iov[i].len;
-            t.stats.staging_copies++;
-            counters.staging_copies++;
+            p.pieces.emplace_back(op.iov[i].addr, op.iov[i].len);
+            p.used += op.iov[i].len;
         }
         chunk.segments.push_back({layer * t.prefill.dst->regions_per_layer + op.dst_region, op.dst_offset, op.len});
     }
+    wire::encode(p.notice, id, chunk);
+    p.t = t.shared_from_this();
+    p.layer = layer;
+    p.unit = unit;
+    budget_.posted(p.used);
+    s.bytes_inflight += p.used;
+    s.free_peer_slots &= ~(1u << p.rslot);
+    s.free_send_slots &= ~(1u << p.lslot);
+    t.inflight++;
+    if (unit) {
+        unit->outstanding++;
+        unit->packs_pending++;
+        count_unit_bytes(t, *unit, p.used);
+    } else {
+        t.layers[layer].out.outstanding++;
+        t.layers[layer].out.packs_pending++;
+    }
+    t.stats.rma_ops++;
+    t.stats.bytes += p.used;
+    t.stats.staged_bytes += p.used;
+    t.stats.staging_copies += p.pieces.size();
+    counters.rma_ops++;
+    counters.bytes_staged += p.used;
+    counters.staging_copies += p.pieces.size();
+    next_op = k;
+    packs_.push_back(std::move(p));
+    wake();
+    return true;
+}
+
+void Context::run_copies(std::unique_lock<std::mutex> &lock) {
+    run_packs(lock);
+    run_unpacks(lock);
+}
+
+void Context::run_packs(std::unique_lock<std::mutex> &lock) {
+    if (packs_.empty() || packing_) return;
+    std::deque<Pack> batch;
+    batch.swap(packs_);
+    packing_ = true;
+    lock.unlock();
+    for (Pack &p : batch) {
+        // A transfer that ended meanwhile sends nothing more; its reservation is given back below.
+        if (p.packed || p.t->finished()) continue;
+        uint8_t *slot = p.t->session->send_staging.base + size_t(p.lslot) * StagingArea::kSlotBytes;
+        for (auto [src, len] : p.pieces) {
+            std::memcpy(slot, src, len);
+            slot += len;
+        }
+        p.packed = true;
+    }
+    lock.lock();
+    packing_ = false;
+    std::deque<Pack> waiting;  // the provider was full: retried on a later pass, in order
+    for (Pack &p : batch) {
+        if (p.t->finished() || p.t->session->closed()) {
+            drop_pack(p);
+        } else if (!waiting.empty() || !post_pack(p)) {
+            waiting.push_back(std::move(p));
+        }
+    }
+    // Chunks reserved while this batch was copied go after the ones still waiting for the provider.
+    for (Pack &p : packs_) waiting.push_back(std::move(p));
+    packs_.swap(waiting);
+}
+
+// Tried even while the provider's queue was lately full (tx_full): a chunk reserved before the
+// writes that filled it keeps its place instead of waiting behind every later write.
+bool Context::post_pack(Pack &p) {
+    Transfer &t = *p.t;
+    Session &s = *t.session;
     const wire::Region &peer_area = s.peer_staging.regions[0];
     OpCookie *c = take_cookie();
     c->kind = OpCookie::Kind::StagedWrite;
     c->xfer = &t;
     c->session = &s;
-    c->layer = layer;
-    c->unit = unit;
-    c->staging_slot = lslot;
-    transport::LocalIov iov{pack, used, s.send_staging.reg.desc};
+    c->layer = p.layer;
+    c->unit = p.unit;
+    c->staging_slot = p.lslot;
+    c->len = p.used;
+    transport::LocalIov iov{s.send_staging.base + size_t(p.lslot) * StagingArea::kSlotBytes, p.used, s.send_staging.reg.desc};
     int rc;
     try {
-        rc = s.tp->post_write(s.peer, std::span(&iov, 1), peer_area.base + rslot * StagingArea::kSlotBytes,
+        rc = s.tp->post_write(s.peer, std::span(&iov, 1), peer_area.base + p.rslot * StagingArea::kSlotBytes,
                               peer_area.key, c);
     } catch (const Error &e) {
         give_cookie(c);
         lose_session(s, SG_ERR_PEER_LOST, "writing to the peer failed: " + e.message());
-        return false;
+        drop_pack(p);
+        return true;  // settled: nothing left to retry
     }
     if (rc == -EAGAIN) {
         give_cookie(c);
         note_tx_full(*s.tp);
         return false;
     }
-    counters.rma_ops++;
-    counters.bytes_staged += used;
-    c->len = used;
-    budget_.posted(used);
-    s.bytes_inflight += used;
-    s.free_peer_slots &= ~(1u << rslot);
-    s.free_send_slots &= ~(1u << lslot);
-    t.inflight++;
-    if (unit) {
-        unit->outstanding++;
-        count_unit_bytes(t, *unit, used);
-    } else {
-        t.layers[layer].out.outstanding++;
-    }
-    t.stats.rma_ops++;
-    t.stats.bytes += used;
-    t.stats.staged_bytes += used;
-    next_op = k;
-    t.layers[layer].staged_chunks++;
-    std::vector<uint8_t> notice;
-    wire::encode(notice, id, chunk);
+    t.layers[p.layer].staged_chunks++;
     if (s.tp->caps().send_after_write) {
-        send(s, notice, &t);
+        send(s, p.notice, &t);
     } else {
-        c->bytes.assign(notice.begin(), notice.end());  // sent when the write completes
+        c->bytes.assign(p.notice.begin(), p.notice.end());  // sent when the write completes
+    }
+    if (p.unit) {
+        p.unit->packs_pending--;
+        selective_notices(t);
+    } else {
+        t.layers[p.layer].out.packs_pending--;
+        maybe_send_notices(t);
     }
     return true;
+}
+
+void Context::drop_pack(Pack &p) {
+    Transfer &t = *p.t;
+    Session &s = *t.session;
+    budget_.completed(p.used);
+    s.bytes_inflight -= p.used;
+    s.free_peer_slots |= 1u << p.rslot;  // never written
+    s.free_send_slots |= 1u << p.lslot;
+    t.inflight--;
+    if (p.unit) {
+        p.unit->outstanding--;
+        p.unit->packs_pending--;
+    } else {
+        t.layers[p.layer].out.outstanding--;
+        t.layers[p.layer].out.packs_pending--;
+    }
+    t.stats.rma_ops--;
+    t.stats.bytes -= p.used;
+    t.stats.staged_bytes -= p.used;
+    counters.rma_ops--;
+    counters.bytes_staged -= p.used;
+    if (s.closed() && !s.regs_dropped) drop_registrations(s);
+    maybe_send_quiesced(t);
+    note_quiesced(t);
 }
 
 void Context::on_staged_chunk(Session &s, wire::StagedChunk &m) {

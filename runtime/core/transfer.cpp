@@ -239,7 +239,7 @@ void Context::maybe_send_notices(Transfer &t) {
         const uint32_t l = t.prefill.order[i];
         Transfer::Layer &L = t.layers[l];
         if (!L.out.posted) break;  // notices go in send order
-        if (!L.out.notice_sent && (saw || L.out.outstanding == 0)) {
+        if (!L.out.notice_sent && L.out.packs_pending == 0 && (saw || L.out.outstanding == 0)) {
             wire::LayerReady m;
             m.decode_xfer_id = t.id;
             m.layer = l;

@@ -33,7 +33,8 @@ struct SendUnit {
     Vec<plan::Op> ops;
     bool compiled = false;
     size_t next_op = 0;
-    uint32_t outstanding = 0;      // writes posted and not completed
+    uint32_t outstanding = 0;      // writes posted and not completed (staged ones from their reservation)
+    uint32_t packs_pending = 0;    // staged chunks reserved and not yet handed to the provider
     bool notice_sent = false;
     uint32_t digest_chunks = 0;    // proactive: Digests messages sent ahead of the notice
     uint64_t bytes = 0;
@@ -88,7 +89,8 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
             uint64_t written_ns = 0;
             bool posted = false;         // every op of the layer posted
             bool notice_sent = false;    // LayerReady sent
-            uint32_t outstanding = 0;    // ops of this layer not yet completed
+            uint32_t outstanding = 0;    // ops of this layer not yet completed (staged ones from their reservation)
+            uint32_t packs_pending = 0;  // staged chunks reserved and not yet handed to the provider
             bool candidate = false;      // small ops, so its path was chosen by measurement
             bool staged = false;
             uint64_t start_ns = 0, bytes = 0;  // first op posted, bytes of the layer
