@@ -110,7 +110,7 @@ class Context : public transport::CompletionSink {
     sg_transfer_stats_t transfer_stats(const Transfer &t);
     sg_status_t wait_layer_state(Transfer &t, uint32_t layer, uint32_t bits, uint64_t timeout_ns);
     sg_status_t wait_blocks(Transfer &t, uint32_t layer, std::span<const uint32_t> blocks, uint64_t timeout_ns);
-    // Counts (and logs) a session that bootstrap refused for authentication.
+    // Counts (and logs) a session that bootstrap refused for authentication (session_auth.cpp).
     void count_refused_session(const Error &e);
 
     std::mutex mu;

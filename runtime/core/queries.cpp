@@ -102,11 +102,4 @@ sg_status_t Context::wait_blocks(Transfer &t, uint32_t layer, std::span<const ui
     });
 }
 
-void Context::count_refused_session(const Error &e) {
-    if (e.status() != SG_ERR_AUTH_FAILED && e.status() != SG_ERR_AUTH_REQUIRED) return;
-    std::lock_guard lock(mu);
-    counters.auth_failures++;
-    log.log(SG_LOG_ERROR, "session refused: " + e.message());
-}
-
 }  // namespace sg::core

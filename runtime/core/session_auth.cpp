@@ -92,4 +92,13 @@ void Context::on_auth_result(Session &s, wire::AuthResult &m) {
     }
 }
 
+// A session bootstrap refused for authentication: counted (sg_context_stats().auth_failures) and
+// logged once, here, where it is understood.
+void Context::count_refused_session(const Error &e) {
+    if (e.status() != SG_ERR_AUTH_FAILED && e.status() != SG_ERR_AUTH_REQUIRED) return;
+    std::lock_guard lock(mu);
+    counters.auth_failures++;
+    log.log(SG_LOG_ERROR, "session refused: " + e.message());
+}
+
 }  // namespace sg::core
