@@ -26,11 +26,11 @@ namespace sg::fuzz {
 
 // The C API's defaults (abi/abi.cpp), without linking the ABI: progress driven by the harness,
 // peers never time out (a slow input must not look like a lost peer), logging off.
-inline sg_context_options_t context_options(bool keyed = true) {
+inline sg_context_options_t context_options(bool keyed = true, const char *provider = "tcp") {
     sg_context_options_t o{};
     o.struct_size = sizeof o;
     o.header_version = SG_VERSION_NUMBER;
-    o.provider = "tcp";
+    o.provider = provider;
     o.local_addr = "127.0.0.1";
     o.progress_thread = false;
     o.progress_spin_us = 0;
@@ -62,12 +62,12 @@ inline sg_transfer_options_t transfer_options(uint32_t paths = SG_PATH_FULL, uin
 }
 
 // Creating a context opens libfabric endpoints; a failure here is the machine's, not a finding.
-inline std::unique_ptr<core::Context> make_context(bool keyed = true) {
+inline std::unique_ptr<core::Context> make_context(bool keyed = true, const char *provider = "tcp") {
     setenv("SG_LOG_LEVEL", "off", 1);  // read at context creation; overrides the options' level
     try {
-        return std::make_unique<core::Context>(context_options(keyed));
+        return std::make_unique<core::Context>(context_options(keyed, provider));
     } catch (const Error &e) {
-        std::fprintf(stderr, "fuzz: cannot create a context over tcp: %s\n", e.message().c_str());
+        std::fprintf(stderr, "fuzz: cannot create a context over %s: %s\n", provider, e.message().c_str());
         std::abort();
     }
 }

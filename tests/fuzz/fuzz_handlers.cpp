@@ -1,7 +1,9 @@
 // Fuzzer: a context's message handlers (runtime/core), fed frames from an authenticated but hostile
 // peer — any field, any order, any session state.
 //
-// Two contexts live in this process over "tcp" with no progress thread: A, the peer the fuzzer
+// Two contexts live in this process over the in-memory fake fabric (runtime/transport/fake.hpp,
+// one seed, no injected faults: what is fuzzed is the frames, not the schedule) with no progress
+// thread: A, the peer the fuzzer
 // plays, and B, the target. Both hold the tests' key; their sessions are opened as a bootstrap
 // leaves them (authenticated) or, on request, as metadata blobs leave them (the fabric
 // challenge-response still to run, so frames are held and auth frames are live). Each side exports
@@ -30,6 +32,7 @@
 #include "fuzz_common.hpp"
 
 #include "kernels.hpp"
+#include "transport/fake.hpp"
 
 #include <fuzzer/FuzzedDataProvider.h>
 
@@ -288,9 +291,16 @@ bool needs_rebuild() {
 
 void ensure_fixture(bool fresh, bool authenticated) {
     if (!F) {
+        // The fake fabric moves bytes and messages only when polled, so an input sees the same
+        // schedule every time, and needs no sockets. Measured over 40 s from the seed corpus
+        // (ASan): 159 inputs/s and 9009 edges, against 157/s and 8118 over tcp.
+        // SG_FUZZ_PROVIDER=tcp runs the pair over real sockets instead.
+        static transport::fake::Fabric *fabric = new transport::fake::Fabric(1, transport::fake::Knobs{});
+        (void)fabric;
         F = new Fixture;
-        F->a = fuzz::make_context();
-        F->b = fuzz::make_context();
+        const char *prov = std::getenv("SG_FUZZ_PROVIDER") ? std::getenv("SG_FUZZ_PROVIDER") : "fake";
+        F->a = fuzz::make_context(true, prov);
+        F->b = fuzz::make_context(true, prov);
         F->pa = std::make_unique<HostPool>(*F->a);
         F->pb = std::make_unique<HostPool>(*F->b);
         open_pair(true);
