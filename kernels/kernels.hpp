@@ -177,4 +177,29 @@ void top_k(std::span<const float> scores, std::span<uint32_t> candidates, size_t
 // The best min(k, scores.size()) indices of scores, best first.
 std::vector<uint32_t> top_k(std::span<const float> scores, size_t k);
 
+// ---- attention over a part of the keys, and the exact merge of parts ----
+//
+// Parallel on-demand attention: a decode step attends to the blocks it holds while the missing ones
+// are fetched, then to the fetched ones as they land, and merges. A part is kept as the three
+// quantities softmax attention decomposes into over any set of keys S with scores s_j:
+//   max = max_j s_j,   sum = sum_j exp(s_j - max),   acc = sum_j exp(s_j - max) * v_j   (dim floats)
+// so that parts over disjoint sets merge exactly (the log-sum-exp merge) into the part of their
+// union, whatever the split, and attention over S is acc / sum. An empty part is {-inf, 0, zeros}.
+// The part's storage is the caller's.
+struct AttentionPart {
+    float *max;
+    float *sum;
+    float *acc;  // dim floats
+};
+
+// Folds the keys and values of one KV head (rows of `keys` and `values`: same tokens and dim) into
+// `part` for one query row of dim floats, scores scaled by `scale` (1/sqrt(dim) for standard
+// attention). Calling it block after block covers all of them. Precondition: keys.dim <= kMaxHeadDim.
+void attend_part(const float *query, const View &keys, const View &values, uint32_t kv_head, float scale,
+                 AttentionPart part);
+// Folds part b (max_b, sum_b, acc_b) into `into`; either may be empty.
+void merge_parts(AttentionPart into, float max_b, float sum_b, const float *acc_b, uint32_t dim);
+// out = acc / sum: the attention output of the part (zeros for an empty part).
+void finish_part(float sum, const float *acc, uint32_t dim, float *out);
+
 }  // namespace sg::kernels

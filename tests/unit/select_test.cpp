@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -1289,3 +1290,126 @@ TEST(ProfileInput, LoadRefusesNonRegularAndOversizedFiles) {
 
 }  // namespace
 }  // namespace sg::select
+
+// ---- Parallel on-demand attention: attention over parts, merged exactly ------------------------
+
+namespace merge_tests {
+
+using sg::kernels::AttentionPart;
+using sg::kernels::DType;
+
+// Keys and values of `heads` KV heads stored in `dtype`, with the floats they round to.
+struct Rows {
+    DType dtype;
+    std::vector<float> f32;      // what the kernel reads, as floats
+    std::vector<uint16_t> f16;   // storage for fp16 / bf16
+    const void *data() const { return dtype == DType::fp32 ? static_cast<const void *>(f32.data()) : f16.data(); }
+};
+
+Rows make_rows(DType dtype, size_t n, std::mt19937 &rng, float spread) {
+    std::normal_distribution<float> nd(0.0f, spread);
+    Rows r{dtype, std::vector<float>(n), std::vector<uint16_t>(n)};
+    for (size_t i = 0; i < n; ++i) {
+        const float x = nd(rng);
+        if (dtype == DType::fp16) {
+            r.f16[i] = sg::kernels::float_to_fp16(x);
+            r.f32[i] = sg::kernels::fp16_to_float(r.f16[i]);
+        } else if (dtype == DType::bf16) {
+            r.f16[i] = sg::kernels::float_to_bf16(x);
+            r.f32[i] = sg::kernels::bf16_to_float(r.f16[i]);
+        } else {
+            r.f32[i] = x;
+        }
+    }
+    return r;
+}
+
+// The merged result of any split equals attention over all keys, computed directly in double,
+// within 2e-5 relative to the largest |value| (fp32 accumulation over up to 300 keys); large score
+// spreads check that the running max keeps every exponent finite.
+TEST(AttentionMerge, AnySplitMergesToTheUnsplitAttention) {
+    std::mt19937 rng(20261201);
+    int empty_parts = 0;
+    for (DType dtype : {DType::fp32, DType::fp16, DType::bf16}) {
+        for (int trial = 0; trial < 150; ++trial) {
+            const uint32_t heads = 2, dim = std::array<uint32_t, 3>{8, 64, 128}[rng() % 3];
+            const uint64_t tokens = 1 + rng() % 300;
+            const uint32_t kv_head = rng() % heads;
+            const float spread = trial % 3 == 0 ? 8.0f : 1.0f;  // scores up to ~+-500 at 8
+            const Rows k = make_rows(dtype, tokens * heads * dim, rng, spread);
+            const Rows v = make_rows(dtype, tokens * heads * dim, rng, 1.0f);
+            std::vector<float> q(dim);
+            std::normal_distribution<float> nd(0.0f, spread);
+            for (float &x : q) x = nd(rng);
+            const float scale = 1.0f / std::sqrt(float(dim));
+            const auto keys = sg::kernels::token_major(k.data(), dtype, tokens, heads, dim);
+            const auto values = sg::kernels::token_major(v.data(), dtype, tokens, heads, dim);
+
+            // Reference: softmax attention over every key, in double.
+            std::vector<double> s(tokens), ref(dim, 0.0);
+            double m = -INFINITY, z = 0, vmax = 0;
+            for (uint64_t t = 0; t < tokens; ++t) {
+                double d = 0;
+                for (uint32_t i = 0; i < dim; ++i) d += double(q[i]) * k.f32[(t * heads + kv_head) * dim + i];
+                s[t] = d * scale;
+                m = std::max(m, s[t]);
+            }
+            for (uint64_t t = 0; t < tokens; ++t) {
+                const double w = std::exp(s[t] - m);
+                z += w;
+                for (uint32_t i = 0; i < dim; ++i) {
+                    const double x = v.f32[(t * heads + kv_head) * dim + i];
+                    ref[i] += w * x;
+                    vmax = std::max(vmax, std::abs(x));
+                }
+            }
+            for (double &x : ref) x /= z;
+
+            // Cut the tokens into runs (blocks) and hand each run to one of 1-6 parts, some of
+            // which may get none; attend each part run by run, then merge the parts in a random
+            // order.
+            const int nparts = 1 + int(rng() % 6);
+            std::vector<float> maxes(nparts, -INFINITY), sums(nparts, 0.0f);
+            std::vector<std::vector<float>> accs(nparts, std::vector<float>(dim, 0.0f));
+            for (uint64_t first = 0; first < tokens;) {
+                const uint64_t run = std::min<uint64_t>(tokens - first, 1 + rng() % 32);
+                const int p = int(rng() % nparts);
+                sg::kernels::attend_part(q.data(), sg::kernels::slice(keys, first, run), sg::kernels::slice(values, first, run),
+                                         kv_head, scale, AttentionPart{&maxes[p], &sums[p], accs[p].data()});
+                first += run;
+            }
+            std::vector<int> order(nparts);
+            std::iota(order.begin(), order.end(), 0);
+            std::shuffle(order.begin(), order.end(), rng);
+            float mx = -INFINITY, sm = 0;
+            std::vector<float> acc(dim, 0.0f), out(dim);
+            for (int p : order) {
+                empty_parts += sums[p] == 0;
+                sg::kernels::merge_parts(AttentionPart{&mx, &sm, acc.data()}, maxes[p], sums[p], accs[p].data(), dim);
+            }
+            sg::kernels::finish_part(sm, acc.data(), dim, out.data());
+            for (uint32_t i = 0; i < dim; ++i)
+                ASSERT_NEAR(out[i], ref[i], 2e-5 * (1 + vmax))
+                    << "dtype " << int(dtype) << " trial " << trial << " tokens " << tokens << " parts " << nparts;
+        }
+    }
+    EXPECT_GT(empty_parts, 0) << "the splits never had an empty part";
+}
+
+TEST(AttentionMerge, EmptyPartsLeaveAPartAsItIs) {
+    float m = -INFINITY, s = 0;
+    std::vector<float> acc(4, 0.0f), out(4);
+    const float v[4] = {1, 2, 3, 4};
+    sg::kernels::merge_parts(AttentionPart{&m, &s, acc.data()}, -INFINITY, 0, v, 4);  // empty into empty
+    EXPECT_EQ(s, 0.0f);
+    sg::kernels::finish_part(s, acc.data(), 4, out.data());
+    for (float x : out) EXPECT_EQ(x, 0.0f);
+    sg::kernels::merge_parts(AttentionPart{&m, &s, acc.data()}, 3.0f, 2.0f, v, 4);  // a part into empty
+    sg::kernels::merge_parts(AttentionPart{&m, &s, acc.data()}, -INFINITY, 0, v, 4);  // empty into it
+    EXPECT_EQ(m, 3.0f);
+    EXPECT_EQ(s, 2.0f);
+    sg::kernels::finish_part(s, acc.data(), 4, out.data());
+    for (int i = 0; i < 4; ++i) EXPECT_FLOAT_EQ(out[i], v[i] / 2.0f);
+}
+
+}  // namespace merge_tests
