@@ -241,10 +241,10 @@ struct Link {
 
     // The next notification, waiting on the context's event fd; fails when the session is lost, the
     // forked child died, or timeout_s passes.
-    // Notifications do not wake the event fd (layer events, transfer ends and session losses do), so
-    // between polls it sleeps at most nap_us: 20 ms by default, less where a late message would count
-    // in a measured wait (the PSET messages a sparse step waits for).
-    Msg next(const char* waiting_for, const std::function<void()>& idle = {}, long nap_us = 20000) {
+    // The event fd wakes it for notifications, layer events, transfer ends and session losses; nap_us
+    // (20 ms by default, less where a late message would count in a measured wait: the PSET messages
+    // a sparse step waits for) bounds the sleep in case a wake-up was taken by another reader.
+    Msg next(const char* waiting_for, const std::function<bool()>& idle = {}, long nap_us = 20000) {
         const uint64_t deadline = now_ns() + timeout_ns();
         std::vector<char> buf(SG_NOTIFY_MAX + 1);
         for (;;) {
@@ -272,7 +272,9 @@ struct Link {
             }
             if (now_ns() > deadline)
                 fatal(fmt("waiting for %s: nothing after %d s (--timeout)", waiting_for, timeout_s));
-            if (idle) idle();
+            // Idle work goes in small pieces, each followed by a look at the notifications: the
+            // message being waited for (FIRST) is taken as soon as it is here.
+            if (idle && idle()) continue;
             pollfd p{evfd, POLLIN, 0};
             const timespec nap{nap_us / 1000000, (nap_us % 1000000) * 1000};
             if (ppoll(&p, 1, &nap, nullptr) > 0) {
@@ -283,7 +285,7 @@ struct Link {
         }
     }
 
-    Msg expect_msg(const char* kind, const std::function<void()>& idle = {}) {
+    Msg expect_msg(const char* kind, const std::function<bool()>& idle = {}) {
         Msg m = next(kind, idle);
         if (m.kind != kind) fatal(fmt("expected a %s message from the peer, got '%s'", kind, m.kind.c_str()));
         return m;
@@ -563,17 +565,20 @@ class SparseDecoder {
         }
     }
 
-    // While decode idles (before token 1 arrives), take in the layers whose essential blocks (and, with
-    // --attend budget, whose PSET) are already here, in order: their P sets and digests.
-    void prepare_ready() {
+    // While decode idles (before token 1 arrives), take in the next layer whose essential blocks (and,
+    // with --attend budget, whose PSET) are here, in order: its P set and digests. One layer a call,
+    // so the caller looks for token 1 between layers; false when nothing was ready.
+    bool prepare_ready() {
         for (int l = 0; l < L_; ++l) {
             if (have_[size_t(l)]) continue;
             uint32_t state = 0;
             check(sg_transfer_layer_state(x_, uint32_t(l), &state), "sg_transfer_layer_state");
-            if (!(state & SG_LAYER_ESSENTIAL)) return;
-            if (psets_ && !psets_->complete(uint32_t(l))) return;
+            if (!(state & SG_LAYER_ESSENTIAL)) return false;
+            if (psets_ && !psets_->complete(uint32_t(l))) return false;
             take_layer(l);
+            return true;
         }
+        return false;
     }
 
     const std::vector<uint32_t>* select(int l, const float* q) {
@@ -774,6 +779,9 @@ struct Results {
              pset_wait_ns = 0, complete_wait_ns = 0, sparse_steps = 0, attended_blocks = 0, layer_steps = 0,
              fetch_calls = 0, fetched_blocks = 0, dropped_blocks = 0, selected = 0, selected_in_p = 0,
              proactive_blocks = 0, proactive_layers = 0, attended_max = 0, budget_blocks = 0, proactive_missing = 0;
+    // The stall's parts (decode side's clock; CLOCK_MONOTONIC is one clock for both processes):
+    // FIRST's arrival after t1, and step 2's selector time, on-demand wait and fetch calls.
+    uint64_t first_recv = 0, step2_selector_ns = 0, step2_fetch_wait_ns = 0, step2_fetch_calls = 0;
     uint64_t mirror_ns = 0;  // prefill side, --attend budget: making P again for PSET (its own thread, not in TTFT)
     // sg_transfer_stats of the decode side (what had arrived by the last token) and of the prefill side
     uint64_t bytes = 0, bytes_full = 0, bytes_proactive = 0, bytes_on_demand = 0, bytes_speculative = 0,
@@ -854,6 +862,10 @@ void print_results(const Results& r, bool json) {
             f.emplace_back("staged_bytes", std::to_string(r.staged_bytes));
             f.emplace_back("rma_ops", std::to_string(r.rma_ops));
             f.emplace_back("first_step_wait_ms", num(ms(r.first_wait_ns)));
+            f.emplace_back("stall_first_message_ms", num(ms(r.first_recv - std::min(r.first_recv, r.t1))));
+            f.emplace_back("stall_selector_ms", num(ms(r.step2_selector_ns)));
+            f.emplace_back("stall_fetch_wait_ms", num(ms(r.step2_fetch_wait_ns)));
+            f.emplace_back("stall_fetch_calls", std::to_string(r.step2_fetch_calls));
             f.emplace_back("rss_prefill_mib", num(double(r.rss_prefill_kb) / 1024.0));
             f.emplace_back("rss_decode_mib", num(double(r.rss_decode_kb) / 1024.0));
         }
@@ -1333,6 +1345,10 @@ Results run_prefill(const Options& o, Compute& comp, const RunSpec& spec, const 
     r.t2 = res.u("t2");
     r.tlast = res.u("tlast");
     r.first_wait_ns = res.u("first_wait");
+    r.first_recv = res.u("first_recv");
+    r.step2_selector_ns = res.u("sel2");
+    r.step2_fetch_wait_ns = res.u("fetch2");
+    r.step2_fetch_calls = res.u("calls2");
     r.selector_ns = res.u("sel");
     r.fetch_wait_ns = res.u("fetch_wait");
     r.essential_wait_ns = res.u("ess_wait");
@@ -1480,9 +1496,7 @@ int run_decode(const Options& o, const Model* model, const std::string& host, ui
 
     // The PSET messages of --attend budget come before FIRST (the prefill side sends each layer's as it
     // marks the layer written).
-    const auto idle = [&] {
-        if (sparse) sparse->prepare_ready();
-    };
+    const auto idle = [&] { return sparse && sparse->prepare_ready(); };
     Msg first = L.next("FIRST", idle);
     while (first.kind == "PSET" && psets) {
         psets->add(first.body);
@@ -1490,8 +1504,9 @@ int run_decode(const Options& o, const Model* model, const std::string& host, ui
     }
     if (first.kind != "FIRST") fatal("expected a FIRST message from the peer, got '" + first.kind + "'");
     if (first.u("prompt") != spec.prompt_len) fatal("the first token is for another prompt length");
+    const uint64_t first_recv = now_ns();
     std::vector<int> toks{int(first.i("token"))};
-    uint64_t t2 = 0, first_wait = 0, sparse_steps = 0;
+    uint64_t t2 = 0, first_wait = 0, sparse_steps = 0, sel2 = 0, fetch2 = 0, calls2 = 0;
     bool dense = spec.mode == Mode::kFull;
     const int P = int(spec.prompt_len);
     for (int i = 1; i < spec.n_new; ++i) {
@@ -1530,9 +1545,13 @@ int run_decode(const Options& o, const Model* model, const std::string& host, ui
         toks.push_back(comp->step(P + i - 1, toks.back(), ap));
         if (i == 1) {
             t2 = now_ns();
-            if (sparse)
+            if (sparse) {
                 first_wait =
                     sparse->essential_wait_ns + sparse->pset_wait_ns + sparse->fetch_wait_ns + sparse->complete_wait_ns;
+                sel2 = sparse->selector_ns;
+                fetch2 = sparse->fetch_wait_ns;
+                calls2 = sparse->fetch_calls;
+            }
         }
         if (!spec.emu.name.empty() && spec.n_new >= 16 && i % (spec.n_new / 4) == 0)
             progress(fmt("decode: %d/%d tokens", i + 1, spec.n_new));
@@ -1547,6 +1566,7 @@ int run_decode(const Options& o, const Model* model, const std::string& host, ui
     check(sg_transfer_stats(L.xfer, &st), "sg_transfer_stats");
     Fields res("RES");
     res.add("t2", t2).add("tlast", tlast).add("first_wait", first_wait).add("sparse_steps", sparse_steps);
+    res.add("first_recv", first_recv).add("sel2", sel2).add("fetch2", fetch2).add("calls2", calls2);
     uint64_t sel = 0, fetch_wait = 0, ess = 0, pset_wait = 0, comp_wait = 0, attended = 0, layer_steps = 0, calls = 0,
              fetched = 0, dropped = 0, selected = 0, in_p = 0, p_blocks = 0, p_layers = 0, p_missing = 0, att_max = 0,
              budget = 0;

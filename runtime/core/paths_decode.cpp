@@ -237,10 +237,23 @@ bool Context::digests(Transfer &t, uint32_t layer, std::vector<float> &out) {
         std::memcpy(out.data(), L.digests.data(), floats * 4);
         return true;
     }
-    for (size_t i = 0; i < floats; ++i) {
-        uint16_t h;
-        std::memcpy(&h, &L.digests[2 * i], 2);
-        out[i] = KL.dtype == SG_DTYPE_BF16 ? kernels::bf16_to_float(h) : kernels::fp16_to_float(h);
+    // One loop per dtype, so each vectorises: a layer's digests are a million values at 8K tokens,
+    // converted under the context's lock while the host waits for its first token (a loop with the
+    // dtype test inside took 3.5 ms a layer).
+    const uint8_t *src = L.digests.data();
+    float *dst = out.data();
+    if (KL.dtype == SG_DTYPE_BF16) {
+        for (size_t i = 0; i < floats; ++i) {
+            uint16_t h;
+            std::memcpy(&h, src + 2 * i, 2);
+            dst[i] = kernels::bf16_to_float(h);
+        }
+    } else {
+        for (size_t i = 0; i < floats; ++i) {
+            uint16_t h;
+            std::memcpy(&h, src + 2 * i, 2);
+            dst[i] = kernels::fp16_to_float(h);
+        }
     }
     return true;
 }
