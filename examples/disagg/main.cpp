@@ -673,6 +673,7 @@ class SparseDecoder {
         complete_wait_ns += now_ns() - t;
     }
 
+    size_t digest_floats() const { return digest_floats_; }
     uint64_t essential_wait_ns = 0, selector_ns = 0, fetch_wait_ns = 0, complete_wait_ns = 0, pset_wait_ns = 0;
     uint64_t fetch_calls = 0, fetched_blocks = 0, dropped_blocks = 0, attended_blocks = 0, layer_steps = 0;
     uint64_t selected = 0, selected_in_p = 0;
@@ -782,6 +783,7 @@ struct Results {
     // The stall's parts (decode side's clock; CLOCK_MONOTONIC is one clock for both processes):
     // FIRST's arrival after t1, and step 2's selector time, on-demand wait and fetch calls.
     uint64_t first_recv = 0, step2_selector_ns = 0, step2_fetch_wait_ns = 0, step2_fetch_calls = 0;
+    uint64_t digest_floats = 0;  // one layer's digests as the decode side's selector reads them (fp32)
     uint64_t mirror_ns = 0;  // prefill side, --attend budget: making P again for PSET (its own thread, not in TTFT)
     // sg_transfer_stats of the decode side (what had arrived by the last token) and of the prefill side
     uint64_t bytes = 0, bytes_full = 0, bytes_proactive = 0, bytes_on_demand = 0, bytes_speculative = 0,
@@ -794,6 +796,15 @@ struct Results {
     int emu_patterns = 0;
     double emu_alpha = 0, emu_sigma = 0, emu_mass_measured = 0, emu_prefill_layer_ms = 0, emu_decode_weights_ms = 0;
 };
+
+// Step 2's selection charged to the accelerator of an emulated run, as the GPU kernels will do it:
+// one scan of every layer's digests (fp32, as the selector reads them) at decode_tbps. A model,
+// reported beside the measured CPU selector time, never in its place.
+double modelled_selection_ms(const Results& r) {
+    const EmuShape* shape = find_emu_shape(r.emu.name);
+    if (!shape || !r.digest_floats || !(r.emu.tbps > 0)) return NAN;
+    return 1e3 * double(r.digest_floats) * 4.0 * double(shape->layers) / (r.emu.tbps * 1e12);
+}
 
 std::string json_str(const std::string& s) {
     std::string o = "\"";
@@ -907,6 +918,11 @@ void print_results(const Results& r, bool json) {
             f.emplace_back("key_sigma", num(r.emu_sigma));
             f.emplace_back("model_prefill_layer_ms", num(r.emu_prefill_layer_ms));
             f.emplace_back("model_decode_weights_ms", num(r.emu_decode_weights_ms));
+            if (r.mode == "selective" && r.digest_floats) {
+                const double sel_model_ms = modelled_selection_ms(r);
+                f.emplace_back("stall_selector_modelled_ms", num(sel_model_ms));
+                f.emplace_back("stall_modelled_selection_ms", num(stall - ms(r.step2_selector_ns) + sel_model_ms));
+            }
             f.emplace_back("compute_model",
                            json_str("prefill layer = (2*params_per_layer*N + 2*n_heads*head_dim*N^2)/prefill_rate; "
                                     "decode step = (2*(params_of_all_layers + vocab*dim) + attended_tokens*"
@@ -957,6 +973,12 @@ void print_results(const Results& r, bool json) {
     if (r.mode != "colocated") {
         std::printf("  %-30s %12.3f\n", "decode waited in step 2", ms(r.first_wait_ns));
         if (r.mode == "selective") {
+            std::printf("  %-30s %12.3f\n", "  token 1 reached decode", ms(r.first_recv - std::min(r.first_recv, r.t1)));
+            std::printf("  %-30s %12.3f\n", "  step 2's selector", ms(r.step2_selector_ns));
+            std::printf("  %-30s %12.3f\n", "  step 2's on-demand waits", ms(r.step2_fetch_wait_ns));
+            if (r.emulated && std::isfinite(modelled_selection_ms(r)))
+                std::printf("  %-30s %12.3f\n", "stall, selection modelled",
+                            stall - ms(r.step2_selector_ns) + modelled_selection_ms(r));
             std::printf("  %-30s %12.3f\n", "selector (all steps)", ms(r.selector_ns));
             std::printf("  %-30s %12.3f\n", "on-demand waits", ms(r.fetch_wait_ns));
             if (r.attend == Attend::kBudget)
@@ -1349,6 +1371,7 @@ Results run_prefill(const Options& o, Compute& comp, const RunSpec& spec, const 
     r.step2_selector_ns = res.u("sel2");
     r.step2_fetch_wait_ns = res.u("fetch2");
     r.step2_fetch_calls = res.u("calls2");
+    r.digest_floats = res.u("dig_floats");
     r.selector_ns = res.u("sel");
     r.fetch_wait_ns = res.u("fetch_wait");
     r.essential_wait_ns = res.u("ess_wait");
@@ -1567,6 +1590,7 @@ int run_decode(const Options& o, const Model* model, const std::string& host, ui
     Fields res("RES");
     res.add("t2", t2).add("tlast", tlast).add("first_wait", first_wait).add("sparse_steps", sparse_steps);
     res.add("first_recv", first_recv).add("sel2", sel2).add("fetch2", fetch2).add("calls2", calls2);
+    res.add("dig_floats", sparse ? uint64_t(sparse->digest_floats()) : 0);
     uint64_t sel = 0, fetch_wait = 0, ess = 0, pset_wait = 0, comp_wait = 0, attended = 0, layer_steps = 0, calls = 0,
              fetched = 0, dropped = 0, selected = 0, in_p = 0, p_blocks = 0, p_layers = 0, p_missing = 0, att_max = 0,
              budget = 0;
