@@ -34,7 +34,8 @@ const Subcommand kSubcommands[] = {
      "  --models LIST      llama3-8b,qwen3-8b,llama3-70b   --tokens LIST   8192,16384,32768\n"
      "  --budgets LIST     1/4,1/8,1/16                     --runs N        medians over N runs\n"
      "  --provider NAME    --disagg PATH (smartgen-disagg)  --iperf-seconds S\n"
-     "  --p7-bytes N  --p7-reps N  --p7-gap-us N  --p7-session-inflight N  --p7-max-op N  --no-p7  --p7-only\n"},
+     "  --p7-bytes N  --p7-reps N  --p7-gap-us N  --p7-session-inflight N  --p7-max-op N  --no-p7  --p7-only\n"
+     "  --selective-args \"ARGS\"  smartgen-disagg flags for the selective rows only (ablations)\n"},
     {"cold", sg::bench::run_cold,
      "connect + register + first 1 MiB transfer: fresh contexts (cold) against the same session (warm)",
      "  --provider NAME   tcp (default) or shm\n"
