@@ -137,6 +137,14 @@ void print_usage(FILE* out) {
         "                          scores every key on the host CPU, which outlasts a modelled prefill)\n"
         "  --on-demand on|off      fetch decode's selected blocks that are not resident (default on)\n"
         "  --speculative on|off    send the rest in the background (default on)\n"
+        "  --seamless on|off       a layer whose blocks are all here, or will be before its selection\n"
+        "                          would be done (measured receive rate), is attended whole: no\n"
+        "                          selection, no fetch, exact (default on)\n"
+        "  --parallel on|off       attend to the resident blocks while the missing ones are fetched,\n"
+        "                          then merge the parts exactly (log-sum-exp; default on)\n"
+        "  --prefetch on|off       each sparse step after the first fetches every layer's likely misses\n"
+        "                          at once, predicted with that layer's previous query under twice the\n"
+        "                          budget; the step then fetches only the true misses (default on)\n"
         "  --sparse-steps K        decode steps that attend to P u S_t u G before attending to\n"
         "                          everything (waiting for what is missing); default: until the\n"
         "                          transfer completes (sg_transfer_test == SG_OK). With the speculative\n"
@@ -297,6 +305,15 @@ std::optional<Options> parse_args(int argc, char** argv) {
             if (saw_selective.empty()) saw_selective = flag;
         } else if (flag == "--speculative") {
             o.speculative = parse_on_off(flag, take());
+            if (saw_selective.empty()) saw_selective = flag;
+        } else if (flag == "--seamless") {
+            o.seamless = parse_on_off(flag, take());
+            if (saw_selective.empty()) saw_selective = flag;
+        } else if (flag == "--parallel") {
+            o.parallel = parse_on_off(flag, take());
+            if (saw_selective.empty()) saw_selective = flag;
+        } else if (flag == "--prefetch") {
+            o.prefetch = parse_on_off(flag, take());
             if (saw_selective.empty()) saw_selective = flag;
         } else if (flag == "--attend") {
             const std::string v = take();

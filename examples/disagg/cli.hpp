@@ -59,6 +59,13 @@ struct Options {
     bool proactive_policy_set = false;
     bool on_demand = true;
     bool speculative = true;
+    // Decode side, issue 12: a layer whose blocks are all here (or will be sooner than its selection
+    // would take) is attended whole (seamless); fetched blocks are attended while they travel and the
+    // parts merged (parallel); each sparse step first fetches every layer's likely misses, predicted
+    // with the layer's previous query under twice the budget (prefetch).
+    bool seamless = true;
+    bool parallel = true;
+    bool prefetch = true;
     Attend attend = Attend::kBudget;
     int sparse_steps = -1;  // -1: until the transfer completes (sg_transfer_test == SG_OK)
     int window = 8;         // prompt queries passed to sg_transfer_layer_written_q

@@ -36,6 +36,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -503,6 +504,20 @@ class EmuCompute : public Compute {
                 attended = 0;
                 for (uint32_t b : *blocks) attended += std::min<uint64_t>(B, prompt_len - uint64_t(b) * B);
             }
+            const std::vector<uint32_t>* arriving = attend && attend->arriving ? attend->arriving(l) : nullptr;
+            if (arriving && !arriving->empty()) {
+                // Parallel on-demand attention: the accelerator attends to the resident part while the
+                // arriving blocks travel, then to them, then merges (the same bytes read: the merge
+                // itself is a few vector operations per head). What is owed and the resident part's
+                // reads run during the fetch; the rest of the layer after it.
+                uint64_t late = 0;
+                for (uint32_t b : *arriving) late += std::min<uint64_t>(B, prompt_len - uint64_t(b) * B);
+                const double kv = shape_->kv_bytes_per_token_layer() / cm_.decode_bw;
+                sleep_until_ns(now_ns() + uint64_t((owed_s + double(attended - late + generated) * kv) * 1e9));
+                attend->wait_arriving(l);
+                owed_s = cm_.decode_layer_s(*shape_, late);
+                continue;
+            }
             owed_s += cm_.decode_layer_s(*shape_, attended + generated);
         }
         owed_s += cm_.decode_classifier_s(*shape_);
@@ -534,30 +549,52 @@ class EmuCompute : public Compute {
 // delivered), S_t = the selector's blocks for this step's query (with the decode-side profile the
 // prefill side sent: quest on the digests from the transfer, the same budget), fetched on demand when
 // not resident (or dropped without the on-demand path). The engine adds G (the generated tokens) itself.
+//
+// Three policies on top (issue 12, each a flag so its share is measured):
+// - seamless: a layer whose blocks are all resident is attended whole (no selection, no fetch, exact),
+//   and so is one whose missing bytes will arrive, at the measured receive rate, before its selection
+//   would be done (it waits for them instead): on a fast link SmartGen then costs what streaming costs.
+// - parallel: select() issues the fetch and returns at once; the engine attends to the resident part,
+//   calls wait_arriving(), attends to the arriving part and merges the two (exact log-sum-exp merge).
+// - prefetch: at the start of each sparse step after the first, every layer's likely misses (the layer's
+//   previous query under the wide profile, twice the budget) are fetched at once, so the step's true
+//   misses mostly arrive without a round trip of their own.
+struct SparsePolicies {
+    bool on_demand = true, seamless = true, parallel = true, prefetch = true;
+    sg_selector_t wide = nullptr;  // the prefetch predictor's selector (twice the budget); may be null
+    uint64_t block_bytes = 0;      // K + V of one block, every layer's the same
+    int head_dim = 0;
+};
+
 class SparseDecoder {
   public:
     // psets: the PSET messages so far (--attend budget), else nullptr; pump: reads the next
     // notification into psets, for a layer whose P has not arrived yet.
-    SparseDecoder(sg_transfer_t x, sg_selector_t sel, int layers, int q_heads, uint32_t prompt_blocks, bool on_demand,
-                  uint64_t timeout_ns, int timeout_s, const ProactiveSets* psets, std::function<void()> pump)
+    SparseDecoder(sg_transfer_t x, sg_selector_t sel, int layers, int q_heads, uint32_t prompt_blocks,
+                  const SparsePolicies& pol, uint64_t timeout_ns, int timeout_s, const ProactiveSets* psets,
+                  std::function<void()> pump)
         : x_(x),
           sel_(sel),
           L_(layers),
           H_(q_heads),
           nb_(prompt_blocks),
-          on_demand_(on_demand),
+          pol_(pol),
           timeout_ns_(timeout_ns),
           timeout_s_(timeout_s),
           psets_(psets),
           pump_(std::move(pump)),
           have_(size_t(layers), 0),
           P_(size_t(layers)),
-          digests_(size_t(layers)) {
+          digests_(size_t(layers)),
+          prev_q_(size_t(layers)),
+          prefetched_(size_t(layers)),
+          arriving_(size_t(layers)) {
         check(sg_selector_digest_floats(sel_, &digest_floats_), "sg_selector_digest_floats");
         // Keep every layer's digests when they fit in 1 GiB; else read them again at each use.
         cache_digests_ = double(digest_floats_) * 4.0 * layers <= double(1ull << 30);
         bitmap_.resize((nb_ + 7) / 8);
         S_.resize(nb_);
+        W_.resize(nb_);
         for (int l = 0; l < L_; ++l) {
             uint64_t b = 0;
             check(sg_selector_budget_blocks(sel_, uint32_t(l), &b), "sg_selector_budget_blocks");
@@ -569,6 +606,7 @@ class SparseDecoder {
     // with --attend budget, whose PSET) are here, in order: its P set and digests. One layer a call,
     // so the caller looks for token 1 between layers; false when nothing was ready.
     bool prepare_ready() {
+        note_received();
         for (int l = 0; l < L_; ++l) {
             if (have_[size_t(l)]) continue;
             uint32_t state = 0;
@@ -581,14 +619,54 @@ class SparseDecoder {
         return false;
     }
 
+    // At the start of a sparse step (prefetch): every layer's predicted misses, fetched at once.
+    void prefetch_step() {
+        for (auto& p : prefetched_) p.clear();
+        if (!pol_.prefetch || !pol_.on_demand || !pol_.wide) return;
+        const uint64_t t0 = now_ns();
+        for (int l = 0; l < L_; ++l) {
+            const size_t li = size_t(l);
+            if (!have_[li] || prev_q_[li].empty()) continue;
+            if (pol_.seamless && layer_ready(l)) continue;
+            size_t count = 0;
+            sg_selector_input_t in;
+            sg_selector_input_init(&in);
+            in.queries = prev_q_[li].data();
+            in.num_queries = 1;
+            in.num_q_heads = uint32_t(H_);
+            in.digests = digests(l);
+            check(sg_selector_select(pol_.wide, uint32_t(l), &in, W_.data(), W_.size(), &count),
+                  "sg_selector_select (prefetch prediction)");
+            read_residency(l);
+            std::vector<uint32_t>& pf = prefetched_[li];
+            for (size_t i = 0; i < count; ++i)
+                if (!resident(W_[i])) pf.push_back(W_[i]);
+            if (pf.empty()) continue;
+            check(sg_transfer_fetch(x_, uint32_t(l), pf.data(), pf.size()), "sg_transfer_fetch (prefetch)");
+            prefetch_calls += 1;
+            prefetch_blocks += pf.size();
+        }
+        prefetch_ns += now_ns() - t0;
+    }
+
     const std::vector<uint32_t>* select(int l, const float* q) {
         const size_t li = size_t(l);
+        note_received();
         if (!have_[li]) {
             const uint64_t t = now_ns();
             check_wait(sg_transfer_wait_layer_state(x_, uint32_t(l), SG_LAYER_ESSENTIAL, timeout_ns_),
                        "sg_transfer_wait_layer_state(SG_LAYER_ESSENTIAL)", timeout_s_);
             essential_wait_ns += now_ns() - t;
             take_layer(l);
+        }
+        arriving_[li].clear();
+        if (pol_.prefetch) prev_q_[li].assign(q, q + size_t(H_) * size_t(pol_.head_dim));
+        if (pol_.seamless && attend_whole(l)) {
+            prefetch_wasted += prefetched_[li].size();
+            layer_steps += 1;
+            attended_blocks += nb_;
+            attended_max = std::max<uint64_t>(attended_max, nb_);
+            return nullptr;  // every prompt block
         }
         const float* dig = digests(l);
 
@@ -603,28 +681,43 @@ class SparseDecoder {
         check(sg_selector_select(sel_, uint32_t(l), &in, S_.data(), S_.size(), &count),
               "sg_selector_select (decode-side selection has the step's query and the digests only: "
               "quest, sinks_recent and dense rules)");
-        selector_ns += now_ns() - t0;
+        const uint64_t took = now_ns() - t0;
+        selector_ns += took;
+        layer_select_ns_ = layer_select_ns_ ? (3 * layer_select_ns_ + took) / 4 : took;
 
         read_residency(l);
         missing_.clear();
+        const std::vector<uint32_t>& pf = prefetched_[li];
         for (size_t i = 0; i < count; ++i) {
             selected += 1;
+            const bool predicted = std::binary_search(pf.begin(), pf.end(), S_[i]);
+            if (predicted) prefetch_hits += 1;
             if (resident(S_[i])) {
                 if (std::binary_search(P_[li].begin(), P_[li].end(), S_[i])) selected_in_p += 1;
             } else {
                 missing_.push_back(S_[i]);
+                if (!predicted && pol_.prefetch && pol_.wide) prefetch_misses += 1;
             }
         }
+        for (uint32_t b : pf)
+            if (!std::binary_search(S_.begin(), S_.begin() + ptrdiff_t(count), b)) prefetch_wasted += 1;
         size_t n_sel = count;
         if (!missing_.empty()) {
-            if (on_demand_) {
-                const uint64_t t = now_ns();
-                check(sg_transfer_fetch(x_, uint32_t(l), missing_.data(), missing_.size()), "sg_transfer_fetch");
-                check_wait(sg_transfer_wait_blocks(x_, uint32_t(l), missing_.data(), missing_.size(), timeout_ns_),
-                           "sg_transfer_wait_blocks", timeout_s_);
-                fetch_wait_ns += now_ns() - t;
-                fetched_blocks += missing_.size();
-                fetch_calls += 1;
+            if (pol_.on_demand) {
+                // Blocks the prefetch asked for are on their way: only the rest is fetched now.
+                need_.clear();
+                for (uint32_t b : missing_)
+                    if (!std::binary_search(pf.begin(), pf.end(), b)) need_.push_back(b);
+                if (!need_.empty()) {
+                    check(sg_transfer_fetch(x_, uint32_t(l), need_.data(), need_.size()), "sg_transfer_fetch");
+                    fetched_blocks += need_.size();
+                    fetch_calls += 1;
+                }
+                if (pol_.parallel) {
+                    arriving_[li] = missing_;  // the engine waits (wait_arriving) after the resident part
+                } else {
+                    wait_arriving(l, missing_);
+                }
             } else {  // attend only to what is here
                 n_sel = 0;
                 for (size_t i = 0; i < count; ++i)
@@ -640,6 +733,11 @@ class SparseDecoder {
         layer_steps += 1;
         return &out_;
     }
+
+    // Parallel on-demand attention: the blocks of layer l's last selection still in flight, and the
+    // wait for them (after the engine attended to the resident part).
+    const std::vector<uint32_t>* arriving(int l) const { return &arriving_[size_t(l)]; }
+    void wait_arriving(int l) { wait_arriving(l, arriving_[size_t(l)]); }
 
     // For the report, once decoding is done (--attend budget): P of the layers no sparse step took in
     // (none, when the transfer completed before step 2), from their PSET messages.
@@ -682,8 +780,72 @@ class SparseDecoder {
     // SG_LAYER_ESSENTIAL (--attend budget: 0 unless the prefill side's copy of the selection differs
     // from the runtime's; they are then fetched on demand, or dropped without the on-demand path).
     uint64_t proactive_blocks = 0, proactive_layers = 0, attended_max = 0, budget_blocks = 0, proactive_missing = 0;
+    // seamless: layers attended whole because every block was here, or because their rest arrived
+    // sooner than a selection would take (waited for: seamless_waited, seamless_wait_ns).
+    uint64_t whole_layers = 0, seamless_waited = 0, seamless_wait_ns = 0;
+    // prefetch: requests and blocks asked for; selected blocks that had been predicted (hits) and
+    // missing ones that had not (misses, fetched on demand); predicted blocks the step did not select
+    // (wasted, at least for that step); CPU time of the predictions.
+    uint64_t prefetch_calls = 0, prefetch_blocks = 0, prefetch_hits = 0, prefetch_misses = 0, prefetch_wasted = 0,
+             prefetch_ns = 0;
 
   private:
+    // seamless: whether layer l is attended whole at this step (waiting for its rest if that is the
+    // cheaper way).
+    bool attend_whole(int l) {
+        if (layer_ready(l)) {
+            whole_layers += 1;
+            return true;
+        }
+        if (!layer_select_ns_ || !pol_.block_bytes) return false;  // no measured selection cost yet
+        read_residency(l);
+        uint64_t missing = 0;
+        for (uint32_t b = 0; b < nb_; ++b) missing += !resident(b);
+        const double rate = receive_rate();  // bytes per ns
+        if (!(rate > 0)) return false;
+        const double due_ns = double(missing * pol_.block_bytes) / rate;
+        if (due_ns >= double(layer_select_ns_)) return false;
+        // Twice the estimate at most: a pause of the background path (a fetch of another request)
+        // must not turn the wait into a stall.
+        const uint64_t t = now_ns();
+        const sg_status_t st = sg_transfer_wait_layer(x_, uint32_t(l), uint64_t(2 * due_ns) + 100000);
+        seamless_wait_ns += now_ns() - t;
+        if (st != SG_OK) {
+            if (st != SG_IN_PROGRESS) check(st, "sg_transfer_wait_layer");
+            return false;
+        }
+        whole_layers += 1;
+        seamless_waited += 1;
+        return true;
+    }
+    bool layer_ready(int l) {
+        uint32_t state = 0;
+        check(sg_transfer_layer_state(x_, uint32_t(l), &state), "sg_transfer_layer_state");
+        return (state & SG_LAYER_READY) != 0;
+    }
+    void wait_arriving(int l, const std::vector<uint32_t>& blocks) {
+        if (blocks.empty()) return;
+        const uint64_t t = now_ns();
+        check_wait(sg_transfer_wait_blocks(x_, uint32_t(l), blocks.data(), blocks.size(), timeout_ns_),
+                   "sg_transfer_wait_blocks", timeout_s_);
+        fetch_wait_ns += now_ns() - t;
+    }
+    // The receive rate, from the transfer's byte count over the last 5-100 ms.
+    void note_received() {
+        sg_transfer_stats_t st;
+        sg_transfer_stats_init(&st);
+        if (sg_transfer_stats(x_, &st) != SG_OK) return;
+        const uint64_t t = now_ns();
+        samples_.push_back({t, st.bytes});
+        while (samples_.size() > 2 && t - samples_[1].first > 100000000ull) samples_.pop_front();
+    }
+    double receive_rate() const {
+        if (samples_.size() < 2) return 0;
+        const auto& a = samples_.front();
+        const auto& b = samples_.back();
+        if (b.first - a.first < 5000000ull || b.second <= a.second) return 0;
+        return double(b.second - a.second) / double(b.first - a.first);
+    }
     // P (see the class comment) once the layer's essential blocks are here; the digests.
     void take_layer(int l) {
         std::vector<uint32_t>& P = P_[size_t(l)];
@@ -697,7 +859,7 @@ class SparseDecoder {
             for (uint32_t b : P)
                 if (!resident(b)) missing_.push_back(b);
             proactive_missing += missing_.size();
-            if (!missing_.empty() && on_demand_) {
+            if (!missing_.empty() && pol_.on_demand) {
                 check(sg_transfer_fetch(x_, uint32_t(l), missing_.data(), missing_.size()), "sg_transfer_fetch");
                 check_wait(sg_transfer_wait_blocks(x_, uint32_t(l), missing_.data(), missing_.size(), timeout_ns_),
                            "sg_transfer_wait_blocks", timeout_s_);
@@ -732,19 +894,22 @@ class SparseDecoder {
     sg_selector_t sel_;
     int L_, H_;
     uint32_t nb_;
-    bool on_demand_;
+    SparsePolicies pol_;
     uint64_t timeout_ns_;
     int timeout_s_;
     const ProactiveSets* psets_;
     std::function<void()> pump_;
     size_t digest_floats_ = 0;
     bool cache_digests_ = true;
+    uint64_t layer_select_ns_ = 0;  // recent selection time of one layer (moving average)
+    std::deque<std::pair<uint64_t, uint64_t>> samples_;  // (time, bytes received)
     std::vector<uint8_t> have_;
     std::vector<std::vector<uint32_t>> P_;
-    std::vector<std::vector<float>> digests_;
+    std::vector<std::vector<float>> digests_, prev_q_;
+    std::vector<std::vector<uint32_t>> prefetched_, arriving_;  // per layer, this step's
     std::vector<float> scratch_;
     std::vector<uint8_t> bitmap_;
-    std::vector<uint32_t> S_, missing_, out_;
+    std::vector<uint32_t> S_, W_, missing_, need_, out_;
 };
 
 // The profile JSONs of --budget (docs/profiles.md), budget per KV head as given: the prefill side's for
@@ -784,6 +949,11 @@ struct Results {
     // FIRST's arrival after t1, and step 2's selector time, on-demand wait and fetch calls.
     uint64_t first_recv = 0, step2_selector_ns = 0, step2_fetch_wait_ns = 0, step2_fetch_calls = 0;
     uint64_t digest_floats = 0;  // one layer's digests as the decode side's selector reads them (fp32)
+    bool seamless = true, parallel = true, prefetch = true;
+    // seamless: layers attended whole (all steps, step 2), of them waited for; prefetch (SparseDecoder)
+    uint64_t whole_layers = 0, step2_whole_layers = 0, seamless_waited = 0, seamless_wait_ns = 0;
+    uint64_t prefetch_calls = 0, prefetch_blocks = 0, prefetch_hits = 0, prefetch_misses = 0, prefetch_wasted = 0,
+             prefetch_ns = 0, block_bytes = 0;
     uint64_t mirror_ns = 0;  // prefill side, --attend budget: making P again for PSET (its own thread, not in TTFT)
     // sg_transfer_stats of the decode side (what had arrived by the last token) and of the prefill side
     uint64_t bytes = 0, bytes_full = 0, bytes_proactive = 0, bytes_on_demand = 0, bytes_speculative = 0,
@@ -904,6 +1074,26 @@ void print_results(const Results& r, bool json) {
             f.emplace_back("attended_max_fraction", num(attended_max_frac));
             f.emplace_back("selected_in_proactive",
                            num(r.selected ? double(r.selected_in_p) / double(r.selected) : NAN));
+            f.emplace_back("seamless", r.seamless ? "true" : "false");
+            f.emplace_back("parallel", r.parallel ? "true" : "false");
+            f.emplace_back("prefetch", r.prefetch ? "true" : "false");
+            // seamless: layer steps attended whole (every block here, or waited for because the rest
+            // arrived sooner than a selection would take), in all and in step 2
+            f.emplace_back("whole_layer_steps", std::to_string(r.whole_layers));
+            f.emplace_back("step2_whole_layers", std::to_string(r.step2_whole_layers));
+            f.emplace_back("seamless_waited_layers", std::to_string(r.seamless_waited));
+            f.emplace_back("seamless_wait_ms", num(ms(r.seamless_wait_ns)));
+            f.emplace_back("prefetch_calls", std::to_string(r.prefetch_calls));
+            f.emplace_back("prefetch_blocks", std::to_string(r.prefetch_blocks));
+            f.emplace_back("prefetch_hits", std::to_string(r.prefetch_hits));
+            f.emplace_back("prefetch_misses", std::to_string(r.prefetch_misses));
+            // hit rate: selected blocks that were predicted over those predicted or fetched on demand
+            f.emplace_back("prefetch_hit_rate",
+                           num(r.prefetch_hits + r.prefetch_misses
+                                   ? double(r.prefetch_hits) / double(r.prefetch_hits + r.prefetch_misses)
+                                   : NAN));
+            f.emplace_back("prefetch_wasted_bytes", std::to_string(r.prefetch_wasted * r.block_bytes));
+            f.emplace_back("prefetch_predict_ms", num(ms(r.prefetch_ns)));
         }
         if (r.emulated) {
             f.emplace_back("emulate_tokens", std::to_string(r.emu.tokens));
@@ -1126,6 +1316,7 @@ struct RunSpec {  // what the prefill side decides and tells the decode side (RE
     int n_new = 0, block = 16, sparse_steps = -1, window = 0;
     uint32_t dtype = 0;
     bool full_stream = true;
+    bool seamless = true, parallel = true, prefetch = true;
     Attend attend = Attend::kBudget;
     EmuParams emu;  // name empty: the real model
     int layers = 0, kv_heads = 0, head_dim = 0, dim = 0, vocab = 0;
@@ -1137,6 +1328,7 @@ std::string encode_req(const RunSpec& s) {
     f.add("block", s.block).add("dtype", s.dtype).add("sparse", s.sparse_steps).add("window", s.window);
     f.add("stream", int(s.full_stream)).add("attend", attend_name(s.attend)).add("layers", s.layers);
     f.add("kv_heads", s.kv_heads);
+    f.add("seamless", int(s.seamless)).add("parallel", int(s.parallel)).add("prefetch", int(s.prefetch));
     f.add("head_dim", s.head_dim).add("dim", s.dim).add("vocab", s.vocab);
     if (!s.emu.name.empty()) {
         f.add("emulate", s.emu.name).add("tokens", s.emu.tokens).add("tflops", s.emu.tflops).add("tbps", s.emu.tbps);
@@ -1158,6 +1350,9 @@ RunSpec decode_req(const Msg& m) {
     s.sparse_steps = int(m.i("sparse"));
     s.window = int(m.i("window"));
     s.full_stream = m.i("stream") != 0;
+    s.seamless = !m.has("seamless") || m.i("seamless") != 0;
+    s.parallel = !m.has("parallel") || m.i("parallel") != 0;
+    s.prefetch = !m.has("prefetch") || m.i("prefetch") != 0;
     const std::string attend = m.s("attend");
     if (attend != "budget" && attend != "resident") fatal("the prefill side asked for --attend '" + attend + "'");
     s.attend = attend == "budget" ? Attend::kBudget : Attend::kResident;
@@ -1211,6 +1406,11 @@ Results run_prefill(const Options& o, Compute& comp, const RunSpec& spec, const 
     r.speculative = spec.paths & SG_PATH_SPECULATIVE;
     r.sparse_steps_asked = spec.sparse_steps;
     r.attend = spec.attend;
+    r.seamless = spec.seamless;
+    r.parallel = spec.parallel;
+    r.prefetch = spec.prefetch && o.profile_file.empty();  // the predictor's profile comes from --budget
+    r.block_bytes = 2ull * uint64_t(spec.block) * uint64_t(comp.n_kv_heads) * uint64_t(comp.head_dim) *
+                    sg_dtype_size(sg_dtype_t(spec.dtype));
     r.prompt_blocks = blocks_for(int(spec.prompt_len), spec.block);
     r.kv_bytes = spec.prompt_len * uint64_t(comp.n_layers) * uint64_t(comp.n_kv_heads) * uint64_t(comp.head_dim) * 2 *
                  sg_dtype_size(sg_dtype_t(spec.dtype));
@@ -1296,6 +1496,18 @@ Results run_prefill(const Options& o, Compute& comp, const RunSpec& spec, const 
         }
         to.profile = L.profile;
         for (size_t off = 0; off < decode_json.size(); off += 4000) L.notify("PRF " + decode_json.substr(off, 4000));
+        if (spec.prefetch && o.profile_file.empty()) {
+            // The prefetch predictor's profile: the decode side's with twice the budget, so that the
+            // blocks just below the cut (the likeliest to enter the next step's selection) come too.
+            Options wide = o;
+            if (wide.budget.is_fraction)
+                wide.budget.fraction = std::min(1.0, 2 * wide.budget.fraction);
+            else
+                wide.budget.tokens *= 2;
+            const std::string name = label.substr(0, label.find(" ("));
+            const std::string j = budget_profile_json(wide, name, comp.n_layers, comp.n_kv_heads, "quest", false);
+            for (size_t off = 0; off < j.size(); off += 4000) L.notify("PRW " + j.substr(off, 4000));
+        }
         if (spec.attend == Attend::kBudget)
             mirror = std::make_unique<ProactiveSender>(
                 std::make_unique<ProactiveMirror>(L.profile, layout_of(comp.pool), spec.prompt_len, comp.table),
@@ -1372,6 +1584,18 @@ Results run_prefill(const Options& o, Compute& comp, const RunSpec& spec, const 
     r.step2_fetch_wait_ns = res.u("fetch2");
     r.step2_fetch_calls = res.u("calls2");
     r.digest_floats = res.u("dig_floats");
+    r.step2_whole_layers = res.u("whole2");
+    if (res.has("whole")) {
+        r.whole_layers = res.u("whole");
+        r.seamless_waited = res.u("s_waited");
+        r.seamless_wait_ns = res.u("s_wait");
+        r.prefetch_calls = res.u("pf_calls");
+        r.prefetch_blocks = res.u("pf_blocks");
+        r.prefetch_hits = res.u("pf_hits");
+        r.prefetch_misses = res.u("pf_misses");
+        r.prefetch_wasted = res.u("pf_wasted");
+        r.prefetch_ns = res.u("pf_ns");
+    }
     r.selector_ns = res.u("sel");
     r.fetch_wait_ns = res.u("fetch_wait");
     r.essential_wait_ns = res.u("ess_wait");
@@ -1443,10 +1667,10 @@ int run_decode(const Options& o, const Model* model, const std::string& host, ui
     check(sg_session_connect(L.ctx, host.c_str(), port, &so, L.timeout_ns(), &L.session, &err), "sg_session_connect",
           &err);
 
-    std::string profile_json;
+    std::string profile_json, wide_json;  // the decode-side profile; the prefetch predictor's (PRW)
     Msg req = L.next("REQ");
-    while (req.kind == "PRF") {
-        profile_json += req.body;
+    while (req.kind == "PRF" || req.kind == "PRW") {
+        (req.kind == "PRF" ? profile_json : wide_json) += req.body;
         req = L.next("REQ");
     }
     if (req.kind != "REQ") fatal("expected REQ from the prefill side, got '" + req.kind + "'");
@@ -1494,6 +1718,16 @@ int run_decode(const Options& o, const Model* model, const std::string& host, ui
 
     std::unique_ptr<ProactiveSets> psets;  // --attend budget: P of each layer, from the prefill side
     std::unique_ptr<SparseDecoder> sparse;
+    sg_profile_t wide_profile = nullptr;  // prefetch: the predictor's profile and selector
+    sg_selector_t wide_selector = nullptr;
+    struct WideGuard {
+        sg_profile_t& p;
+        sg_selector_t& s;
+        ~WideGuard() {
+            if (s) sg_selector_destroy(s);
+            if (p) sg_profile_destroy(p);
+        }
+    } wide_guard{wide_profile, wide_selector};
     if (spec.mode == Mode::kSelective) {
         if (!selective_available())
             fatal("the prefill side asked for the selective paths, which this side's libsmartgen lacks");
@@ -1510,9 +1744,25 @@ int run_decode(const Options& o, const Model* model, const std::string& host, ui
                 fatal("expected the proactive set (PSET) from the prefill side, got '" + m.kind + "'");
             psets->add(m.body);
         };
-        sparse = std::make_unique<SparseDecoder>(L.xfer, L.selector, comp->n_layers, comp->n_heads, nb,
-                                                 spec.paths & SG_PATH_ON_DEMAND, L.timeout_ns(), o.timeout_s,
-                                                 psets.get(), pump);
+        SparsePolicies pol;
+        pol.on_demand = spec.paths & SG_PATH_ON_DEMAND;
+        pol.seamless = spec.seamless;
+        pol.parallel = spec.parallel;
+        pol.prefetch = spec.prefetch && !wide_json.empty();
+        pol.head_dim = comp->head_dim;
+        pol.block_bytes = 2ull * uint64_t(spec.block) * uint64_t(comp->n_kv_heads) * uint64_t(comp->head_dim) *
+                          dtype_bytes(KvDtype(spec.dtype));
+        if (pol.prefetch) {
+            sg_error_info_init(&err);
+            check(sg_profile_parse(wide_json.data(), wide_json.size(), &wide_profile, &err),
+                  "sg_profile_parse (the prefetch predictor's profile)", &err);
+            sg_error_info_init(&err);
+            check(sg_selector_create(wide_profile, &layout, spec.prompt_len, &wide_selector, &err),
+                  "sg_selector_create (prefetch)", &err);
+            pol.wide = wide_selector;
+        }
+        sparse = std::make_unique<SparseDecoder>(L.xfer, L.selector, comp->n_layers, comp->n_heads, nb, pol,
+                                                 L.timeout_ns(), o.timeout_s, psets.get(), pump);
     }
     const uint64_t cold = now_ns() - c0;
     L.notify(Fields("READY").add("cold", cold).str());
@@ -1529,7 +1779,7 @@ int run_decode(const Options& o, const Model* model, const std::string& host, ui
     if (first.u("prompt") != spec.prompt_len) fatal("the first token is for another prompt length");
     const uint64_t first_recv = now_ns();
     std::vector<int> toks{int(first.i("token"))};
-    uint64_t t2 = 0, first_wait = 0, sparse_steps = 0, sel2 = 0, fetch2 = 0, calls2 = 0;
+    uint64_t t2 = 0, first_wait = 0, sparse_steps = 0, sel2 = 0, fetch2 = 0, calls2 = 0, whole2 = 0;
     bool dense = spec.mode == Mode::kFull;
     const int P = int(spec.prompt_len);
     for (int i = 1; i < spec.n_new; ++i) {
@@ -1557,7 +1807,12 @@ int run_decode(const Options& o, const Model* model, const std::string& host, ui
                 sparse_now = st == SG_IN_PROGRESS;
             }
             if (sparse_now) {
+                if (sparse_steps > 0) sparse->prefetch_step();  // step 2 has no previous query
                 as.select = [&](int l, const float* q) { return sparse->select(l, q); };
+                if (spec.parallel) {
+                    as.arriving = [&](int l) { return sparse->arriving(l); };
+                    as.wait_arriving = [&](int l) { sparse->wait_arriving(l); };
+                }
                 ap = &as;
                 ++sparse_steps;
             } else {
@@ -1574,6 +1829,7 @@ int run_decode(const Options& o, const Model* model, const std::string& host, ui
                 sel2 = sparse->selector_ns;
                 fetch2 = sparse->fetch_wait_ns;
                 calls2 = sparse->fetch_calls;
+                whole2 = sparse->whole_layers;
             }
         }
         if (!spec.emu.name.empty() && spec.n_new >= 16 && i % (spec.n_new / 4) == 0)
@@ -1590,7 +1846,14 @@ int run_decode(const Options& o, const Model* model, const std::string& host, ui
     Fields res("RES");
     res.add("t2", t2).add("tlast", tlast).add("first_wait", first_wait).add("sparse_steps", sparse_steps);
     res.add("first_recv", first_recv).add("sel2", sel2).add("fetch2", fetch2).add("calls2", calls2);
-    res.add("dig_floats", sparse ? uint64_t(sparse->digest_floats()) : 0);
+    res.add("dig_floats", sparse ? uint64_t(sparse->digest_floats()) : 0).add("whole2", whole2);
+    if (sparse) {
+        res.add("whole", sparse->whole_layers).add("s_waited", sparse->seamless_waited);
+        res.add("s_wait", sparse->seamless_wait_ns).add("pf_calls", sparse->prefetch_calls);
+        res.add("pf_blocks", sparse->prefetch_blocks).add("pf_hits", sparse->prefetch_hits);
+        res.add("pf_misses", sparse->prefetch_misses).add("pf_wasted", sparse->prefetch_wasted);
+        res.add("pf_ns", sparse->prefetch_ns);
+    }
     uint64_t sel = 0, fetch_wait = 0, ess = 0, pset_wait = 0, comp_wait = 0, attended = 0, layer_steps = 0, calls = 0,
              fetched = 0, dropped = 0, selected = 0, in_p = 0, p_blocks = 0, p_layers = 0, p_missing = 0, att_max = 0,
              budget = 0;
@@ -1751,6 +2014,9 @@ int main_impl(int argc, char** argv) {
             spec.window = o.window;
             spec.full_stream = o.full_stream;
             spec.attend = o.attend;
+            spec.seamless = o.seamless;
+            spec.parallel = o.parallel;
+            spec.prefetch = o.prefetch;
             if (o.emulate.empty()) {
                 const Config& c = model->config();
                 spec.prompt_len = prompt.size();
