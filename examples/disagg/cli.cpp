@@ -143,8 +143,10 @@ void print_usage(FILE* out) {
         "  --parallel on|off       attend to the resident blocks while the missing ones are fetched,\n"
         "                          then merge the parts exactly (log-sum-exp; default on)\n"
         "  --prefetch on|off       each sparse step after the first fetches every layer's likely misses\n"
-        "                          at once, predicted with that layer's previous query under twice the\n"
-        "                          budget; the step then fetches only the true misses (default on)\n"
+        "                          at once, predicted with that layer's previous query under a larger\n"
+        "                          budget; the step then fetches only the true misses (default on;\n"
+        "                          needs --budget: with --profile the predictor has no budget to scale)\n"
+        "  --prefetch-scale F      the predictor's budget over the selection's (default 1.5, > 1)\n"
         "  --sparse-steps K        decode steps that attend to P u S_t u G before attending to\n"
         "                          everything (waiting for what is missing); default: until the\n"
         "                          transfer completes (sg_transfer_test == SG_OK). With the speculative\n"
@@ -314,6 +316,13 @@ std::optional<Options> parse_args(int argc, char** argv) {
             if (saw_selective.empty()) saw_selective = flag;
         } else if (flag == "--prefetch") {
             o.prefetch = parse_on_off(flag, take());
+            if (saw_selective.empty()) saw_selective = flag;
+        } else if (flag == "--prefetch-scale") {
+            const std::string v = take();
+            char* end = nullptr;
+            o.prefetch_scale = std::strtod(v.c_str(), &end);
+            if (v.empty() || *end || !(o.prefetch_scale > 1.0 && o.prefetch_scale <= 64.0))
+                bad(flag, "expected a factor above 1 (e.g. 1.5), got '" + v + "'");
             if (saw_selective.empty()) saw_selective = flag;
         } else if (flag == "--attend") {
             const std::string v = take();

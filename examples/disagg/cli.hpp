@@ -62,10 +62,11 @@ struct Options {
     // Decode side, issue 12: a layer whose blocks are all here (or will be sooner than its selection
     // would take) is attended whole (seamless); fetched blocks are attended while they travel and the
     // parts merged (parallel); each sparse step first fetches every layer's likely misses, predicted
-    // with the layer's previous query under twice the budget (prefetch).
+    // with the layer's previous query under --prefetch-scale times the budget (prefetch).
     bool seamless = true;
     bool parallel = true;
     bool prefetch = true;
+    double prefetch_scale = 1.5;  // the predictor's budget over the selection's
     Attend attend = Attend::kBudget;
     int sparse_steps = -1;  // -1: until the transfer completes (sg_transfer_test == SG_OK)
     int window = 8;         // prompt queries passed to sg_transfer_layer_written_q

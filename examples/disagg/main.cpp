@@ -557,11 +557,11 @@ class EmuCompute : public Compute {
 // - parallel: select() issues the fetch and returns at once; the engine attends to the resident part,
 //   calls wait_arriving(), attends to the arriving part and merges the two (exact log-sum-exp merge).
 // - prefetch: at the start of each sparse step after the first, every layer's likely misses (the layer's
-//   previous query under the wide profile, twice the budget) are fetched at once, so the step's true
+//   previous query under the wide profile, --prefetch-scale times the budget) are fetched at once, so the step's true
 //   misses mostly arrive without a round trip of their own.
 struct SparsePolicies {
     bool on_demand = true, seamless = true, parallel = true, prefetch = true;
-    sg_selector_t wide = nullptr;  // the prefetch predictor's selector (twice the budget); may be null
+    sg_selector_t wide = nullptr;  // the prefetch predictor's selector (a larger budget); may be null
     uint64_t block_bytes = 0;      // K + V of one block, every layer's the same
     int head_dim = 0;
 };
@@ -588,7 +588,8 @@ class SparseDecoder {
           digests_(size_t(layers)),
           prev_q_(size_t(layers)),
           prefetched_(size_t(layers)),
-          arriving_(size_t(layers)) {
+          arriving_(size_t(layers)),
+          predicted_(size_t(layers), 0) {
         check(sg_selector_digest_floats(sel_, &digest_floats_), "sg_selector_digest_floats");
         // Keep every layer's digests when they fit in 1 GiB; else read them again at each use.
         cache_digests_ = double(digest_floats_) * 4.0 * layers <= double(1ull << 30);
@@ -622,6 +623,7 @@ class SparseDecoder {
     // At the start of a sparse step (prefetch): every layer's predicted misses, fetched at once.
     void prefetch_step() {
         for (auto& p : prefetched_) p.clear();
+        std::fill(predicted_.begin(), predicted_.end(), 0);
         if (!pol_.prefetch || !pol_.on_demand || !pol_.wide) return;
         const uint64_t t0 = now_ns();
         for (int l = 0; l < L_; ++l) {
@@ -637,6 +639,7 @@ class SparseDecoder {
             in.digests = digests(l);
             check(sg_selector_select(pol_.wide, uint32_t(l), &in, W_.data(), W_.size(), &count),
                   "sg_selector_select (prefetch prediction)");
+            predicted_[li] = 1;
             read_residency(l);
             std::vector<uint32_t>& pf = prefetched_[li];
             for (size_t i = 0; i < count; ++i)
@@ -696,7 +699,7 @@ class SparseDecoder {
                 if (std::binary_search(P_[li].begin(), P_[li].end(), S_[i])) selected_in_p += 1;
             } else {
                 missing_.push_back(S_[i]);
-                if (!predicted && pol_.prefetch && pol_.wide) prefetch_misses += 1;
+                if (!predicted && predicted_[li]) prefetch_misses += 1;
             }
         }
         for (uint32_t b : pf)
@@ -783,9 +786,10 @@ class SparseDecoder {
     // seamless: layers attended whole because every block was here, or because their rest arrived
     // sooner than a selection would take (waited for: seamless_waited, seamless_wait_ns).
     uint64_t whole_layers = 0, seamless_waited = 0, seamless_wait_ns = 0;
-    // prefetch: requests and blocks asked for; selected blocks that had been predicted (hits) and
-    // missing ones that had not (misses, fetched on demand); predicted blocks the step did not select
-    // (wasted, at least for that step); CPU time of the predictions.
+    // prefetch: requests and blocks asked for; in the layers a prediction ran for, selected blocks that
+    // had been predicted (hits) and missing ones that had not (misses, fetched on demand); predicted
+    // blocks the step did not select (unused by that step: with the speculative path on they are sent
+    // earlier, not twice); CPU time of the predictions.
     uint64_t prefetch_calls = 0, prefetch_blocks = 0, prefetch_hits = 0, prefetch_misses = 0, prefetch_wasted = 0,
              prefetch_ns = 0;
 
@@ -907,6 +911,7 @@ class SparseDecoder {
     std::vector<std::vector<uint32_t>> P_;
     std::vector<std::vector<float>> digests_, prev_q_;
     std::vector<std::vector<uint32_t>> prefetched_, arriving_;  // per layer, this step's
+    std::vector<uint8_t> predicted_;                            // per layer: predicted this step
     std::vector<float> scratch_;
     std::vector<uint8_t> bitmap_;
     std::vector<uint32_t> S_, W_, missing_, need_, out_;
@@ -1092,7 +1097,7 @@ void print_results(const Results& r, bool json) {
                            num(r.prefetch_hits + r.prefetch_misses
                                    ? double(r.prefetch_hits) / double(r.prefetch_hits + r.prefetch_misses)
                                    : NAN));
-            f.emplace_back("prefetch_wasted_bytes", std::to_string(r.prefetch_wasted * r.block_bytes));
+            f.emplace_back("prefetch_unused_bytes", std::to_string(r.prefetch_wasted * r.block_bytes));
             f.emplace_back("prefetch_predict_ms", num(ms(r.prefetch_ns)));
         }
         if (r.emulated) {
@@ -1497,13 +1502,13 @@ Results run_prefill(const Options& o, Compute& comp, const RunSpec& spec, const 
         to.profile = L.profile;
         for (size_t off = 0; off < decode_json.size(); off += 4000) L.notify("PRF " + decode_json.substr(off, 4000));
         if (spec.prefetch && o.profile_file.empty()) {
-            // The prefetch predictor's profile: the decode side's with twice the budget, so that the
+            // The prefetch predictor's profile: the decode side's with a larger budget, so that the
             // blocks just below the cut (the likeliest to enter the next step's selection) come too.
             Options wide = o;
             if (wide.budget.is_fraction)
-                wide.budget.fraction = std::min(1.0, 2 * wide.budget.fraction);
+                wide.budget.fraction = std::min(1.0, o.prefetch_scale * wide.budget.fraction);
             else
-                wide.budget.tokens *= 2;
+                wide.budget.tokens = uint64_t(std::ceil(o.prefetch_scale * double(wide.budget.tokens)));
             const std::string name = label.substr(0, label.find(" ("));
             const std::string j = budget_profile_json(wide, name, comp.n_layers, comp.n_kv_heads, "quest", false);
             for (size_t off = 0; off < j.size(); off += 4000) L.notify("PRW " + j.substr(off, 4000));
