@@ -18,6 +18,13 @@
 #                               (--attend budget, the default); its tokens may differ from colocated
 #   llama3-8b emulated, 8192-token prompt (a real 1 GiB fp16 KV cache moves; compute is modelled):
 #     full, after prefill / full, streamed / selective, spec. on / selective, spec. off (same flags)
+#   the same emulated model over a 10 Gbit/s link (two network namespaces joined by a tbf-shaped veth
+#   pair, scripts/netns-disagg.sh; needs root, and says so and leaves the rows out without it):
+#     full, streamed / selective, spec. on
+#   The two regimes: on this host's fast local path streaming the whole cache during prefill already
+#   hides most of it, and the selective run's decode attends whole every layer that has arrived
+#   (--seamless on), so it should cost what streaming costs; over the 10 Gbit/s link streaming cannot
+#   keep up and the selective paths win.
 #
 # First table: TTFT, TTST, stall = TTST - TTFT, TPOT (ms); sparse decode steps of all decode steps; P,
 # the proactive set's mean share of the prompt's blocks; the mean share a sparse step attended to
@@ -39,8 +46,8 @@
 #       --emulate-tokens N   prompt length of the emulated llama3-8b rows (default 8192)
 #       --rows LIST          comma-separated subset of: colocated, full-after, full-streamed, selective,
 #                            selective-sparse, emu-full-after, emu-full-streamed, emu-selective,
-#                            emu-selective-sparse (default: all; the colocated run is always made, as
-#                            the token reference)
+#                            emu-selective-sparse, link-full-streamed, link-selective (default: all;
+#                            the colocated run is always made, as the token reference)
 #       --no-build           skip set-up and build; run smartgen-disagg as it is in build/release (or
 #                            in $SMARTGEN_BUILD_DIR)
 #   scripts/demo.sh kv [ARGS...]
@@ -81,7 +88,7 @@ fi
 
 provider=() budget=0.125 emu_tokens=8192 do_build=1
 rows=colocated,full-after,full-streamed,selective,selective-sparse,emu-full-after,emu-full-streamed,emu-selective
-rows+=,emu-selective-sparse
+rows+=,emu-selective-sparse,link-full-streamed,link-selective
 while [[ $# -gt 0 ]]; do
   case $1 in
     --provider) [[ $# -ge 2 ]] || { echo "demo.sh: --provider needs a value" >&2; exit 2; }
@@ -100,7 +107,7 @@ done
 
 # Every row: id, label, smartgen-disagg flags.
 ROW_IDS=(colocated full-after full-streamed selective selective-sparse emu-full-after emu-full-streamed emu-selective
-         emu-selective-sparse)
+         emu-selective-sparse link-full-streamed link-selective)
 declare -A LABEL=(
   [colocated]="stories260K colocated"
   [full-after]="stories260K full, after prefill"
@@ -111,6 +118,8 @@ declare -A LABEL=(
   [emu-full-streamed]="llama3-8b/$emu_tokens full, streamed"
   [emu-selective]="llama3-8b/$emu_tokens selective $budget, spec. on"
   [emu-selective-sparse]="llama3-8b/$emu_tokens selective $budget, spec. off"
+  [link-full-streamed]="llama3-8b/$emu_tokens full, streamed, 10 Gbit/s"
+  [link-selective]="llama3-8b/$emu_tokens selective $budget, 10 Gbit/s"
 )
 pv=${provider[*]:+ ${provider[*]}}
 emu=" --emulate llama3-8b --emulate-tokens $emu_tokens"
@@ -125,6 +134,8 @@ declare -A FLAGS=(
   [emu-full-streamed]="--mode full --full-stream on$emu$pv"
   [emu-selective]="$sel --speculative on$emu$pv"
   [emu-selective-sparse]="$sel --speculative off$emu$pv"
+  [link-full-streamed]="--mode full --full-stream on$emu"
+  [link-selective]="$sel --speculative on$emu"
 )
 selected=(colocated)
 IFS=, read -r -a wanted <<<"$rows"
@@ -134,6 +145,22 @@ done
 for id in "${ROW_IDS[@]:1}"; do
   for w in "${wanted[@]}"; do [[ $w == "$id" ]] && { selected+=("$id"); break; }; done
 done
+# The shaped-link rows need network namespaces and tc: root, and iproute2 (setup-deps.sh installs it).
+link_note=""
+if [[ " ${selected[*]} " == *" link-"* ]]; then
+  why=""
+  if [[ $(id -u) -ne 0 ]]; then
+    why="they need root (network namespaces and tc)"
+  elif ! ip netns list >/dev/null 2>&1 || ! command -v tc >/dev/null; then
+    why="ip netns or tc does not work here"
+  fi
+  if [[ -n $why ]]; then
+    link_note="The 10 Gbit/s rows did not run: $why. Run scripts/demo.sh as root to see SmartGen over a shaped link."
+    kept=()
+    for id in "${selected[@]}"; do [[ $id == link-* ]] || kept+=("$id"); done
+    selected=("${kept[@]}")
+  fi
+fi
 
 BIN=build/release/examples/disagg/smartgen-disagg
 [[ $do_build -eq 0 && -n ${SMARTGEN_BUILD_DIR:-} ]] && BIN=$SMARTGEN_BUILD_DIR/examples/disagg/smartgen-disagg
@@ -181,7 +208,13 @@ for id in "${selected[@]}"; do
   echo "demo.sh: running ${LABEL[$id]}: smartgen-disagg ${FLAGS[$id]} --json --quiet" >&2
   rc=0
   # shellcheck disable=SC2086 # FLAGS holds words to split
-  "$BIN" ${FLAGS[$id]} --json --quiet >"$work/$id.json" 2>"$work/$id.err" || rc=$?
+  if [[ $id == link-* ]]; then
+    # shellcheck disable=SC2086
+    SMARTGEN_DISAGG=$BIN bash scripts/netns-disagg.sh --rate 10gbit --latency-ms 1 --iperf-seconds 0 -- \
+      ${FLAGS[$id]} --json --quiet >"$work/$id.json" 2>"$work/$id.err" || rc=$?
+  else
+    "$BIN" ${FLAGS[$id]} --json --quiet >"$work/$id.json" 2>"$work/$id.err" || rc=$?
+  fi
   if [[ $rc -eq 0 ]] && ! jq -r "$JQ_ROW" "$work/$id.json" >"$work/$id.tsv" 2>>"$work/$id.err"; then
     rc=1
     echo "demo.sh: could not read the results of this run (stdout was: $(head -c 400 "$work/$id.json"))" \
@@ -219,6 +252,8 @@ declare -A MEASURES=(
                          every step attended to the whole prompt)"
   [selective-sparse]="sparse decoding: the transfer never completes on its own, so every step attends
                          to P u S_t u G, P and S_t each within the budget, S_t fetched on demand"
+  [link-full-streamed]="the same over a tbf-shaped 10 Gbit/s veth link between two network namespaces"
+  [link-selective]="the same over the shaped link: there streaming cannot hide the cache"
 )
 
 # The tables, from the rows that succeeded.
@@ -279,6 +314,7 @@ print_table() {
   for kind in "${kinds[@]}"; do
     printf '  %-22s %s\n' "$(sed 's/^stories260K //; s/ [0-9.]*,/,/' <<<"${LABEL[$kind]}")" "${MEASURES[$kind]}"
   done
+  [[ -n $link_note ]] && echo "$link_note"
   if [[ ${#providers[@]} -gt 0 ]]; then
     if [[ $(printf '%s\n' "${providers[@]#*: }" | sort -u | wc -l) -eq 1 ]]; then
       echo "Provider of every transfer run: ${providers[0]#*: }."
