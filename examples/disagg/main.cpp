@@ -1327,6 +1327,13 @@ struct RunSpec {  // what the prefill side decides and tells the decode side (RE
     int layers = 0, kv_heads = 0, head_dim = 0, dim = 0, vocab = 0;
 };
 
+// Seamless is for latency: it applies where decode is sparse only until the speculative path has
+// delivered everything (the default). Runs that measure sparse decoding itself (--sparse-steps K, or
+// the speculative path off) attend to P u S_t u G at every sparse step, as asked.
+bool seamless_applies(const RunSpec& s) {
+    return s.seamless && (s.paths & SG_PATH_SPECULATIVE) && s.sparse_steps < 0;
+}
+
 std::string encode_req(const RunSpec& s) {
     Fields f("REQ");
     f.add("mode", mode_name(s.mode)).add("paths", s.paths).add("prompt", s.prompt_len).add("new", s.n_new);
@@ -1411,7 +1418,7 @@ Results run_prefill(const Options& o, Compute& comp, const RunSpec& spec, const 
     r.speculative = spec.paths & SG_PATH_SPECULATIVE;
     r.sparse_steps_asked = spec.sparse_steps;
     r.attend = spec.attend;
-    r.seamless = spec.seamless;
+    r.seamless = seamless_applies(spec);
     r.parallel = spec.parallel;
     r.prefetch = spec.prefetch && o.profile_file.empty();  // the predictor's profile comes from --budget
     r.block_bytes = 2ull * uint64_t(spec.block) * uint64_t(comp.n_kv_heads) * uint64_t(comp.head_dim) *
@@ -1751,7 +1758,7 @@ int run_decode(const Options& o, const Model* model, const std::string& host, ui
         };
         SparsePolicies pol;
         pol.on_demand = spec.paths & SG_PATH_ON_DEMAND;
-        pol.seamless = spec.seamless;
+        pol.seamless = seamless_applies(spec);
         pol.parallel = spec.parallel;
         pol.prefetch = spec.prefetch && !wide_json.empty();
         pol.head_dim = comp->head_dim;

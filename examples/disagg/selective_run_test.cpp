@@ -190,3 +190,60 @@ TEST(SelectiveRun, FullTransferBytesAreTheWholeKv) {
     EXPECT_EQ(r.out.at("digest_bytes"), 0);
     expect_bytes_add_up(r.out);
 }
+
+// Issue 12: parallel on-demand attention and prefetch change when blocks arrive and how the parts of
+// an attention are summed, never which blocks a step attends to: with every step sparse, the tokens
+// and the attended sets are those of the serial run, and the prefetch reports add up.
+TEST(SelectiveRun, ParallelAttentionAndPrefetchLeaveTheTokensAsTheyAre) {
+    const std::string prompt = long_prompt_file();
+    ASSERT_FALSE(prompt.empty());
+    // --sparse-steps: every step sparse even when fetches and prefetches complete the transfer early.
+    const std::string args =
+        "--mode selective --prompt-tokens " + prompt + " --budget 0.125 --speculative off --sparse-steps 63";
+    RUN_OR_SKIP(serial, args + " --parallel off --prefetch off");
+    const DisaggRun parallel_only = run_disagg(args + " --parallel on --prefetch off");
+    const DisaggRun both = run_disagg(args + " --parallel on --prefetch on");
+    const DisaggRun prefetch_only = run_disagg(args + " --parallel off --prefetch on --prefetch-scale 2");
+    fs::remove(prompt);
+    ASSERT_EQ(parallel_only.rc, 0);
+    ASSERT_EQ(both.rc, 0);
+    ASSERT_EQ(prefetch_only.rc, 0);
+    EXPECT_EQ(parallel_only.out.at("tokens"), serial.out.at("tokens"));
+    EXPECT_EQ(parallel_only.out.at("attended_fraction"), serial.out.at("attended_fraction"));
+    for (const DisaggRun* r : {&both, &prefetch_only}) {
+        EXPECT_EQ(r->out.at("tokens"), serial.out.at("tokens"));
+        EXPECT_EQ(r->out.at("attended_fraction"), serial.out.at("attended_fraction"));
+        EXPECT_EQ(r->out.at("sparse_steps"), serial.out.at("sparse_steps"));
+        EXPECT_FALSE(r->out.at("seamless").get<bool>()) << "seamless does not apply without the speculative path";
+        EXPECT_EQ(r->out.at("whole_layer_steps"), 0);
+        EXPECT_TRUE(r->out.at("prefetch").get<bool>());
+        // Steps after the first predict every layer: some requests, and every selected block of a
+        // predicted layer that was not resident is a hit or a miss.
+        EXPECT_GT(r->out.at("prefetch_calls").get<uint64_t>(), 0u);
+        EXPECT_GE(r->out.at("prefetch_blocks").get<uint64_t>(), r->out.at("prefetch_calls").get<uint64_t>());
+        const double rate = r->out.at("prefetch_hit_rate").is_number() ? r->out.at("prefetch_hit_rate").get<double>() : 0;
+        EXPECT_GE(rate, 0.0);
+        EXPECT_LE(rate, 1.0);
+        expect_bytes_add_up(r->out);
+    }
+    EXPECT_EQ(serial.out.at("prefetch_calls"), 0);
+    EXPECT_FALSE(serial.out.at("prefetch").get<bool>());
+    // The serial run fetched every miss at its own step; with prefetch, fewer requests find a miss.
+    EXPECT_LE(prefetch_only.out.at("fetch_calls").get<uint64_t>(), serial.out.at("fetch_calls").get<uint64_t>());
+}
+
+// Seamless (the default for the runs that measure latency): a layer attended whole at a sparse step
+// is one whose blocks had all arrived, so the counts stay within the steps taken; off, none is.
+TEST(SelectiveRun, SeamlessAttendsWholeOnlyWhatHasArrived) {
+    RUN_OR_SKIP(on, std::string("--mode selective --budget 0.125"));
+    const DisaggRun off = run_disagg("--mode selective --budget 0.125 --seamless off");
+    ASSERT_EQ(off.rc, 0);
+    EXPECT_TRUE(on.out.at("seamless").get<bool>());
+    EXPECT_FALSE(off.out.at("seamless").get<bool>());
+    EXPECT_EQ(off.out.at("whole_layer_steps"), 0);
+    EXPECT_EQ(off.out.at("seamless_waited_layers"), 0);
+    EXPECT_LE(on.out.at("seamless_waited_layers").get<uint64_t>(), on.out.at("whole_layer_steps").get<uint64_t>());
+    EXPECT_LE(on.out.at("step2_whole_layers").get<uint64_t>(), on.out.at("whole_layer_steps").get<uint64_t>());
+    expect_bytes_add_up(on.out);
+    expect_bytes_add_up(off.out);
+}
