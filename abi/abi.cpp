@@ -11,6 +11,7 @@
 #include <netdb.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <thread>
@@ -939,6 +940,72 @@ SG_API sg_status_t sg_selector_budget_blocks(sg_selector_t h, uint32_t layer, ui
         uint64_t most = 0;
         for (uint32_t k = 0; k < s->layout.num_kv_heads; ++k) most = std::max(most, s->sel.selector().budget(layer, k));
         *blocks = most;
+        return SG_OK;
+    });
+}
+
+// ---- attention parts ----
+namespace {
+// The shape both attention calls share; rows * head_dim cannot wrap (two uint32_t in a size_t).
+void check_part_shape(uint32_t rows, uint32_t head_dim) {
+    static_assert(sizeof(size_t) >= 8, "rows * head_dim must fit a size_t");
+    if (!rows) fail(SG_ERR_INVALID_ARGUMENT, "rows is 0");
+    if (!head_dim) fail(SG_ERR_INVALID_ARGUMENT, "head_dim is 0");
+}
+
+// A row of a part as merge_parts assumes it: a sum of exponentials (finite, >= 0), and a finite max
+// whenever the sum says the row is not empty (exp(max - max) with an infinite max is NaN, which
+// would spread into the merged row instead of being reported).
+void check_part_row(const float *max, const float *sum, uint32_t r, const char *part) {
+    if (!(sum[r] >= 0) || std::isinf(sum[r]))
+        fail(SG_ERR_INVALID_ARGUMENT, std::string(part) + " row " + std::to_string(r) + ": sum " +
+                                          std::to_string(sum[r]) + " is not a finite value >= 0");
+    if (sum[r] > 0 && !std::isfinite(max[r]))
+        fail(SG_ERR_INVALID_ARGUMENT, std::string(part) + " row " + std::to_string(r) + ": max " +
+                                          std::to_string(max[r]) + " is not finite while sum is " +
+                                          std::to_string(sum[r]));
+}
+}  // namespace
+
+SG_API sg_status_t sg_attention_merge(uint32_t rows, uint32_t head_dim, float *max, float *sum, float *acc,
+                                      const float *max_b, const float *sum_b, const float *acc_b) {
+    return guard(nullptr, [&] {
+        need(max, "max");
+        need(sum, "sum");
+        need(acc, "acc");
+        need(max_b, "max_b");
+        need(sum_b, "sum_b");
+        need(acc_b, "acc_b");
+        check_part_shape(rows, head_dim);
+        // Every row is checked before any is merged: outputs are written only on success.
+        for (uint32_t r = 0; r < rows; ++r) {
+            check_part_row(max, sum, r, "part a");
+            check_part_row(max_b, sum_b, r, "part b");
+        }
+        for (uint32_t r = 0; r < rows; ++r) {
+            const size_t off = size_t(r) * head_dim;
+            // b's max and sum go by value and acc is combined element by element, so b may be a.
+            sg::kernels::merge_parts({max + r, sum + r, acc + off}, max_b[r], sum_b[r], acc_b + off, head_dim);
+        }
+        return SG_OK;
+    });
+}
+
+SG_API sg_status_t sg_attention_finish(uint32_t rows, uint32_t head_dim, const float *sum, const float *acc,
+                                       float *out) {
+    return guard(nullptr, [&] {
+        need(sum, "sum");
+        need(acc, "acc");
+        need(out, "out");
+        check_part_shape(rows, head_dim);
+        for (uint32_t r = 0; r < rows; ++r)
+            if (!(sum[r] >= 0) || std::isinf(sum[r]))
+                fail(SG_ERR_INVALID_ARGUMENT,
+                     "row " + std::to_string(r) + ": sum " + std::to_string(sum[r]) + " is not a finite value >= 0");
+        for (uint32_t r = 0; r < rows; ++r) {
+            const size_t off = size_t(r) * head_dim;
+            sg::kernels::finish_part(sum[r], acc + off, head_dim, out + off);
+        }
         return SG_OK;
     });
 }

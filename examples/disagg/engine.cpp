@@ -1,6 +1,9 @@
 // examples/disagg/engine.cpp: see engine.hpp.
 #include "engine.hpp"
 
+#include <smartgen/smartgen.h>
+
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -21,6 +24,25 @@ namespace sg::disagg {
 namespace {
 
 [[noreturn]] void fail(const std::string& message) { throw EngineError(message); }
+
+// The library's attention-part calls, looked up in the process at first use rather than linked:
+// programs that never pass arriving blocks (calibration, the prompt sampler) link no libsmartgen,
+// and smartgen-disagg must still load against a library older than 0.2. A weak reference would not
+// do for the latter: the calls are in the library's SMARTGEN_0.2 version node, and the dynamic
+// loader refuses a program that needs a version its library lacks, weak reference or not (ld 2.40
+// does not mark the version need weak). NULL members: not loaded.
+struct AttentionCalls {
+    decltype(&sg_attention_merge) merge;
+    decltype(&sg_attention_finish) finish;
+    decltype(&sg_last_error_message) last_error;
+};
+const AttentionCalls& attention_calls() {
+    static const AttentionCalls calls{
+        reinterpret_cast<decltype(&sg_attention_merge)>(dlsym(RTLD_DEFAULT, "sg_attention_merge")),
+        reinterpret_cast<decltype(&sg_attention_finish)>(dlsym(RTLD_DEFAULT, "sg_attention_finish")),
+        reinterpret_cast<decltype(&sg_last_error_message)>(dlsym(RTLD_DEFAULT, "sg_last_error_message"))};
+    return calls;
+}
 
 // ---- numerics -------------------------------------------------------------------------------------
 
@@ -693,6 +715,10 @@ struct RunState::Buffers {
     std::vector<float> att, att2;   // scores of one query (two for row pairs)
     std::vector<int> positions;     // attended positions of one decode layer
     std::vector<uint8_t> block_on;  // decode: per logical block, attended?
+    // Decode with arriving blocks: their positions, and per query head the two attention parts
+    // (max and sum [n_heads], acc [n_heads][head_size]: sg_attention_merge's rows).
+    std::vector<int> arriving_positions;
+    std::vector<float> max_a, sum_a, acc_a, max_b, sum_b, acc_b;
     std::vector<float> logits;
 
     explicit Buffers(const Config& cfg) : c(cfg) {
@@ -714,6 +740,10 @@ struct RunState::Buffers {
         att2.resize(S + kKeyPad);
         positions.resize(S);
         block_on.resize(S);
+        arriving_positions.resize(S);
+        for (auto* part : {&max_a, &max_b}) part->resize(size_t(c.n_heads));
+        for (auto* part : {&sum_a, &sum_b}) part->resize(size_t(c.n_heads));
+        for (auto* part : {&acc_a, &acc_b}) part->resize(dim);
         logits.resize(size_t(c.vocab_size));
     }
 };
@@ -809,6 +839,115 @@ void check_attend_blocks(const std::vector<uint32_t>& blocks, int l, uint32_t pr
         if (i && blocks[i] <= blocks[i - 1])
             fail("decode_step: AttendSet layer " + std::to_string(l) + " is not strictly ascending");
     }
+}
+
+// An arriving answer for one layer: strictly ascending and inside the layer's set (every prompt block
+// when the set is nullptr).
+void check_arriving_blocks(const std::vector<uint32_t>& arriving, const std::vector<uint32_t>* set, int l,
+                           uint32_t prompt_blocks) {
+    size_t k = 0;  // walks the set alongside: both ascending
+    for (size_t i = 0; i < arriving.size(); ++i) {
+        const uint32_t b = arriving[i];
+        if (i && b <= arriving[i - 1])
+            fail("decode_step: arriving blocks of layer " + std::to_string(l) + " are not strictly ascending");
+        bool in_set = b < prompt_blocks;
+        if (in_set && set) {
+            while (k < set->size() && (*set)[k] < b) ++k;
+            in_set = k < set->size() && (*set)[k] == b;
+        }
+        if (!in_set)
+            fail("decode_step: arriving block " + std::to_string(b) + " of layer " + std::to_string(l) +
+                 " is not in the layer's attend set");
+    }
+}
+
+// The attention part of one query head over positions[0..n) (scores in att, values gathered in vc):
+// max of the scores, sum of exp(score - max), acc = that weighted sum of the values, in position
+// order. n = 0 gives the empty part {-inf, 0, zeros}.
+void attention_part(const float* att, const int* positions, int n, const float* vc, size_t kvd, size_t koff, size_t hs,
+                    float* max, float* sum, float* acc) {
+    float m = -INFINITY;
+    for (int j = 0; j < n; ++j) m = std::max(m, att[j]);
+    float total = 0.0f;
+    std::fill(acc, acc + hs, 0.0f);
+    for (int j = 0; j < n; ++j) {
+        const float e = std::exp(att[j] - m);
+        total += e;
+        const float* vv = vc + size_t(positions[j]) * kvd + koff;
+        for (size_t i = 0; i < hs; ++i) acc[i] += e * vv[i];
+    }
+    *max = m;
+    *sum = total;
+}
+
+// Parallel on-demand attention of one decode layer (AttendSet::arriving), into s.xb: per query head
+// the part over the resident positions (the set's other blocks, the generated tokens, the current
+// position), then wait_arriving(l), then the part over the arriving blocks' positions, and the
+// runtime's exact log-sum-exp merge of the two. Nothing of an arriving block is read before
+// wait_arriving returns: until then the pool may hold anything there.
+template <class Gather>
+void attend_in_two_parts(const Model& model, const AttendSet& attend, int l, int pos, int B,
+                         const std::vector<uint32_t>* layer_blocks, const std::vector<uint32_t>& arriving,
+                         RunState::Buffers& s, const Gather& gather, AttentionProbe* probe) {
+    const AttentionCalls& sg = attention_calls();
+    if (!sg.merge || !sg.finish)
+        fail(
+            "decode_step: arriving blocks need sg_attention_merge and sg_attention_finish (libsmartgen 0.2 or "
+            "later), which this process has not loaded");
+    const Config& c = model.config();
+    const size_t kvd = size_t(c.kv_dim()), hs = size_t(c.head_size());
+    const float scale = std::sqrt(float(hs));
+    const int n_pos = pos + 1;
+
+    // Per prompt block: 0 not attended, 1 resident, 2 arriving.
+    const uint32_t prompt_blocks = blocks_for(attend.prompt_len, B);
+    std::fill(s.block_on.begin(), s.block_on.begin() + prompt_blocks, uint8_t(layer_blocks ? 0 : 1));
+    if (layer_blocks)
+        for (uint32_t b : *layer_blocks) s.block_on[b] = 1;
+    for (uint32_t b : arriving) s.block_on[b] = 2;
+    int n_res = 0, n_arr = 0;
+    for (int u = 0; u < n_pos; ++u) {
+        const uint8_t on = u >= attend.prompt_len || u == pos ? uint8_t(1) : s.block_on[size_t(u / B)];
+        if (on == 1) s.positions[size_t(n_res++)] = u;
+        if (on == 2) s.arriving_positions[size_t(n_arr++)] = u;
+    }
+
+    // Scores and part of every query head over positions[0..n), whose K/V are gathered.
+    auto parts = [&](const int* positions, int n, float* max, float* sum, float* acc) {
+        for (int j = 0; j < n; ++j) {
+            gather(false, positions[j]);
+            gather(true, positions[j]);
+        }
+        for (int h = 0; h < c.n_heads; ++h) {
+            const float* q = s.q.data() + size_t(h) * hs;
+            const size_t koff = size_t(h / c.kv_mul()) * hs;
+            float* att = s.att.data();
+            for (int j = 0; j < n; ++j)
+                att[j] = score(q, s.kc.data() + size_t(positions[j]) * kvd + koff, int(hs), scale);
+            attention_part(att, positions, n, s.vc.data(), kvd, koff, hs, max + h, sum + h, acc + size_t(h) * hs);
+        }
+    };
+    parts(s.positions.data(), n_res, s.max_a.data(), s.sum_a.data(), s.acc_a.data());
+    attend.wait_arriving(l);
+    parts(s.arriving_positions.data(), n_arr, s.max_b.data(), s.sum_b.data(), s.acc_b.data());
+
+    if (probe) {  // every key is in place only now
+        for (int u = 0; u < n_pos; ++u) gather(false, u);
+        for (int h = 0; h < c.n_heads; ++h) {
+            float* full = probe->probs.data() + (size_t(l) * c.n_heads + h) * n_pos;
+            const size_t koff = size_t(h / c.kv_mul()) * hs;
+            for (int u = 0; u < n_pos; ++u)
+                full[u] = score(s.q.data() + size_t(h) * hs, s.kc.data() + size_t(u) * kvd + koff, int(hs), scale);
+            softmax(full, n_pos);
+        }
+    }
+
+    const uint32_t rows = uint32_t(c.n_heads), dim = uint32_t(hs);
+    if (sg.merge(rows, dim, s.max_a.data(), s.sum_a.data(), s.acc_a.data(), s.max_b.data(), s.sum_b.data(),
+                 s.acc_b.data()) != SG_OK ||
+        sg.finish(rows, dim, s.sum_a.data(), s.acc_a.data(), s.xb.data()) != SG_OK)
+        fail("decode_step: merging the attention parts of layer " + std::to_string(l) + ": " +
+             (sg.last_error ? sg.last_error() : "(no message)"));
 }
 
 }  // namespace
@@ -947,52 +1086,65 @@ std::span<const float> decode_step(const Model& model, const KvPool& pool, Block
         } else if (attend) {
             layer_blocks = &attend->layer_blocks[size_t(l)];
         }
-
-        // The positions this step attends to, ascending.
-        int n_att = 0;
-        if (!layer_blocks) {
-            for (int u = 0; u < n_pos; ++u) s.positions[size_t(u)] = u;
-            n_att = n_pos;
-        } else {
-            const uint32_t prompt_blocks = blocks_for(attend->prompt_len, B);
-            std::fill(s.block_on.begin(), s.block_on.begin() + prompt_blocks, uint8_t{0});
-            for (uint32_t b : *layer_blocks) s.block_on[b] = 1;
-            for (int u = 0; u < n_pos; ++u)
-                if (u >= attend->prompt_len || u == pos || s.block_on[size_t(u / B)]) s.positions[size_t(n_att++)] = u;
+        // The blocks of that set still in flight: nullptr = none.
+        const std::vector<uint32_t>* arriving = attend && attend->arriving ? attend->arriving(l) : nullptr;
+        if (arriving && arriving->empty()) arriving = nullptr;
+        if (arriving) {
+            check_arriving_blocks(*arriving, layer_blocks, l, blocks_for(attend->prompt_len, B));
+            if (!attend->wait_arriving)
+                fail("decode_step: layer " + std::to_string(l) +
+                     " has arriving blocks and the AttendSet no wait_arriving");
         }
         // Gather K (all positions when probing) and V (attended positions) into position-indexed rows.
         auto gather = [&](bool is_v, int u) {
             float* dst = (is_v ? s.vc : s.kc).data() + size_t(u) * kvd;
             load(dst, pool.row(l, is_v, table[size_t(u / B)], u % B, 0), int(kvd), pool.dtype);
         };
-        if (probe)
-            for (int u = 0; u < n_pos; ++u) gather(false, u);
-        for (int j = 0; j < n_att; ++j) {
-            if (!probe) gather(false, s.positions[size_t(j)]);
-            gather(true, s.positions[size_t(j)]);
-        }
-
-        for (int h = 0; h < c.n_heads; ++h) {
-            const float* q = s.q.data() + h * hs;
-            const size_t koff = size_t(h / c.kv_mul()) * hs;
-            float* att = s.att.data();
-            if (probe) {
-                float* full = probe->probs.data() + (size_t(l) * c.n_heads + h) * n_pos;
-                for (int u = 0; u < n_pos; ++u)
-                    full[u] = score(q, s.kc.data() + size_t(u) * kvd + koff, int(hs), scale);
-                for (int j = 0; j < n_att; ++j) att[j] = full[s.positions[size_t(j)]];
-                softmax(full, n_pos);
+        if (arriving) {
+            attend_in_two_parts(model, *attend, l, pos, B, layer_blocks, *arriving, s, gather, probe);
+        } else {
+            // The positions this step attends to, ascending.
+            int n_att = 0;
+            if (!layer_blocks) {
+                for (int u = 0; u < n_pos; ++u) s.positions[size_t(u)] = u;
+                n_att = n_pos;
             } else {
-                for (int j = 0; j < n_att; ++j)
-                    att[j] = score(q, s.kc.data() + size_t(s.positions[size_t(j)]) * kvd + koff, int(hs), scale);
+                const uint32_t prompt_blocks = blocks_for(attend->prompt_len, B);
+                std::fill(s.block_on.begin(), s.block_on.begin() + prompt_blocks, uint8_t{0});
+                for (uint32_t b : *layer_blocks) s.block_on[b] = 1;
+                for (int u = 0; u < n_pos; ++u)
+                    if (u >= attend->prompt_len || u == pos || s.block_on[size_t(u / B)])
+                        s.positions[size_t(n_att++)] = u;
             }
-            softmax(att, n_att);
-            float* out = s.xb.data() + h * hs;
-            std::fill(out, out + hs, 0.0f);
+            if (probe)
+                for (int u = 0; u < n_pos; ++u) gather(false, u);
             for (int j = 0; j < n_att; ++j) {
-                const float a = att[j];
-                const float* vv = s.vc.data() + size_t(s.positions[size_t(j)]) * kvd + koff;
-                for (size_t i = 0; i < hs; ++i) out[i] += a * vv[i];
+                if (!probe) gather(false, s.positions[size_t(j)]);
+                gather(true, s.positions[size_t(j)]);
+            }
+
+            for (int h = 0; h < c.n_heads; ++h) {
+                const float* q = s.q.data() + h * hs;
+                const size_t koff = size_t(h / c.kv_mul()) * hs;
+                float* att = s.att.data();
+                if (probe) {
+                    float* full = probe->probs.data() + (size_t(l) * c.n_heads + h) * n_pos;
+                    for (int u = 0; u < n_pos; ++u)
+                        full[u] = score(q, s.kc.data() + size_t(u) * kvd + koff, int(hs), scale);
+                    for (int j = 0; j < n_att; ++j) att[j] = full[s.positions[size_t(j)]];
+                    softmax(full, n_pos);
+                } else {
+                    for (int j = 0; j < n_att; ++j)
+                        att[j] = score(q, s.kc.data() + size_t(s.positions[size_t(j)]) * kvd + koff, int(hs), scale);
+                }
+                softmax(att, n_att);
+                float* out = s.xb.data() + h * hs;
+                std::fill(out, out + hs, 0.0f);
+                for (int j = 0; j < n_att; ++j) {
+                    const float a = att[j];
+                    const float* vv = s.vc.data() + size_t(s.positions[size_t(j)]) * kvd + koff;
+                    for (size_t i = 0; i < hs; ++i) out[i] += a * vv[i];
+                }
             }
         }
         matmul(s.xb2.data(), s.xb.data(), w.wo + l * dim * dim, 1, c.dim, c.dim, s.xt.data());

@@ -1,6 +1,10 @@
 // examples/disagg/engine: a small Llama inference engine for llama2.c checkpoints, the compute part
-// of the smartgen-disagg demo. Depends on nothing in SmartGen (not even the public header): the demo
-// connects it to the runtime through the C ABI.
+// of the smartgen-disagg demo. The demo connects it to the runtime through the C ABI. It uses
+// nothing of SmartGen but two calls of the public header, sg_attention_merge and
+// sg_attention_finish, for parallel on-demand attention (AttendSet::arriving); it looks them up in
+// the process when first needed (dlsym), so a program that never passes arriving links and runs
+// without libsmartgen, and one that does gets an EngineError if no libsmartgen 0.2 or later is
+// loaded.
 //
 // Conventions are those of llama2.c's run.c (GQA version): legacy v0 checkpoint, RMSNorm eps 1e-5,
 // RoPE on adjacent pairs (2i, 2i+1) within each head with freq = 10000^-(2i/head_size), applied to q
@@ -17,6 +21,9 @@
 // the kernels vectorise only across independent sums. So with an fp32 pool the logits are bit-identical
 // to run.c's, a prompt prefilled layer by layer gives the same K/V and logits as the same tokens fed
 // one at a time through decode_step, and the physical placement of blocks never changes a result.
+// The one exception is a step with arriving blocks (AttendSet::arriving): its two merged parts
+// round differently from the one softmax, so it equals the step without them up to float rounding
+// (engine_test measures it), not bit for bit.
 //
 // Thread safety: a Model is immutable after loading and may be shared; a RunState belongs to one
 // thread at a time. Errors are reported by throwing EngineError with a message that names the problem.
@@ -238,6 +245,12 @@ struct AttendSet {
     // logical prompt blocks (same rules as layer_blocks; the vector must stay valid until the next
     // call), or nullptr for every prompt block. layer_blocks is then ignored and may be empty.
     std::function<const std::vector<uint32_t>*(int layer, const float* q)> select = nullptr;
+    // Optional, with select: parallel on-demand attention. After select(l, q) returned the layer's
+    // set, decode_step calls arriving(l): the blocks of that set still in flight (ascending, a subset
+    // of it; nullptr or empty: none). The step attends to the rest first, then calls wait_arriving(l)
+    // and attends to the arriving blocks, and merges the two parts exactly (sg_attention_merge).
+    std::function<const std::vector<uint32_t>*(int layer)> arriving = nullptr;
+    std::function<void(int layer)> wait_arriving = nullptr;
 };
 
 // True (unmasked) attention of one decode step: for each layer and query head the softmax over all
@@ -259,7 +272,9 @@ std::span<const float> prefill(const Model& model, const KvPool& pool, BlockTabl
 
 // Runs `token` at position `pos` (0 <= pos < seq_len): writes its K/V to the pool and attends to
 // positions 0..pos (restricted by `attend` when given, except the current position and positions >=
-// attend->prompt_len). With `probe`, also records the true attention over 0..pos. Returns the logits.
+// attend->prompt_len). With `probe`, also records the true attention over 0..pos (in a layer with
+// arriving blocks, after wait_arriving). Returns the logits. An arriving answer that is not
+// ascending, names a block outside the layer's set, or comes without wait_arriving is an EngineError.
 std::span<const float> decode_step(const Model& model, const KvPool& pool, BlockTable table, int pos, int token,
                                    RunState& state, const AttendSet* attend = nullptr, AttentionProbe* probe = nullptr);
 

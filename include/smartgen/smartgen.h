@@ -67,8 +67,8 @@ extern "C" {
  * Versions
  * ------------------------------------------------------------------------------------------- */
 #define SG_VERSION_MAJOR 0
-#define SG_VERSION_MINOR 1
-#define SG_VERSION_PATCH 1
+#define SG_VERSION_MINOR 2
+#define SG_VERSION_PATCH 0
 #define SG_VERSION_NUMBER (SG_VERSION_MAJOR * 10000 + SG_VERSION_MINOR * 100 + SG_VERSION_PATCH)
 /* The SONAME major: libsmartgen.so.<SG_ABI_VERSION>. */
 #define SG_ABI_VERSION 0
@@ -665,6 +665,34 @@ SG_API sg_status_t sg_selector_select(sg_selector_t selector, uint32_t layer, co
 
 /* The layer's budget in blocks (per KV head, sinks and recent included, rounded up). Since 0.1. */
 SG_API sg_status_t sg_selector_budget_blocks(sg_selector_t selector, uint32_t layer, uint64_t *blocks);
+
+/* ---------------------------------------------------------------------------------------------
+ * Attention parts (parallel on-demand attention)
+ * ------------------------------------------------------------------------------------------- */
+/* A decode step need not wait for the blocks it fetched: it attends to the keys it holds while the
+ * rest are in flight, then to the arrived ones, and merges the two parts. A part over a set of keys
+ * S, for one query row (one query head) with scaled scores s_j = q.k_j / sqrt(head_dim), is
+ *   max = max_j s_j,   sum = sum_j exp(s_j - max),   acc[i] = sum_j exp(s_j - max) * v_j[i]
+ * (head_dim floats); attention over S is acc / sum. Parts over disjoint sets merge into the part of
+ * their union exactly up to float rounding (the log-sum-exp merge), in any order and any split.
+ * An empty part is max = -INFINITY, sum = 0, acc = zeros; any row with sum 0 counts as empty, and
+ * merging an empty row changes nothing. Arrays are row-major: max[rows], sum[rows],
+ * acc[rows][head_dim], rows being the query heads of one layer (or any number of query rows).
+ * No context is needed; the calls touch only the caller's arrays and are thread-safe. */
+
+/* Merges part b (max_b, sum_b, acc_b) into part a (max, sum, acc, in/out) row by row. b may be a
+ * itself (the rows then count twice). Every row of both parts must be a part: sum finite and >= 0,
+ * and max finite where sum > 0; otherwise, as for a NULL array or rows or head_dim 0,
+ * SG_ERR_INVALID_ARGUMENT naming the row, with a left untouched. Returns SG_OK or
+ * SG_ERR_INVALID_ARGUMENT. Since 0.2. */
+SG_API sg_status_t sg_attention_merge(uint32_t rows, uint32_t head_dim, float *max, float *sum, float *acc,
+                                      const float *max_b, const float *sum_b, const float *acc_b);
+
+/* The attention output of each row: out[r][i] = acc[r][i] / sum[r]; a row with sum 0 (empty) gives
+ * zeros. out (rows * head_dim floats) may be acc itself. SG_ERR_INVALID_ARGUMENT for a NULL array,
+ * rows or head_dim 0, or a sum that is negative, infinite or NaN (out untouched). Since 0.2. */
+SG_API sg_status_t sg_attention_finish(uint32_t rows, uint32_t head_dim, const float *sum, const float *acc,
+                                       float *out);
 
 /* ---------------------------------------------------------------------------------------------
  * Transfers

@@ -1,10 +1,13 @@
 // Page digests and Quest scores (kernels.hpp).
 //
-// Each kernel has a portable path and, on x86-64, an AVX2 one (F16C for fp16 digests, FMA-free so
-// both compute the same products) chosen at run time by a CPU check, since the library is built for
-// the baseline ISA. The AVX2 digest is bit-identical to the portable one (both are min and max on raw
-// bits, then exact conversions); the AVX2 Quest sums in another order, within the tests' tolerance.
+// Each kernel has a portable path and, on x86-64, AVX2 (+F16C, FMA) and AVX-512 (F/BW/VL) ones, the
+// widest the CPU has chosen at run time (variants.hpp), since the library is built for the baseline
+// ISA. The vector digests are bit-identical to the portable one (all take min and max on order keys of
+// the raw bits, then convert exactly); the vector Quest sums in another order and with FMA, within the
+// tests' tolerance. Both are bound by one thread's memory bandwidth on long sequences, so what pays
+// here is traffic (streaming stores, L2 prefetch) more than arithmetic.
 #include "cpu/cpu.hpp"
+#include "cpu/variants.hpp"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -127,15 +130,14 @@ void quest_scores_as(const float *digest, uint64_t blocks, uint32_t kv_heads, co
 
 #ifdef SG_KERNELS_X86
 
-// Whether this CPU runs the AVX2 paths; asked once (the answer cannot change).
-bool have_avx2() {
-    static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-    return yes;
-}
-
-#define SG_AVX2 __attribute__((target("avx2,f16c"), always_inline)) inline
-// Lambdas do not inherit their function's target: one that calls SG_AVX2 helpers must say it too.
-#define SG_AVX2_LAMBDA __attribute__((target("avx2,f16c"), always_inline))
+#define SG_AVX2 __attribute__((target("avx2,f16c,fma"), always_inline)) inline
+#define SG_AVX2_FN __attribute__((target("avx2,f16c,fma")))
+// Lambdas do not inherit their function's target: one that calls SG_AVX2 helpers must say it too. They
+// are not forced inline, as the shared score loop that calls them has the baseline target.
+#define SG_AVX2_LAMBDA __attribute__((target("avx2,f16c,fma")))
+#define SG_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c,fma"), always_inline)) inline
+#define SG_AVX512_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c,fma")))
+#define SG_AVX512_LAMBDA __attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c,fma")))
 
 // order_key on 16 lanes.
 SG_AVX2 __m256i order_keys(__m256i x) {
@@ -147,23 +149,33 @@ SG_AVX2 __m256i load_keys(const uint16_t *p) {
     return order_keys(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)));
 }
 
+// 8 floats to out; a streaming store skips the read-for-ownership of a line that the cache would
+// evict long before anyone reads it (out then 32-byte aligned).
+template <bool Stream>
+SG_AVX2 void store8(float *out, __m256 v) {
+    if constexpr (Stream)
+        _mm256_stream_ps(out, v);
+    else
+        _mm256_storeu_ps(out, v);
+}
+
 // 16 order keys back to their values, as floats.
-template <DType D>
+template <DType D, bool Stream>
 SG_AVX2 void store_keys(__m256i k, float *out) {
     const __m256i bits = order_keys(k);
     const __m128i a = _mm256_castsi256_si128(bits), b = _mm256_extracti128_si256(bits, 1);
     if constexpr (D == DType::fp16) {
-        _mm256_storeu_ps(out, _mm256_cvtph_ps(a));
-        _mm256_storeu_ps(out + 8, _mm256_cvtph_ps(b));
+        store8<Stream>(out, _mm256_cvtph_ps(a));
+        store8<Stream>(out + 8, _mm256_cvtph_ps(b));
     } else {
-        _mm256_storeu_ps(out, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(a), 16)));
-        _mm256_storeu_ps(out + 8, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(b), 16)));
+        store8<Stream>(out, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(a), 16)));
+        store8<Stream>(out + 8, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(b), 16)));
     }
 }
 
 // Columns [c, c + 16 N) of one (block, head): the running min and max stay in 2N registers while the
 // block's rows stream past, and are converted and stored once.
-template <DType D, int N>
+template <DType D, int N, bool Stream>
 SG_AVX2 void digest_columns(const View &keys, uint64_t first, uint64_t end, uint32_t h, size_t c, float *mn,
                             float *mx) {
     __m256i lo[N], hi[N];
@@ -181,26 +193,42 @@ SG_AVX2 void digest_columns(const View &keys, uint64_t first, uint64_t end, uint
     }
 #pragma GCC unroll 8
     for (int k = 0; k < N; ++k) {
-        store_keys<D>(lo[k], mn + c + 16 * k);
-        store_keys<D>(hi[k], mx + c + 16 * k);
+        store_keys<D, Stream>(lo[k], mn + c + 16 * k);
+        store_keys<D, Stream>(hi[k], mx + c + 16 * k);
     }
 }
 
 // How far ahead of their reads the streaming digest and Quest prefetch (both read long sequential
 // streams): one thread's demand loads and the hardware prefetchers alone left the digest at half of
-// memcpy's bandwidth and Quest at a third of it.
+// memcpy's bandwidth and Quest at a third of it. The digest prefetches into L2 only (T1): 0.93-0.98
+// of memcpy against 0.83-0.90 with T0 (the lines are read once, so L1 gains nothing from them).
 constexpr size_t kPrefetchBytes = 16384;
+
+// Digests at least this large are written with streaming stores (if 64-byte aligned): beyond L2 the
+// output is written back to memory before quest_scores reads it anyway, and the read-for-ownership
+// of every output line was a fifth of the digest's memory traffic (0.63 -> 0.85 of memcpy at 256 MiB
+// of keys). Smaller ones, such as one block of a paged pool, stay in cache for the scores.
+constexpr uint64_t kStreamOutBytes = 4ull << 20;
+
+bool stream_out(const View &keys, uint32_t tokens_per_block, const float *out) {
+    const uint64_t bytes = digest_floats(num_blocks(keys.tokens, tokens_per_block), keys.heads, keys.dim) * 4;
+    return bytes >= kStreamOutBytes && reinterpret_cast<uintptr_t>(out) % 64 == 0;
+}
 
 // Elements of one token (all heads) that the row-streaming digest keeps in L1.
 constexpr size_t kStreamElems = 8192;
+
+bool rows_layout(const View &keys) {
+    const size_t d = keys.dim;
+    return keys.head_stride == d && keys.token_stride == keys.heads * d && keys.heads * d <= kStreamElems;
+}
 
 // Packed token-major keys: each token's heads are one contiguous row, read front to back, with the
 // running min and max of the block in L1. Reading a head's slice of every token in turn (the column
 // walk below) jumps by a whole token row between loads, which the hardware prefetchers follow less
 // well: this is ~1.3x faster on long sequences.
-template <DType D>
-__attribute__((target("avx2,f16c"))) void digest_block_rows(const View &keys, uint64_t first, uint64_t end,
-                                                            float *out) {
+template <DType D, bool Stream>
+SG_AVX2_FN void digest_block_rows(const View &keys, uint64_t first, uint64_t end, float *out) {
     const size_t d = keys.dim, w = size_t(keys.heads) * d;
     alignas(32) int16_t lo[kStreamElems], hi[kStreamElems];
     const uint16_t *r = row<D>(keys, first, 0);
@@ -212,7 +240,7 @@ __attribute__((target("avx2,f16c"))) void digest_block_rows(const View &keys, ui
     for (uint64_t t = first + 1; t < end; ++t) {
         r = row<D>(keys, t, 0);
         for (size_t i = 0; i < w; i += 16) {
-            if (i % 32 == 0) _mm_prefetch(reinterpret_cast<const char *>(r + i) + kPrefetchBytes, _MM_HINT_T0);
+            if (i % 32 == 0) _mm_prefetch(reinterpret_cast<const char *>(r + i) + kPrefetchBytes, _MM_HINT_T1);
             const __m256i x = load_keys<D>(r + i);
             __m256i *l = reinterpret_cast<__m256i *>(lo + i), *h = reinterpret_cast<__m256i *>(hi + i);
             _mm256_store_si256(l, _mm256_min_epi16(_mm256_load_si256(l), x));
@@ -222,44 +250,53 @@ __attribute__((target("avx2,f16c"))) void digest_block_rows(const View &keys, ui
     for (uint32_t h = 0; h < keys.heads; ++h) {
         float *mn = out + size_t(h) * 2 * d, *mx = mn + d;
         for (size_t i = 0; i < d; i += 16) {
-            store_keys<D>(_mm256_load_si256(reinterpret_cast<const __m256i *>(lo + h * d + i)), mn + i);
-            store_keys<D>(_mm256_load_si256(reinterpret_cast<const __m256i *>(hi + h * d + i)), mx + i);
+            store_keys<D, Stream>(_mm256_load_si256(reinterpret_cast<const __m256i *>(lo + h * d + i)), mn + i);
+            store_keys<D, Stream>(_mm256_load_si256(reinterpret_cast<const __m256i *>(hi + h * d + i)), mx + i);
         }
     }
 }
 
 // fp16/bf16 keys with dim a multiple of 16.
-template <DType D>
-__attribute__((target("avx2,f16c"))) void page_digest_avx2(const View &keys, uint32_t tokens_per_block, float *out) {
+template <DType D, bool Stream>
+SG_AVX2_FN void page_digest_avx2(const View &keys, uint32_t tokens_per_block, float *out) {
     const size_t d = keys.dim;
     const uint64_t blocks = num_blocks(keys.tokens, tokens_per_block);
-    const bool rows = keys.head_stride == d && keys.token_stride == keys.heads * d && keys.heads * d <= kStreamElems;
+    const bool rows = rows_layout(keys);
     for (uint64_t b = 0; b < blocks; ++b) {
         const uint64_t first = b * tokens_per_block;
         const uint64_t end = std::min<uint64_t>(keys.tokens, first + tokens_per_block);
         if (rows) {
-            digest_block_rows<D>(keys, first, end, out + b * keys.heads * 2 * d);
+            digest_block_rows<D, Stream>(keys, first, end, out + b * keys.heads * 2 * d);
             continue;
         }
         for (uint32_t h = 0; h < keys.heads; ++h) {
             float *mn = out + (b * keys.heads + h) * 2 * d;
             float *mx = mn + d;
             size_t c = 0;
-            for (; c + 64 <= d; c += 64) digest_columns<D, 4>(keys, first, end, h, c, mn, mx);
-            for (; c < d; c += 16) digest_columns<D, 1>(keys, first, end, h, c, mn, mx);
+            for (; c + 64 <= d; c += 64) digest_columns<D, 4, Stream>(keys, first, end, h, c, mn, mx);
+            for (; c < d; c += 16) digest_columns<D, 1, Stream>(keys, first, end, h, c, mn, mx);
         }
     }
+    if constexpr (Stream) _mm_sfence();  // streaming stores are weakly ordered: publish them before returning
 }
 
-SG_AVX2 float hsum(__m256 v) {
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_add_ss(x, _mm_movehdup_ps(x));
-    return _mm_cvtss_f32(x);
+// The horizontal sums of acc[0 .. J) into s[0 .. J), J <= 4, reduced together: three hadds and an add
+// for the four, where one at a time took four shuffle-add steps each (~10% of Quest in cache).
+template <int J>
+SG_AVX2 void hsums(const __m256 *acc, float *s) {
+    const __m256 z = _mm256_setzero_ps();
+    const __m256 ab = _mm256_hadd_ps(acc[0], J > 1 ? acc[1 % J] : z);
+    const __m256 cd = _mm256_hadd_ps(J > 2 ? acc[2 % J] : z, J > 3 ? acc[3 % J] : z);
+    const __m256 abcd = _mm256_hadd_ps(ab, cd);
+    alignas(16) float r[4];
+    _mm_store_ps(r, _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1)));
+#pragma GCC unroll 4
+    for (int j = 0; j < J; ++j) s[j] = r[j];
 }
 
 // upper_bound for J query heads (rows d apart) against one block's digest, dim a multiple of 8: each
-// digest vector is loaded once for the J heads.
+// digest vector is loaded once for the J heads. max(q·lo, q·hi) = q·(q < 0 ? lo : hi) since lo <= hi
+// and rounding is monotone, so a blend on q's sign bit and one FMA replace two products and a max.
 template <int J>
 SG_AVX2 void upper_bounds(const float *q, size_t d, const float *lo, const float *hi, float *s) {
     __m256 acc[J];
@@ -274,88 +311,329 @@ SG_AVX2 void upper_bounds(const float *q, size_t d, const float *lo, const float
 #pragma GCC unroll 4
         for (int j = 0; j < J; ++j) {
             const __m256 qv = _mm256_loadu_ps(q + j * d + i);
-            acc[j] = _mm256_add_ps(acc[j], _mm256_max_ps(_mm256_mul_ps(qv, l), _mm256_mul_ps(qv, h)));
+            acc[j] = _mm256_fmadd_ps(qv, _mm256_blendv_ps(h, l, qv), acc[j]);
         }
     }
-#pragma GCC unroll 4
-    for (int j = 0; j < J; ++j) s[j] = hsum(acc[j]);
+    hsums<J>(acc, s);
 }
 
-template <DType D>
-__attribute__((target("avx2,f16c"))) void quest_scores_avx2(const float *digest, uint64_t blocks, uint32_t kv_heads,
-                                                            const View &query, Combine combine, float *out) {
+// The query heads of KV head g (rows at q, d apart, `count` of them, the first being head j0 of the
+// group) against block b, folded into out[b * kv_heads + g]; 4 heads per pass over the digest rows.
+// Shared by the variants, which pass their bounds(n, q, lo, s) (a call per block and KV head: ~1%).
+template <class Bounds>
+void score_group(const Bounds &bounds, const float *digest, uint32_t kv_heads, size_t d, Combine combine,
+                 const float *q, uint32_t j0, uint32_t count, uint32_t g, uint64_t b, float *out) {
+    const float *lo = digest + (b * kv_heads + g) * 2 * d;
+    float &o = out[b * kv_heads + g];
+    float acc = o;
+    for (uint32_t j = 0; j < count; j += 4) {
+        float s[4];
+        const uint32_t n = std::min(4u, count - j);
+        bounds(n, q + j * d, lo, s);
+        for (uint32_t k = 0; k < n; ++k) acc = j0 + j + k == 0 ? s[k] : cpu::combine(combine, acc, s[k]);
+    }
+    o = acc;
+}
+
+// Converts the query heads into q and runs score_group over every (block, KV head): all heads
+// converted up front when they fit, so the digest is read once, front to back; else a KV head at a
+// time. prepare(floats) sees each fill of q.
+template <DType D, class Bounds, class Prepare>
+void quest_passes(const Bounds &bounds, const Prepare &prepare, const float *digest, uint64_t blocks, uint32_t kv_heads,
+                  const View &query, Combine combine, float *q, float *out) {
     const size_t d = query.dim;
     const uint32_t group = query.heads / kv_heads;
-    const uint32_t per_pass = uint32_t(std::min<size_t>(group, kQueryFloats / d));
-    alignas(64) float q[kQueryFloats];
-    // Query heads j0 .. j0 + count of KV head g (rows at q, d apart) against block b.
-    auto score = [&](const float *q, uint32_t j0, uint32_t count, uint32_t g, uint64_t b) SG_AVX2_LAMBDA {
-        const float *lo = digest + (b * kv_heads + g) * 2 * d;
-        float &o = out[b * kv_heads + g];
-        float acc = o;
-        for (uint32_t j = 0; j < count; j += 4) {
-            float s[4];
-            const uint32_t n = std::min(4u, count - j);
-            switch (n) {
-                case 4:
-                    upper_bounds<4>(q + j * d, d, lo, lo + d, s);
-                    break;
-                case 3:
-                    upper_bounds<3>(q + j * d, d, lo, lo + d, s);
-                    break;
-                case 2:
-                    upper_bounds<2>(q + j * d, d, lo, lo + d, s);
-                    break;
-                default:
-                    upper_bounds<1>(q + j * d, d, lo, lo + d, s);
-                    break;
-            }
-            for (uint32_t k = 0; k < n; ++k) acc = j0 + j + k == 0 ? s[k] : cpu::combine(combine, acc, s[k]);
-        }
-        o = acc;
-    };
     if (size_t(query.heads) * d <= kQueryFloats) {
-        // Every query head converted up front, so the digest is read once, front to back.
         for (uint32_t h = 0; h < query.heads; ++h) convert<D>(row<D>(query, 0, h), q + h * d, d);
+        prepare(size_t(query.heads) * d);
         for (uint64_t b = 0; b < blocks; ++b)
-            for (uint32_t g = 0; g < kv_heads; ++g) score(q + size_t(g) * group * d, 0, group, g, b);
+            for (uint32_t g = 0; g < kv_heads; ++g)
+                score_group(bounds, digest, kv_heads, d, combine, q + size_t(g) * group * d, 0, group, g, b, out);
         return;
     }
+    const uint32_t per_pass = uint32_t(std::min<size_t>(group, kQueryFloats / d));
     for (uint32_t g = 0; g < kv_heads; ++g)
         for (uint32_t j0 = 0; j0 < group; j0 += per_pass) {
             const uint32_t count = std::min(per_pass, group - j0);
             for (uint32_t j = 0; j < count; ++j) convert<D>(row<D>(query, 0, g * group + j0 + j), q + j * d, d);
-            for (uint64_t b = 0; b < blocks; ++b) score(q, j0, count, g, b);
+            prepare(size_t(count) * d);
+            for (uint64_t b = 0; b < blocks; ++b)
+                score_group(bounds, digest, kv_heads, d, combine, q, j0, count, g, b, out);
         }
 }
 
+template <DType D>
+SG_AVX2_FN void quest_scores_avx2(const float *digest, uint64_t blocks, uint32_t kv_heads, const View &query,
+                                  Combine combine, float *out) {
+    const size_t d = query.dim;
+    alignas(64) float q[kQueryFloats];
+    const auto bounds = [d](uint32_t n, const float *q, const float *lo, float *s) SG_AVX2_LAMBDA {
+        switch (n) {
+            case 4:
+                return upper_bounds<4>(q, d, lo, lo + d, s);
+            case 3:
+                return upper_bounds<3>(q, d, lo, lo + d, s);
+            case 2:
+                return upper_bounds<2>(q, d, lo, lo + d, s);
+            default:
+                return upper_bounds<1>(q, d, lo, lo + d, s);
+        }
+    };
+    quest_passes<D>(
+        bounds, [](size_t) {}, digest, blocks, kv_heads, query, combine, q, out);
+}
+
+// ---- AVX-512 (F/BW/VL): the same kernels on 32 keys or 16 floats a register ----
+
+// GCC 12 warns inside its own avx512fintrin.h (the _mm512_undefined operand of the conversions and
+// extracts "may be used uninitialized"): a false positive of the header, not of this code.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+SG_AVX512 __m512i order_keys512(__m512i x) {
+    return _mm512_xor_si512(x, _mm512_and_si512(_mm512_srai_epi16(x, 15), _mm512_set1_epi16(0x7fff)));
+}
+
+template <DType D, bool Stream>
+SG_AVX512 void store16(float *out, __m256i bits) {
+    __m512 v;
+    if constexpr (D == DType::fp16)
+        v = _mm512_cvtph_ps(bits);
+    else
+        v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+    if constexpr (Stream)
+        _mm512_stream_ps(out, v);
+    else
+        _mm512_storeu_ps(out, v);
+}
+
+// 32 order keys back to their values, as floats.
+template <DType D, bool Stream>
+SG_AVX512 void store_keys512(__m512i k, float *out) {
+    const __m512i bits = order_keys512(k);
+    store16<D, Stream>(out, _mm512_castsi512_si256(bits));
+    store16<D, Stream>(out + 16, _mm512_extracti64x4_epi64(bits, 1));
+}
+
+template <DType D, bool Stream>
+SG_AVX512_FN void digest_block_rows512(const View &keys, uint64_t first, uint64_t end, float *out) {
+    const size_t d = keys.dim, w = size_t(keys.heads) * d, w32 = w / 32 * 32;
+    alignas(64) int16_t lo[kStreamElems], hi[kStreamElems];
+    const uint16_t *r = row<D>(keys, first, 0);
+    for (size_t i = 0; i < w32; i += 32) {
+        const __m512i x = order_keys512(_mm512_loadu_si512(r + i));
+        _mm512_store_si512(lo + i, x);
+        _mm512_store_si512(hi + i, x);
+    }
+    if (w32 < w) {  // w is a multiple of 16: one half register left
+        const __m256i x = load_keys<D>(r + w32);
+        _mm256_store_si256(reinterpret_cast<__m256i *>(lo + w32), x);
+        _mm256_store_si256(reinterpret_cast<__m256i *>(hi + w32), x);
+    }
+    for (uint64_t t = first + 1; t < end; ++t) {
+        r = row<D>(keys, t, 0);
+        for (size_t i = 0; i < w32; i += 32) {
+            _mm_prefetch(reinterpret_cast<const char *>(r + i) + kPrefetchBytes, _MM_HINT_T1);
+            const __m512i x = order_keys512(_mm512_loadu_si512(r + i));
+            _mm512_store_si512(lo + i, _mm512_min_epi16(_mm512_load_si512(lo + i), x));
+            _mm512_store_si512(hi + i, _mm512_max_epi16(_mm512_load_si512(hi + i), x));
+        }
+        if (w32 < w) {
+            const __m256i x = load_keys<D>(r + w32);
+            __m256i *l = reinterpret_cast<__m256i *>(lo + w32), *h = reinterpret_cast<__m256i *>(hi + w32);
+            _mm256_store_si256(l, _mm256_min_epi16(_mm256_load_si256(l), x));
+            _mm256_store_si256(h, _mm256_max_epi16(_mm256_load_si256(h), x));
+        }
+    }
+    for (uint32_t h = 0; h < keys.heads; ++h) {
+        float *mn = out + size_t(h) * 2 * d, *mx = mn + d;
+        for (size_t i = 0; i < d; i += 16) {
+            store16<D, Stream>(mn + i,
+                               order_keys(_mm256_load_si256(reinterpret_cast<const __m256i *>(lo + h * d + i))));
+            store16<D, Stream>(mx + i,
+                               order_keys(_mm256_load_si256(reinterpret_cast<const __m256i *>(hi + h * d + i))));
+        }
+    }
+}
+
+template <DType D, int N, bool Stream>
+SG_AVX512 void digest_columns512(const View &keys, uint64_t first, uint64_t end, uint32_t h, size_t c, float *mn,
+                                 float *mx) {
+    __m512i lo[N], hi[N];
+    const uint16_t *r = row<D>(keys, first, h) + c;
+#pragma GCC unroll 8
+    for (int k = 0; k < N; ++k) lo[k] = hi[k] = order_keys512(_mm512_loadu_si512(r + 32 * k));
+    for (uint64_t t = first + 1; t < end; ++t) {
+        r = row<D>(keys, t, h) + c;
+#pragma GCC unroll 8
+        for (int k = 0; k < N; ++k) {
+            const __m512i x = order_keys512(_mm512_loadu_si512(r + 32 * k));
+            lo[k] = _mm512_min_epi16(lo[k], x);
+            hi[k] = _mm512_max_epi16(hi[k], x);
+        }
+    }
+#pragma GCC unroll 8
+    for (int k = 0; k < N; ++k) {
+        store_keys512<D, Stream>(lo[k], mn + c + 32 * k);
+        store_keys512<D, Stream>(hi[k], mx + c + 32 * k);
+    }
+}
+
+template <DType D, bool Stream>
+SG_AVX512_FN void page_digest_avx512(const View &keys, uint32_t tokens_per_block, float *out) {
+    const size_t d = keys.dim;
+    const uint64_t blocks = num_blocks(keys.tokens, tokens_per_block);
+    const bool rows = rows_layout(keys);
+    for (uint64_t b = 0; b < blocks; ++b) {
+        const uint64_t first = b * tokens_per_block;
+        const uint64_t end = std::min<uint64_t>(keys.tokens, first + tokens_per_block);
+        if (rows) {
+            digest_block_rows512<D, Stream>(keys, first, end, out + b * keys.heads * 2 * d);
+            continue;
+        }
+        for (uint32_t h = 0; h < keys.heads; ++h) {
+            float *mn = out + (b * keys.heads + h) * 2 * d;
+            float *mx = mn + d;
+            size_t c = 0;
+            for (; c + 128 <= d; c += 128) digest_columns512<D, 4, Stream>(keys, first, end, h, c, mn, mx);
+            for (; c + 32 <= d; c += 32) digest_columns512<D, 1, Stream>(keys, first, end, h, c, mn, mx);
+            if (c < d) digest_columns<D, 1, Stream>(keys, first, end, h, c, mn, mx);
+        }
+    }
+    if constexpr (Stream) _mm_sfence();
+}
+
+// upper_bounds on 16 floats a step, dim a multiple of 16; neg holds each head's sign masks (d / 16 per
+// head, computed once per call rather than once per block).
+template <int J>
+SG_AVX512 void upper_bounds512(const float *q, const __mmask16 *neg, size_t d, const float *lo, const float *hi,
+                               float *s) {
+    __m512 acc[J];
+#pragma GCC unroll 4
+    for (int j = 0; j < J; ++j) acc[j] = _mm512_setzero_ps();
+    for (size_t i = 0; i < d; i += 16) {
+        _mm_prefetch(reinterpret_cast<const char *>(lo + i) + kPrefetchBytes, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char *>(hi + i) + kPrefetchBytes, _MM_HINT_T0);
+        const __m512 l = _mm512_loadu_ps(lo + i), h = _mm512_loadu_ps(hi + i);
+#pragma GCC unroll 4
+        for (int j = 0; j < J; ++j)
+            acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(q + j * d + i), _mm512_mask_blend_ps(neg[(j * d + i) / 16], h, l),
+                                     acc[j]);
+    }
+    __m256 half[J];
+#pragma GCC unroll 4
+    for (int j = 0; j < J; ++j)
+        half[j] = _mm256_add_ps(_mm512_castps512_ps256(acc[j]),
+                                _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[j]), 1)));
+    hsums<J>(half, s);
+}
+
+template <DType D>
+SG_AVX512_FN void quest_scores_avx512(const float *digest, uint64_t blocks, uint32_t kv_heads, const View &query,
+                                      Combine combine, float *out) {
+    const size_t d = query.dim;
+    alignas(64) float q[kQueryFloats];
+    __mmask16 neg[kQueryFloats / 16];
+    // Each row's sign masks sit at its offset in q / 16, recomputed whenever quest_passes refills q.
+    const auto bounds = [&](uint32_t n, const float *qr, const float *lo, float *s) SG_AVX512_LAMBDA {
+        const __mmask16 *m = neg + (qr - q) / 16;
+        switch (n) {
+            case 4:
+                return upper_bounds512<4>(qr, m, d, lo, lo + d, s);
+            case 3:
+                return upper_bounds512<3>(qr, m, d, lo, lo + d, s);
+            case 2:
+                return upper_bounds512<2>(qr, m, d, lo, lo + d, s);
+            default:
+                return upper_bounds512<1>(qr, m, d, lo, lo + d, s);
+        }
+    };
+    const auto prepare = [&](size_t floats) SG_AVX512_LAMBDA {
+        for (size_t i = 0; i < floats; i += 16)
+            neg[i / 16] = _mm512_cmplt_epi32_mask(_mm512_load_si512(q + i), _mm512_setzero_si512());
+    };
+    quest_passes<D>(bounds, prepare, digest, blocks, kv_heads, query, combine, q, out);
+}
+
+#pragma GCC diagnostic pop
+
 #undef SG_AVX2
+#undef SG_AVX2_FN
 #undef SG_AVX2_LAMBDA
+#undef SG_AVX512
+#undef SG_AVX512_FN
+#undef SG_AVX512_LAMBDA
 
 #endif  // SG_KERNELS_X86
 
 }  // namespace
 
-void page_digest(const View &keys, uint32_t tokens_per_block, float *out) {
-    assert(tokens_per_block >= 1 && keys.dim >= 1 && keys.dim <= kMaxHeadDim);
+const char *cpu::isa_name(Isa isa) {
+    switch (isa) {
+        case Isa::portable:
+            return "portable";
+        case Isa::avx2:
+            return "avx2";
+        case Isa::avx512:
+            return "avx512";
+    }
+    return "?";
+}
+
+bool cpu::isa_supported(Isa isa) {
 #ifdef SG_KERNELS_X86
-    if (keys.dtype != DType::fp32 && keys.dim % 16 == 0 && have_avx2()) {
+    // Asked once each (the answers cannot change).
+    static const bool avx2 =
+        __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
+    static const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                               __builtin_cpu_supports("avx512vl");
+    return isa == Isa::portable || (isa == Isa::avx2 && avx2) || (isa == Isa::avx512 && avx512);
+#else
+    return isa == Isa::portable;
+#endif
+}
+
+cpu::Isa cpu::best_isa() {
+    static const Isa best = isa_supported(Isa::avx512) ? Isa::avx512
+                            : isa_supported(Isa::avx2) ? Isa::avx2
+                                                       : Isa::portable;
+    return best;
+}
+
+void cpu::page_digest_on(Isa isa, const View &keys, uint32_t tokens_per_block, float *out) {
+    assert(tokens_per_block >= 1 && keys.dim >= 1 && keys.dim <= kMaxHeadDim && isa_supported(isa));
+#ifdef SG_KERNELS_X86
+    if (isa != Isa::portable && keys.dtype != DType::fp32 && keys.dim % 16 == 0) {
+        const bool stream = stream_out(keys, tokens_per_block, out);
+        const auto run = [&](auto d) {
+            constexpr DType D = decltype(d)::value;
+            if (isa == Isa::avx512)
+                (stream ? page_digest_avx512<D, true> : page_digest_avx512<D, false>)(keys, tokens_per_block, out);
+            else
+                (stream ? page_digest_avx2<D, true> : page_digest_avx2<D, false>)(keys, tokens_per_block, out);
+        };
         if (keys.dtype == DType::fp16)
-            page_digest_avx2<DType::fp16>(keys, tokens_per_block, out);
+            run(std::integral_constant<DType, DType::fp16>{});
         else
-            page_digest_avx2<DType::bf16>(keys, tokens_per_block, out);
+            run(std::integral_constant<DType, DType::bf16>{});
         return;
     }
 #endif
     dispatch(keys.dtype, [&](auto d) { page_digest_as<decltype(d)::value>(keys, tokens_per_block, out); });
 }
 
-void quest_scores(const float *digest, uint64_t blocks, uint32_t kv_heads, const View &query, Combine combine,
-                  float *out) {
+void cpu::quest_scores_on(Isa isa, const float *digest, uint64_t blocks, uint32_t kv_heads, const View &query,
+                          Combine combine, float *out) {
     assert(kv_heads >= 1 && query.heads >= kv_heads && query.heads % kv_heads == 0);
-    assert(query.tokens >= 1 && query.dim >= 1 && query.dim <= kMaxHeadDim);
+    assert(query.tokens >= 1 && query.dim >= 1 && query.dim <= kMaxHeadDim && isa_supported(isa));
 #ifdef SG_KERNELS_X86
-    if (query.dim % 8 == 0 && have_avx2()) {
+    if (isa == Isa::avx512 && query.dim % 16 == 0) {
+        dispatch(query.dtype, [&](auto d) {
+            quest_scores_avx512<decltype(d)::value>(digest, blocks, kv_heads, query, combine, out);
+        });
+        return;
+    }
+    if (isa != Isa::portable && query.dim % 8 == 0) {
         dispatch(query.dtype,
                  [&](auto d) { quest_scores_avx2<decltype(d)::value>(digest, blocks, kv_heads, query, combine, out); });
         return;
@@ -363,6 +641,15 @@ void quest_scores(const float *digest, uint64_t blocks, uint32_t kv_heads, const
 #endif
     dispatch(query.dtype,
              [&](auto d) { quest_scores_as<decltype(d)::value>(digest, blocks, kv_heads, query, combine, out); });
+}
+
+void page_digest(const View &keys, uint32_t tokens_per_block, float *out) {
+    page_digest_on(best_isa(), keys, tokens_per_block, out);
+}
+
+void quest_scores(const float *digest, uint64_t blocks, uint32_t kv_heads, const View &query, Combine combine,
+                  float *out) {
+    quest_scores_on(best_isa(), digest, blocks, kv_heads, query, combine, out);
 }
 
 }  // namespace sg::kernels

@@ -21,6 +21,16 @@ extra=$(comm -13 <(echo "$declared") <(echo "$exported" | grep '^sg_'))
 
 nodes=$(nm -D --defined-only "$lib" | awk '$2 == "A" {print $3}')
 echo "$nodes" | grep -qx 'SMARTGEN_0.1' && ok || bad "version node SMARTGEN_0.1 missing (got: $nodes)"
+# Every node of the version script is in the library, and each symbol a node names (nodes after
+# 0.1 list theirs; 0.1 keeps a pattern) carries that node's version, not the pattern's.
+map=$(dirname "$0")/../../abi/smartgen.map
+for node in $(grep -oE '^SMARTGEN_[0-9.]+' "$map"); do
+  echo "$nodes" | grep -qx "$node" && ok || bad "version node $node of the map missing (got: $nodes)"
+  for sym in $(sed -n "/^$node {/,/^}/p" "$map" | grep -oE '^\s+sg_[a-z0-9_]+;' | tr -d ' ;'); do
+    got=$(objdump -T "$lib" | awk -v s="$sym" '$NF == s {print $(NF-1)}' | tr -d '()')
+    [ "$got" = "$node" ] && ok || bad "$sym has version '$got', the map puts it in $node"
+  done
+done
 # nm shows versions only with --with-symbol-versions on older binutils; objdump always does.
 unversioned=$(objdump -T "$lib" | awk '/ sg_/ && !/SMARTGEN_/ {print $NF}')
 [ -z "$unversioned" ] && ok || bad "sg_ symbols without a version node: $unversioned"

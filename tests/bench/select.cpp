@@ -20,7 +20,9 @@
 //                       the time against memcpy of that layer's keys (ratio = memcpy time / time).
 //
 // Flags: --bytes N (largest buffer, default 256M), --reps N (>= 5, default 7; --quick 5),
-//        --window N (SnapKV queries, default 16; --quick 4), --policies a,b,... (default all).
+//        --window N (SnapKV queries, default 16; --quick 4), --policies a,b,... (default all),
+//        --isa portable|avx2|avx512 (the page digest and Quest variant; default the widest this CPU
+//        has), so one binary measures each variant in the same sitting.
 #include "select/select.hpp"
 
 #include <algorithm>
@@ -33,6 +35,7 @@
 #include <stdexcept>
 
 #include "bench.hpp"
+#include "cpu/variants.hpp"
 #include "kernels.hpp"
 
 namespace sg::bench {
@@ -121,7 +124,16 @@ int run_select(const Common &c) {
     int reps = c.quick ? 5 : 7;
     uint64_t window = c.quick ? 4 : 16;
     std::set<std::string> policies = {"quest", "h2o", "snapkv", "sinks_recent"};
+    using kernels::cpu::Isa;
+    Isa isa = kernels::cpu::best_isa();
     try {
+        if (auto v = flags.take("--isa")) {
+            bool known = false;
+            for (const Isa i : {Isa::portable, Isa::avx2, Isa::avx512})
+                if (*v == kernels::cpu::isa_name(i)) isa = i, known = true;
+            if (!known) throw std::invalid_argument("--isa: portable, avx2 or avx512, got '" + *v + "'");
+            if (!kernels::cpu::isa_supported(isa)) throw std::invalid_argument("--isa: this CPU has no " + *v);
+        }
         if (auto v = flags.take("--bytes")) max_bytes = parse_bytes(*v);
         if (auto v = flags.take("--reps")) reps = std::stoi(*v);
         if (auto v = flags.take("--window")) window = std::stoull(*v);
@@ -211,15 +223,17 @@ int run_select(const Common &c) {
         const uint64_t digest_bytes = kernels::digest_floats(blocks, kKvHeads, kHeadDim) * sizeof(float);
         if (policies.count("quest")) {
             progress("select", "quest over " + mib(bytes) + " (" + std::to_string(tokens) + " tokens), " +
-                                   std::to_string(reps) + " reps alternated with memcpy");
+                                   std::to_string(reps) + " reps alternated with memcpy, " +
+                                   kernels::cpu::isa_name(isa) + " kernels");
             // Each rep times digest and score separately, so the three lines come from the same passes.
             std::vector<double> mc, dg, sc, both;
             for (int r = -1; r < reps; ++r) {  // rep -1 warms up
                 const double m = seconds_of([&] { std::memcpy(copy_dst.data, keys.data, bytes); });
-                const double d = seconds_of([&] { kernels::page_digest(kv, kBlockTokens, digest.as<float>()); });
+                const double d =
+                    seconds_of([&] { kernels::cpu::page_digest_on(isa, kv, kBlockTokens, digest.as<float>()); });
                 const double s = seconds_of([&] {
-                    kernels::quest_scores(digest.as<float>(), blocks, kKvHeads, qview, kernels::Combine::max,
-                                          scores.data());
+                    kernels::cpu::quest_scores_on(isa, digest.as<float>(), blocks, kKvHeads, qview,
+                                                  kernels::Combine::max, scores.data());
                 });
                 if (r < 0) continue;
                 mc.push_back(m);
@@ -234,6 +248,7 @@ int run_select(const Common &c) {
             l.extra["score_ms"] = median(sc) * 1e3;
             l.extra["memcpy_ms"] = median(mc) * 1e3;
             l.extra["tokens"] = double(tokens);
+            l.extra_text["isa"] = kernels::cpu::isa_name(isa);
             if (tokens == max_tokens && bytes >= (256ull << 20)) {  // P6 is defined at >= 256 MiB
                 p6 = l;
                 p6->figure = "P6";
@@ -241,9 +256,13 @@ int run_select(const Common &c) {
                     "Quest digest+score / memcpy, target >= 0.5: " + std::string(p6->ratio >= 0.5 ? "met" : "MISSED");
             }
             report.add(l);
-            report.add(line("quest digest", bytes, gb(bytes, median(dg)), mgb, "key bytes / page_digest"));
-            report.add(line("quest score", digest_bytes, gb(digest_bytes, median(sc)), gb(bytes, median(mc)),
-                            "digest bytes / quest_scores (one decode step)"));
+            // Only the quest lines say which variant ran: the other kernels have one path.
+            for (Line q : {line("quest digest", bytes, gb(bytes, median(dg)), mgb, "key bytes / page_digest"),
+                           line("quest score", digest_bytes, gb(digest_bytes, median(sc)), gb(bytes, median(mc)),
+                                "digest bytes / quest_scores (one decode step)")}) {
+                q.extra_text["isa"] = kernels::cpu::isa_name(isa);
+                report.add(q);
+            }
         }
         if (policies.count("h2o")) {
             // Accumulators of the same byte size: [32 query heads][tokens_h] fp32, summed per block

@@ -5,6 +5,7 @@
 // sinks and recent inside the budget, dense heads, the three forms, a total budget), the union across
 // heads, profile JSON (round trip and invalid files named by path), and a planted needle that Quest
 // must always find at budget 1/16.
+#include "cpu/variants.hpp"
 #include "kernels.hpp"
 #include "select/select.hpp"
 
@@ -424,6 +425,183 @@ TEST(Kernels, DigestAndQuestOnEveryVectorPathSplit) {
                     for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], e.value[i], e.tol[i]) << "score " << i;
                 }
             }
+}
+
+// ---- the instruction-set variants against the portable path ----
+
+// Values that stress ordering and conversion: ordinary ones over 2^-20 .. 2^10, +-0, subnormals of the
+// dtype, its largest finite value (fp16 only when `huge`; bf16 and fp32 ones would overflow the sums)
+// and, when `inf`, infinities. Never NaN (the digest of NaN keys is unspecified).
+struct Extremes {
+    DType dtype;
+    bool inf, huge;
+    float operator()(std::mt19937_64 &rng) const {
+        std::normal_distribution<float> normal;
+        const float sign = rng() % 2 ? -1.f : 1.f;
+        switch (rng() % 16) {
+            case 0:
+                return 0.f;
+            case 1:
+                return -0.f;
+            case 2:  // subnormal: fp16's are 2^-24 apart; bf16 shares fp32's range
+                return sign * (dtype == DType::fp16 ? std::ldexp(float(1 + rng() % 1023), -24)
+                                                    : std::ldexp(float(1 + rng() % 127), -133));
+            case 3:
+                if (inf) return sign * INFINITY;
+                [[fallthrough]];
+            case 4:
+                if (huge && dtype == DType::fp16) return sign * 65504.f;
+                [[fallthrough]];
+            default:
+                return normal(rng) * std::ldexp(1.f, int(rng() % 31) - 20);
+        }
+    }
+};
+
+std::vector<kernels::cpu::Isa> vector_isas() {
+    std::vector<kernels::cpu::Isa> out;
+    for (const auto isa : {kernels::cpu::Isa::avx2, kernels::cpu::Isa::avx512})
+        if (kernels::cpu::isa_supported(isa)) out.push_back(isa);
+    return out;
+}
+
+// Every variant this CPU runs computes the portable path's digest bit for bit (sign of zero
+// included: min and max are exact, and 16-bit keys are ordered with -0 below +0 on every path), over
+// random shapes: head_dim multiples of 16 and 32 and ones that must fall back, partial last blocks,
+// all dtypes and layouts, values from Extremes with infinities. Its Quest scores match the portable
+// ones within 2e-5 of the magnitude of the terms summed (sum_i |q_i| max(|lo_i|, |hi_i|)): the vector
+// paths add in another order and fuse the multiply (q * (q < 0 ? lo : hi), one rounding, not two).
+TEST(KernelVariants, MatchThePortablePathOnRandomShapes) {
+    const auto isas = vector_isas();
+    if (isas.empty()) GTEST_SKIP() << "this CPU has no vector variant (needs AVX2 + F16C + FMA)";
+    std::mt19937_64 rng(1212);
+    const uint32_t dims[] = {8, 16, 24, 32, 37, 48, 64, 80, 96, 128, 144, 256, 1024};
+    for (int iter = 0; iter < 240; ++iter) {
+        const DType dt = DType(rng() % 3);
+        const Shape shape = Shape(rng() % 3);
+        const uint32_t dim = dims[rng() % std::size(dims)];
+        const uint32_t kvh = 1 + rng() % (dim >= 512 ? 3 : 9), group = 1 + rng() % 6;
+        const uint32_t tpb = std::array<uint32_t, 4>{1, 7, 16, 32}[rng() % 4];
+        const uint64_t tokens = 1 + rng() % 70;
+        const Combine c = rng() % 2 ? Combine::max : Combine::sum;
+        const std::string where = std::string(dtype_name(dt)) + " " + shape_name(shape) + " dim " +
+                                  std::to_string(dim) + " kv_heads " + std::to_string(kvh) + " group " +
+                                  std::to_string(group) + " tpb " + std::to_string(tpb) + " tokens " +
+                                  std::to_string(tokens);
+        SCOPED_TRACE(where);
+        const Extremes with_inf{dt, true, true}, finite{dt, false, true};
+        const Tensor k =
+            make_tensor(dt, shape, tokens, kvh, dim, [&](uint64_t, uint32_t, uint32_t) { return with_inf(rng); });
+        const Tensor kf =
+            make_tensor(dt, shape, tokens, kvh, dim, [&](uint64_t, uint32_t, uint32_t) { return finite(rng); });
+        const Tensor q =
+            make_tensor(dt, shape, 1, kvh * group, dim, [&](uint64_t, uint32_t, uint32_t) { return finite(rng); });
+        const uint64_t nb = kernels::num_blocks(tokens, tpb);
+        const size_t n = kernels::digest_floats(nb, kvh, dim);
+        std::vector<float> want(n), want_f(n), want_s(nb * kvh);
+        kernels::cpu::page_digest_on(kernels::cpu::Isa::portable, k.view, tpb, want.data());
+        kernels::cpu::page_digest_on(kernels::cpu::Isa::portable, kf.view, tpb, want_f.data());
+        kernels::cpu::quest_scores_on(kernels::cpu::Isa::portable, want_f.data(), nb, kvh, q.view, c, want_s.data());
+        for (const auto isa : isas) {
+            SCOPED_TRACE(kernels::cpu::isa_name(isa));
+            std::vector<float> got(n, NAN), got_s(nb * kvh, NAN);
+            kernels::cpu::page_digest_on(isa, k.view, tpb, got.data());
+            ASSERT_EQ(std::memcmp(got.data(), want.data(), n * sizeof(float)), 0) << "digest differs";
+            kernels::cpu::quest_scores_on(isa, want_f.data(), nb, kvh, q.view, c, got_s.data());
+            for (uint64_t b = 0; b < nb; ++b)
+                for (uint32_t g = 0; g < kvh; ++g) {
+                    double mag = 0, best = 0;
+                    for (uint32_t j = 0; j < group; ++j) {
+                        double m = 0;
+                        for (uint32_t i = 0; i < dim; ++i) {
+                            const float *lo = want_f.data() + (b * kvh + g) * 2 * dim;
+                            m += std::fabs(q.at(0, g * group + j, i)) *
+                                 std::max(std::fabs(double(lo[i])), std::fabs(double(lo[dim + i])));
+                        }
+                        best = std::max(best, m);
+                        mag += m;
+                    }
+                    const double tol = 2e-5 * (c == Combine::sum ? mag : best) + 1e-30;
+                    ASSERT_NEAR(got_s[b * kvh + g], want_s[b * kvh + g], tol)
+                        << "score of block " << b << " head " << g;
+                }
+        }
+    }
+}
+
+// Infinite keys in the digest: with no zero in the query, each term is +-inf or finite on every path
+// (the blend picks the product that the max would), so the scores agree on +inf, -inf and NaN (both
+// signs of infinity summed). A zero query element against an infinite bound is 0 * inf: the portable
+// max(q lo, q hi) may drop that NaN and the vector paths keep it, so that case is left unspecified.
+TEST(KernelVariants, InfiniteBoundsGiveTheSameNonFiniteScores) {
+    const auto isas = vector_isas();
+    if (isas.empty()) GTEST_SKIP() << "this CPU has no vector variant (needs AVX2 + F16C + FMA)";
+    std::mt19937_64 rng(1213);
+    for (int iter = 0; iter < 60; ++iter) {
+        const DType dt = DType(rng() % 3);
+        const uint32_t dim = std::array<uint32_t, 4>{16, 32, 64, 128}[rng() % 4], kvh = 2, group = 4, tpb = 4;
+        const uint64_t tokens = 4 * 6;
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " dim " + std::to_string(dim));
+        std::normal_distribution<float> normal;
+        // Sparse infinities, so some blocks stay finite and some columns hold both signs.
+        const Tensor k = make_tensor(dt, Shape::token_major, tokens, kvh, dim, [&](uint64_t, uint32_t, uint32_t) {
+            return rng() % 200 == 0 ? (rng() % 2 ? INFINITY : -INFINITY) : normal(rng);
+        });
+        const Tensor q = make_tensor(dt, Shape::token_major, 1, kvh * group, dim, [&](uint64_t, uint32_t, uint32_t) {
+            const float x = normal(rng);
+            return x == 0.f ? 1.f : x;
+        });
+        const uint64_t nb = kernels::num_blocks(tokens, tpb);
+        std::vector<float> digest(kernels::digest_floats(nb, kvh, dim)), want(nb * kvh);
+        kernels::cpu::page_digest_on(kernels::cpu::Isa::portable, k.view, tpb, digest.data());
+        for (const Combine c : {Combine::max, Combine::sum}) {
+            kernels::cpu::quest_scores_on(kernels::cpu::Isa::portable, digest.data(), nb, kvh, q.view, c, want.data());
+            for (const auto isa : isas) {
+                std::vector<float> got(nb * kvh);
+                kernels::cpu::quest_scores_on(isa, digest.data(), nb, kvh, q.view, c, got.data());
+                for (size_t i = 0; i < got.size(); ++i) {
+                    if (std::isfinite(want[i])) {
+                        ASSERT_TRUE(std::isfinite(got[i])) << kernels::cpu::isa_name(isa) << " score " << i;
+                        continue;
+                    }
+                    if (std::isnan(want[i]))
+                        ASSERT_TRUE(std::isnan(got[i])) << kernels::cpu::isa_name(isa) << " score " << i;
+                    else
+                        ASSERT_EQ(got[i], want[i]) << kernels::cpu::isa_name(isa) << " score " << i;
+                }
+            }
+        }
+    }
+}
+
+// Digests of 4 MiB and more are written with streaming stores when the output is 64-byte aligned,
+// and with ordinary ones when it is not: both bit-identical to the portable path, on both layouts.
+TEST(KernelVariants, LargeDigestsStreamedOrNotAreExact) {
+    const auto isas = vector_isas();
+    if (isas.empty()) GTEST_SKIP() << "this CPU has no vector variant (needs AVX2 + F16C + FMA)";
+    std::mt19937_64 rng(1214);
+    const uint32_t heads = 8, dim = 128, tpb = 16;
+    const uint64_t tokens = 16 * 520 + 3;  // digest of 521 blocks: 4.07 MiB
+    for (const DType dt : {DType::fp16, DType::bf16})
+        for (const Shape shape : {Shape::token_major, Shape::head_major}) {
+            SCOPED_TRACE(std::string(dtype_name(dt)) + " " + shape_name(shape));
+            const Extremes gen{dt, true, true};
+            const Tensor k =
+                make_tensor(dt, shape, tokens, heads, dim, [&](uint64_t, uint32_t, uint32_t) { return gen(rng); });
+            const size_t n = kernels::digest_floats(kernels::num_blocks(tokens, tpb), heads, dim);
+            ASSERT_GE(n * sizeof(float), 4u << 20);
+            std::vector<float> want(n);
+            kernels::cpu::page_digest_on(kernels::cpu::Isa::portable, k.view, tpb, want.data());
+            std::vector<float> buf(n + 32);
+            float *aligned = buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64 / sizeof(float);
+            for (const auto isa : isas)
+                for (float *out : {aligned, aligned + 1}) {
+                    std::fill(out, out + n, NAN);
+                    kernels::cpu::page_digest_on(isa, k.view, tpb, out);
+                    ASSERT_EQ(std::memcmp(out, want.data(), n * sizeof(float)), 0)
+                        << kernels::cpu::isa_name(isa) << (out == aligned ? " aligned" : " misaligned");
+                }
+        }
 }
 
 // Queries and keys need not share a dtype.
