@@ -162,6 +162,7 @@ class Session {
     uint32_t candidate_layers = 0;
     uint64_t bytes_inflight = 0;
     uint64_t speculative_inflight = 0;
+    uint64_t proactive_inflight = 0;  // bytes of proactive writes in flight (bounded once decode may fetch)
     uint64_t last_fetch_ns = 0;  // the peer's last on-demand fetch (the speculative path yields after it)  // bytes of speculative writes in flight (bounded, so a fetch waits little)
     bool regs_dropped = false;  // registrations closed after the session was lost
     uint64_t lost_ns = 0;       // when the session was lost (CLOCK_MONOTONIC), 0 while it lives

@@ -300,6 +300,34 @@ TEST(Schedule, OutstandingWritesStayWithinTheContextsBounds) {
     r.finish();
 }
 
+// Once every layer is written the decode side may start its step and fetch at any moment: what the
+// prefill side has in flight then is ahead of the fetch (and of the host's messages). Proactive
+// writes are held to 256 KiB in flight per session from that moment (speculative ones to 64 KiB),
+// however many the operation and byte bounds would allow.
+TEST(Schedule, ProactiveBytesInFlightStaySmallOnceEveryLayerIsWritten) {
+    PairConfig cfg;
+    cfg.knobs.hold = 0.5;
+    cfg.knobs.max_hold_polls = 16;
+    cfg.max_ops_in_flight = 1024;  // neither the operation bound nor the 32 MiB session bound binds
+    NoStaging direct;
+    FakePair p(11, cfg);
+    const uint32_t layers = 4, blocks = 512, tpb = 4, head_dim = 256;  // 2 KiB per block and plane
+    Request r(p, layers, blocks, uint64_t(blocks) * tpb, head_dim);
+    // 256 blocks a layer are essential (128 sinks, 128 recent): 1 MiB of proactive writes per layer.
+    const select::Profile profile = select::parse_profile(
+        R"({"version": 1, "model": "t", "num_layers": 4, "num_kv_heads": 1, "block_tokens": 4,
+            "defaults": {"policy": "sinks_recent", "budget": {"tokens": 1024}, "sinks": 512, "recent": 512}})");
+    r.do_expect();
+    r.do_post(transfer_options(SG_PATH_PROACTIVE | SG_PATH_SPECULATIVE), &profile);  // every layer written
+    ASSERT_TRUE(r.run_to_quiesce());
+    EXPECT_EQ(r.expect->status, SG_OK);
+    EXPECT_TRUE(r.exact());
+    const fake::Flow f = p.fabric.flow(p.prefill_ep);
+    EXPECT_LE(f.max_bytes, (256u + 64u) << 10) << "proactive 256 KiB + speculative 64 KiB";
+    EXPECT_GE(f.max_bytes, 192u << 10) << "the bound was never approached: the test proves nothing";
+    r.finish();
+}
+
 TEST(Schedule, PostsRefusedWithEagainAreRetried) {
     PairConfig cfg;
     cfg.knobs.eagain = 0.3;
