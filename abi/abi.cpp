@@ -1140,15 +1140,13 @@ SG_API sg_status_t sg_transfer_digests(sg_transfer_t h, uint32_t layer, float *o
         need(count, "count");
         const bool query = size_query(out, cap, "out");
         if (layer >= t->num_layers()) fail(SG_ERR_OUT_OF_RANGE, "layer " + std::to_string(layer) + " >= num_layers");
-        std::vector<float> d;
-        if (!t->ctx->digests(*t, layer, d))
+        size_t n = 0;
+        if (!t->ctx->digests(*t, layer, query ? std::span<float>() : std::span<float>(out, cap), n))
             fail(SG_ERR_INVALID_STATE, t->post_side ? "digests are read on the decode side"
                                                     : "the layer is not SG_LAYER_ESSENTIAL (or the transfer lacks SG_PATH_PROACTIVE)");
-        *count = d.size();
+        *count = n;
         if (query) return SG_OK;
-        if (cap < d.size())
-            fail(SG_ERR_BUFFER_TOO_SMALL, "out needs " + std::to_string(d.size()) + " floats");
-        std::memcpy(out, d.data(), d.size() * sizeof(float));
+        if (cap < n) fail(SG_ERR_BUFFER_TOO_SMALL, "out needs " + std::to_string(n) + " floats");
         return SG_OK;
     });
 }

