@@ -176,16 +176,20 @@ SG_AVX2 void store_keys(__m256i k, float *out) {
 // Columns [c, c + 16 N) of one (block, head): the running min and max stay in 2N registers while the
 // block's rows stream past, and are converted and stored once.
 template <DType D, int N, bool Stream>
-SG_AVX2 void digest_columns(const View &keys, uint64_t first, uint64_t end, uint32_t h, size_t c, float *mn,
-                            float *mx) {
+SG_AVX2 void digest_columns(const View &keys, uint64_t first, uint64_t end, uint32_t h, size_t c, float *mn, float *mx,
+                            size_t ahead) {
     __m256i lo[N], hi[N];
     const uint16_t *r = row<D>(keys, first, h) + c;
 #pragma GCC unroll 8
-    for (int k = 0; k < N; ++k) lo[k] = hi[k] = load_keys<D>(r + 16 * k);
+    for (int k = 0; k < N; ++k) {
+        if (k % 2 == 0) _mm_prefetch(reinterpret_cast<const char *>(r + 16 * k) + ahead, _MM_HINT_T1);
+        lo[k] = hi[k] = load_keys<D>(r + 16 * k);
+    }
     for (uint64_t t = first + 1; t < end; ++t) {
         r = row<D>(keys, t, h) + c;
 #pragma GCC unroll 8
         for (int k = 0; k < N; ++k) {
+            if (k % 2 == 0) _mm_prefetch(reinterpret_cast<const char *>(r + 16 * k) + ahead, _MM_HINT_T1);
             const __m256i x = load_keys<D>(r + 16 * k);
             lo[k] = _mm256_min_epi16(lo[k], x);
             hi[k] = _mm256_max_epi16(hi[k], x);
@@ -198,11 +202,16 @@ SG_AVX2 void digest_columns(const View &keys, uint64_t first, uint64_t end, uint
     }
 }
 
-// How far ahead of their reads the streaming digest and Quest prefetch (both read long sequential
-// streams): one thread's demand loads and the hardware prefetchers alone left the digest at half of
-// memcpy's bandwidth and Quest at a third of it. The digest prefetches into L2 only (T1): 0.93-0.98
-// of memcpy against 0.83-0.90 with T0 (the lines are read once, so L1 gains nothing from them).
+// How far ahead of its reads the digest prefetches at least (it reads long streams): one thread's
+// demand loads and the hardware prefetchers alone left the digest at half of memcpy's bandwidth and
+// Quest at a third of it. Both prefetch into L2 only (T1; the lines are read once, so L1 gains
+// nothing from them): ~10% faster than T0.
 constexpr size_t kPrefetchBytes = 16384;
+
+// Quest reads its digest rows front to back and prefetches into L2 (T1) this far ahead: 6.0-6.9 ms
+// for 64 MiB of digest against 7.1-10 ms at T0 16 KiB ahead (AVX-512; 16-128 KiB ahead differ by
+// less than the noise).
+constexpr size_t kScorePrefetchBytes = 64 << 10;
 
 // Digests at least this large are written with streaming stores (if 64-byte aligned): beyond L2 the
 // output is written back to memory before quest_scores reads it anyway, and the read-for-ownership
@@ -215,45 +224,20 @@ bool stream_out(const View &keys, uint32_t tokens_per_block, const float *out) {
     return bytes >= kStreamOutBytes && reinterpret_cast<uintptr_t>(out) % 64 == 0;
 }
 
-// Elements of one token (all heads) that the row-streaming digest keeps in L1.
-constexpr size_t kStreamElems = 8192;
+// The digest walks a block head by head and column chunk by column chunk, each chunk down the block's
+// rows with its min and max in registers, and prefetches (into L2) the line it reads at the same
+// place in a later block: the whole blocks that span kPrefetchBytes. One pass over a block then has a
+// line in flight in each of its rows, several streams at once, which one thread's memory reads
+// sustain better than one: 1.15-1.28 of memcpy against 0.92-1.0 for the token rows read front to back
+// with the block's min and max in L1 (what this replaced; AVX2, 256 MiB of keys). Blocks beyond
+// kPrefetchMaxBytes would be evicted before they are read: then the prefetch is kPrefetchBytes ahead,
+// later rows of the same block.
+constexpr size_t kPrefetchMaxBytes = 256 << 10;
 
-bool rows_layout(const View &keys) {
-    const size_t d = keys.dim;
-    return keys.head_stride == d && keys.token_stride == keys.heads * d && keys.heads * d <= kStreamElems;
-}
-
-// Packed token-major keys: each token's heads are one contiguous row, read front to back, with the
-// running min and max of the block in L1. Reading a head's slice of every token in turn (the column
-// walk below) jumps by a whole token row between loads, which the hardware prefetchers follow less
-// well: this is ~1.3x faster on long sequences.
-template <DType D, bool Stream>
-SG_AVX2_FN void digest_block_rows(const View &keys, uint64_t first, uint64_t end, float *out) {
-    const size_t d = keys.dim, w = size_t(keys.heads) * d;
-    alignas(32) int16_t lo[kStreamElems], hi[kStreamElems];
-    const uint16_t *r = row<D>(keys, first, 0);
-    for (size_t i = 0; i < w; i += 16) {
-        const __m256i x = load_keys<D>(r + i);
-        _mm256_store_si256(reinterpret_cast<__m256i *>(lo + i), x);
-        _mm256_store_si256(reinterpret_cast<__m256i *>(hi + i), x);
-    }
-    for (uint64_t t = first + 1; t < end; ++t) {
-        r = row<D>(keys, t, 0);
-        for (size_t i = 0; i < w; i += 16) {
-            if (i % 32 == 0) _mm_prefetch(reinterpret_cast<const char *>(r + i) + kPrefetchBytes, _MM_HINT_T1);
-            const __m256i x = load_keys<D>(r + i);
-            __m256i *l = reinterpret_cast<__m256i *>(lo + i), *h = reinterpret_cast<__m256i *>(hi + i);
-            _mm256_store_si256(l, _mm256_min_epi16(_mm256_load_si256(l), x));
-            _mm256_store_si256(h, _mm256_max_epi16(_mm256_load_si256(h), x));
-        }
-    }
-    for (uint32_t h = 0; h < keys.heads; ++h) {
-        float *mn = out + size_t(h) * 2 * d, *mx = mn + d;
-        for (size_t i = 0; i < d; i += 16) {
-            store_keys<D, Stream>(_mm256_load_si256(reinterpret_cast<const __m256i *>(lo + h * d + i)), mn + i);
-            store_keys<D, Stream>(_mm256_load_si256(reinterpret_cast<const __m256i *>(hi + h * d + i)), mx + i);
-        }
-    }
+size_t prefetch_ahead(const View &keys, uint32_t tokens_per_block) {
+    const size_t block = size_t(tokens_per_block) * keys.token_stride * 2;
+    if (block == 0 || block > kPrefetchMaxBytes) return kPrefetchBytes;
+    return (kPrefetchBytes + block - 1) / block * block;
 }
 
 // fp16/bf16 keys with dim a multiple of 16.
@@ -261,20 +245,16 @@ template <DType D, bool Stream>
 SG_AVX2_FN void page_digest_avx2(const View &keys, uint32_t tokens_per_block, float *out) {
     const size_t d = keys.dim;
     const uint64_t blocks = num_blocks(keys.tokens, tokens_per_block);
-    const bool rows = rows_layout(keys);
+    const size_t ahead = prefetch_ahead(keys, tokens_per_block);
     for (uint64_t b = 0; b < blocks; ++b) {
         const uint64_t first = b * tokens_per_block;
         const uint64_t end = std::min<uint64_t>(keys.tokens, first + tokens_per_block);
-        if (rows) {
-            digest_block_rows<D, Stream>(keys, first, end, out + b * keys.heads * 2 * d);
-            continue;
-        }
         for (uint32_t h = 0; h < keys.heads; ++h) {
             float *mn = out + (b * keys.heads + h) * 2 * d;
             float *mx = mn + d;
             size_t c = 0;
-            for (; c + 64 <= d; c += 64) digest_columns<D, 4, Stream>(keys, first, end, h, c, mn, mx);
-            for (; c < d; c += 16) digest_columns<D, 1, Stream>(keys, first, end, h, c, mn, mx);
+            for (; c + 64 <= d; c += 64) digest_columns<D, 4, Stream>(keys, first, end, h, c, mn, mx, ahead);
+            for (; c < d; c += 16) digest_columns<D, 1, Stream>(keys, first, end, h, c, mn, mx, ahead);
         }
     }
     if constexpr (Stream) _mm_sfence();  // streaming stores are weakly ordered: publish them before returning
@@ -302,11 +282,24 @@ SG_AVX2 void upper_bounds(const float *q, size_t d, const float *lo, const float
     __m256 acc[J];
 #pragma GCC unroll 4
     for (int j = 0; j < J; ++j) acc[j] = _mm256_setzero_ps();
-    for (size_t i = 0; i < d; i += 8) {
-        if (i % 16 == 0) {
-            _mm_prefetch(reinterpret_cast<const char *>(lo + i) + kPrefetchBytes, _MM_HINT_T0);
-            _mm_prefetch(reinterpret_cast<const char *>(hi + i) + kPrefetchBytes, _MM_HINT_T0);
+    // Two accumulators a head when dim allows (even and odd steps): halves the FMA latency chain.
+    __m256 acc2[J];
+#pragma GCC unroll 4
+    for (int j = 0; j < J; ++j) acc2[j] = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 16 <= d; i += 16) {
+        _mm_prefetch(reinterpret_cast<const char *>(lo + i) + kScorePrefetchBytes, _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char *>(hi + i) + kScorePrefetchBytes, _MM_HINT_T1);
+        const __m256 l = _mm256_loadu_ps(lo + i), h = _mm256_loadu_ps(hi + i);
+        const __m256 l2 = _mm256_loadu_ps(lo + i + 8), h2 = _mm256_loadu_ps(hi + i + 8);
+#pragma GCC unroll 4
+        for (int j = 0; j < J; ++j) {
+            const __m256 qv = _mm256_loadu_ps(q + j * d + i), qv2 = _mm256_loadu_ps(q + j * d + i + 8);
+            acc[j] = _mm256_fmadd_ps(qv, _mm256_blendv_ps(h, l, qv), acc[j]);
+            acc2[j] = _mm256_fmadd_ps(qv2, _mm256_blendv_ps(h2, l2, qv2), acc2[j]);
         }
+    }
+    if (i < d) {
         const __m256 l = _mm256_loadu_ps(lo + i), h = _mm256_loadu_ps(hi + i);
 #pragma GCC unroll 4
         for (int j = 0; j < J; ++j) {
@@ -314,6 +307,8 @@ SG_AVX2 void upper_bounds(const float *q, size_t d, const float *lo, const float
             acc[j] = _mm256_fmadd_ps(qv, _mm256_blendv_ps(h, l, qv), acc[j]);
         }
     }
+#pragma GCC unroll 4
+    for (int j = 0; j < J; ++j) acc[j] = _mm256_add_ps(acc[j], acc2[j]);
     hsums<J>(acc, s);
 }
 
@@ -415,58 +410,21 @@ SG_AVX512 void store_keys512(__m512i k, float *out) {
     store16<D, Stream>(out + 16, _mm512_extracti64x4_epi64(bits, 1));
 }
 
-template <DType D, bool Stream>
-SG_AVX512_FN void digest_block_rows512(const View &keys, uint64_t first, uint64_t end, float *out) {
-    const size_t d = keys.dim, w = size_t(keys.heads) * d, w32 = w / 32 * 32;
-    alignas(64) int16_t lo[kStreamElems], hi[kStreamElems];
-    const uint16_t *r = row<D>(keys, first, 0);
-    for (size_t i = 0; i < w32; i += 32) {
-        const __m512i x = order_keys512(_mm512_loadu_si512(r + i));
-        _mm512_store_si512(lo + i, x);
-        _mm512_store_si512(hi + i, x);
-    }
-    if (w32 < w) {  // w is a multiple of 16: one half register left
-        const __m256i x = load_keys<D>(r + w32);
-        _mm256_store_si256(reinterpret_cast<__m256i *>(lo + w32), x);
-        _mm256_store_si256(reinterpret_cast<__m256i *>(hi + w32), x);
-    }
-    for (uint64_t t = first + 1; t < end; ++t) {
-        r = row<D>(keys, t, 0);
-        for (size_t i = 0; i < w32; i += 32) {
-            _mm_prefetch(reinterpret_cast<const char *>(r + i) + kPrefetchBytes, _MM_HINT_T1);
-            const __m512i x = order_keys512(_mm512_loadu_si512(r + i));
-            _mm512_store_si512(lo + i, _mm512_min_epi16(_mm512_load_si512(lo + i), x));
-            _mm512_store_si512(hi + i, _mm512_max_epi16(_mm512_load_si512(hi + i), x));
-        }
-        if (w32 < w) {
-            const __m256i x = load_keys<D>(r + w32);
-            __m256i *l = reinterpret_cast<__m256i *>(lo + w32), *h = reinterpret_cast<__m256i *>(hi + w32);
-            _mm256_store_si256(l, _mm256_min_epi16(_mm256_load_si256(l), x));
-            _mm256_store_si256(h, _mm256_max_epi16(_mm256_load_si256(h), x));
-        }
-    }
-    for (uint32_t h = 0; h < keys.heads; ++h) {
-        float *mn = out + size_t(h) * 2 * d, *mx = mn + d;
-        for (size_t i = 0; i < d; i += 16) {
-            store16<D, Stream>(mn + i,
-                               order_keys(_mm256_load_si256(reinterpret_cast<const __m256i *>(lo + h * d + i))));
-            store16<D, Stream>(mx + i,
-                               order_keys(_mm256_load_si256(reinterpret_cast<const __m256i *>(hi + h * d + i))));
-        }
-    }
-}
-
 template <DType D, int N, bool Stream>
 SG_AVX512 void digest_columns512(const View &keys, uint64_t first, uint64_t end, uint32_t h, size_t c, float *mn,
-                                 float *mx) {
+                                 float *mx, size_t ahead) {
     __m512i lo[N], hi[N];
     const uint16_t *r = row<D>(keys, first, h) + c;
 #pragma GCC unroll 8
-    for (int k = 0; k < N; ++k) lo[k] = hi[k] = order_keys512(_mm512_loadu_si512(r + 32 * k));
+    for (int k = 0; k < N; ++k) {
+        _mm_prefetch(reinterpret_cast<const char *>(r + 32 * k) + ahead, _MM_HINT_T1);
+        lo[k] = hi[k] = order_keys512(_mm512_loadu_si512(r + 32 * k));
+    }
     for (uint64_t t = first + 1; t < end; ++t) {
         r = row<D>(keys, t, h) + c;
 #pragma GCC unroll 8
         for (int k = 0; k < N; ++k) {
+            _mm_prefetch(reinterpret_cast<const char *>(r + 32 * k) + ahead, _MM_HINT_T1);
             const __m512i x = order_keys512(_mm512_loadu_si512(r + 32 * k));
             lo[k] = _mm512_min_epi16(lo[k], x);
             hi[k] = _mm512_max_epi16(hi[k], x);
@@ -483,21 +441,17 @@ template <DType D, bool Stream>
 SG_AVX512_FN void page_digest_avx512(const View &keys, uint32_t tokens_per_block, float *out) {
     const size_t d = keys.dim;
     const uint64_t blocks = num_blocks(keys.tokens, tokens_per_block);
-    const bool rows = rows_layout(keys);
+    const size_t ahead = prefetch_ahead(keys, tokens_per_block);
     for (uint64_t b = 0; b < blocks; ++b) {
         const uint64_t first = b * tokens_per_block;
         const uint64_t end = std::min<uint64_t>(keys.tokens, first + tokens_per_block);
-        if (rows) {
-            digest_block_rows512<D, Stream>(keys, first, end, out + b * keys.heads * 2 * d);
-            continue;
-        }
         for (uint32_t h = 0; h < keys.heads; ++h) {
             float *mn = out + (b * keys.heads + h) * 2 * d;
             float *mx = mn + d;
             size_t c = 0;
-            for (; c + 128 <= d; c += 128) digest_columns512<D, 4, Stream>(keys, first, end, h, c, mn, mx);
-            for (; c + 32 <= d; c += 32) digest_columns512<D, 1, Stream>(keys, first, end, h, c, mn, mx);
-            if (c < d) digest_columns<D, 1, Stream>(keys, first, end, h, c, mn, mx);
+            for (; c + 128 <= d; c += 128) digest_columns512<D, 4, Stream>(keys, first, end, h, c, mn, mx, ahead);
+            for (; c + 32 <= d; c += 32) digest_columns512<D, 1, Stream>(keys, first, end, h, c, mn, mx, ahead);
+            if (c < d) digest_columns<D, 1, Stream>(keys, first, end, h, c, mn, mx, ahead);
         }
     }
     if constexpr (Stream) _mm_sfence();
@@ -512,8 +466,8 @@ SG_AVX512 void upper_bounds512(const float *q, const __mmask16 *neg, size_t d, c
 #pragma GCC unroll 4
     for (int j = 0; j < J; ++j) acc[j] = _mm512_setzero_ps();
     for (size_t i = 0; i < d; i += 16) {
-        _mm_prefetch(reinterpret_cast<const char *>(lo + i) + kPrefetchBytes, _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char *>(hi + i) + kPrefetchBytes, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char *>(lo + i) + kScorePrefetchBytes, _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char *>(hi + i) + kScorePrefetchBytes, _MM_HINT_T1);
         const __m512 l = _mm512_loadu_ps(lo + i), h = _mm512_loadu_ps(hi + i);
 #pragma GCC unroll 4
         for (int j = 0; j < J; ++j)

@@ -398,9 +398,9 @@ INSTANTIATE_TEST_SUITE_P(
                     KernelCase{DType::bf16, Shape::strided}),
     case_name);
 
-// The vector paths split a head's row into 64- and 16-element column chunks, stream whole token rows
-// when a token's heads fit in L1 (and walk columns when they do not), and score all query heads per
-// block when they fit on the stack (else a KV head at a time): every split, against the formula.
+// The vector paths split a head's row into column chunks (AVX2: 64 and 16 elements; AVX-512: 128, 32
+// and 16), and score all query heads per block when they fit on the stack (else a KV head at a time):
+// every split, against the formula.
 TEST(Kernels, DigestAndQuestOnEveryVectorPathSplit) {
     std::mt19937_64 rng(97);
     for (const DType dt : {DType::fp16, DType::bf16, DType::fp32})
