@@ -65,7 +65,7 @@ struct Options {
     // with the layer's previous query under --prefetch-scale times the budget (prefetch).
     bool seamless = true;
     bool parallel = true;
-    bool prefetch = true;
+    bool prefetch = false;  // measured: costs more than it saves with the CPU selector (README)
     double prefetch_scale = 1.5;  // the predictor's budget over the selection's
     Attend attend = Attend::kBudget;
     int sparse_steps = -1;  // -1: until the transfer completes (sg_transfer_test == SG_OK)

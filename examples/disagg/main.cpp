@@ -553,7 +553,8 @@ class EmuCompute : public Compute {
 // Three policies on top (issue 12, each a flag so its share is measured):
 // - seamless: a layer whose blocks are all resident is attended whole (no selection, no fetch, exact),
 //   and so is one whose missing bytes will arrive, at the measured receive rate, before its selection
-//   would be done (it waits for them instead): on a fast link SmartGen then costs what streaming costs.
+//   and fetch would be done (it waits for them instead): on a fast link SmartGen then costs what
+//   streaming costs.
 // - parallel: select() issues the fetch and returns at once; the engine attends to the resident part,
 //   calls wait_arriving(), attends to the arriving part and merges the two (exact log-sum-exp merge).
 // - prefetch: at the start of each sparse step after the first, every layer's likely misses (the layer's
@@ -812,8 +813,10 @@ class SparseDecoder {
         for (uint32_t b = 0; b < nb_; ++b) missing += !resident(b);
         const double rate = receive_rate();  // bytes per ns
         if (!(rate > 0)) return false;
+        // Waiting costs the time the rest needs to arrive; selecting costs the selection and, for a
+        // layer that misses blocks, a fetch (the recent fetches' mean wait).
         const double due_ns = double(missing * pol_.block_bytes) / rate;
-        if (due_ns >= double(layer_select_ns_)) return false;
+        if (due_ns >= double(layer_select_ns_ + layer_fetch_ns_)) return false;
         // Twice the estimate at most: a pause of the background path (a fetch of another request)
         // must not turn the wait into a stall.
         const uint64_t t = now_ns();
@@ -837,7 +840,9 @@ class SparseDecoder {
         const uint64_t t = now_ns();
         check_wait(sg_transfer_wait_blocks(x_, uint32_t(l), blocks.data(), blocks.size(), timeout_ns_),
                    "sg_transfer_wait_blocks", timeout_s_);
-        fetch_wait_ns += now_ns() - t;
+        const uint64_t took = now_ns() - t;
+        fetch_wait_ns += took;
+        layer_fetch_ns_ = layer_fetch_ns_ ? (3 * layer_fetch_ns_ + took) / 4 : took;
     }
     // The receive rate, from the transfer's byte count over the last 5-100 ms.
     void note_received() {
@@ -912,6 +917,7 @@ class SparseDecoder {
     size_t digest_floats_ = 0;
     bool cache_digests_ = true;
     uint64_t layer_select_ns_ = 0;  // recent selection time of one layer (moving average)
+    uint64_t layer_fetch_ns_ = 0;   // recent wait for one layer's fetched blocks (moving average)
     std::deque<std::pair<uint64_t, uint64_t>> samples_;  // (time, bytes received)
     std::vector<uint8_t> have_;
     std::vector<std::vector<uint32_t>> P_;
@@ -1328,7 +1334,7 @@ struct RunSpec {  // what the prefill side decides and tells the decode side (RE
     int n_new = 0, block = 16, sparse_steps = -1, window = 0;
     uint32_t dtype = 0;
     bool full_stream = true;
-    bool seamless = true, parallel = true, prefetch = true;
+    bool seamless = true, parallel = true, prefetch = false;
     Attend attend = Attend::kBudget;
     EmuParams emu;  // name empty: the real model
     int layers = 0, kv_heads = 0, head_dim = 0, dim = 0, vocab = 0;
@@ -1371,7 +1377,7 @@ RunSpec decode_req(const Msg& m) {
     s.full_stream = m.i("stream") != 0;
     s.seamless = !m.has("seamless") || m.i("seamless") != 0;
     s.parallel = !m.has("parallel") || m.i("parallel") != 0;
-    s.prefetch = !m.has("prefetch") || m.i("prefetch") != 0;
+    s.prefetch = m.has("prefetch") && m.i("prefetch") != 0;
     const std::string attend = m.s("attend");
     if (attend != "budget" && attend != "resident") fatal("the prefill side asked for --attend '" + attend + "'");
     s.attend = attend == "budget" ? Attend::kBudget : Attend::kResident;

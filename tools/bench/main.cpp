@@ -35,7 +35,7 @@ const Subcommand kSubcommands[] = {
      "  --budgets LIST     1/4,1/8,1/16                     --runs N        medians over N runs\n"
      "  --provider NAME    --disagg PATH (smartgen-disagg)  --iperf-seconds S\n"
      "  --p7-bytes N  --p7-reps N  --p7-gap-us N  --p7-session-inflight N  --p7-max-op N  --no-p7  --p7-only\n"
-     "  --selective-args \"ARGS\"  smartgen-disagg flags for the selective rows only (ablations)\n"},
+     "  --selective-args=\"ARGS\"  smartgen-disagg flags for the selective rows only (ablations)\n"},
     {"cold", sg::bench::run_cold,
      "connect + register + first 1 MiB transfer: fresh contexts (cold) against the same session (warm)",
      "  --provider NAME   tcp (default) or shm\n"

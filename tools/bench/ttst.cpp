@@ -27,7 +27,8 @@
 // --provider NAME (loopback only; tcp), --disagg PATH (or SMARTGEN_DISAGG), --iperf-seconds S (2),
 // --p7-bytes B (1G; --quick 512M), --p7-reps N (5; --quick 2), --p7-gap-us US (15000),
 // --p7-session-inflight B and --p7-max-op B (prefill-side experiment knobs), --no-p7, --p7-only,
-// --selective-args "ARGS" (smartgen-disagg flags added to the selective rows only, for ablations).
+// --selective-args="ARGS" (smartgen-disagg flags added to the selective rows only, for ablations;
+// the = form, since ARGS start with --).
 // --quick: Llama-3-8B, 8K tokens, budget 1/8, one run each, P7 with 512 MiB (about 10 s here).
 // The full sweep (8 points x 5 ways x 3 runs: tens of minutes per link, longer at 1gbit, on two shared
 // cores): sudo smartgen-bench ttst --link 10gbit, then
