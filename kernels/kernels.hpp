@@ -1,6 +1,7 @@
 // kernels/: the numeric work behind selection — page digests and Quest scores, window attention
-// (SnapKV), heavy-hitter block sums (H2O), and top-k — as CPU kernels in cpu/ (portable C++, plus
-// AVX2/F16C paths for the page digest and Quest scores, chosen at run time by a CPU check). Depends on
+// (SnapKV), heavy-hitter block sums (H2O), top-k, and attention over a part of the keys with the exact
+// merge of parts — as CPU kernels in cpu/ (portable C++, plus AVX2/F16C and AVX-512 paths for the
+// page digest and Quest scores, chosen at run time by a CPU check: cpu/variants.hpp). Depends on
 // the C++ standard library only (CUDA kernels, when they come, sit behind this same header), so it
 // knows nothing of the runtime's error type: arguments are preconditions, listed on each function and
 // checked by the caller (runtime/select), and asserted in debug builds. Kernels are pure functions of
