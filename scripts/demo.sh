@@ -248,10 +248,10 @@ declare -A MEASURES=(
   [full-after]="the whole KV moves once prefill is done; decode's first step waits for all of it"
   [full-streamed]="the whole KV moves layer by layer during prefill"
   [selective]="the selective paths' latency: decode is sparse only until the speculative path has
-                         delivered everything (for a small cache that can be before step 2: sparse 0,
-                         every step attended to the whole prompt)"
+                             delivered everything (for a small cache that can be before step 2: sparse 0,
+                             every step attended to the whole prompt)"
   [selective-sparse]="sparse decoding: the transfer never completes on its own, so every step attends
-                         to P u S_t u G, P and S_t each within the budget, S_t fetched on demand"
+                             to P u S_t u G, P and S_t each within the budget, S_t fetched on demand"
   [link-full-streamed]="the same over a tbf-shaped 10 Gbit/s veth link between two network namespaces"
   [link-selective]="the same over the shaped link: there streaming cannot hide the cache"
 )
@@ -312,7 +312,8 @@ print_table() {
   echo "prompt's whole KV cache. One run per row, $(nproc) cores, ${elapsed} s for all runs."
   echo "What each row measures:"
   for kind in "${kinds[@]}"; do
-    printf '  %-22s %s\n' "$(sed 's/^stories260K //; s/ [0-9.]*,/,/' <<<"${LABEL[$kind]}")" "${MEASURES[$kind]}"
+    printf '  %-26s %s\n' "$(sed 's/^stories260K //; s/^llama3-8b\/[0-9]* //; s/ [0-9.]*,/,/' <<<"${LABEL[$kind]}")" \
+      "${MEASURES[$kind]}"
   done
   [[ -n $link_note ]] && echo "$link_note"
   if [[ ${#providers[@]} -gt 0 ]]; then
