@@ -15,6 +15,7 @@
 #include <memory>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -414,7 +415,7 @@ Peer fork_peer(bool with_tcp) {
         sa.sin_family = AF_INET;
         sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
         socklen_t len = sizeof sa;
-        if (bind(lfd, reinterpret_cast<sockaddr *>(&sa), sizeof sa) != 0 || listen(lfd, 1) != 0 ||
+        if (bind(lfd, reinterpret_cast<sockaddr *>(&sa), sizeof sa) != 0 || listen(lfd, kBaselineStreams) != 0 ||
             getsockname(lfd, reinterpret_cast<sockaddr *>(&sa), &len) != 0)
             sys_fail("baseline listener on 127.0.0.1");
     }
@@ -428,9 +429,13 @@ Peer fork_peer(bool with_tcp) {
         p.ctl = sv[1];
         if (with_tcp) {
             close(lfd);
-            p.data = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-            if (p.data < 0 || connect(p.data, reinterpret_cast<sockaddr *>(&sa), sizeof sa) != 0)
-                sys_fail("baseline connect to 127.0.0.1");
+            for (int i = 0; i < kBaselineStreams; ++i) {
+                const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+                if (fd < 0 || connect(fd, reinterpret_cast<sockaddr *>(&sa), sizeof sa) != 0)
+                    sys_fail("baseline connect to 127.0.0.1");
+                p.streams.push_back(fd);
+            }
+            p.data = p.streams[0];
         }
         return p;
     }
@@ -438,13 +443,18 @@ Peer fork_peer(bool with_tcp) {
     close(sv[1]);
     p.ctl = sv[0];
     if (with_tcp) {
-        pollfd pfd{lfd, POLLIN, 0};
-        int r;
-        do r = poll(&pfd, 1, 30000);
-        while (r < 0 && errno == EINTR);
-        if (r <= 0) throw std::runtime_error("baseline: the peer process did not connect");
-        p.data = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
-        if (p.data < 0) sys_fail("baseline accept");
+        // The child connects its streams one after another: they are accepted in that order.
+        for (int i = 0; i < kBaselineStreams; ++i) {
+            pollfd pfd{lfd, POLLIN, 0};
+            int r;
+            do r = poll(&pfd, 1, 30000);
+            while (r < 0 && errno == EINTR);
+            if (r <= 0) throw std::runtime_error("baseline: the peer process did not connect");
+            const int fd = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
+            if (fd < 0) sys_fail("baseline accept");
+            p.streams.push_back(fd);
+        }
+        p.data = p.streams[0];
         close(lfd);
     }
     return p;
@@ -476,15 +486,19 @@ Peer serve_peer(const std::string &addr_port) {
     int one = 1;
     if (lfd < 0) sys_fail("socket");
     setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(lfd, reinterpret_cast<sockaddr *>(&sa), sizeof sa) != 0 || listen(lfd, 2) != 0)
+    if (bind(lfd, reinterpret_cast<sockaddr *>(&sa), sizeof sa) != 0 || listen(lfd, 1 + kBaselineStreams) != 0)
         sys_fail("listen on " + addr_port);
     std::signal(SIGPIPE, SIG_IGN);
     Peer p;
     p.is_child = true;
     p.ctl = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
     if (p.ctl < 0) sys_fail("accept (control)");
-    p.data = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
-    if (p.data < 0) sys_fail("accept (baseline stream)");
+    for (int i = 0; i < kBaselineStreams; ++i) {
+        const int fd = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
+        if (fd < 0) sys_fail("accept (baseline stream)");
+        p.streams.push_back(fd);
+    }
+    p.data = p.streams[0];
     close(lfd);
     setsockopt(p.ctl, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     return p;
@@ -495,11 +509,16 @@ Peer connect_peer(const std::string &addr_port) {
     std::signal(SIGPIPE, SIG_IGN);
     Peer p;
     int one = 1;
-    for (int *fd : {&p.ctl, &p.data}) {
-        *fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (*fd < 0 || connect(*fd, reinterpret_cast<sockaddr *>(&sa), sizeof sa) != 0)
+    for (int i = 0; i <= kBaselineStreams; ++i) {
+        const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0 || connect(fd, reinterpret_cast<sockaddr *>(&sa), sizeof sa) != 0)
             sys_fail("connect to the peer at " + addr_port + " (is `smartgen-bench ... --serve` running there?)");
+        if (i == 0)
+            p.ctl = fd;
+        else
+            p.streams.push_back(fd);
     }
+    p.data = p.streams[0];
     setsockopt(p.ctl, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     return p;
 }
@@ -520,7 +539,10 @@ std::string socket_remote_address(int fd) {
 
 int reap_peer(Peer &peer, int timeout_s) {
     if (peer.ctl >= 0) close(peer.ctl), peer.ctl = -1;
-    if (peer.data >= 0) close(peer.data), peer.data = -1;
+    for (int fd : peer.streams) close(fd);
+    if (peer.streams.empty() && peer.data >= 0) close(peer.data);
+    peer.streams.clear();
+    peer.data = -1;
     if (peer.is_child || peer.pid <= 0) return 0;
     int status = 0;
     uint64_t deadline = now_ns() + static_cast<uint64_t>(timeout_s) * 1000000000ull;
@@ -613,6 +635,47 @@ void tcp_recv_stream(int fd, unsigned char *buf, uint64_t bytes, size_t chunk) {
         if (w < 0) sys_fail("baseline ack send()");
         break;
     }
+}
+
+namespace {
+// Runs body(i) for i in [0, n) on n threads (the calling thread takes i = 0); the first failure is
+// rethrown once all are done.
+void on_threads(int n, const std::function<void(int)> &body) {
+    std::vector<std::exception_ptr> errors(size_t(std::max(n, 1)));
+    std::vector<std::thread> threads;
+    for (int i = 1; i < n; ++i)
+        threads.emplace_back([&, i] {
+            try {
+                body(i);
+            } catch (...) {
+                errors[size_t(i)] = std::current_exception();
+            }
+        });
+    try {
+        body(0);
+    } catch (...) {
+        errors[0] = std::current_exception();
+    }
+    for (auto &t : threads) t.join();
+    for (auto &e : errors)
+        if (e) std::rethrow_exception(e);
+}
+}  // namespace
+
+void tcp_send_striped(const std::vector<int> &fds, int n, const unsigned char *buf, uint64_t bytes, size_t chunk) {
+    if (n < 1 || size_t(n) > fds.size()) throw std::invalid_argument("striped baseline: no such stream count");
+    on_threads(n, [&](int i) {
+        const uint64_t first = bytes * uint64_t(i) / uint64_t(n), last = bytes * uint64_t(i + 1) / uint64_t(n);
+        tcp_send_stream(fds[size_t(i)], buf + first, last - first, chunk);
+    });
+}
+
+void tcp_recv_striped(const std::vector<int> &fds, int n, unsigned char *buf, uint64_t bytes, size_t chunk) {
+    if (n < 1 || size_t(n) > fds.size()) throw std::invalid_argument("striped baseline: no such stream count");
+    on_threads(n, [&](int i) {
+        const uint64_t first = bytes * uint64_t(i) / uint64_t(n), last = bytes * uint64_t(i + 1) / uint64_t(n);
+        tcp_recv_stream(fds[size_t(i)], buf + first, last - first, chunk);
+    });
 }
 
 double memcpy_gbps_on(void *dst, const void *src, uint64_t bytes) {

@@ -118,12 +118,15 @@ class Flags {
 // ---- Two processes (xfer, cold) --------------------------------------------------------------
 // The measured side (the parent, "prefill") and its peer (a forked child, "decode") talk over a
 // control socket of fixed-size messages; `data` is one TCP connection on 127.0.0.1 for the raw
-// stream baseline. The fork happens before any SmartGen call: a context does not survive a fork.
+// stream baseline, `streams` that one and kBaselineStreams - 1 more for the striped baseline (the
+// same bytes over N parallel streams: the ceiling a transport that stripes could reach). The fork
+// happens before any SmartGen call: a context does not survive a fork.
 struct Peer {
     bool is_child = false;
     int pid = -1;   // parent: the child's pid
     int ctl = -1;   // AF_UNIX stream socket to the other process
     int data = -1;  // TCP connection between the two processes (-1 unless asked for)
+    std::vector<int> streams;  // data first, then the striped baseline's other connections
     std::vector<unsigned char> auth_key;  // 32 random bytes shared by both (made before the fork)
 };
 // Forks; returns in both processes (is_child tells which). Throws on failure.
@@ -147,6 +150,11 @@ void ctl_recv(int fd, void *msg, size_t len, int timeout_ms = 120000);
 // The raw TCP stream baseline: `bytes` from buf in `chunk`-sized send()s / recv()s, then a 1-byte ack.
 void tcp_send_stream(int fd, const unsigned char *buf, uint64_t bytes, size_t chunk);
 void tcp_recv_stream(int fd, unsigned char *buf, uint64_t bytes, size_t chunk);
+// The same bytes striped over the first n of `fds`, one thread a stream, each its contiguous share
+// of buf (as a transfer spread over lanes would take it), each with its own ack.
+inline constexpr int kBaselineStreams = 4;
+void tcp_send_striped(const std::vector<int> &fds, int n, const unsigned char *buf, uint64_t bytes, size_t chunk);
+void tcp_recv_striped(const std::vector<int> &fds, int n, unsigned char *buf, uint64_t bytes, size_t chunk);
 // One memcpy pass of `bytes` from src to dst (caller's buffers, already faulted in): GB/s.
 double memcpy_gbps_on(void *dst, const void *src, uint64_t bytes);
 // CPU seconds this process used so far (all threads: user + system).

@@ -7,6 +7,8 @@
 // permutation of 2n, different on each side). Every SmartGen run is followed by the baseline, the same
 // total bytes as one TCP stream between the same two processes (1 MiB send()/recv() on the same pool
 // memory, then a 1-byte ack), and one single-thread memcpy pass over 8x the LLC: medians of --reps.
+// The figure rounds also stripe the baseline over 2 and 4 parallel streams; P1's baseline is the best
+// of the three (a transport that stripes over connections is not bounded by one stream).
 // GCC 12 reports a false -Wrestrict inside std::string concatenation (GCC bug 105329).
 #pragma GCC diagnostic ignored "-Wrestrict"
 
@@ -295,7 +297,11 @@ int run_child(Peer &peer, const std::string &provider, const std::string &local_
             ready.type = kReady;
             ctl_send(peer.ctl, &ready, sizeof ready);
             double cpu0 = process_cpu_seconds();
-            tcp_recv_stream(peer.data, pool.base, total, kTcpChunk);
+            const int streams = m.arg > 1 ? int(m.arg) : 1;  // the striped baseline: over this many
+            if (streams > 1)
+                tcp_recv_striped(peer.streams, streams, pool.base, total, kTcpChunk);
+            else
+                tcp_recv_stream(peer.data, pool.base, total, kTcpChunk);
             r.type = kDone;
             r.v[2] = static_cast<uint64_t>((process_cpu_seconds() - cpu0) * 1e9);
         } else {
@@ -488,6 +494,7 @@ int run_xfer(const Common &c) {
         bool done = false;
         Point bulk, sc;
         std::vector<double> tcp, tcp_cpu_p, tcp_cpu_d, ratio_p1, ratio_p2;
+        std::vector<double> tcp2, tcp4;  // the same bytes over 2 and 4 parallel streams
         std::vector<double> gbps[4], ops[4], staged[4], cpu_p[4], cpu_d[4];  // bulk, auto, never, always
     } fig;
     try {
@@ -627,16 +634,21 @@ int run_xfer(const Common &c) {
             run.requests = static_cast<double>(q.v[4]);
             return run;
         };
-        // The baseline: the same bytes as one TCP stream between the same processes.
-        auto tcp_run = [&](uint64_t bytes) {
+        // The baseline: the same bytes as one TCP stream between the same processes, or striped
+        // over `streams` of them (the ceiling of a transport that stripes: P1's baseline is the best).
+        auto tcp_run = [&](uint64_t bytes, int streams = 1) {
             Msg q{};
             q.type = kTcp;
+            q.arg = uint32_t(streams);
             q.v[0] = bytes;
             ctl_send(peer.ctl, &q, sizeof q);
             ctl_recv(peer.ctl, &q, sizeof q);  // READY
             double cpu0 = process_cpu_seconds();
             uint64_t t0 = now_ns();
-            tcp_send_stream(peer.data, pool.base, bytes, kTcpChunk);
+            if (streams > 1)
+                tcp_send_striped(peer.streams, streams, pool.base, bytes, kTcpChunk);
+            else
+                tcp_send_stream(peer.data, pool.base, bytes, kTcpChunk);
             uint64_t t1 = now_ns();
             double cpu1 = process_cpu_seconds();
             ctl_recv(peer.ctl, &q, sizeof q, 600000);  // DONE
@@ -744,13 +756,16 @@ int run_xfer(const Common &c) {
             }
             for (auto &cf : cfs) sg_run(cf);  // warm-up
             int freps = std::max(reps, 5);
-            progress("xfer", "figures P1/P2: " + std::to_string(freps) + " rounds of raw TCP, bulk, scattered 16 KiB (auto, never, always), " +
+            progress("xfer", "figures P1/P2: " + std::to_string(freps) + " rounds of raw TCP (1, 2 and 4 streams), bulk, scattered 16 KiB (auto, never, always), " +
                                  human_bytes(total) + " each");
             for (int r = 0; r < freps; ++r) {
                 Run t = tcp_run(bulk.total());
                 fig.tcp.push_back(t.gbps);
                 fig.tcp_cpu_p.push_back(t.cpu_p);
                 fig.tcp_cpu_d.push_back(t.cpu_d);
+                fig.tcp2.push_back(tcp_run(bulk.total(), 2).gbps);
+                fig.tcp4.push_back(tcp_run(bulk.total(), kBaselineStreams).gbps);
+                const double best_tcp = std::max({t.gbps, fig.tcp2.back(), fig.tcp4.back()});
                 for (size_t i = 0; i < cfs.size(); ++i) {
                     Run a = sg_run(cfs[i]);
                     fig.gbps[i].push_back(a.gbps);
@@ -759,12 +774,14 @@ int run_xfer(const Common &c) {
                     fig.cpu_p[i].push_back(a.cpu_p);
                     fig.cpu_d[i].push_back(a.cpu_d);
                 }
-                fig.ratio_p1.push_back(fig.gbps[0].back() / t.gbps);
+                fig.ratio_p1.push_back(fig.gbps[0].back() / best_tcp);
                 fig.ratio_p2.push_back(fig.gbps[1].back() / fig.gbps[0].back());
                 char buf[200];
-                std::snprintf(buf, sizeof buf, "figures round %d/%d: tcp %.2f, bulk %.2f, scattered auto %.2f / never %.2f / always %.2f GB/s",
-                              r + 1, freps, t.gbps, fig.gbps[0].back(), fig.gbps[1].back(), fig.gbps[2].back(),
-                              fig.gbps[3].back());
+                std::snprintf(buf, sizeof buf,
+                              "figures round %d/%d: tcp %.2f (2 streams %.2f, 4 streams %.2f), bulk %.2f, scattered auto "
+                              "%.2f / never %.2f / always %.2f GB/s",
+                              r + 1, freps, t.gbps, fig.tcp2.back(), fig.tcp4.back(), fig.gbps[0].back(),
+                              fig.gbps[1].back(), fig.gbps[2].back(), fig.gbps[3].back());
                 progress("xfer", buf);
                 memcpy_all.push_back(memcpy_gbps_on(mc_dst.base, mc_src.base, mc_bytes));
             }
@@ -807,8 +824,14 @@ int run_xfer(const Common &c) {
         Line l1 = base_line(fig.bulk);
         l1.figure = "P1";
         l1.value = median(fig.gbps[0]);
-        l1.baseline_name = "raw TCP stream";
-        l1.baseline_value = median(fig.tcp);
+        // The ceiling is the best of 1, 2 and 4 parallel streams between the same processes (issue
+        // 17: a transport that stripes over connections beats one stream); the single stream stays
+        // beside it.
+        const double tcp1 = median(fig.tcp), tcp2 = median(fig.tcp2), tcp4 = median(fig.tcp4);
+        const double best = std::max({tcp1, tcp2, tcp4});
+        const int best_n = best == tcp1 ? 1 : best == tcp2 ? 2 : kBaselineStreams;
+        l1.baseline_name = "best of 1, 2, 4 TCP streams";
+        l1.baseline_value = best;
         l1.ratio = l1.value / l1.baseline_value;
         l1.extra["target"] = 0.90;
         l1.extra["rounds"] = static_cast<double>(fig.tcp.size());
@@ -820,9 +843,17 @@ int run_xfer(const Common &c) {
         l1.extra["cpu_decode_pct"] = median(fig.cpu_d[0]);
         l1.extra["tcp_cpu_prefill_pct"] = median(fig.tcp_cpu_p);
         l1.extra["tcp_cpu_decode_pct"] = median(fig.tcp_cpu_d);
+        l1.extra["tcp_1_stream_gbps"] = tcp1;
+        l1.extra["tcp_2_streams_gbps"] = tcp2;
+        l1.extra["tcp_4_streams_gbps"] = tcp4;
+        l1.extra["best_streams"] = best_n;
+        l1.extra["ratio_vs_one_stream"] = l1.value / tcp1;
+        char nbuf[160];
+        std::snprintf(nbuf, sizeof nbuf, " (TCP 1 / 2 / 4 streams %.2f / %.2f / %.2f GB/s; vs one stream %.2f)", tcp1,
+                      tcp2, tcp4, l1.value / tcp1);
         l1.note = std::string(session_provider.rfind("tcp", 0) == 0 ? "" : "provider is not tcp;ofi_rxm (P1 is defined over it); ") +
-                  "bulk RMA write / raw TCP stream, alternated " + (l1.ratio >= 0.90 ? "(meets >= 0.90)" : "(SHORT of >= 0.90)") +
-                  quick_note;
+                  "bulk RMA write / best of 1, 2, 4 raw TCP streams, alternated " +
+                  (l1.ratio >= 0.90 ? "(meets >= 0.90)" : "(SHORT of >= 0.90)") + nbuf + quick_note;
         figs.push_back(l1);
         Line l2 = base_line(fig.sc);
         l2.figure = "P2";
