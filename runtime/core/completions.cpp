@@ -81,8 +81,7 @@ void Context::settle(OpCookie *c, int status, const char *error_text) {
     if (c->kind != OpCookie::Kind::Send) {
         budget_.completed(c->len);
         if (c->session) c->session->bytes_inflight -= c->len;
-        if (c->unit && c->unit->path == SG_PATH_SPECULATIVE && c->session) c->session->speculative_inflight -= c->len;
-        if (c->unit && c->unit->path == SG_PATH_PROACTIVE && c->session) c->session->proactive_inflight -= c->len;
+        if (c->unit && c->session) uncount_inflight(*c->session, *c->unit, c->len);
     }
     // What providers report for operations on a connection that went away (rxm fails what was
     // queued on it with EIO or ECANCELED when the peer dies): the peer is lost, not the transport.

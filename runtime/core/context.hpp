@@ -188,6 +188,7 @@ class Context : public transport::CompletionSink {
     SendUnit *next_unit(Transfer &t, int pass);
     void compile_unit(Transfer &t, SendUnit &u);
     void count_unit_bytes(Transfer &t, const SendUnit &u, uint64_t len);
+    void uncount_inflight(Session &s, const SendUnit &u, uint64_t len);
     void apply_held_notices(Transfer &t, uint32_t layer);
     void apply_blocks_ready(Transfer &t, const wire::BlocksReady &m);
     void selective_notices(Transfer &t);

@@ -346,6 +346,12 @@ void Context::count_unit_bytes(Transfer &t, const SendUnit &u, uint64_t len) {
                                      : t.stats.bytes_speculative) += len;
 }
 
+// The other side of count_unit_bytes' in-flight counts: a write completed or was dropped unposted.
+void Context::uncount_inflight(Session &s, const SendUnit &u, uint64_t len) {
+    if (u.path == SG_PATH_SPECULATIVE) s.speculative_inflight -= len;
+    if (u.path == SG_PATH_PROACTIVE) s.proactive_inflight -= len;
+}
+
 // Posts up to `quota` writes of the transfer's units of one pass (0 on-demand, 1 proactive,
 // 2 speculative); returns whether it posted any.
 bool Context::pump_selective(Transfer &t, int pass, uint32_t quota) {
@@ -354,6 +360,11 @@ bool Context::pump_selective(Transfer &t, int pass, uint32_t quota) {
     Session &s = *t.session;
     uint32_t posted = 0;
     auto &queue = pass == 0 ? t.sel.demand_queue : pass == 1 ? t.sel.proactive_queue : t.sel.speculative_queue;
+    // Proactive writes' bound for this call (the context's mutex is held: neither a written layer nor
+    // a fetch can come in meanwhile).
+    const bool decode_may_fetch = t.sel.layers_written == t.layers.size() ||
+                                  (s.last_fetch_ns && now_ns() - s.last_fetch_ns < kSpeculativeYieldNs);
+    const uint64_t proactive_bound = decode_may_fetch ? kProactiveFetchFriendlyBytes : kProactiveInflightBytes;
     while (posted < quota) {
         SendUnit *u = next_unit(t, pass);
         if (!u) break;
@@ -364,12 +375,7 @@ bool Context::pump_selective(Transfer &t, int pass, uint32_t quota) {
             // speculative bulk its own small bound on top.
             if (pass >= 1 && !may_post_bytes(s, len)) break;
             if (pass == 2 && s.speculative_inflight && s.speculative_inflight + len > kSpeculativeInflightBytes) break;
-            if (pass == 1 && s.proactive_inflight) {
-                const bool decode_may_fetch = t.sel.layers_written == t.layers.size() ||
-                                              (s.last_fetch_ns && now_ns() - s.last_fetch_ns < kSpeculativeYieldNs);
-                if (s.proactive_inflight + len > (decode_may_fetch ? kProactiveFetchFriendlyBytes : kProactiveInflightBytes))
-                    break;
-            }
+            if (pass == 1 && s.proactive_inflight && s.proactive_inflight + len > proactive_bound) break;
             if (!(u->staged ? post_staged_chunk(t, u->layer, u->ops, u->next_op, u)
                              : post_write_op(t, u->layer, u->ops, u->next_op, u)))
                 break;

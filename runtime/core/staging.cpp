@@ -273,9 +273,7 @@ void Context::drop_pack(Pack &p) {
     if (p.unit) {
         p.unit->outstanding--;
         p.unit->packs_pending--;
-        // count_unit_bytes counted it as in flight on its path
-        if (p.unit->path == SG_PATH_SPECULATIVE) s.speculative_inflight -= p.used;
-        if (p.unit->path == SG_PATH_PROACTIVE) s.proactive_inflight -= p.used;
+        uncount_inflight(s, *p.unit, p.used);
     } else {
         t.layers[p.layer].out.outstanding--;
         t.layers[p.layer].out.packs_pending--;
