@@ -36,7 +36,12 @@ mkfifo "$tmp/in_dec" "$tmp/in_pre"
 ip netns exec "$b" "$peer_bin" decode 198.51.100.2 "$port" <"$tmp/in_dec" >"$tmp/dec.out" 2>&1 &
 pids+=($!)
 exec 3>"$tmp/in_dec"
-sleep 0.3
+# The prefill side connects once the decode side listens (a fixed 0.3 s was too short under
+# ThreadSanitizer: "connection refused").
+for _ in $(seq 100); do
+  ip netns exec "$b" ss -ltnH "sport = :$port" 2>/dev/null | grep -q . && break
+  sleep 0.1
+done
 ip netns exec "$a" "$peer_bin" prefill 198.51.100.1 198.51.100.2 "$port" <"$tmp/in_pre" >"$tmp/pre.out" 2>&1 &
 pids+=($!)
 exec 4>"$tmp/in_pre"
