@@ -10,11 +10,22 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 
+#include <dirent.h>
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <string>
 
 namespace sg::transport {
@@ -97,6 +108,64 @@ Capabilities caps_of(const fi_info *i) {
     c.provider_keys = (c.mr_mode & FI_MR_PROV_KEY) != 0;
     c.send_after_write = (c.msg_order & FI_ORDER_SAW) != 0;
     return c;
+}
+
+// The shm provider names an endpoint's region "<pid>:<uid>:<endpoint index>" and creates it with
+// O_EXCL. A process killed with SIGKILL leaves its regions in /dev/shm, and once its pid comes
+// round again (quickly in a container, where pids are small) the new process's fi_enable fails
+// with EBUSY. So SmartGen names its regions itself, with 64 random bits, and marks a live one by
+// holding a shared flock on it: a region whose lock anyone can take exclusively has no owner, and
+// is removed when the next SmartGen shm endpoint opens. The lock works across pid namespaces that
+// share /dev/shm, where a pid check would not.
+constexpr const char *kShmPrefix = "smartgen-";
+// A region is created by fi_enable and locked right after; only a region older than this can be
+// judged by its lock, so that a reaper never races a region being born. Its age is its mtime, set
+// when the provider sizes it (writes through the mapping leave it alone on tmpfs).
+constexpr time_t kShmReapAgeSeconds = 60;
+
+std::string fresh_shm_name() {
+    uint64_t nonce = 0;
+    if (getrandom(&nonce, sizeof nonce, 0) != ssize_t(sizeof nonce))
+        nonce = uint64_t(std::time(nullptr)) * 0x9e3779b97f4a7c15ull ^ uint64_t(getpid()) << 20;
+    char name[64];
+    std::snprintf(name, sizeof name, "%s%d-%016llx", kShmPrefix, int(getpid()), static_cast<unsigned long long>(nonce));
+    return name;
+}
+
+// True for names fresh_shm_name() makes: the prefix, digits, '-', 16 hex digits, nothing after.
+// The provider's per-message files ("<name>_<id>") and anything else are left alone.
+bool is_smartgen_region_name(const char *name) {
+    const size_t prefix = std::strlen(kShmPrefix);
+    if (std::strncmp(name, kShmPrefix, prefix) != 0) return false;
+    const char *p = name + prefix;
+    const char *digits = p;
+    while (*p >= '0' && *p <= '9') ++p;
+    if (p == digits || *p != '-') return false;
+    ++p;
+    for (int i = 0; i < 16; ++i, ++p)
+        if (!std::isxdigit(static_cast<unsigned char>(*p))) return false;
+    return *p == '\0';
+}
+
+// Removes regions of SmartGen shm endpoints whose processes are gone. Best effort: a region
+// another user owns, or one that disappears meanwhile, is skipped. Returns how many were removed.
+size_t reap_orphaned_shm_regions() {
+    DIR *dir = opendir("/dev/shm");
+    if (!dir) return 0;
+    size_t removed = 0;
+    const time_t now = std::time(nullptr);
+    while (dirent *entry = readdir(dir)) {
+        if (!is_smartgen_region_name(entry->d_name)) continue;
+        const int fd = shm_open(entry->d_name, O_RDONLY | O_CLOEXEC, 0);
+        if (fd < 0) continue;
+        struct stat st {};
+        const bool old_enough = fstat(fd, &st) == 0 && st.st_uid == geteuid() &&
+                                now - st.st_mtime >= kShmReapAgeSeconds;
+        if (old_enough && flock(fd, LOCK_EX | LOCK_NB) == 0 && shm_unlink(entry->d_name) == 0) ++removed;
+        ::close(fd);
+    }
+    closedir(dir);
+    return removed;
 }
 
 }  // namespace
@@ -337,7 +406,18 @@ class LibfabricTransport final : public Transport {
         if ((rc = fi_endpoint(domain_, info_.get(), &ep_, nullptr))) fi_fail("fi_endpoint", rc);
         if ((rc = fi_ep_bind(ep_, &av_->fid, 0))) fi_fail("fi_ep_bind(av)", rc);
         if ((rc = fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV))) fi_fail("fi_ep_bind(cq)", rc);
+        std::string shm_name;
+        if (prov == "shm") {
+            reap_orphaned_shm_regions();
+            shm_name = fresh_shm_name();
+            if ((rc = fi_setname(&ep_->fid, shm_name.data(), shm_name.size() + 1))) fi_fail("fi_setname(shm)", rc);
+        }
         if ((rc = fi_enable(ep_))) fi_fail("fi_enable", rc);
+        if (!shm_name.empty()) {
+            shm_lock_fd_ = shm_open(shm_name.c_str(), O_RDONLY | O_CLOEXEC, 0);
+            if (shm_lock_fd_ < 0 || flock(shm_lock_fd_, LOCK_SH) != 0)
+                fail(SG_ERR_TRANSPORT, "cannot mark shm region " + shm_name + " as in use: " + std::strerror(errno));
+        }
         // Without send-after-write ordering, a notice may only follow writes that are complete at the
         // target, so writes ask for delivery completion.
         write_flags_ = FI_COMPLETION | (caps_.send_after_write ? 0 : FI_DELIVERY_COMPLETE);
@@ -370,6 +450,7 @@ class LibfabricTransport final : public Transport {
         if (av_) fi_close(&av_->fid);
         if (domain_) fi_close(&domain_->fid);
         if (fabric_) fi_close(&fabric_->fid);
+        if (shm_lock_fd_ >= 0) ::close(shm_lock_fd_);  // after the provider has removed the region
     }
 
     InfoPtr info_;
@@ -380,6 +461,7 @@ class LibfabricTransport final : public Transport {
     fid_cq *cq_ = nullptr;
     fid_ep *ep_ = nullptr;
     int wait_fd_ = -1;
+    int shm_lock_fd_ = -1;  // holds a shared flock on this endpoint's shm region while it lives
     uint64_t write_flags_ = FI_COMPLETION;
     size_t recv_bytes_ = 0;
     std::vector<uint8_t> recv_area_;
