@@ -314,7 +314,16 @@ SG_API sg_status_t sg_context_create(const sg_context_options_t *options, sg_con
         if (o.log_level < SG_LOG_OFF || o.log_level > SG_LOG_DEBUG) fail(SG_ERR_INVALID_ARGUMENT, "options.log_level is out of range");
         if (o.provider && !*o.provider)
             fail(SG_ERR_INVALID_ARGUMENT, "options.provider is \"\": pass NULL or \"auto\" to choose automatically");
-        if (o.local_addr) check_ip_literal(o.local_addr, "options.local_addr");
+        if (o.local_addr) {
+            const std::string list(o.local_addr);
+            for (size_t start = 0;;) {
+                const size_t comma = list.find(',', start);
+                check_ip_literal(list.substr(start, comma - start).c_str(), "options.local_addr");
+                if (comma == std::string::npos) break;
+                start = comma + 1;
+            }
+        }
+        if (o.lanes > 16) fail(SG_ERR_INVALID_ARGUMENT, "options.lanes must be <= 16");
         if (o.max_ops_in_flight > 4096) fail(SG_ERR_INVALID_ARGUMENT, "options.max_ops_in_flight must be <= 4096");
         auto ctx = std::make_shared<core::Context>(o);
         *out = wrap<sg_context_t>(contexts().add(std::move(ctx)));
@@ -448,6 +457,9 @@ SG_API sg_status_t sg_context_metrics_text(sg_context_t h, char *buf, size_t cap
             {"smartgen_auth_failures_total", "counter", "Sessions refused by authentication.", s.auth_failures},
             {"smartgen_stalls_total", "counter", "Times a transfer with work waited for the in-flight bounds.", s.stalls},
             {"smartgen_registrations", "gauge", "Memory registrations held now.", s.registrations},
+            {"smartgen_lanes", "gauge", "Lanes the context stripes writes over.", s.lanes},
+            {"smartgen_lane_failovers_total", "counter", "Writes moved off a failed lane.", s.lane_failovers},
+            {"smartgen_lanes_lost_total", "counter", "(peer, lane) pairs given up after an error.", s.lanes_lost},
         };
         std::string text;
         for (const Metric &m : metrics) {

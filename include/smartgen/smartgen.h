@@ -228,7 +228,9 @@ typedef struct sg_context_options {
     /* Address the data endpoint binds to: an IPv4 dotted-quad or IPv6 literal ("fe80::1%eth0" too).
      * NULL means 127.0.0.1: nothing binds to an address the caller did not name, so cross-host use
      * must name the NIC address. A host name or anything else is refused (SG_ERR_INVALID_ARGUMENT
-     * naming local_addr), not resolved. Borrowed. */
+     * naming local_addr), not resolved. Since 0.2: several literals separated by commas name
+     * several NICs (rails); the context then stripes over one lane per address at least (see
+     * lanes). Borrowed. */
     const char *local_addr;
     /* true (default): a library thread drives progress. false: the host calls sg_context_progress. */
     bool progress_thread;
@@ -276,6 +278,16 @@ typedef struct sg_context_options {
     /* Optional transfer event callback (see sg_transfer_event_fn) and its user pointer. */
     sg_transfer_event_fn transfer_event_fn;
     void *transfer_event_user;
+    /* Since 0.2. Lanes: endpoints, each with its own connection to a peer and its own thread, that
+     * a session's writes are striped over (the one that has least outstanding to that peer takes
+     * the next write, so a faster lane carries more); control messages keep to lane 0 and a layer's
+     * notice still never overtakes its data. A write that fails on a lane other than lane 0 is
+     * moved to the others (sg_context_stats: lane_failovers). 0 = the default: 1, or the number of
+     * addresses in local_addr; the environment variable SG_LANES, read at creation, overrides it.
+     * At most 16. Two peers use as many lanes as the one with fewer has; a peer before 0.2 uses
+     * one. Same-host shm sessions use one lane. Providers that choose their own memory keys
+     * (verbs, efa) cannot be striped yet: more than 1 there is SG_ERR_INVALID_ARGUMENT. */
+    uint32_t lanes;
 } sg_context_options_t;
 
 /* Fills defaults, struct_size and header_version. Since 0.1. */
@@ -365,6 +377,11 @@ typedef struct sg_context_stats {
     /* Since 0.1.1: memory registrations the context holds now (pools exported to sessions,
      * staging slots); a gauge, not a counter: back to its earlier value once sessions close. */
     uint64_t registrations;
+    /* Since 0.2: lanes of the context's network provider (a gauge); writes moved off a failed lane
+     * and completed on another; (peer, lane) pairs given up after an error. */
+    uint64_t lanes;
+    uint64_t lane_failovers;
+    uint64_t lanes_lost;
 } sg_context_stats_t;
 
 /* Sets struct_size and clears the rest. Since 0.1. */

@@ -78,7 +78,22 @@ Context::Context(const sg_context_options_t &opt) : id(random_u64()), opt_(opt) 
     netns_ = read_netns_inode();
 
     std::string prov = transport::canonical_provider(opt.provider ? opt.provider : "");
-    const std::string addr = opt.local_addr ? opt.local_addr : "127.0.0.1";
+    // Rails: local_addr may name several addresses; the first is where discovery looks.
+    std::vector<std::string> rails;
+    for (std::string list = opt.local_addr ? opt.local_addr : "127.0.0.1"; !list.empty();) {
+        const size_t comma = list.find(',');
+        rails.push_back(list.substr(0, comma));
+        list = comma == std::string::npos ? "" : list.substr(comma + 1);
+    }
+    const std::string addr = rails[0];
+    uint32_t lanes = opt.lanes;  // 0 for callers built before 0.2 (the ABI fills what they lack)
+    if (const char *env = std::getenv("SG_LANES"); env && *env) {
+        char *end = nullptr;
+        const unsigned long v = std::strtoul(env, &end, 10);
+        if (*end || v > 16) fail(SG_ERR_INVALID_ARGUMENT, std::string("SG_LANES=") + env + " is not a lane count of 0 to 16");
+        lanes = uint32_t(v);
+    }
+    if (lanes == 0) lanes = uint32_t(rails.size());
     std::vector<std::string> to_open;
     if (prov.empty() || prov == "auto") {
         auto ranked = transport::rank_candidates(transport::discover(addr.c_str()));
@@ -96,6 +111,12 @@ Context::Context(const sg_context_options_t &opt) : id(random_u64()), opt_(opt) 
         o.provider = to_open[i];
         o.local_addr = addr;
         o.recv_buffer_bytes = wire::kMaxFrameBytes;
+        // Lanes stripe over connections; shm has none, and its peers are on this host.
+        if (to_open[i] != "shm") {
+            o.lanes = lanes;
+            if (rails.size() > 1) o.rail_addrs = rails;
+        }
+        o.lane_threads = to_open[i] != "fake";  // the fake fabric's schedules stay one thread's
         try {
             transports.push_back(transport::open(o));
             transport_options_.push_back(o);
@@ -154,6 +175,13 @@ sg_context_stats_t Context::stats() {
     s.registrations = 0;
     for (auto &t : transports) s.registrations += t->live_registrations();
     for (auto &t : retired_transports_) s.registrations += t->live_registrations();
+    s.lanes = 0;
+    for (auto &t : transports) {
+        const auto lanes = t->lane_stats();
+        s.lanes = std::max<uint64_t>(s.lanes, lanes.lanes);
+        s.lane_failovers += lanes.failovers;
+        s.lanes_lost += lanes.lanes_lost;
+    }
     return s;
 }
 
@@ -186,7 +214,10 @@ wire::Hello Context::hello() const {
     h.ctx_id = id;
     h.boot_id = boot_id_;
     h.netns_inode = netns_;
-    for (auto &t : transports) h.endpoints.push_back({t->caps().provider, t->local_address()});
+    // One endpoint per lane, all under the provider's name, lane 0 first: a peer before 0.2 takes
+    // the first of a name it knows and stripes nothing.
+    for (auto &t : transports)
+        for (auto &address : t->lane_addresses()) h.endpoints.push_back({t->caps().provider, address});
     if (!key_.empty()) {
         h.auth = wire::AuthMode::HmacSha256;
         h.nonce = auth::random_nonce();

@@ -43,6 +43,7 @@ void Context::lose_session(Session &s, sg_status_t status, const std::string &wh
     s.advance(SessionState::Closed);
     s.lost_ns = now_ns();
     forget_held_frames(s);
+    s.tp->peer_lost(s.peer);
     if (status == SG_ERR_PEER_LOST && !peer_closed) counters.peers_lost++;
     if (!peer_closed && s.tp->caps().local_only && transports[s.transport_index].get() == s.tp)
         renew_transport(s.transport_index);
@@ -99,7 +100,10 @@ Session::Session(Context *c, const wire::Hello &hello, const sg_session_options_
     tp_owner = ctx->transports[transport_index];
     tp = tp_owner.get();
     provider = tp->caps().provider;
-    peer = tp->insert_peer(hello.endpoints[peer_ep].address);
+    std::vector<std::vector<uint8_t>> lanes;  // the peer's lanes on this provider, lane 0 first
+    for (size_t k = peer_ep; k < hello.endpoints.size(); ++k)
+        if (hello.endpoints[k].provider == provider) lanes.push_back(hello.endpoints[k].address);
+    peer = tp->insert_peer_lanes(lanes);
     // Staging areas come on first use, by role (Context::offer_staging, Context::send_staging_of):
     // a session that only posts never receives staged writes, one that only expects never packs.
     free_send_slots = (1u << StagingArea::kSlots) - 1;

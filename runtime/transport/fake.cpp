@@ -188,6 +188,7 @@ class FakeTransport final : public Transport {
         id_ = f_->next_endpoint++;
         Endpoint &e = f_->endpoints[id_];
         e.recv_bytes = opt.recv_buffer_bytes ? opt.recv_buffer_bytes : 256 * 1024;
+        delivery_complete_ = opt.delivery_complete;
     }
 
     ~FakeTransport() override {
@@ -301,7 +302,7 @@ class FakeTransport final : public Transport {
             f_->complete(op, -EACCES, "fake: local protection error (a local buffer without its registration)");
             return 0;
         }
-        op.early = caps_.send_after_write && f_->rng.chance(f_->knobs.early_completion);
+        op.early = caps_.send_after_write && !delivery_complete_ && f_->rng.chance(f_->knobs.early_completion);
         enqueue(std::move(op));
         return 0;
     }
@@ -368,6 +369,7 @@ class FakeTransport final : public Transport {
     std::shared_ptr<Fabric::State> f_;
     Capabilities caps_;
     uint32_t id_ = 0;
+    bool delivery_complete_ = false;  // OpenOptions::delivery_complete: no early completions
 };
 
 struct Event {

@@ -420,7 +420,7 @@ class LibfabricTransport final : public Transport {
         }
         // Without send-after-write ordering, a notice may only follow writes that are complete at the
         // target, so writes ask for delivery completion.
-        write_flags_ = FI_COMPLETION | (caps_.send_after_write ? 0 : FI_DELIVERY_COMPLETE);
+        write_flags_ = FI_COMPLETION | (caps_.send_after_write && !opt.delivery_complete ? 0 : FI_DELIVERY_COMPLETE);
 
         const size_t nbuf = opt.recv_buffers ? opt.recv_buffers : 32;
         recv_bytes_ = opt.recv_buffer_bytes ? opt.recv_buffer_bytes : 256 * 1024;
@@ -479,8 +479,9 @@ std::unique_ptr<Transport> open_libfabric(const OpenOptions &options) {
 // "fake" is never a libfabric provider name, and discovery (fi_getinfo) never lists it, so only a
 // context that names it gets the in-memory fabric.
 std::unique_ptr<Transport> open(const OpenOptions &options) {
-    if (options.provider == "fake") return fake::open_fake(options);
-    return open_libfabric(options);
+    auto open_one = options.provider == "fake" ? &fake::open_fake : &open_libfabric;
+    if (options.lanes > 1 || options.rail_addrs.size() > 1) return open_striped(options, open_one);
+    return open_one(options);
 }
 
 }  // namespace sg::transport

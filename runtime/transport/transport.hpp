@@ -38,6 +38,8 @@ struct Capabilities {
     // connection that breaks when a peer dies: operations addressed to a dead peer never complete,
     // and its wait object does not fire when a peer writes into our queues.
     bool local_only = false;
+    // Lanes a transport stripes writes over (lanes.cpp); 1 for a plain endpoint.
+    uint32_t lanes = 1;
 };
 
 // A candidate as ranked for the runtime, with the reason it was kept or rejected.
@@ -112,6 +114,26 @@ class Transport {
     // Registrations made through register_memory and not yet deregistered (the runtime's own
     // receive buffers excluded): a leak check for soaks and tests.
     virtual uint64_t live_registrations() const = 0;
+
+    // Lanes (several endpoints striped as one, lanes.cpp). A plain endpoint has one lane and these
+    // fall back to the calls above. lane_addresses()[0] is local_address(); a peer that names only
+    // its first lane (an older or single-lane peer) gets every operation on lane 0.
+    virtual std::vector<std::vector<uint8_t>> lane_addresses() const { return {local_address()}; }
+    virtual PeerAddr insert_peer_lanes(std::span<const std::vector<uint8_t>> addresses) {
+        if (addresses.empty()) fail(SG_ERR_PROTOCOL, "the peer named no endpoint");
+        return insert_peer(addresses[0]);
+    }
+    struct LaneStats {
+        uint32_t lanes = 1;
+        uint64_t failovers = 0;    // writes moved off a failed lane and completed on another
+        uint64_t lanes_lost = 0;   // (peer, lane) pairs given up after an error
+        std::vector<uint64_t> bytes_per_lane;
+    };
+    virtual LaneStats lane_stats() const { return {}; }
+    // The runtime has given up on this peer (its session is lost): operations the transport still
+    // holds for it and has not handed to the provider complete now with -ECANCELED. A plain
+    // endpoint holds none.
+    virtual void peer_lost(PeerAddr peer) { (void)peer; }
 };
 
 // Cookies handed to post_* start with provider context space.
@@ -122,9 +144,23 @@ struct OpenOptions {
     std::string local_addr;  // "" = 127.0.0.1
     size_t recv_buffer_bytes = 0;
     size_t recv_buffers = 0;
+    // Every write completes only once it is placed at the target (FI_DELIVERY_COMPLETE), whatever
+    // ordering the provider offers: what a striped transport's lanes need, since a notice on one
+    // lane cannot be ordered after writes on another.
+    bool delivery_complete = false;
+    // Striping (lanes.cpp): > 1 opens that many endpoints and spreads writes over them.
+    uint32_t lanes = 1;
+    // Rails: local addresses the lanes bind to, round-robin (empty: local_addr for all).
+    std::vector<std::string> rail_addrs;
+    // true: each lane progresses on its own thread; false: poll() drives them (deterministic, for
+    // the fake fabric's seeded schedules).
+    bool lane_threads = true;
 };
 
 std::unique_ptr<Transport> open_libfabric(const OpenOptions &options);
+// A striped transport over options.lanes endpoints that open_one opens (lanes.cpp).
+std::unique_ptr<Transport> open_striped(const OpenOptions &options,
+                                        std::unique_ptr<Transport> (*open_one)(const OpenOptions &));
 // Opens the transport that options.provider names: a libfabric provider, or "fake" (an in-memory
 // fabric for deterministic tests, transport/fake.hpp).
 std::unique_ptr<Transport> open(const OpenOptions &options);

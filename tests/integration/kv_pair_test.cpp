@@ -6,11 +6,16 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <functional>
+#include <string>
 #include <cstdlib>
 #include <numeric>
 #include <random>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 namespace {
 
@@ -133,11 +138,20 @@ uint64_t verify_layer(Pool &pool, const Plan &p, uint32_t layer) {
 }
 
 // The decode process: expects every transfer, checks each layer inside its ready event.
-int decode_side(const char *provider, uint16_t port, uint64_t run_seed, int count, Shape src_shape, Shape dst_shape) {
-    sg_context_t ctx = sgtest::make_context(provider);
+int decode_side(const char *provider, uint16_t port, uint64_t run_seed, int count, Shape src_shape, Shape dst_shape,
+                uint32_t lanes, const std::string &metadata_file) {
+    sg_context_t ctx = sgtest::make_context(provider, lanes);
     CHILD_CHECK(ctx, "context");
     sg_session_t s = nullptr;
     CHILD_CHECK(sg_session_connect(ctx, "127.0.0.1", port, nullptr, 5 * kSecond, &s, nullptr) == SG_OK, "connect");
+    if (!metadata_file.empty()) {
+        std::vector<uint8_t> blob(65536);
+        size_t len = 0;
+        CHILD_CHECK(sg_context_get_metadata(ctx, blob.data(), blob.size(), &len) == SG_OK, "metadata");
+        FILE *f = std::fopen((metadata_file + ".tmp").c_str(), "wb");
+        CHILD_CHECK(f && std::fwrite(blob.data(), 1, len, f) == len && std::fclose(f) == 0, "write metadata");
+        CHILD_CHECK(std::rename((metadata_file + ".tmp").c_str(), metadata_file.c_str()) == 0, "rename metadata");
+    }
     Pool pool(dst_shape);
     sg_kv_handle_t kv = nullptr;
     CHILD_CHECK(sg_kv_register(ctx, &pool.layout, &kv, nullptr) == SG_OK, "register");
@@ -183,6 +197,12 @@ struct RunConfig {
     uint64_t staging_threshold;  // UINT64_MAX = provider default
     Shape src, dst;
     int count;
+    uint32_t lanes = 0;  // both sides'; 0 = the default (one)
+    // Called in the prefill process right after transfer i is posted (the rail test breaks a lane there).
+    std::function<void(sg_context_t ctx, int i, const Plan &p)> after_post;
+    bool expect_failover = false;
+    // The decode process writes its context's metadata here once its session is up (rail test).
+    std::string decode_metadata_file;
 };
 
 void run_prefill(const RunConfig &cfg) {
@@ -197,10 +217,12 @@ void run_prefill(const RunConfig &cfg) {
     uint64_t staged = 0, ops = 0, bytes = 0;
     const int child = sgtest::run_pair(
         [&](uint16_t port) {
-            return port ? decode_side(cfg.provider, port, run_seed, cfg.count, cfg.src, cfg.dst) : 0;
+            return port ? decode_side(cfg.provider, port, run_seed, cfg.count, cfg.src, cfg.dst, cfg.lanes,
+                                      cfg.decode_metadata_file)
+                        : 0;
         },
         [&](uint16_t *port) {
-            ctx = sgtest::make_context(cfg.provider);
+            ctx = sgtest::make_context(cfg.provider, cfg.lanes);
             if (!ctx) {
                 skip = sg_last_error_message();
                 return;
@@ -236,6 +258,7 @@ void run_prefill(const RunConfig &cfg) {
                                            nullptr),
                           SG_OK)
                     << sg_last_error_message();
+                if (cfg.after_post) cfg.after_post(ctx, i, p);
                 if (!p.all_written) {
                     // Layer streaming: each layer is "computed" and then handed over while the
                     // next one is being produced.
@@ -268,6 +291,19 @@ void run_prefill(const RunConfig &cfg) {
     if (cfg.staging_threshold == UINT64_MAX) {
         EXPECT_GT(staged, 0u);
         EXPECT_LT(staged, bytes);
+    }
+    sg_context_stats_t cs;
+    sg_context_stats_init(&cs);
+    ASSERT_EQ(sg_context_stats(ctx, &cs), SG_OK);
+    EXPECT_EQ(cs.lanes, cfg.lanes ? cfg.lanes : 1u);
+    if (cfg.expect_failover) {
+        EXPECT_GE(cs.lanes_lost, 1u);
+        EXPECT_GE(cs.lane_failovers, 1u) << "no write was moved off the broken lane";
+        EXPECT_EQ(cs.peers_lost, 0u);
+        std::printf("[ info ] lanes lost %llu, writes moved to other lanes %llu\n", (unsigned long long)cs.lanes_lost,
+                    (unsigned long long)cs.lane_failovers);
+    } else {
+        EXPECT_EQ(cs.lane_failovers, 0u);
     }
     sg_listener_destroy(lis);
     EXPECT_EQ(sg_context_destroy(ctx), SG_OK);
@@ -305,4 +341,78 @@ TEST(KvPairTcp, MapsDifferentBlockSizeAndOrder) {
     dst.blocks = 512;
     dst.order = SG_BLOCK_HEAD_MAJOR;
     run_prefill({"tcp", UINT64_MAX, Shape{}, dst, std::max(10, transfer_count() / 4)});
+}
+
+// Striped over 2 and 4 lanes (each its own connection and thread): the decode process checks every
+// byte of a layer inside its ready event, so a notice that overtook its data on another lane would
+// fail there. Direct writes, and staged chunks (whose notices wait for their writes too).
+TEST(KvPairTcp, StripedOverTwoLanes) {
+    run_prefill({"tcp", 0, Shape{}, Shape{}, std::max(10, transfer_count() / 2), 2});
+}
+
+TEST(KvPairTcp, StripedOverFourLanesStaged) {
+    run_prefill({"tcp", uint64_t(64) << 20, Shape{}, Shape{}, std::max(10, transfer_count() / 4), 4});
+}
+
+// The TCP ports of a context's tcp lanes, in lane order, read from its metadata blob: each lane's
+// endpoint name is a sockaddr_in on 127.0.0.1 (family 2, port, 7f 00 00 01).
+static std::vector<uint16_t> lane_ports(const std::vector<uint8_t> &blob) {
+    std::vector<uint16_t> ports;
+    for (size_t i = 0; i + 8 <= blob.size(); ++i)
+        if (blob[i] == 2 && blob[i + 1] == 0 && blob[i + 4] == 127 && blob[i + 5] == 0 && blob[i + 6] == 0 && blob[i + 7] == 1)
+            ports.push_back(uint16_t(blob[i + 2] << 8 | blob[i + 3]));
+    return ports;
+}
+
+static std::vector<uint8_t> read_file(const std::string &path) {
+    std::vector<uint8_t> out;
+    if (FILE *f = std::fopen(path.c_str(), "rb")) {
+        uint8_t buf[4096];
+        for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) out.insert(out.end(), buf, buf + n);
+        std::fclose(f);
+    }
+    return out;
+}
+
+// A rail that breaks mid-transfer: lane 1's TCP connections are killed (ss -K, as a NIC or switch
+// port going away resets them) while a transfer is moving. Its writes move to lanes 0 and 2, every
+// transfer still completes and the decode process finds every byte of every layer right; the
+// prefill side's statistics count the lost lane and the moved writes.
+TEST(KvPairTcp, ARailKilledMidTransferMovesItsWritesToTheOthers) {
+    if (geteuid() != 0) GTEST_SKIP() << "killing a TCP connection with ss -K needs root (CAP_NET_ADMIN)";
+    if (std::system("ss -K dst 127.0.0.1 dport = :1 >/dev/null 2>&1") != 0)
+        GTEST_SKIP() << "ss -K is unavailable here (iproute2 missing or no CONFIG_INET_DIAG_DESTROY)";
+    char dir[] = "/tmp/sg-rail-XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    RunConfig cfg{"tcp", 0, Shape{}, Shape{}, 24, 3};
+    cfg.decode_metadata_file = std::string(dir) + "/decode.meta";
+    cfg.expect_failover = true;
+    int kills = 0;
+    std::string kill_output;
+    cfg.after_post = [&](sg_context_t ctx, int i, const Plan &p) {
+        // Under a transfer big enough to be moving on every lane; again under later ones until a
+        // write in flight on lane 1 has failed (a kill between two writes breaks nothing in flight,
+        // and the next write reconnects).
+        sg_context_stats_t cs;
+        sg_context_stats_init(&cs);
+        ASSERT_EQ(sg_context_stats(ctx, &cs), SG_OK);
+        if (cs.lanes_lost > 0 || i < 2 || p.tokens < 1024) return;
+        const auto ports = lane_ports(read_file(cfg.decode_metadata_file));
+        ASSERT_EQ(ports.size(), 3u) << "decode lanes in its metadata";
+        std::this_thread::sleep_for(std::chrono::milliseconds(1 + kills % 3));
+        const std::string cmd = "ss -K -t -n '( sport = :" + std::to_string(ports[1]) + " or dport = :" +
+                                std::to_string(ports[1]) + " )' 2>&1";
+        FILE *f = popen(cmd.c_str(), "r");
+        ASSERT_NE(f, nullptr);
+        char line[512];
+        while (std::fgets(line, sizeof line, f)) kill_output += line;
+        pclose(f);
+        ++kills;
+    };
+    run_prefill(cfg);
+    EXPECT_GT(kills, 0) << "no transfer was large enough to break a rail under";
+    std::printf("[ info ] lane 1 killed %d time(s)\n", kills);
+    EXPECT_NE(kill_output.find("ESTAB"), std::string::npos) << "ss killed no connection of lane 1:\n" << kill_output;
+    std::remove(cfg.decode_metadata_file.c_str());
+    rmdir(dir);
 }

@@ -33,10 +33,11 @@ namespace sgtest {
 
 constexpr uint64_t kSecond = 1000000000ull;
 
-inline sg_context_t make_context(const char *provider) {
+inline sg_context_t make_context(const char *provider, uint32_t lanes = 0) {
     sg_context_options_t o;
     sg_context_options_init(&o);
     o.provider = provider;
+    o.lanes = lanes;
     SG_TEST_USE_KEY(o);
     sg_context_t ctx = nullptr;
     sg_error_info_t err;

@@ -119,6 +119,8 @@ struct PairConfig {
     uint64_t max_bytes_in_flight = 0;
     uint64_t max_session_bytes_in_flight = 0;
     uint32_t peer_timeout_ms = 0;
+    uint32_t lanes = 0;         // 0: one (SG_LANES aside)
+    uint32_t decode_lanes = 0;  // the decode side's, when it differs (0: lanes)
 };
 
 inline sg_context_options_t context_options(const PairConfig &cfg) {
@@ -131,6 +133,7 @@ inline sg_context_options_t context_options(const PairConfig &cfg) {
     o.max_bytes_in_flight = cfg.max_bytes_in_flight;
     o.max_session_bytes_in_flight = cfg.max_session_bytes_in_flight;
     o.peer_timeout_ms = cfg.peer_timeout_ms;
+    o.lanes = cfg.lanes;
     SG_TEST_USE_KEY(o);
     return o;
 }
@@ -162,7 +165,9 @@ struct FakePair {
         wire::Hello hp, hd;
         for (;;) {
             prefill = std::make_unique<core::Context>(context_options(cfg));
-            decode = std::make_unique<core::Context>(context_options(cfg));
+            PairConfig decode_cfg = cfg;
+            if (cfg.decode_lanes) decode_cfg.lanes = cfg.decode_lanes;
+            decode = std::make_unique<core::Context>(context_options(decode_cfg));
             hp = core::parse_metadata(*decode, prefill->metadata());
             hd = core::parse_metadata(*prefill, decode->metadata());
             if ((hp.ctx_id < hd.ctx_id) == prefill_speaks_first) break;

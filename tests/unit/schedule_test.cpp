@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <set>
 
 namespace {
 
@@ -410,6 +411,114 @@ TEST(Schedule, ASendRefusedOnABrokenLinkDoesNotKeepItsTransferFromQuiescing) {
     ASSERT_TRUE(p.run_until([&] { return quiesced(*p.prefill, *r.post); }, 20000))
         << "the prefill transfer of a lost session never quiesces";
     r.finish();
+}
+
+
+// ---- lanes: one session striped over several endpoints (transport/lanes.cpp) ----
+
+// Every layer the decode side calls ready holds its bytes, at every step: with lanes, a notice on
+// lane 0 cannot be ordered after writes on another lane, so the writes ask for delivery completion
+// and the notice waits for them. The fabric completes writes early where it may (early_completion:
+// a write completing before it lands) and delays and holds the rest, so lanes finish out of order.
+class LaneSchedule : public ::testing::TestWithParam<uint32_t> {};
+
+TEST_P(LaneSchedule, NoLayerIsReadyBeforeItsBytesOnAnyLane) {
+    const NoStaging direct;
+    PairConfig cfg;
+    cfg.lanes = GetParam();
+    cfg.knobs.delay = 0.4;
+    cfg.knobs.hold = 0.4;
+    cfg.knobs.early_completion = 0.5;
+    cfg.max_ops_in_flight = 16;
+    for (uint64_t seed = 1; seed <= 12; ++seed) {
+        FakePair p(0x1a4e0 + seed, cfg);
+        Request r(p, 6, 48, 190);
+        r.do_expect();
+        r.do_post();
+        size_t ready_seen = 0;
+        std::string overtaken;
+        ASSERT_TRUE(p.run_until([&] {
+            for (uint32_t l = 0; l < r.src.layers; ++l) {
+                if (!r.expect->layers[l].ready) continue;
+                ++ready_seen;
+                for (size_t i = 0; i < r.st.size(); ++i)
+                    if (!same_tokens(r.src, r.st, r.dst, r.dt, r.tokens, l, i)) {
+                        overtaken = "layer " + std::to_string(l) + " ready before block " + std::to_string(i) + " landed";
+                        return true;
+                    }
+            }
+            return r.both_quiesced();
+        })) << "seed " << seed;
+        ASSERT_EQ(overtaken, "") << "seed " << seed;
+        EXPECT_EQ(r.post->status, SG_OK);
+        EXPECT_EQ(r.expect->status, SG_OK);
+        EXPECT_TRUE(r.exact());
+        EXPECT_GT(ready_seen, 0u);
+        // The writes really were spread: every lane's endpoint wrote some.
+        std::set<uint32_t> writers;
+        for (const auto &w : p.fabric.writes()) writers.insert(w.from);
+        EXPECT_EQ(writers.size(), size_t(GetParam())) << "seed " << seed;
+        EXPECT_EQ(p.prefill->stats().lanes, GetParam());
+        r.finish();
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Lanes, LaneSchedule, ::testing::Values(2u, 4u),
+                         [](const auto &info) { return std::to_string(info.param) + "lanes"; });
+
+// A lane whose link breaks mid-transfer: its writes move to the other lanes, the transfer completes
+// byte-exact, and the statistics count the move.
+TEST(Lanes, AWriteOnABrokenLaneMovesToAnotherAndTheTransferStaysExact) {
+    const NoStaging direct;
+    for (double throws : {0.0, 1.0}) {  // a broken link's posts fail at completion, or throw at once
+        PairConfig cfg;
+        cfg.lanes = 3;
+        cfg.knobs.delay = 0.3;
+        cfg.knobs.broken_posts_throw = throws;
+        cfg.max_ops_in_flight = 8;
+        FakePair p(0x1a4f0 + uint64_t(throws), cfg);
+        Request r(p, 8, 64, 256);
+        r.do_expect();
+        r.do_post();
+        ASSERT_TRUE(p.run_until([&] { return p.fabric.writes().size() >= 6; }));
+        // Lane 1 of each side: the endpoints named second in each Hello.
+        const auto hp = core::parse_metadata(*p.decode, p.prefill->metadata());
+        const auto hd = core::parse_metadata(*p.prefill, p.decode->metadata());
+        ASSERT_EQ(hp.endpoints.size(), 3u);
+        p.fabric.drop_link(fake::Fabric::endpoint_id(hp.endpoints[1].address),
+                           fake::Fabric::endpoint_id(hd.endpoints[1].address));
+        ASSERT_TRUE(r.run_to_quiesce());
+        EXPECT_EQ(r.post->status, SG_OK) << "broken_posts_throw " << throws;
+        EXPECT_EQ(r.expect->status, SG_OK);
+        EXPECT_TRUE(r.exact());
+        const auto s = p.prefill->stats();
+        EXPECT_EQ(s.lanes_lost, 1u);
+        EXPECT_EQ(s.peers_lost, 0u);
+        r.finish();
+    }
+}
+
+// A striped context and a one-lane peer, either way round: the session uses lane 0 alone and moves
+// every byte.
+TEST(Lanes, AStripedContextWorksWithAOneLanePeer) {
+    const NoStaging direct;
+    for (uint32_t prefill_lanes : {1u, 4u}) {
+        PairConfig cfg;
+        cfg.knobs.delay = 0.2;
+        cfg.lanes = prefill_lanes;
+        cfg.decode_lanes = prefill_lanes == 1 ? 4 : 1;
+        FakePair p(0x1a500 + prefill_lanes, cfg);
+        Request r(p, 4, 32, 128);
+        r.do_expect();
+        r.do_post();
+        ASSERT_TRUE(r.run_to_quiesce());
+        EXPECT_EQ(r.post->status, SG_OK);
+        EXPECT_TRUE(r.exact());
+        std::set<uint32_t> writers;
+        for (const auto &w : p.fabric.writes()) writers.insert(w.from);
+        EXPECT_EQ(writers.size(), 1u);
+        r.finish();
+    }
 }
 
 }  // namespace
