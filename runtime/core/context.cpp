@@ -87,13 +87,27 @@ Context::Context(const sg_context_options_t &opt) : id(random_u64()), opt_(opt) 
     }
     const std::string addr = rails[0];
     uint32_t lanes = opt.lanes;  // 0 for callers built before 0.2 (the ABI fills what they lack)
+    bool explicit_lanes = lanes != 0;
     if (const char *env = std::getenv("SG_LANES"); env && *env) {
         char *end = nullptr;
         const unsigned long v = std::strtoul(env, &end, 10);
         if (*end || v > 16) fail(SG_ERR_INVALID_ARGUMENT, std::string("SG_LANES=") + env + " is not a lane count of 0 to 16");
         lanes = uint32_t(v);
+        explicit_lanes = lanes != 0;
     }
-    if (lanes == 0) lanes = uint32_t(rails.size());
+    // The default: one lane per rail named; else two for tcp, which moved 1.5x more bulk than one
+    // on loopback here (docs/benchmarks.md, issue 17); one elsewhere (verbs and efa choose their
+    // own memory keys, which lanes cannot share yet).
+    const bool tcp = prov.empty() || prov == "auto" || prov == "tcp;ofi_rxm";
+    if (lanes == 0) lanes = rails.size() > 1 ? uint32_t(rails.size()) : tcp ? 2 : 1;
+    explicit_lanes = explicit_lanes || rails.size() > 1;
+    // Tuning and tests: writes below this many bytes stay on lane 0 (transport/lanes.cpp).
+    uint64_t lane_small_write_bytes = transport::OpenOptions{}.lane_small_write_bytes;
+    if (const char *env = std::getenv("SG_LANE_SMALL_WRITE_BYTES"); env && *env) {
+        char *end = nullptr;
+        lane_small_write_bytes = std::strtoull(env, &end, 10);
+        if (*end) fail(SG_ERR_INVALID_ARGUMENT, std::string("SG_LANE_SMALL_WRITE_BYTES=") + env + " is not a byte count");
+    }
     std::vector<std::string> to_open;
     if (prov.empty() || prov == "auto") {
         auto ranked = transport::rank_candidates(transport::discover(addr.c_str()));
@@ -113,7 +127,8 @@ Context::Context(const sg_context_options_t &opt) : id(random_u64()), opt_(opt) 
         o.recv_buffer_bytes = wire::kMaxFrameBytes;
         // Lanes stripe over connections; shm has none, and its peers are on this host.
         if (to_open[i] != "shm") {
-            o.lanes = lanes;
+            o.lanes = to_open[i] == "tcp;ofi_rxm" || explicit_lanes ? lanes : 1;
+            o.lane_small_write_bytes = lane_small_write_bytes;
             if (rails.size() > 1) o.rail_addrs = rails;
         }
         o.lane_threads = to_open[i] != "fake";  // the fake fabric's schedules stay one thread's

@@ -1,28 +1,33 @@
-// Striping: one Transport over several endpoints ("lanes"), each with its own connection to a peer
-// and, by default, its own thread. On loopback tcp one stream is bound by the one thread that copies
-// its bytes; the same bytes over two or four connections, each driven by its own thread, move
-// 1.6-1.8x more on two cores (measured: tools/bench xfer's striped baseline, docs/benchmarks.md).
-// On a host with several NICs each lane binds to one of them (rails).
+// Striping: one Transport over several endpoints ("lanes"), each with its own connection to a peer.
+// On loopback tcp one stream is bound by the one thread that copies its bytes; the same bytes over
+// two or four connections, each driven by its own thread, move 1.6-1.8x more on two cores
+// (measured: tools/bench xfer's striped baseline, docs/benchmarks.md). On a host with several NICs
+// each lane binds to one of them (rails).
 //
 // What the runtime above sees is one transport:
-// - Writes go to the live lane with the fewest bytes outstanding to that peer, so a faster lane
-//   (rail) takes a larger share by itself. Each lane posts and progresses its own operations on
-//   its thread; a post here only queues the write and wakes that thread.
-// - Control messages all go on lane 0, in order. Because a message on lane 0 cannot be ordered after
-//   writes on another lane, every lane asks for delivery completion and this transport reports no
-//   send-after-write ordering: the runtime then sends a layer's notice only once its writes have
-//   completed at the target, whichever lanes carried them.
-// - A write that fails on lane k > 0 marks lane k failed for that peer and is posted again on a live
-//   lane (the same bytes to the same place: the transfer stays byte-exact); the runtime sees one
-//   completion. Lane 0's failure, or the last lane's, is reported as it is: the session is lost as
-//   with one connection.
+// - Lane 0 is driven by the caller (the runtime's progress thread) exactly as a plain endpoint is:
+//   control messages and small writes (OpenOptions::lane_small_write_bytes) are posted on it in
+//   the call. Every other lane
+//   has a thread of its own that posts and progresses its operations; a write handed to one is
+//   queued and that thread woken.
+// - A large write goes to the live lane with the fewest bytes outstanding to that peer, so a faster
+//   lane (rail) takes a larger share by itself.
+// - Notices go on lane 0 after writes that may be on another lane, which no provider orders: writes
+//   on lanes > 0 ask for delivery completion and this transport reports no send-after-write
+//   ordering, so the runtime sends a layer's notice only once its writes have completed (lane 0's
+//   own writes are ordered before its notices by the provider, as on a plain endpoint).
+// - A write that fails on lane k > 0 marks lane k failed for that peer and waits until the peer
+//   shows it is alive on another lane (a completion there since), then is posted again on a live
+//   lane: the same bytes to the same place, so the transfer stays byte-exact, and the runtime sees
+//   one completion. Lane 0's failure is the session's, as with one connection.
 //
-// Locks: lane.mu serialises calls into one lane's endpoint (FI_THREAD_DOMAIN); events_mu_ and
-// each lane's queue_mu are leaves. The runtime's calls arrive one at a time (transport.hpp) and
+// Locks: lane.mu serialises calls into one lane's endpoint (FI_THREAD_DOMAIN); peers_mu_, events_mu_
+// and each lane's queue_mu are leaves. The runtime's calls arrive one at a time (transport.hpp) and
 // take at most one lane.mu at a time; lane threads take only their own.
 #include "transport/transport.hpp"
 
 #include <poll.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -48,14 +53,16 @@ struct LaneRegistrations {
 class StripedTransport final : public Transport {
   public:
     StripedTransport(const OpenOptions &opt, std::unique_ptr<Transport> (*open_one)(const OpenOptions &))
-        : threads_(opt.lane_threads) {
+        : threads_(opt.lane_threads), small_write_bytes_(opt.lane_small_write_bytes) {
         const uint32_t n = std::max<uint32_t>({opt.lanes, uint32_t(opt.rail_addrs.size()), 1});
         if (n > kMaxLanes) fail(SG_ERR_INVALID_ARGUMENT, "at most " + std::to_string(kMaxLanes) + " lanes");
         for (uint32_t i = 0; i < n; ++i) {
             OpenOptions one = opt;
             one.lanes = 1;
             one.rail_addrs.clear();
-            one.delivery_complete = true;
+            // Lane 0 carries the notices, so the provider's own send-after-write ordering covers
+            // its writes; writes on other lanes must be at the target before they complete.
+            one.delivery_complete = i > 0;
             if (!opt.rail_addrs.empty()) one.local_addr = opt.rail_addrs[i % opt.rail_addrs.size()];
             auto lane = std::make_unique<Lane>();
             lane->t = open_one(one);
@@ -70,12 +77,20 @@ class StripedTransport final : public Transport {
         caps_.lanes = n;
         event_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (event_fd_ < 0) fail(SG_ERR_INTERNAL, std::string("eventfd: ") + std::strerror(errno));
+        // The caller's wait descriptor: our events, and lane 0's endpoint, which poll() drives.
+        wait_epoll_ = ::epoll_create1(EPOLL_CLOEXEC);
+        if (wait_epoll_ < 0) fail(SG_ERR_INTERNAL, std::string("epoll_create1: ") + std::strerror(errno));
+        epoll_event ev{};
+        ev.events = EPOLLIN;
+        ::epoll_ctl(wait_epoll_, EPOLL_CTL_ADD, event_fd_, &ev);
+        if (lanes_[0]->t->wait_fd() >= 0) ::epoll_ctl(wait_epoll_, EPOLL_CTL_ADD, lanes_[0]->t->wait_fd(), &ev);
+        for (size_t i = 0; i < lanes_.size(); ++i) lanes_[i]->inline_driven = !threads_ || i == 0;
         if (threads_) {
-            for (auto &lane : lanes_) {
-                lane->kick_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-                if (lane->kick_fd < 0) fail(SG_ERR_INTERNAL, std::string("eventfd: ") + std::strerror(errno));
+            for (size_t i = 1; i < lanes_.size(); ++i) {
+                lanes_[i]->kick_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+                if (lanes_[i]->kick_fd < 0) fail(SG_ERR_INTERNAL, std::string("eventfd: ") + std::strerror(errno));
             }
-            for (size_t i = 0; i < lanes_.size(); ++i) lanes_[i]->thread = std::thread([this, i] { lane_loop(i); });
+            for (size_t i = 1; i < lanes_.size(); ++i) lanes_[i]->thread = std::thread([this, i] { lane_loop(i); });
         }
     }
 
@@ -87,6 +102,7 @@ class StripedTransport final : public Transport {
             if (lane->kick_fd >= 0) ::close(lane->kick_fd);
         }
         if (event_fd_ >= 0) ::close(event_fd_);
+        if (wait_epoll_ >= 0) ::close(wait_epoll_);
     }
 
     const Capabilities &caps() const override { return caps_; }
@@ -188,10 +204,14 @@ class StripedTransport final : public Transport {
         op.key = key;
         op.cookie = cookie;
         for (const LocalIov &v : local) op.bytes += v.len;
-        const int lane = pick_lane(*p, op.bytes);
+        // Small writes stay on lane 0, posted in this call like a plain endpoint's: striping them buys
+        // nothing and a handover to another lane's thread costs more than the write.
+        const bool small = op.bytes < small_write_bytes_;
+        const int lane = small ? 0 : pick_lane(*p, op.bytes);
+        if (small) add_outstanding(*p, 0, op.bytes);
         if (lane < 0) fail(SG_ERR_TRANSPORT, "every lane to this peer has failed");
         enqueue(size_t(lane), std::move(op));
-        post_now_without_threads(size_t(lane));
+        post_now_if_inline(size_t(lane));
         return 0;
     }
 
@@ -205,13 +225,13 @@ class StripedTransport final : public Transport {
         op.cookie = cookie;
         (void)p;
         enqueue(0, std::move(op));
-        post_now_without_threads(0);
+        post_now_if_inline(0);
         return 0;
     }
 
     size_t poll(CompletionSink &sink) override {
-        if (!threads_)
-            for (size_t i = 0; i < lanes_.size(); ++i) drive_lane(i);
+        for (size_t i = 0; i < lanes_.size(); ++i)
+            if (lanes_[i]->inline_driven) drive_lane(i);
         resolve_held();
         uint64_t drained;
         (void)!::read(event_fd_, &drained, sizeof drained);
@@ -231,7 +251,7 @@ class StripedTransport final : public Transport {
         return n;
     }
 
-    int wait_fd() const override { return event_fd_; }
+    int wait_fd() const override { return wait_epoll_; }
 
     bool prepare_wait() override {
         if (!threads_) return false;  // poll() drives the lanes: callers must keep calling it
@@ -239,8 +259,14 @@ class StripedTransport final : public Transport {
             std::lock_guard lock(peers_mu_);
             if (!held_.empty()) return false;  // poll() decides their fate on a clock
         }
-        std::lock_guard lock(events_mu_);
-        return events_.empty();
+        {
+            std::lock_guard lock(events_mu_);
+            if (!events_.empty()) return false;
+        }
+        Lane &first = *lanes_[0];
+        if (has_pending(first)) return false;
+        std::lock_guard lock(first.mu);
+        return first.t->prepare_wait();
     }
 
     void peer_lost(PeerAddr id) override { kill_peer(id, -ECANCELED, "the session with the peer is lost"); }
@@ -296,6 +322,7 @@ class StripedTransport final : public Transport {
         std::deque<Op> pending;       // queued by post_*, posted by the lane's thread
         std::unordered_map<void *, Op> in_flight;  // by cookie; touched under mu
         std::thread thread;
+        bool inline_driven = false;  // driven by poll() on the caller's thread (lane 0, or all without threads)
         int kick_fd = -1;
         std::atomic<bool> sleeping{false};
         std::atomic<uint64_t> bytes_completed{0};
@@ -332,6 +359,11 @@ class StripedTransport final : public Transport {
         std::lock_guard lock(peers_mu_);
         if (id >= peers_.size() || peers_[id]->removed) fail(SG_ERR_INTERNAL, "striped transport: unknown peer");
         return peers_[id].get();
+    }
+
+    void add_outstanding(Peer &p, size_t lane, uint64_t bytes) {
+        std::lock_guard lock(peers_mu_);
+        p.outstanding[lane] += bytes;
     }
 
     // The live lane with the fewest bytes outstanding to this peer; -1 when none is left.
@@ -580,7 +612,7 @@ class StripedTransport final : public Transport {
         for (auto &[op, lane] : moves) {
             failovers_.fetch_add(1);
             enqueue(size_t(lane), std::move(op));
-            post_now_without_threads(size_t(lane));
+            post_now_if_inline(size_t(lane));
         }
     }
 
@@ -595,9 +627,9 @@ class StripedTransport final : public Transport {
         return n;
     }
 
-    // Without lane threads, a post reaches its endpoint in the call, as on a plain transport.
-    void post_now_without_threads(size_t lane_index) {
-        if (threads_) return;
+    // A lane the caller drives gets the post in the call, as a plain endpoint would.
+    void post_now_if_inline(size_t lane_index) {
+        if (!lanes_[lane_index]->inline_driven) return;
         std::lock_guard lock(lanes_[lane_index]->mu);
         post_pending(lane_index);
     }
@@ -647,6 +679,7 @@ class StripedTransport final : public Transport {
     }
 
     const bool threads_;
+    const uint64_t small_write_bytes_;
     std::vector<std::unique_ptr<Lane>> lanes_;
     Capabilities caps_;
     std::mutex peers_mu_;  // a leaf
@@ -655,6 +688,7 @@ class StripedTransport final : public Transport {
     std::mutex events_mu_;  // a leaf
     std::deque<Event> events_;
     int event_fd_ = -1;
+    int wait_epoll_ = -1;
     std::atomic<bool> stop_{false};
     std::atomic<uint64_t> failovers_{0}, lanes_lost_{0};
 };

@@ -150,6 +150,8 @@ struct OpenOptions {
     bool delivery_complete = false;
     // Striping (lanes.cpp): > 1 opens that many endpoints and spreads writes over them.
     uint32_t lanes = 1;
+    // Writes smaller than this stay on lane 0 (posted in the caller's call, no handover).
+    uint64_t lane_small_write_bytes = 256 * 1024;
     // Rails: local addresses the lanes bind to, round-robin (empty: local_addr for all).
     std::vector<std::string> rail_addrs;
     // true: each lane progresses on its own thread; false: poll() drives them (deterministic, for

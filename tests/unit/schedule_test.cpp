@@ -422,8 +422,15 @@ TEST(Schedule, ASendRefusedOnABrokenLinkDoesNotKeepItsTransferFromQuiescing) {
 // a write completing before it lands) and delays and holds the rest, so lanes finish out of order.
 class LaneSchedule : public ::testing::TestWithParam<uint32_t> {};
 
+// The pools here have small blocks; without this every write would stay on lane 0.
+struct EveryWriteStriped {
+    EveryWriteStriped() { ::setenv("SG_LANE_SMALL_WRITE_BYTES", "0", 1); }
+    ~EveryWriteStriped() { ::unsetenv("SG_LANE_SMALL_WRITE_BYTES"); }
+};
+
 TEST_P(LaneSchedule, NoLayerIsReadyBeforeItsBytesOnAnyLane) {
     const NoStaging direct;
+    const EveryWriteStriped striped;
     PairConfig cfg;
     cfg.lanes = GetParam();
     cfg.knobs.delay = 0.4;
@@ -470,6 +477,7 @@ INSTANTIATE_TEST_SUITE_P(Lanes, LaneSchedule, ::testing::Values(2u, 4u),
 // byte-exact, and the statistics count the move.
 TEST(Lanes, AWriteOnABrokenLaneMovesToAnotherAndTheTransferStaysExact) {
     const NoStaging direct;
+    const EveryWriteStriped striped;
     for (double throws : {0.0, 1.0}) {  // a broken link's posts fail at completion, or throw at once
         PairConfig cfg;
         cfg.lanes = 3;
@@ -502,6 +510,7 @@ TEST(Lanes, AWriteOnABrokenLaneMovesToAnotherAndTheTransferStaysExact) {
 // every byte.
 TEST(Lanes, AStripedContextWorksWithAOneLanePeer) {
     const NoStaging direct;
+    const EveryWriteStriped striped;
     for (uint32_t prefill_lanes : {1u, 4u}) {
         PairConfig cfg;
         cfg.knobs.delay = 0.2;
@@ -517,6 +526,36 @@ TEST(Lanes, AStripedContextWorksWithAOneLanePeer) {
         std::set<uint32_t> writers;
         for (const auto &w : p.fabric.writes()) writers.insert(w.from);
         EXPECT_EQ(writers.size(), 1u);
+        r.finish();
+    }
+}
+
+// By default small writes stay on lane 0, posted in the call like a plain endpoint's; only writes of
+// at least lane_small_write_bytes (256 KiB) are striped.
+TEST(Lanes, SmallWritesStayOnLaneZeroAndLargeOnesAreStriped) {
+    const NoStaging direct;
+    for (uint32_t head_dim : {64u, 8192u}) {  // 4-token blocks of 512 B, or of 64 KiB coalesced past 256 KiB
+        PairConfig cfg;
+        cfg.lanes = 2;
+        cfg.knobs.max_msg_size = 1 << 20;
+        FakePair p(0x1a510 + head_dim, cfg);
+        Request r(p, 2, 32, 128, head_dim);
+        r.st = iota_table(r.st.size());
+        r.dt = iota_table(r.dt.size());  // contiguous on both sides: runs coalesce
+        r.do_expect();
+        r.do_post();
+        ASSERT_TRUE(r.run_to_quiesce());
+        EXPECT_TRUE(r.exact());
+        std::set<uint32_t> writers;
+        uint64_t largest = 0;
+        for (const auto &w : p.fabric.writes()) {
+            writers.insert(w.from);
+            largest = std::max(largest, w.len);
+        }
+        if (largest < 256 * 1024)
+            EXPECT_EQ(writers.size(), 1u) << "writes of at most " << largest << " bytes";
+        else
+            EXPECT_EQ(writers.size(), 2u) << "writes of up to " << largest << " bytes";
         r.finish();
     }
 }

@@ -25,6 +25,8 @@ const Subcommand kSubcommands[] = {
      "                    baseline is the best of the three stream counts)\n"
      "  --staging POLICY  staging policy of the sweep points: auto (default), always, never\n"
      "  --max-ops-in-flight N  SG_PARAM_MAX_OPS_IN_FLIGHT of the posting side (default: the library's)\n"
+     "  --lanes N         lanes each context stripes a session over, both sides (SG_LANES; default:\n"
+     "                    the library's)\n"
      "  --fetch-blocks N  blocks per on-demand request with --op fetch (default 4)\n"
      "  --serve IP:PORT   run only the peer side, waiting for a measuring side started with --peer\n"
      "  --peer IP:PORT    do not fork: measure against a peer started with --serve there (both sides\n"

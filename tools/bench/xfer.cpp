@@ -137,6 +137,9 @@ sg_kv_handle_t register_pool(sg_context_t ctx, unsigned char *base, const Point 
     return kv;
 }
 
+// Lanes of the last context made here (both sides get the same: --lanes sets SG_LANES for both).
+uint64_t g_lanes = 1;
+
 sg_context_t make_context(const std::string &provider, const std::vector<unsigned char> &key,
                           const std::string &local_addr) {
     sg_context_options_t o;
@@ -153,6 +156,9 @@ sg_context_t make_context(const std::string &provider, const std::vector<unsigne
     sg_error_info_init(&err);
     sg_context_t ctx = nullptr;
     check(sg_context_create(&o, &ctx, &err), "sg_context_create", &err);
+    sg_context_stats_t st;
+    sg_context_stats_init(&st);
+    if (sg_context_stats(ctx, &st) == SG_OK) g_lanes = st.lanes;
     return ctx;
 }
 
@@ -352,6 +358,7 @@ int run_xfer(const Common &c) {
     bool no_figures = f.take_switch("--no-figures");
     auto staging_s = f.take("--staging");
     auto max_ops_s = f.take("--max-ops-in-flight");
+    auto lanes_s = f.take("--lanes");
     auto serve_s = f.take("--serve");
     auto peer_s = f.take("--peer");
     std::string link = f.take("--link").value_or(peer_s ? "remote" : "loopback");
@@ -429,6 +436,12 @@ int run_xfer(const Common &c) {
         max_ops = std::strtoull(max_ops_s->c_str(), &end, 10);
         if (!end || *end || max_ops < lo || max_ops > hi)
             bad_flag("--max-ops-in-flight", "expected " + std::to_string(lo) + ".." + std::to_string(hi) + ", got '" + *max_ops_s + "'");
+    }
+    if (lanes_s) {
+        char *end = nullptr;
+        const unsigned long lanes = std::strtoul(lanes_s->c_str(), &end, 10);
+        if (!end || *end || lanes < 1 || lanes > 16) bad_flag("--lanes", "expected 1..16, got '" + *lanes_s + "'");
+        ::setenv("SG_LANES", lanes_s->c_str(), 1);  // read by every context made from here on, both sides
     }
     uint64_t fetch_blocks = 4;
     if (fetch_s) {
@@ -706,6 +719,7 @@ int run_xfer(const Common &c) {
             double ops_med = median(s.ops);
             l.extra["rma_ops"] = ops_med;
             l.extra["max_ops_in_flight"] = static_cast<double>(max_ops);
+            l.extra["lanes"] = static_cast<double>(g_lanes);
             l.extra["ops_per_s"] = ops_med / (static_cast<double>(p.total()) / (l.value * 1e9));
             l.extra["staged_mib"] = median(s.staged) / 1048576.0;
             l.extra["cpu_prefill_pct"] = median(s.cpu_p);
