@@ -112,14 +112,15 @@ run_asan_phase() {
     "$ROOT/${BUILD_PREFIX}asan/tools/soak/smartgen-soak" --short --rss-bound-mib 512
 }
 
-# ThreadSanitizer: the tests that run threads against each other (concurrency, sessions, failures);
+# ThreadSanitizer: the tests that run threads against each other (concurrency, sessions, failures,
+# and a rail killed under the lanes' threads);
 # they all live in integration_tests (and link_peer for Failure.NetnsLinkDown), so only those are
 # built. die_after_fork=0: the failure tests fork a peer process that starts its own threads, which is
 # allowed by SmartGen's fork rule (a child makes its own context) but TSan refuses by default.
 run_tsan_phase() {
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:die_after_fork=0${TSAN_OPTIONS:+:$TSAN_OPTIONS}" \
     preset_build_and_test tsan --targets "integration_tests link_peer" \
-      -R '^(Concurrency|Session|Failure|Paths|Bootstrap|Reconnect|GracefulClose)\.'
+      -R '^(Concurrency|Session|Failure|Paths|Bootstrap|Reconnect|GracefulClose)\.|^KvPairTcp\.ARail'
 }
 
 TOTAL_START=$(now_ms)
