@@ -19,7 +19,9 @@
 // - A write that fails on lane k > 0 marks lane k failed for that peer and waits until the peer
 //   shows it is alive on another lane (a completion there since), then is posted again on a live
 //   lane: the same bytes to the same place, so the transfer stays byte-exact, and the runtime sees
-//   one completion. Lane 0's failure is the session's, as with one connection.
+//   one completion. This assumes a connection-class error (reset, EIO, ...) means the first copy
+//   will not land later: true of a TCP connection once reset, which is what fails a lane here.
+//   Other errors fail the write as on a plain endpoint. Lane 0's failure is the session's.
 //
 // Locks: lane.mu serialises calls into one lane's endpoint (FI_THREAD_DOMAIN); peers_mu_, events_mu_
 // and each lane's queue_mu are leaves. The runtime's calls arrive one at a time (transport.hpp) and
@@ -63,6 +65,8 @@ class StripedTransport final : public Transport {
             // Lane 0 carries the notices, so the provider's own send-after-write ordering covers
             // its writes; writes on other lanes must be at the target before they complete.
             one.delivery_complete = i > 0;
+            // Messages travel on lane 0 only; the others keep a couple of receive buffers, not 32.
+            if (i > 0) one.recv_buffers = 2;
             if (!opt.rail_addrs.empty()) one.local_addr = opt.rail_addrs[i % opt.rail_addrs.size()];
             auto lane = std::make_unique<Lane>();
             lane->t = open_one(one);
@@ -90,19 +94,29 @@ class StripedTransport final : public Transport {
                 lanes_[i]->kick_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
                 if (lanes_[i]->kick_fd < 0) fail(SG_ERR_INTERNAL, std::string("eventfd: ") + std::strerror(errno));
             }
-            for (size_t i = 1; i < lanes_.size(); ++i) lanes_[i]->thread = std::thread([this, i] { lane_loop(i); });
+            try {
+                for (size_t i = 1; i < lanes_.size(); ++i) lanes_[i]->thread = std::thread([this, i] { lane_loop(i); });
+            } catch (...) {
+                stop_threads();
+                throw;
+            }
         }
     }
 
     ~StripedTransport() override {
+        stop_threads();
+        for (auto &lane : lanes_)
+            if (lane->kick_fd >= 0) ::close(lane->kick_fd);
+        if (event_fd_ >= 0) ::close(event_fd_);
+        if (wait_epoll_ >= 0) ::close(wait_epoll_);
+    }
+
+    void stop_threads() noexcept {
         stop_.store(true);
         for (auto &lane : lanes_) {
             kick(*lane);
             if (lane->thread.joinable()) lane->thread.join();
-            if (lane->kick_fd >= 0) ::close(lane->kick_fd);
         }
-        if (event_fd_ >= 0) ::close(event_fd_);
-        if (wait_epoll_ >= 0) ::close(wait_epoll_);
     }
 
     const Capabilities &caps() const override { return caps_; }
@@ -149,11 +163,8 @@ class StripedTransport final : public Transport {
         Peer *p = peer(id);
         for (size_t i = 0; i < p->addr.size(); ++i) {
             std::lock_guard lock(lanes_[i]->mu);
-            // Queued operations for this peer are dropped with it: the runtime no longer waits for them.
-            std::lock_guard q(lanes_[i]->queue_mu);
-            auto &pending = lanes_[i]->pending;
-            pending.erase(std::remove_if(pending.begin(), pending.end(), [&](const Op &op) { return op.peer == id; }),
-                          pending.end());
+            // Operations still queued for this peer complete as canceled: their cookies come back.
+            for (Op &op : take_pending(*lanes_[i], id)) fail_op(std::move(op), -ECANCELED, "the peer was removed");
             lanes_[i]->t->remove_peer(p->addr[i]);
         }
         std::lock_guard lock(peers_mu_);
@@ -269,6 +280,7 @@ class StripedTransport final : public Transport {
         return first.t->prepare_wait();
     }
 
+    // Writes to a lost peer are canceled; messages still go (a Bye's answer, say), for a while.
     void peer_lost(PeerAddr id) override { kill_peer(id, -ECANCELED, "the session with the peer is lost"); }
 
     LaneStats lane_stats() const override {
@@ -285,6 +297,8 @@ class StripedTransport final : public Transport {
     // How long a write that failed on one lane waits for the peer to show it is alive elsewhere
     // before it moves anyway. A dead peer fails lane 0 (or the whole session) well within it.
     static constexpr uint64_t kFailoverWaitNs = 200000000;
+    // How long messages to a peer given up still try to leave (a Bye's answer behind a full queue).
+    static constexpr uint64_t kDeadSendGraceNs = 1000000000;
 
     struct Op {
         PeerAddr peer = 0;
@@ -303,7 +317,8 @@ class StripedTransport final : public Transport {
         std::vector<uint64_t> outstanding;  // bytes posted and not completed, per lane
         std::vector<uint64_t> last_ok_ns;   // when a lane last completed something for this peer
         bool removed = false;
-        bool dead = false;  // lane 0 failed, or the runtime gave the peer up: nothing moves to it now
+        bool dead = false;  // lane 0 failed, or the runtime gave the peer up: no write moves to it now
+        uint64_t dead_ns = 0;
     };
 
     // A write that failed on a lane > 0, waiting to learn whether only that lane broke (then it
@@ -323,6 +338,7 @@ class StripedTransport final : public Transport {
         std::unordered_map<void *, Op> in_flight;  // by cookie; touched under mu
         std::thread thread;
         bool inline_driven = false;  // driven by poll() on the caller's thread (lane 0, or all without threads)
+        std::atomic<bool> queue_full{false};  // the endpoint refused its queue's head (EAGAIN)
         int kick_fd = -1;
         std::atomic<bool> sleeping{false};
         std::atomic<uint64_t> bytes_completed{0};
@@ -392,6 +408,11 @@ class StripedTransport final : public Transport {
         (void)!::write(lane.kick_fd, &one, sizeof one);
     }
 
+    void wake_caller() {
+        const uint64_t one = 1;
+        (void)!::write(event_fd_, &one, sizeof one);
+    }
+
     void push_event(Event e) {
         bool was_empty;
         {
@@ -430,12 +451,13 @@ class StripedTransport final : public Transport {
                 p = op.peer < peers_.size() && !peers_[op.peer]->removed ? peers_[op.peer].get() : nullptr;
             }
             if (!p) continue;  // removed while queued
-            bool dead;
+            bool dead, give_up_sends;
             {
                 std::lock_guard lock(peers_mu_);
                 dead = p->dead;
+                give_up_sends = dead && now_ns() - p->dead_ns > kDeadSendGraceNs;
             }
-            if (dead) {
+            if (dead && (!op.send || give_up_sends)) {
                 fail_op(std::move(op), -ECANCELED, "the peer is gone");
                 continue;
             }
@@ -446,7 +468,8 @@ class StripedTransport final : public Transport {
                                            op.cookie);
                 } else {
                     LocalIov iov[8];
-                    const size_t n = std::min<size_t>(op.local.size(), 8);
+                    if (op.local.size() > 8) fail(SG_ERR_INTERNAL, "striped transport: more than 8 local iovs in one write");
+                    const size_t n = op.local.size();
                     for (size_t i = 0; i < n; ++i) {
                         iov[i] = op.local[i];
                         if (iov[i].desc) iov[i].desc = static_cast<LaneRegistrations *>(iov[i].desc)->per_lane[lane_index].desc;
@@ -465,8 +488,10 @@ class StripedTransport final : public Transport {
             if (rc == -EAGAIN) {
                 std::lock_guard q(lane.queue_mu);
                 lane.pending.push_front(std::move(op));
+                lane.queue_full = true;  // only a completion frees it: the lane's thread may sleep
                 return;
             }
+            lane.queue_full = false;
             lane.in_flight.emplace(op.cookie, std::move(op));
         }
     }
@@ -505,6 +530,11 @@ class StripedTransport final : public Transport {
             return;
         }
         const std::string text = error_text ? error_text : "";
+        if (!connection_broke(status)) {
+            // This operation's own failure (a protection error, say): the transfer's, not the lane's.
+            fail_op(std::move(op), status, text);
+            return;
+        }
         if (op.send || lane_index == 0) {
             // Lane 0 carries the session's messages: its failure is the session's.
             const PeerAddr id = op.peer;
@@ -523,11 +553,24 @@ class StripedTransport final : public Transport {
                 const bool another = std::any_of(p->failed.begin(), p->failed.end(), [](bool f) { return !f; });
                 if (another) {
                     held_.push_back({std::move(op), status, text, now_ns()});
+                    wake_caller();  // poll() decides its fate
                     return;
                 }
             }
         }
         fail_op(std::move(op), status, text);
+    }
+
+    // The errors providers report for operations on a connection that went away (rxm fails what was
+    // queued on it with EIO or ECANCELED): the ones the runtime also reads as a lost peer.
+    static bool connection_broke(int status) {
+        switch (-status) {
+            case ECONNRESET: case EPIPE: case ENOTCONN: case ECONNABORTED: case ECONNREFUSED: case EHOSTUNREACH:
+            case ETIMEDOUT: case EIO: case ECANCELED: case ESHUTDOWN: case ENETDOWN: case ENETUNREACH: case EHOSTDOWN:
+                return true;
+            default:
+                return false;
+        }
     }
 
     void fail_op(Op op, int status, const std::string &text) {
@@ -546,6 +589,7 @@ class StripedTransport final : public Transport {
             std::lock_guard lock(peers_mu_);
             if (id >= peers_.size() || peers_[id]->dead) return;
             peers_[id]->dead = true;
+            peers_[id]->dead_ns = now_ns();
             for (auto it = held_.begin(); it != held_.end();) {
                 if (it->op.peer == id) {
                     held.push_back(std::move(*it));
@@ -556,21 +600,24 @@ class StripedTransport final : public Transport {
             }
         }
         for (Held &h : held) fail_op(std::move(h.op), h.status, h.text);
-        for (auto &lane : lanes_) {
-            std::deque<Op> dropped;
-            {
-                std::lock_guard q(lane->queue_mu);
-                for (auto it = lane->pending.begin(); it != lane->pending.end();) {
-                    if (it->peer == id) {
-                        dropped.push_back(std::move(*it));
-                        it = lane->pending.erase(it);
-                    } else {
-                        ++it;
-                    }
-                }
+        for (auto &lane : lanes_)
+            for (Op &op : take_pending(*lane, id, /*writes_only=*/true))
+                fail_op(std::move(op), status ? status : -ECANCELED, text);
+    }
+
+    // Takes a peer's queued operations (or only its writes) out of a lane's queue.
+    std::deque<Op> take_pending(Lane &lane, PeerAddr id, bool writes_only = false) {
+        std::deque<Op> taken;
+        std::lock_guard q(lane.queue_mu);
+        for (auto it = lane.pending.begin(); it != lane.pending.end();) {
+            if (it->peer == id && !(writes_only && it->send)) {
+                taken.push_back(std::move(*it));
+                it = lane.pending.erase(it);
+            } else {
+                ++it;
             }
-            for (Op &op : dropped) fail_op(std::move(op), status ? status : -ECANCELED, text);
         }
+        return taken;
     }
 
     // Moves a held write once the peer shows it is alive on another lane (a completion there since
@@ -658,14 +705,16 @@ class StripedTransport final : public Transport {
                 can_block = lane.t->prepare_wait();
             }
             lane.sleeping.store(true);  // then look at the queue: enqueue pushes, then reads this
-            if (has_pending(lane) || stop_.load()) {
+            if ((has_pending(lane) && !lane.queue_full) || stop_.load()) {
                 lane.sleeping.store(false);
                 continue;
             }
             pollfd fds[2] = {{lane.kick_fd, POLLIN, 0}, {lane.t->wait_fd(), POLLIN, 0}};
             const int nfds = fds[1].fd >= 0 ? 2 : 1;
             timespec nap{};
-            if (now - last_work < 20000000)
+            // A refused post waits for progress the wait object need not signal (rxm's own queues):
+            // nap briefly rather than spin on the endpoint, or sleep until a completion.
+            if (now - last_work < 20000000 || lane.queue_full)
                 nap.tv_nsec = 50000;
             else if (can_block)
                 nap.tv_sec = 1;
