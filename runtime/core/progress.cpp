@@ -53,7 +53,9 @@ void Context::progress_loop() {
 
 void Context::progress_loop_body() {
     uint64_t last_work = now_ns();
-    uint64_t last_real_work = last_work;  // last pass that completed or received something
+    // Last pass that completed or received something: none yet, so the loop blocks at once instead
+    // of napping through a busy window (a host may fork right after creating the context).
+    uint64_t last_real_work = 0;
     while (!stop_) {
         size_t n;
         {

@@ -691,7 +691,10 @@ class StripedTransport final : public Transport {
     // their wait object when a peer writes), later it blocks until woken.
     void lane_loop(size_t lane_index) {
         Lane &lane = *lanes_[lane_index];
-        uint64_t last_work = now_ns();
+        // Nothing has happened yet: sleep until a post wakes us rather than polling the endpoint for
+        // the busy window. A host that forks right after creating a context (the recovery tests
+        // do) then finds no lane thread inside libfabric holding a lock the child would inherit.
+        uint64_t last_work = 0;
         while (!stop_.load(std::memory_order_acquire)) {
             size_t n = drive_lane(lane_index);
             const uint64_t now = now_ns();
