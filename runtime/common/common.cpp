@@ -1,5 +1,6 @@
 #include "common/common.hpp"
 
+#include <cerrno>
 #include <cstdio>
 #include <map>
 #include <mutex>
@@ -138,6 +139,16 @@ sg_log_level_t parse_log_level(const char *text, sg_log_level_t fallback) noexce
     if (!std::strcmp(text, "info") || !std::strcmp(text, "3")) return SG_LOG_INFO;
     if (!std::strcmp(text, "debug") || !std::strcmp(text, "4")) return SG_LOG_DEBUG;
     return fallback;
+}
+
+bool is_connection_error(int status) noexcept {
+    switch (-status) {
+        case ECONNRESET: case EPIPE: case ENOTCONN: case ECONNABORTED: case ECONNREFUSED: case EHOSTUNREACH:
+        case ETIMEDOUT: case EIO: case ECANCELED: case ESHUTDOWN: case ENETDOWN: case ENETUNREACH: case EHOSTDOWN:
+            return true;
+        default:
+            return false;
+    }
 }
 
 }  // namespace sg

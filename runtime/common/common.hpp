@@ -75,6 +75,10 @@ template <class T>
 using Vec = std::vector<T, Allocator<T>>;
 
 // ---- time ----
+// Whether a completion status (a negative errno) is one providers report for operations on a
+// connection that went away (rxm fails what was queued on it with EIO or ECANCELED when the peer
+// dies): the peer is lost, not the operation alone.
+bool is_connection_error(int status) noexcept;
 uint64_t now_ns() noexcept;  // CLOCK_MONOTONIC, or the test clock while one is set
 // The test clock (tests only; transport/fake.hpp's schedules): from now on now_ns() returns `ns`,
 // so deadlines, leases, peer timeouts and keep-alives move only when a test moves them; 0 goes

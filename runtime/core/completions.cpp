@@ -83,13 +83,7 @@ void Context::settle(OpCookie *c, int status, const char *error_text) {
         if (c->session) c->session->bytes_inflight -= c->len;
         if (c->unit && c->session) uncount_inflight(*c->session, *c->unit, c->len);
     }
-    // What providers report for operations on a connection that went away (rxm fails what was
-    // queued on it with EIO or ECANCELED when the peer dies): the peer is lost, not the transport.
-    const bool connection_broke = status == -ECONNRESET || status == -EPIPE || status == -ENOTCONN ||
-                                  status == -ECONNABORTED || status == -ECONNREFUSED || status == -EHOSTUNREACH ||
-                                  status == -ETIMEDOUT || status == -EIO || status == -ECANCELED ||
-                                  status == -ESHUTDOWN || status == -ENETDOWN || status == -ENETUNREACH ||
-                                  status == -EHOSTDOWN;
+    const bool connection_broke = is_connection_error(status);
     if (connection_broke && c->session && !c->session->closed())
         lose_session(*c->session, SG_ERR_PEER_LOST,
                      std::string("connection to the peer broke: ") + (error_text ? error_text : ""));

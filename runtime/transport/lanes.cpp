@@ -530,7 +530,7 @@ class StripedTransport final : public Transport {
             return;
         }
         const std::string text = error_text ? error_text : "";
-        if (!connection_broke(status)) {
+        if (!is_connection_error(status)) {
             // This operation's own failure (a protection error, say): the transfer's, not the lane's.
             fail_op(std::move(op), status, text);
             return;
@@ -559,18 +559,6 @@ class StripedTransport final : public Transport {
             }
         }
         fail_op(std::move(op), status, text);
-    }
-
-    // The errors providers report for operations on a connection that went away (rxm fails what was
-    // queued on it with EIO or ECANCELED): the ones the runtime also reads as a lost peer.
-    static bool connection_broke(int status) {
-        switch (-status) {
-            case ECONNRESET: case EPIPE: case ENOTCONN: case ECONNABORTED: case ECONNREFUSED: case EHOSTUNREACH:
-            case ETIMEDOUT: case EIO: case ECANCELED: case ESHUTDOWN: case ENETDOWN: case ENETUNREACH: case EHOSTDOWN:
-                return true;
-            default:
-                return false;
-        }
     }
 
     void fail_op(Op op, int status, const std::string &text) {
