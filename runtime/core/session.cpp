@@ -355,6 +355,8 @@ void Context::flush_outbox(Session &s) {
                 rc = s.tp->post_send(s.peer, c->bytes.data(), c->bytes.size(), nullptr, c);
             } catch (const Error &e) {
                 lose_session(s, SG_ERR_PEER_LOST, "sending to the peer failed: " + e.message());
+                // What is left cannot reach the peer either; kept, it would be retried on every pass.
+                drop_unsent(s, false);
                 return false;
             }
             if (rc == -EAGAIN) {

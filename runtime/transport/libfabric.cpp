@@ -26,7 +26,9 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 
 namespace sg::transport {
 
@@ -239,12 +241,18 @@ class LibfabricTransport final : public Transport {
         fi_addr_t addr = FI_ADDR_UNSPEC;
         int rc = fi_av_insert(av_, address.data(), 1, &addr, 0, nullptr);
         if (rc != 1) fail(SG_ERR_TRANSPORT, "fi_av_insert of the peer's endpoint name failed: " + fi_text(rc));
+        if (shm_lock_fd_ >= 0) watch_shm_peer(addr, reinterpret_cast<const char *>(address.data()));
         return addr;
     }
 
     void remove_peer(PeerAddr peer) override {
         fi_addr_t a = peer;
         fi_av_remove(av_, &a, 1, 0);
+        std::lock_guard lock(shm_peers_mu_);
+        if (auto it = shm_peers_.find(peer); it != shm_peers_.end()) {
+            ::close(it->second.fd);
+            shm_peers_.erase(it);
+        }
     }
 
     Registration register_memory(void *addr, uint64_t len, uint64_t requested_key) override {
@@ -294,6 +302,7 @@ class LibfabricTransport final : public Transport {
         msg.rma_iov = &rma;
         msg.rma_iov_count = 1;
         msg.context = cookie;
+        refuse_if_shm_peer_gone(peer);
         ssize_t rc = fi_writemsg(ep_, &msg, write_flags_);
         if (rc == -FI_EAGAIN) return -EAGAIN;
         if (rc) fi_fail("fi_writemsg", int(rc));
@@ -301,6 +310,7 @@ class LibfabricTransport final : public Transport {
     }
 
     int post_send(PeerAddr peer, const void *buf, uint64_t len, void *desc, void *cookie) override {
+        refuse_if_shm_peer_gone(peer);
         ssize_t rc = fi_send(ep_, buf, len, desc, peer, cookie);
         if (rc == -FI_EAGAIN) return -EAGAIN;
         if (rc) fi_fail("fi_send", int(rc));
@@ -433,6 +443,42 @@ class LibfabricTransport final : public Transport {
         }
     }
 
+    // libfabric 1.17's shm provider queues a send or a write under a spin lock that lives in the
+    // target's region, and the target takes the same lock while it drains its queue. A process
+    // killed while it holds that lock leaves it held for good, and the next post to it spins inside
+    // the provider with the caller's locks held: in the soak, one SIGKILLed prefill process wedged
+    // a decode context (the poster in pthread_spin_lock, the progress thread waiting on the context
+    // mutex), so that context never noticed the loss nor took the restarted peer's connection.
+    // A SmartGen peer holds a shared flock on its region while it lives (above), so each post first
+    // tries that lock: if it can be taken, the owner is gone, and the post fails as a lost
+    // connection without entering the provider. That costs one flock call per post to a shm peer.
+    // A kill that lands while a post is already waiting on the peer's spin lock is not caught.
+    struct ShmPeer {
+        int fd = -1;
+        std::string region;
+    };
+
+    void watch_shm_peer(fi_addr_t addr, const char *name) {
+        if (!is_smartgen_region_name(name)) return;  // named by another program, or by the provider
+        const int fd = shm_open(name, O_RDONLY | O_CLOEXEC, 0);
+        if (fd < 0) return;  // already gone: the provider itself then fails the posts
+        std::lock_guard lock(shm_peers_mu_);
+        auto &p = shm_peers_[addr];
+        if (p.fd >= 0) ::close(p.fd);
+        p.fd = fd;
+        p.region = name;
+    }
+
+    void refuse_if_shm_peer_gone(fi_addr_t peer) {
+        if (shm_lock_fd_ < 0) return;
+        std::lock_guard lock(shm_peers_mu_);
+        auto it = shm_peers_.find(peer);
+        if (it == shm_peers_.end() || flock(it->second.fd, LOCK_EX | LOCK_NB) != 0) return;
+        flock(it->second.fd, LOCK_UN);  // a region whose owner is gone is the next reaper's to remove
+        fail(SG_ERR_PEER_LOST,
+             "the peer's shm endpoint is gone: the process that held region " + it->second.region + " has exited");
+    }
+
     void repost(RecvSlot *slot) {
         for (int tries = 0;; ++tries) {
             ssize_t rc = fi_recv(ep_, slot->buf, recv_bytes_, recv_reg_.desc, FI_ADDR_UNSPEC, slot);
@@ -451,6 +497,7 @@ class LibfabricTransport final : public Transport {
         if (domain_) fi_close(&domain_->fid);
         if (fabric_) fi_close(&fabric_->fid);
         if (shm_lock_fd_ >= 0) ::close(shm_lock_fd_);  // after the provider has removed the region
+        for (auto &[addr, p] : shm_peers_) ::close(p.fd);
     }
 
     InfoPtr info_;
@@ -462,6 +509,8 @@ class LibfabricTransport final : public Transport {
     fid_ep *ep_ = nullptr;
     int wait_fd_ = -1;
     int shm_lock_fd_ = -1;  // holds a shared flock on this endpoint's shm region while it lives
+    std::mutex shm_peers_mu_;  // lanes post from their own threads
+    std::unordered_map<fi_addr_t, ShmPeer> shm_peers_;
     uint64_t write_flags_ = FI_COMPLETION;
     size_t recv_bytes_ = 0;
     std::vector<uint8_t> recv_area_;

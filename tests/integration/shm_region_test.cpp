@@ -12,22 +12,28 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <csignal>
 #include <cstring>
 #include <ctime>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
 
-sg_context_t make_shm_context() {
+sg_context_t make_shm_context(uint32_t peer_timeout_ms = 0) {
     sg_context_options_t o;
     sg_context_options_init(&o);
     o.provider = "shm";
     o.log_level = SG_LOG_OFF;
+    if (peer_timeout_ms) o.peer_timeout_ms = peer_timeout_ms;
     SG_TEST_USE_KEY(o);
     sg_context_t c = nullptr;
     EXPECT_EQ(sg_context_create(&o, &c, nullptr), SG_OK) << sg_last_error_message();
@@ -111,6 +117,84 @@ TEST(ShmRegions, AnOrphanedRegionIsRemovedWhileLiveAndNewbornOnesStay) {
 
     ::close(live_fd);
     for (const auto *n : {&orphan, &live, &newborn, &unrelated}) shm_unlink(n->c_str());
+}
+
+// libfabric 1.17's shm provider queues a message under a spin lock inside the target's region; a
+// target killed while holding it left the next post to it spinning forever, and the soak saw a
+// decode context wedged that way (its progress thread stuck behind the poster). A post to a SmartGen
+// shm peer whose process is gone now fails at once as a lost peer, without entering the provider:
+// here the loss is reported long before the peer timeout, which is the only other way to learn it.
+TEST(ShmRegions, APostToAPeerWhoseProcessIsGoneFailsAtOnceAsALostPeer) {
+    int port_pipe[2];
+    ASSERT_EQ(pipe(port_pipe), 0);
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {  // the peer: accepts one session, then waits to be killed
+        // Never outlive the test, whichever way it ends (a leftover would hold ctest's output pipe).
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        alarm(60);
+        ::close(port_pipe[0]);
+        sg_context_t c = make_shm_context(60000);
+        sg_listener_t l = nullptr;
+        uint16_t port = 0;
+        if (!c || sg_listener_create(c, "127.0.0.1", 0, &l, nullptr) != SG_OK || sg_listener_port(l, &port) != SG_OK)
+            _exit(3);
+        if (write(port_pipe[1], &port, sizeof port) != ssize_t(sizeof port)) _exit(4);
+        sg_session_options_t so;
+        sg_session_options_init(&so);
+        sg_session_t s = nullptr;
+        if (sg_session_accept(l, &so, 20ull * 1000000000ull, &s, nullptr) != SG_OK) _exit(5);
+        // A message across the fabric, so that both sides' connections exist and either may send.
+        if (sg_session_notify(s, "ready", 5) != SG_OK) _exit(6);
+        for (;;) pause();
+    }
+    struct KillOnExit {
+        pid_t pid;
+        ~KillOnExit() {
+            if (pid > 0 && kill(pid, SIGKILL) == 0) waitpid(pid, nullptr, 0);
+        }
+    } reaper{child};
+    ::close(port_pipe[1]);
+    uint16_t port = 0;
+    ASSERT_EQ(read(port_pipe[0], &port, sizeof port), ssize_t(sizeof port));
+    ::close(port_pipe[0]);
+
+    sg_context_t c = make_shm_context(60000);  // a minute: only the post can report this loss in time
+    ASSERT_NE(c, nullptr);
+    sg_session_options_t so;
+    sg_session_options_init(&so);
+    sg_session_t s = nullptr;
+    ASSERT_EQ(sg_session_connect(c, "127.0.0.1", port, &so, 20ull * 1000000000ull, &s, nullptr), SG_OK)
+        << sg_last_error_message();
+    // Only the side with the lower context id speaks first; each waits for a word from the other.
+    ASSERT_EQ(sg_session_notify(s, "hello", 5), SG_OK);
+    char ready[16];
+    size_t len = 0;
+    sg_status_t heard = SG_ERR_AGAIN;
+    for (int i = 0; i < 1000 && heard == SG_ERR_AGAIN; ++i) {
+        heard = sg_session_next_notification(s, ready, sizeof ready, &len);
+        if (heard == SG_ERR_AGAIN) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_EQ(heard, SG_OK) << "no message from the peer across the fabric";
+
+    ASSERT_EQ(kill(child, SIGKILL), 0);
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    reaper.pid = -1;
+
+    const auto start = std::chrono::steady_clock::now();
+    sg_status_t st = SG_OK;
+    char detail[256] = "";
+    while (st == SG_OK && std::chrono::steady_clock::now() - start < std::chrono::seconds(10)) {
+        (void)sg_session_notify(s, "after", 5);  // each notify posts a message to the peer
+        sg_session_error(s, &st, detail, sizeof detail);
+        if (st == SG_OK) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_EQ(st, SG_ERR_PEER_LOST) << detail;
+    EXPECT_NE(std::strstr(detail, "shm endpoint is gone"), nullptr) << detail;
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+    sg_session_destroy(s);
+    sg_context_destroy(c);
 }
 
 }  // namespace
