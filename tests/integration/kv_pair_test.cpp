@@ -51,8 +51,12 @@ struct Pool {
 
     explicit Pool(const Shape &s) : shape(s) {
         const size_t elems = size_t(s.blocks) * s.tpb * s.heads * s.head_dim;
-        k.assign(s.layers, std::vector<uint16_t>(elems));
-        v.assign(s.layers, std::vector<uint16_t>(elems));
+        k.resize(s.layers);
+        v.resize(s.layers);
+        for (uint32_t l = 0; l < s.layers; ++l) {
+            k[l].resize(elems);
+            v[l].resize(elems);
+        }
         for (uint32_t l = 0; l < s.layers; ++l) {
             kp.push_back(k[l].data());
             vp.push_back(v[l].data());
@@ -140,6 +144,9 @@ uint64_t verify_layer(Pool &pool, const Plan &p, uint32_t layer) {
 // The decode process: expects every transfer, checks each layer inside its ready event.
 int decode_side(const char *provider, uint16_t port, uint64_t run_seed, int count, Shape src_shape, Shape dst_shape,
                 uint32_t lanes, const std::string &metadata_file) {
+    // The pool first: under a sanitizer its 256 MiB take seconds to set up, and the peer's first
+    // transfer, posted as soon as the session is up, must not wait through them.
+    Pool pool(dst_shape);
     sg_context_t ctx = sgtest::make_context(provider, lanes);
     CHILD_CHECK(ctx, "context");
     sg_session_t s = nullptr;
@@ -152,7 +159,6 @@ int decode_side(const char *provider, uint16_t port, uint64_t run_seed, int coun
         CHILD_CHECK(f && std::fwrite(blob.data(), 1, len, f) == len && std::fclose(f) == 0, "write metadata");
         CHILD_CHECK(std::rename((metadata_file + ".tmp").c_str(), metadata_file.c_str()) == 0, "rename metadata");
     }
-    Pool pool(dst_shape);
     sg_kv_handle_t kv = nullptr;
     CHILD_CHECK(sg_kv_register(ctx, &pool.layout, &kv, nullptr) == SG_OK, "register");
     CHILD_CHECK(sg_session_export_kv(s, kv) == SG_OK, "export");
@@ -237,7 +243,8 @@ void run_prefill(const RunConfig &cfg) {
         [&] {
             if (!ctx) return;
             sg_session_t s = nullptr;
-            ASSERT_EQ(sg_session_accept(lis, nullptr, 5 * kSecond, &s, nullptr), SG_OK) << sg_last_error_message();
+            // Generous: the peer sets up its pool before it connects (seconds under a sanitizer).
+            ASSERT_EQ(sg_session_accept(lis, nullptr, 60 * kSecond, &s, nullptr), SG_OK) << sg_last_error_message();
             char prov[64];
             ASSERT_EQ(sg_session_provider(s, prov, sizeof prov), SG_OK);
             EXPECT_STREQ(prov, transport_name(cfg.provider));
