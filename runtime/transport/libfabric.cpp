@@ -149,6 +149,10 @@ bool is_smartgen_region_name(const char *name) {
     return *p == '\0';
 }
 
+// True when nobody holds the shared lock a live SmartGen endpoint keeps on its region (the region's
+// process is gone); the caller then holds the region's lock exclusively.
+bool region_owner_gone(int fd) { return flock(fd, LOCK_EX | LOCK_NB) == 0; }
+
 // Removes regions of SmartGen shm endpoints whose processes are gone. Best effort: a region
 // another user owns, or one that disappears meanwhile, is skipped. Returns how many were removed.
 size_t reap_orphaned_shm_regions() {
@@ -163,7 +167,7 @@ size_t reap_orphaned_shm_regions() {
         struct stat st {};
         const bool old_enough = fstat(fd, &st) == 0 && st.st_uid == geteuid() &&
                                 now - st.st_mtime >= kShmReapAgeSeconds;
-        if (old_enough && flock(fd, LOCK_EX | LOCK_NB) == 0 && shm_unlink(entry->d_name) == 0) ++removed;
+        if (old_enough && region_owner_gone(fd) && shm_unlink(entry->d_name) == 0) ++removed;
         ::close(fd);
     }
     closedir(dir);
@@ -473,7 +477,7 @@ class LibfabricTransport final : public Transport {
         if (shm_lock_fd_ < 0) return;
         std::lock_guard lock(shm_peers_mu_);
         auto it = shm_peers_.find(peer);
-        if (it == shm_peers_.end() || flock(it->second.fd, LOCK_EX | LOCK_NB) != 0) return;
+        if (it == shm_peers_.end() || !region_owner_gone(it->second.fd)) return;
         flock(it->second.fd, LOCK_UN);  // a region whose owner is gone is the next reaper's to remove
         fail(SG_ERR_PEER_LOST,
              "the peer's shm endpoint is gone: the process that held region " + it->second.region + " has exited");
@@ -509,7 +513,7 @@ class LibfabricTransport final : public Transport {
     fid_ep *ep_ = nullptr;
     int wait_fd_ = -1;
     int shm_lock_fd_ = -1;  // holds a shared flock on this endpoint's shm region while it lives
-    std::mutex shm_peers_mu_;  // lanes post from their own threads
+    std::mutex shm_peers_mu_;  // a lane's thread may post while the core inserts or removes peers
     std::unordered_map<fi_addr_t, ShmPeer> shm_peers_;
     uint64_t write_flags_ = FI_COMPLETION;
     size_t recv_bytes_ = 0;
