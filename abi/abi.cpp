@@ -210,13 +210,34 @@ void check_ip_literal(const char *addr, const char *field) {
                                       "\" is not an IPv4 or IPv6 address literal (NULL means 127.0.0.1)");
 }
 
+// Defaults of the context options that are not left to the runtime (docs/abi.md: a field left 0
+// means its default).
+constexpr uint32_t kDefaultSpinUs = 50;
+constexpr uint32_t kDefaultMaxOpsInFlight = 64;
+constexpr uint32_t kMaxOpsInFlightLimit = 4096;
+
+// Replaces the fields left 0 by their defaults (and SG_PROGRESS_SPIN_NONE by the runtime's 0 µs)
+// and refuses values outside a field's domain, naming the field.
+void resolve_option_defaults(sg_context_options_t &o) {
+    if (o.manual_progress > 1) fail(SG_ERR_INVALID_ARGUMENT, "options.manual_progress must be 0 or 1");
+    if (o.allow_unauthenticated > 1) fail(SG_ERR_INVALID_ARGUMENT, "options.allow_unauthenticated must be 0 or 1");
+    if (o.log_level > SG_LOG_DEBUG) fail(SG_ERR_INVALID_ARGUMENT, "options.log_level is out of range");
+    if (o.log_level == SG_LOG_DEFAULT) o.log_level = SG_LOG_WARN;
+    if (o.progress_spin_us == 0)
+        o.progress_spin_us = kDefaultSpinUs;
+    else if (o.progress_spin_us == SG_PROGRESS_SPIN_NONE)
+        o.progress_spin_us = 0;
+    if (o.max_ops_in_flight == 0) o.max_ops_in_flight = kDefaultMaxOpsInFlight;
+    if (o.max_ops_in_flight > kMaxOpsInFlightLimit)
+        fail(SG_ERR_INVALID_ARGUMENT, "options.max_ops_in_flight must be <= " + std::to_string(kMaxOpsInFlightLimit));
+}
+
 sg_context_options_t default_context_options() {
     sg_context_options_t o{};
     o.struct_size = sizeof o;
     o.header_version = SG_VERSION_NUMBER;
-    o.progress_thread = true;
-    o.progress_spin_us = 50;
-    o.max_ops_in_flight = 64;
+    o.progress_spin_us = kDefaultSpinUs;
+    o.max_ops_in_flight = kDefaultMaxOpsInFlight;
     o.log_level = SG_LOG_WARN;
     o.peer_timeout_ms = 2000;
     o.max_bytes_in_flight = 64ull << 20;
@@ -311,7 +332,7 @@ SG_API sg_status_t sg_context_create(const sg_context_options_t *options, sg_con
         if (o.header_version / 10000 != SG_VERSION_MAJOR)
             fail(SG_ERR_VERSION_MISMATCH, "caller was compiled against SmartGen " + std::to_string(o.header_version) +
                                               ", this library is " + sg_version_string() + " (major differs)");
-        if (o.log_level < SG_LOG_OFF || o.log_level > SG_LOG_DEBUG) fail(SG_ERR_INVALID_ARGUMENT, "options.log_level is out of range");
+        resolve_option_defaults(o);
         if (o.provider && !*o.provider)
             fail(SG_ERR_INVALID_ARGUMENT, "options.provider is \"\": pass NULL or \"auto\" to choose automatically");
         if (o.local_addr) {
@@ -324,7 +345,6 @@ SG_API sg_status_t sg_context_create(const sg_context_options_t *options, sg_con
             }
         }
         if (o.lanes > 16) fail(SG_ERR_INVALID_ARGUMENT, "options.lanes must be <= 16");
-        if (o.max_ops_in_flight > 4096) fail(SG_ERR_INVALID_ARGUMENT, "options.max_ops_in_flight must be <= 4096");
         auto ctx = std::make_shared<core::Context>(o);
         *out = wrap<sg_context_t>(contexts().add(std::move(ctx)));
         return SG_OK;
@@ -510,7 +530,7 @@ SG_API sg_status_t sg_provider_query(const char *local_addr, sg_provider_info_t 
             info.max_msg_size = c.caps.max_msg_size;
             info.rma_iov_limit = c.caps.rma_iov_limit;
             info.inject_size = c.caps.inject_size;
-            info.usable = c.usable;
+            info.usable = c.usable ? 1 : 0;
             info.rank = c.rank;
             info.chosen_remote = int(i) == remote;
             info.chosen_local = int(i) == local;
@@ -1088,8 +1108,12 @@ SG_API sg_status_t sg_transfer_test(sg_transfer_t h) {
 
 namespace {
 // A failed wait leaves the transfer's detail as the thread's last error.
+// A wait whose own timeout passed says so (the transfer goes on; its status is not an error).
 void record_failure(core::Transfer &t, sg_status_t st) {
-    if (st < 0) record(st, t.ctx->outcome(t).message, nullptr);
+    if (st == SG_ERR_TIMEOUT)
+        record(st, "the wait's timeout passed first; the transfer goes on", nullptr);
+    else if (st < 0)
+        record(st, t.ctx->outcome(t).message, nullptr);
 }
 }  // namespace
 
@@ -1180,7 +1204,7 @@ SG_API sg_status_t sg_transfer_wait_blocks(sg_transfer_t h, uint32_t layer, cons
         if (count && !blocks) fail(SG_ERR_INVALID_ARGUMENT, "blocks is NULL");
         const sg_status_t st = t->ctx->wait_blocks(*t, layer, std::span<const uint32_t>(blocks, count), timeout_ns);
         record_failure(*t, st);
-        return st == SG_OK || st < 0 ? st : SG_IN_PROGRESS;
+        return st;
     });
 }
 

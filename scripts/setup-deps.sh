@@ -23,7 +23,20 @@ PACKAGES=(
   clang-14
   libclang-rt-14-dev
   llvm-14
+  # The bindings (bindings/, docs/bindings.md): SWIG for Go and Java, Go, the JDK and JUnit 5,
+  # bindgen for smartgen-sys (Rust's compiler: below).
+  swig
+  golang-go
+  openjdk-17-jdk-headless
+  junit5
+  bindgen
 )
+
+# Rust: a toolchain already on PATH (or rustup's in ~/.cargo/bin) is used as it is; otherwise
+# Debian's (rustc 1.63, the bindings' minimum).
+if ! command -v cargo >/dev/null 2>&1 && [[ ! -x "$HOME/.cargo/bin/cargo" ]]; then
+  PACKAGES+=(cargo rustc)
+fi
 
 force=0
 for arg in "$@"; do

@@ -118,11 +118,11 @@ static void check(sg_status_t status, const char *what, const sg_error_info_t *e
     die();
 }
 
-/* The transfer waits return SG_IN_PROGRESS on timeout, which is not an error for the library but is
- * one for this program. */
+/* The transfer waits return SG_ERR_TIMEOUT when their timeout passes (the transfer goes on, so the
+ * library could be asked again); for this program that is the end. */
 static void check_wait(sg_status_t status, const char *what)
 {
-    if (status == SG_IN_PROGRESS) {
+    if (status == SG_ERR_TIMEOUT) {
         fprintf(stderr, "[%s] %s: still in progress after %u ms\n", g_role, what, TIMEOUT_MS);
         die();
     }

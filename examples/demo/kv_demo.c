@@ -159,7 +159,7 @@ static void check(sg_status_t status, const char *what, const sg_error_info_t *e
     die();
 }
 
-/* A transfer wait: SG_IN_PROGRESS means the timeout expired (an error here); a transfer error gets
+/* A transfer wait: SG_ERR_TIMEOUT means the wait's timeout passed (an error here); a transfer error gets
  * the transfer's own detail (errors that happened in the background land there). */
 static void check_wait(sg_status_t status, const char *what, sg_transfer_t xfer)
 {
@@ -169,7 +169,7 @@ static void check_wait(sg_status_t status, const char *what, sg_transfer_t xfer)
 
     if (status == SG_OK)
         return;
-    if (status == SG_IN_PROGRESS) {
+    if (status == SG_ERR_TIMEOUT) {
         fprintf(stderr, "[%s] %s: still in progress after %u ms\n", g_role, what, WAIT_TIMEOUT_MS);
         die();
     }

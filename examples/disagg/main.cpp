@@ -133,9 +133,9 @@ void check(sg_status_t st, const char* what, const sg_error_info_t* err = nullpt
     fatal(fmt("%s failed: %s (%d)%s%s", what, sg_status_str(st), int(st), detail.empty() ? "" : ": ", detail.c_str()));
 }
 
-// SmartGen waits answer SG_IN_PROGRESS on timeout, which is a failure here.
+// SmartGen waits answer SG_ERR_TIMEOUT when their timeout passes, which is a failure here.
 void check_wait(sg_status_t st, const char* what, int timeout_s) {
-    if (st == SG_IN_PROGRESS) fatal(fmt("%s: not done after %d s (--timeout)", what, timeout_s));
+    if (st == SG_ERR_TIMEOUT) fatal(fmt("%s: not done after %d s (--timeout)", what, timeout_s));
     check(st, what);
 }
 
@@ -823,7 +823,7 @@ class SparseDecoder {
         const sg_status_t st = sg_transfer_wait_layer(x_, uint32_t(l), uint64_t(2 * due_ns) + 100000);
         seamless_wait_ns += now_ns() - t;
         if (st != SG_OK) {
-            if (st != SG_IN_PROGRESS) check(st, "sg_transfer_wait_layer");
+            if (st != SG_ERR_TIMEOUT) check(st, "sg_transfer_wait_layer");
             return false;
         }
         whole_layers += 1;

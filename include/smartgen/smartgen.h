@@ -2,7 +2,8 @@
  * SmartGen: KV-cache transfer runtime for disaggregated LLM serving.
  *
  * This header is the whole public contract of libsmartgen.so.0. It is plain C99, includes only
- * <stdint.h>, <stddef.h> and <stdbool.h>, and is read by SWIG and bindgen as it is.
+ * <stdint.h> and <stddef.h>, and is read by SWIG and bindgen as it is. docs/abi.md holds the rules
+ * of the ABI (what a minor release may change, what never changes) and the reasons for them.
  *
  * Model
  *   sg_context_t   one per engine process: fabric, progress thread, registries, counters.
@@ -32,9 +33,34 @@
  *     reused gets a new generation, so an old handle value stays invalid. Every destroy call
  *     accepts NULL.
  *   - Strings passed in are borrowed for the duration of the call only, unless stated.
- *   - The detail of the last error is kept per thread (sg_last_error_message) and, for the calls a
- *     binding wraps, also written to an optional sg_error_info_t (a goroutine may change OS thread
- *     between two cgo calls, so bindings should pass one).
+ *   - Timeouts are in nanoseconds. A call that waits returns SG_ERR_TIMEOUT when its timeout passes
+ *     first, and nothing else: the object is as it was and the call may be repeated (timeout 0
+ *     polls). SG_IN_PROGRESS comes only from the calls that do not wait (sg_transfer_test,
+ *     sg_transfer_status). A transfer never fails with SG_ERR_TIMEOUT itself (a missed deadline is
+ *     SG_ERR_DEADLINE), so SG_ERR_TIMEOUT from a transfer wait always means the wait's own timeout.
+ *   - Option structs (sg_context_options_t, sg_session_options_t, sg_transfer_options_t): a field
+ *     left 0 (or NULL) means its default, so a zeroed struct with struct_size set is valid and a
+ *     binding's zero value is the default; a behaviour that is not the default has a non-zero
+ *     value (e.g. SG_PROGRESS_SPIN_NONE, manual_progress = 1). The KV layout is a description of
+ *     memory, not options: each of its fields means the value written, 0 included. Tunables
+ *     (sg_context_set_param) also take the value itself, within sg_param_bounds.
+ *   - Public structs hold only fixed-width integers, size_t, pointers and char arrays: no enum and
+ *     no bool (their size is the compiler's choice and they bind poorly through SWIG and JNI).
+ *     The enums below only name constants; the typedefs that carry them are fixed-width integers.
+ *   - Statuses are int32_t values from pinned ranges (below); a newer library may return codes an
+ *     older caller does not know: treat an unknown negative code by its range (-1..-99 a caller
+ *     error, -100..-199 retry later, -200..-299 the peer or network, -300..-399 unsupported, others
+ *     as SG_ERR_INTERNAL) and keep its number; sg_status_str gives "SG_STATUS_UNKNOWN" for it.
+ *   - Error detail. The calls that create an object, connect, or check input a caller builds
+ *     (contexts, KV registrations and layouts, listeners, sessions, expects and posts, profiles,
+ *     selectors) take an optional sg_error_info_t *err: their failures need a sentence to be fixed
+ *     (which field, which peer, which errno) and bindings wrap them most. The other calls fail for
+ *     reasons their status and handle already say (SG_ERR_INVALID_HANDLE, SG_ERR_OUT_OF_RANGE, a
+ *     transfer's own error, read with sg_transfer_status); their detail is in the calling thread's
+ *     sg_last_error_message. A binding whose threads move (a goroutine may change OS thread between
+ *     two cgo calls) reads that message inside the same native call as the failing function.
+ *   - Handles are 64-bit values (a slot and a generation); the library is built and supported on
+ *     64-bit targets only, and this header refuses to compile elsewhere.
  *   - Thread safety: every function may be called from any thread, concurrently with any other.
  *     A call that races with the destroy/release of the handle it uses either completes or returns
  *     SG_ERR_INVALID_HANDLE; it never touches freed memory. The one exception is
@@ -49,9 +75,12 @@
 #ifndef SMARTGEN_SMARTGEN_H
 #define SMARTGEN_SMARTGEN_H
 
-#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#if !defined(SWIG) && (!defined(UINTPTR_MAX) || UINTPTR_MAX != 0xFFFFFFFFFFFFFFFFu)
+#error "SmartGen supports 64-bit targets only: its handles carry a 64-bit slot and generation"
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -81,9 +110,11 @@ SG_API const char *sg_version_string(void);
 SG_API uint32_t sg_abi_version(void);
 
 /* ---------------------------------------------------------------------------------------------
- * Statuses. Values are pinned and never renumbered.
+ * Statuses. Values are pinned and never renumbered; an int32_t so that any value, also one a later
+ * library adds, is a valid sg_status_t in every language (see Conventions).
  * ------------------------------------------------------------------------------------------- */
-typedef enum sg_status {
+typedef int32_t sg_status_t;
+enum sg_status_code {
     SG_OK = 0,
     SG_IN_PROGRESS = 1,
     /* -1..-99: the caller passed something wrong; fix the call. */
@@ -121,9 +152,10 @@ typedef enum sg_status {
     SG_ERR_UNSUPPORTED = -300,
     SG_ERR_NO_PROVIDER = -301,
     SG_ERR_INTERNAL = -399
-} sg_status_t;
+};
 
-/* Static name of a status ("SG_ERR_TIMEOUT"); "SG_STATUS_UNKNOWN" for others. Since 0.1. */
+/* Static name of a status ("SG_ERR_TIMEOUT"); "SG_STATUS_UNKNOWN" for a value this library does not
+ * know. Since 0.1. */
 SG_API const char *sg_status_str(sg_status_t status);
 
 /* Detail of the most recent failing call made by this thread; "" when none. Successful calls leave
@@ -145,32 +177,36 @@ SG_API void sg_error_info_init(sg_error_info_t *err);
 /* ---------------------------------------------------------------------------------------------
  * Enumerations used in layouts and options. Values pinned.
  * ------------------------------------------------------------------------------------------- */
-typedef enum sg_dtype {
+typedef uint32_t sg_dtype_t;
+enum sg_dtype {
     SG_DTYPE_FP32 = 0,
     SG_DTYPE_FP16 = 1,
     SG_DTYPE_BF16 = 2,
     SG_DTYPE_FP8_E4M3 = 3
-} sg_dtype_t;
+};
 
 /* Size in bytes of one element of dtype, 0 for an unknown value. Since 0.1. */
 SG_API size_t sg_dtype_size(sg_dtype_t dtype);
 
-typedef enum sg_mem_kind {
+typedef uint32_t sg_mem_kind_t;
+enum sg_mem_kind {
     SG_MEM_HOST = 0,
     SG_MEM_CUDA = 1 /* device memory on CUDA device sg_kv_layout_t.device */
-} sg_mem_kind_t;
+};
 
 /* Where K and V of one block live. */
-typedef enum sg_kv_packing {
+typedef uint32_t sg_kv_packing_t;
+enum sg_kv_packing {
     SG_KV_SEPARATE = 0, /* K in layer_k_base[l], V in layer_v_base[l], same block ids */
     SG_KV_FUSED = 1     /* one block holds K then V: [K plane][V plane] at layer_k_base[l] */
-} sg_kv_packing_t;
+};
 
 /* Order of the elements inside one K (or V) plane of a block. */
-typedef enum sg_block_order {
+typedef uint32_t sg_block_order_t;
+enum sg_block_order {
     SG_BLOCK_TOKEN_MAJOR = 0, /* [token][kv_head][head_dim] (vLLM-style) */
     SG_BLOCK_HEAD_MAJOR = 1   /* [kv_head][token][head_dim] */
-} sg_block_order_t;
+};
 
 /* ---------------------------------------------------------------------------------------------
  * Context
@@ -181,8 +217,10 @@ typedef struct sg_listener_s *sg_listener_t;
 typedef struct sg_session_s *sg_session_t;
 typedef struct sg_transfer_s *sg_transfer_t;
 
-/* Transfer events, for the optional callback (sg_context_options_t.transfer_event_fn). */
-typedef enum sg_transfer_event {
+/* Kinds of transfer events, for the optional callback (sg_context_options_t.event_fn). A newer
+ * library may add kinds: a callback ignores the kinds it does not know. */
+typedef uint32_t sg_event_kind_t;
+enum sg_event_kind {
     SG_EVENT_LAYER_READY = 1, /* a layer is complete on this side: decode, its bytes are in place;
                                  prefill, its writes completed */
     SG_EVENT_FINISHED = 2,    /* the transfer finished; status says how */
@@ -190,29 +228,52 @@ typedef enum sg_transfer_event {
                                  be reused */
     SG_EVENT_ESSENTIAL_READY = 4, /* decode: a layer's proactive blocks and digests are in place;
                                      prefill: they were delivered */
-    SG_EVENT_BLOCKS_READY = 5,    /* decode: an on-demand fetch of a layer completed (status says how) */
+    SG_EVENT_BLOCKS_READY = 5,    /* decode: an on-demand fetch of a layer completed (status says how);
+                                     blocks names the logical blocks that fetch asked for */
     SG_EVENT_LEASE_EXPIRED = 6    /* prefill: the request's lease ended before the decode side held
                                      everything; later fetches fail with SG_ERR_LEASE_EXPIRED */
-} sg_transfer_event_t;
+};
+
+/* One transfer event. The library fills struct_size with its own size; fields are only appended,
+ * so a callback built against an older header reads the fields it knows. Everything it points to
+ * is borrowed for the duration of the callback. Since 0.2. */
+typedef struct sg_event {
+    size_t struct_size;
+    sg_event_kind_t kind;
+    uint32_t layer;          /* the layer, for the per-layer kinds; 0 otherwise */
+    sg_status_t status;      /* SG_OK, or how the transfer (FINISHED, QUIESCED) or fetch ended */
+    uint32_t reserved;       /* 0 */
+    sg_transfer_t transfer;
+    const char *request_id;  /* NUL-terminated */
+    const uint32_t *blocks;  /* SG_EVENT_BLOCKS_READY: the logical blocks of the fetch; else NULL */
+    size_t num_blocks;
+} sg_event_t;
 
 /* Transfer event callback. Runs on the progress thread (or, without one, inside
  * sg_context_progress), never with a library lock held, in the order the events happened per
- * transfer. request_id is borrowed for the call. It may call the non-blocking functions of this
- * header — sg_transfer_status/test/layer_state/residency/stats/layer_time, sg_transfer_cancel,
+ * transfer. It may call the non-blocking functions of this header — sg_transfer_status/test/
+ * layer_state/residency/stats/layer_time, sg_transfer_cancel, sg_transfer_fetch,
  * sg_transfer_layer_written, sg_session_notify, sg_session_next_notification, sg_session_error,
  * sg_context_stats — and must not block: the waiting and tearing-down functions (sg_*_wait*,
  * sg_transfer_release, sg_session_close/destroy, sg_session_accept/connect, sg_context_destroy)
- * return SG_ERR_INVALID_STATE when called from it. Events of a released transfer are not delivered. */
-typedef void (*sg_transfer_event_fn)(void *user, sg_transfer_t xfer, const char *request_id,
-                                     sg_transfer_event_t event, uint32_t layer, sg_status_t status);
+ * return SG_ERR_INVALID_STATE when called from it. Events of a released transfer are not delivered.
+ * Since 0.2 (replaces 0.1's positional sg_transfer_event_fn). */
+typedef void (*sg_event_fn)(void *user, const sg_event_t *event);
 
-typedef enum sg_log_level {
-    SG_LOG_OFF = 0,
-    SG_LOG_ERROR = 1,
-    SG_LOG_WARN = 2,
-    SG_LOG_INFO = 3,
-    SG_LOG_DEBUG = 4
-} sg_log_level_t;
+/* Log levels, most severe first; SG_LOG_DEFAULT (0) in the options means SG_LOG_WARN. Since 0.2
+ * the values leave 0 to the default (0.1 had SG_LOG_OFF = 0 ... SG_LOG_DEBUG = 4). */
+typedef uint32_t sg_log_level_t;
+enum sg_log_level {
+    SG_LOG_DEFAULT = 0,
+    SG_LOG_OFF = 1,
+    SG_LOG_ERROR = 2,
+    SG_LOG_WARN = 3,
+    SG_LOG_INFO = 4,
+    SG_LOG_DEBUG = 5
+};
+
+/* SG_PROGRESS_SPIN_NONE in progress_spin_us: the progress thread blocks at once. */
+#define SG_PROGRESS_SPIN_NONE 0xFFFFFFFFu
 
 /* Log sink. Runs on whichever library thread logs (often the progress thread); it must not call
  * back into SmartGen and should return quickly. message is borrowed for the call. */
@@ -232,15 +293,17 @@ typedef struct sg_context_options {
      * several NICs (rails); the context then stripes over one lane per address at least (see
      * lanes). Borrowed. */
     const char *local_addr;
-    /* true (default): a library thread drives progress. false: the host calls sg_context_progress. */
-    bool progress_thread;
-    /* Microseconds the progress thread spins before it blocks; 0 blocks at once. Default 50; the
-     * environment variable SG_PROGRESS_SPIN_US, read at creation, overrides it. */
+    /* 0 (default): a library thread drives progress. 1: the host calls sg_context_progress (since
+     * 0.2; 0.1 had bool progress_thread). Other values: SG_ERR_INVALID_ARGUMENT. */
+    uint32_t manual_progress;
+    /* Microseconds the progress thread spins before it blocks; 0 means the default, 50;
+     * SG_PROGRESS_SPIN_NONE blocks at once. The environment variable SG_PROGRESS_SPIN_US, read at
+     * creation, overrides it (there 0 blocks at once). */
     uint32_t progress_spin_us;
-    /* Upper bound on RMA operations in flight per context. Default 64. */
+    /* Upper bound on RMA operations in flight per context, at most 4096. 0 means the default, 64. */
     uint32_t max_ops_in_flight;
-    /* Log level (default SG_LOG_WARN; SG_LOG_LEVEL=error|warn|info|debug overrides) and sink
-     * (NULL = stderr). */
+    /* Log level (SG_LOG_DEFAULT = SG_LOG_WARN; SG_LOG_LEVEL=off|error|warn|info|debug overrides) and
+     * sink (NULL = stderr). */
     sg_log_level_t log_level;
     sg_log_fn log_fn;
     void *log_user;
@@ -274,10 +337,11 @@ typedef struct sg_context_options {
      * own protection where that matters. */
     const void *auth_key;
     size_t auth_key_len;
-    bool allow_unauthenticated;
-    /* Optional transfer event callback (see sg_transfer_event_fn) and its user pointer. */
-    sg_transfer_event_fn transfer_event_fn;
-    void *transfer_event_user;
+    /* 0 (default): a key is required. 1: run without one (only on a trusted network). */
+    uint32_t allow_unauthenticated;
+    /* Optional transfer event callback (see sg_event_fn) and its user pointer. */
+    sg_event_fn event_fn;
+    void *event_user;
     /* Since 0.2. Lanes: endpoints, each with its own connection to a peer and its own thread, that
      * a session's writes are striped over (the one that has least outstanding to that peer takes
      * the next write, so a faster lane carries more); control messages keep to lane 0 and a layer's
@@ -326,8 +390,9 @@ SG_API sg_status_t sg_context_progress(sg_context_t ctx);
  * that does not fit SG_ERR_BUFFER_TOO_SMALL, the message saying the bytes needed. Since 0.1. */
 SG_API sg_status_t sg_context_provider(sg_context_t ctx, char *buf, size_t cap);
 
-/* Run-time tunables: enum + value with queryable bounds. Values pinned. */
-typedef enum sg_param {
+/* Run-time tunables: constant + value with queryable bounds. Values pinned. */
+typedef uint32_t sg_param_t;
+enum sg_param {
     /* A layer whose operations average fewer bytes than this is a candidate for the staging path
      * (pack, one large write, unpack); SG_PARAM_STAGING_POLICY decides. 0 = never stage.
      * Default 262144. */
@@ -344,7 +409,7 @@ typedef enum sg_param {
      * others meanwhile stage on same-host providers and write directly elsewhere);
      * SG_STAGING_ALWAYS stages every candidate; SG_STAGING_NEVER writes directly. */
     SG_PARAM_STAGING_POLICY = 4
-} sg_param_t;
+};
 
 #define SG_STAGING_AUTO 0
 #define SG_STAGING_ALWAYS 1
@@ -414,10 +479,10 @@ typedef struct sg_provider_info {
     uint64_t max_msg_size;
     uint64_t rma_iov_limit;
     uint64_t inject_size;
-    bool usable;        /* has RDM + FI_RMA + FI_MSG and an MR regime SmartGen implements */
-    int32_t rank;       /* lower is preferred for a remote peer; -1 when not usable */
-    bool chosen_remote; /* the one a context would use for a peer on another host */
-    bool chosen_local;  /* the one a session would use for a peer on this host */
+    uint32_t usable;        /* 1: has RDM + FI_RMA + FI_MSG and an MR regime SmartGen implements */
+    int32_t rank;           /* lower is preferred for a remote peer; -1 when not usable */
+    uint32_t chosen_remote; /* 1: the one a context would use for a peer on another host */
+    uint32_t chosen_local;  /* 1: the one a session would use for a peer on this host */
     char reason[256];   /* why it was kept, ranked or rejected */
 } sg_provider_info_t;
 
@@ -825,9 +890,10 @@ SG_API sg_status_t sg_transfer_layer_written_q(sg_transfer_t xfer, uint32_t laye
                                                uint32_t num_queries, uint32_t num_q_heads);
 
 /* Waits until every bit of `bits` (SG_LAYER_*; unknown bits are refused, SG_ERR_INVALID_ARGUMENT)
- * is set for the layer: SG_OK, SG_IN_PROGRESS on timeout, or the transfer's error (bits already set
- * win over a later error). SG_ERR_INVALID_STATE
- * for SG_LAYER_ESSENTIAL once the transfer is known to run without SG_PATH_PROACTIVE. Since 0.1. */
+ * is set for the layer: SG_OK, SG_ERR_TIMEOUT when timeout_ns passes first, or the transfer's error
+ * (bits already set win over a later error). SG_ERR_INVALID_STATE for SG_LAYER_ESSENTIAL once the
+ * transfer is known to run without SG_PATH_PROACTIVE. Since 0.1; SG_ERR_TIMEOUT (not
+ * SG_IN_PROGRESS) on timeout since 0.2. */
 SG_API sg_status_t sg_transfer_wait_layer_state(sg_transfer_t xfer, uint32_t layer, uint32_t bits,
                                                 uint64_t timeout_ns);
 
@@ -845,9 +911,9 @@ SG_API sg_status_t sg_transfer_digests(sg_transfer_t xfer, uint32_t layer, float
  * SG_ERR_OUT_OF_RANGE for a block beyond the request. Since 0.1. */
 SG_API sg_status_t sg_transfer_fetch(sg_transfer_t xfer, uint32_t layer, const uint32_t *blocks, size_t count);
 
-/* Decode side: waits until the given logical blocks of a layer are resident. SG_OK, SG_IN_PROGRESS
- * on timeout, SG_ERR_LEASE_EXPIRED when they can no longer come, or the transfer's error.
- * Since 0.1. */
+/* Decode side: waits until the given logical blocks of a layer are resident. SG_OK, SG_ERR_TIMEOUT
+ * when timeout_ns passes first, SG_ERR_LEASE_EXPIRED when they can no longer come, or the
+ * transfer's error. Since 0.1; SG_ERR_TIMEOUT (not SG_IN_PROGRESS) on timeout since 0.2. */
 SG_API sg_status_t sg_transfer_wait_blocks(sg_transfer_t xfer, uint32_t layer, const uint32_t *blocks, size_t count,
                                            uint64_t timeout_ns);
 
@@ -858,13 +924,15 @@ SG_API sg_status_t sg_transfer_wait_blocks(sg_transfer_t xfer, uint32_t layer, c
  * completes only on the decode side's confirmation. */
 SG_API sg_status_t sg_transfer_test(sg_transfer_t xfer);
 
-/* Waits up to timeout_ns for completion. SG_IN_PROGRESS when the timeout expires (not an error);
- * otherwise as sg_transfer_test. Since 0.1. */
+/* Waits up to timeout_ns for completion: SG_ERR_TIMEOUT when the timeout passes first (the transfer
+ * goes on); otherwise as sg_transfer_test. Since 0.1; SG_ERR_TIMEOUT (not SG_IN_PROGRESS) on
+ * timeout since 0.2. */
 SG_API sg_status_t sg_transfer_wait(sg_transfer_t xfer, uint64_t timeout_ns);
 
-/* Waits up to timeout_ns for one layer to be ready: SG_OK, SG_IN_PROGRESS on timeout, the transfer's
- * error, or SG_ERR_OUT_OF_RANGE. On the decode side, SG_OK means every byte of the layer is in place
- * (the "layer ready" notice never overtakes its data on any provider). Since 0.1. */
+/* Waits up to timeout_ns for one layer to be ready: SG_OK, SG_ERR_TIMEOUT when the timeout passes
+ * first, the transfer's error, or SG_ERR_OUT_OF_RANGE. On the decode side, SG_OK means every byte
+ * of the layer is in place (the "layer ready" notice never overtakes its data on any provider).
+ * Since 0.1; SG_ERR_TIMEOUT (not SG_IN_PROGRESS) on timeout since 0.2. */
 SG_API sg_status_t sg_transfer_wait_layer(sg_transfer_t xfer, uint32_t layer, uint64_t timeout_ns);
 
 /* Current SG_LAYER_* bits of one layer. Since 0.1. */

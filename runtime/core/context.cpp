@@ -157,7 +157,7 @@ Context::Context(const sg_context_options_t &opt) : id(random_u64()), opt_(opt) 
     for (auto &t : transports)
         if (t->wait_fd() >= 0) ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, t->wait_fd(), &ev);
     log.log(SG_LOG_INFO, "context on " + primary_provider + (transports.size() > 1 ? " (+shm for same-host peers)" : ""));
-    if (opt.progress_thread) progress_ = std::thread([this] { progress_loop(); });
+    if (!opt.manual_progress) progress_ = std::thread([this] { progress_loop(); });
 }
 
 Context::~Context() {

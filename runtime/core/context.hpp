@@ -55,7 +55,7 @@ class Context : public transport::CompletionSink {
     // Decode side: the layer's digests as fp32 into out when it holds them all (floats: how many
     // there are); false while the layer is not essential.
     bool digests(Transfer &t, uint32_t layer, std::span<float> out, size_t &floats);
-    // Waits until pred() (evaluated with mu held) or the transfer finished; SG_IN_PROGRESS on timeout.
+    // Waits until pred() (evaluated with mu held) or the transfer finished; SG_ERR_TIMEOUT on timeout.
     sg_status_t wait_for(Transfer &t, uint64_t timeout_ns, const std::function<bool()> &pred);
     sg_status_t wait(Transfer &t, int64_t layer, uint64_t timeout_ns);  // layer -1: whole transfer
     void cancel(Transfer &t, sg_status_t why, const std::string &message);
@@ -207,7 +207,9 @@ class Context : public transport::CompletionSink {
     void fail_transfer(Transfer &t, sg_status_t status, const std::string &message, bool tell_peer);
     void finish(Transfer &t, sg_status_t status, const std::string &message);
     void maybe_send_quiesced(Transfer &t);
-    void emit(Transfer &t, sg_transfer_event_t type, uint32_t layer, sg_status_t status);
+    // blocks: for SG_EVENT_BLOCKS_READY, the logical blocks of the fetch that completed.
+    void emit(Transfer &t, sg_event_kind_t kind, uint32_t layer, sg_status_t status,
+              std::vector<uint32_t> blocks = {});
     void note_quiesced(Transfer &t);
     void drop_registrations(Session &s);
     void drop_unsent(Session &s, bool transfer_frames_only);
@@ -325,9 +327,10 @@ class Context : public transport::CompletionSink {
     void forget_held_frames(Session &s);
     struct Event {
         std::shared_ptr<Transfer> t;
-        sg_transfer_event_t type;
+        sg_event_kind_t kind;
         uint32_t layer;
         sg_status_t status;
+        std::vector<uint32_t> blocks;
     };
     std::vector<Event> events_;  // guarded by mu
     std::atomic<bool> events_pending_{false};

@@ -63,7 +63,7 @@ void Context::check_fetches(Transfer &t, uint32_t layer) {
             ++i;
             continue;
         }
-        emit(t, SG_EVENT_BLOCKS_READY, layer, SG_OK);
+        emit(t, SG_EVENT_BLOCKS_READY, layer, SG_OK, std::move(f.blocks));
         t.decode.fetches.erase(t.decode.fetches.begin() + ptrdiff_t(i));
     }
 }
@@ -207,10 +207,10 @@ void Context::fetch(Transfer &t, uint32_t layer, std::span<const uint32_t> block
     t.stats.fetch_requests++;
     t.stats.fetch_blocks += fresh.size();
     if (missing.empty()) {
-        emit(t, SG_EVENT_BLOCKS_READY, layer, SG_OK);
+        emit(t, SG_EVENT_BLOCKS_READY, layer, SG_OK, {blocks.begin(), blocks.end()});
         return;
     }
-    t.decode.fetches.push_back({layer, std::move(missing)});
+    t.decode.fetches.push_back({layer, {blocks.begin(), blocks.end()}});
     for (size_t first = 0; first < fresh.size(); first += kMaxBlocksPerMessage) {
         wire::Fetch m;
         m.request_id = t.request_id;
@@ -263,7 +263,7 @@ sg_status_t Context::wait_for(Transfer &t, uint64_t timeout_ns, const std::funct
     const uint64_t deadline = now_ns() + std::min<uint64_t>(timeout_ns, uint64_t(1) << 62);
     std::unique_lock lock(mu);
     while (!pred() && !t.finished()) {
-        if (now_ns() >= deadline) return SG_IN_PROGRESS;
+        if (now_ns() >= deadline) return SG_ERR_TIMEOUT;
         wait_step(lock, deadline);
     }
     if (pred()) return SG_OK;

@@ -135,9 +135,9 @@ void Context::wait_step(std::unique_lock<std::mutex> &lock, uint64_t deadline) {
     }
 }
 
-void Context::emit(Transfer &t, sg_transfer_event_t type, uint32_t layer, sg_status_t status) {
-    if (!opt_.transfer_event_fn || t.released.load(std::memory_order_relaxed)) return;
-    events_.push_back({t.shared_from_this(), type, layer, status});
+void Context::emit(Transfer &t, sg_event_kind_t kind, uint32_t layer, sg_status_t status, std::vector<uint32_t> blocks) {
+    if (!opt_.event_fn || t.released.load(std::memory_order_relaxed)) return;
+    events_.push_back({t.shared_from_this(), kind, layer, status, std::move(blocks)});
     events_pending_.store(true, std::memory_order_release);
     wake();
 }
@@ -152,7 +152,7 @@ void Context::note_quiesced(Transfer &t) {
 
 void Context::set_api_handle(Transfer &t, void *handle) {
     t.api_handle.store(handle, std::memory_order_release);
-    if (opt_.transfer_event_fn) wake();  // events that waited for the handle may go now
+    if (opt_.event_fn) wake();  // events that waited for the handle may go now
 }
 
 void Context::dispatch_events() {
@@ -175,8 +175,16 @@ void Context::dispatch_events() {
             if (e.t.use_count() > 1) later.push_back(std::move(e));
             continue;
         }
-        opt_.transfer_event_fn(opt_.transfer_event_user, static_cast<sg_transfer_t>(h), e.t->request_id.c_str(), e.type,
-                               e.layer, e.status);
+        sg_event_t event{};
+        event.struct_size = sizeof event;
+        event.kind = e.kind;
+        event.layer = e.layer;
+        event.status = e.status;
+        event.transfer = static_cast<sg_transfer_t>(h);
+        event.request_id = e.t->request_id.c_str();
+        event.blocks = e.blocks.empty() ? nullptr : e.blocks.data();
+        event.num_blocks = e.blocks.size();
+        opt_.event_fn(opt_.event_user, &event);
     }
     t_in_event_callback = false;
     if (!later.empty()) {
@@ -284,7 +292,7 @@ sg_status_t Context::wait(Transfer &t, int64_t layer, uint64_t timeout_ns) {
     };
     while (!done()) {
         const uint64_t now = now_ns();
-        if (now >= deadline) return SG_IN_PROGRESS;
+        if (now >= deadline) return SG_ERR_TIMEOUT;
         if (progress_.joinable()) {
             cv.wait_for(lock, std::chrono::nanoseconds(std::min<uint64_t>(deadline - now, 50000000)));
         } else {

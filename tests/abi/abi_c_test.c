@@ -140,7 +140,7 @@ static void test_initialisers(void)
     CHECK(copts.header_version == SG_VERSION_NUMBER, "sg_context_options_init sets header_version");
     CHECK(copts.provider == NULL, "context default provider is NULL (auto)");
     CHECK(copts.local_addr == NULL, "context default local_addr is NULL (127.0.0.1)");
-    CHECK(copts.progress_thread == true, "context default progress_thread is true");
+    CHECK(copts.manual_progress == 0, "context default manual_progress is 0 (a progress thread)");
     CHECK(copts.progress_spin_us == 50, "context default progress_spin_us is 50");
     CHECK(copts.max_ops_in_flight == 64, "context default max_ops_in_flight is 64");
     CHECK(copts.log_level == SG_LOG_WARN, "context default log_level is SG_LOG_WARN");
@@ -241,7 +241,6 @@ static sg_status_t make_context(sg_context_t *ctx)
     sg_error_info_t err;
 
     sg_context_options_init(&opts);
-    opts.progress_thread = true;
     SG_TEST_USE_KEY(opts);
     sg_error_info_init(&err);
     return sg_context_create(&opts, ctx, &err);
@@ -345,7 +344,7 @@ static void test_auth_options(void)
     CHECK_STATUS(sg_context_create(&opts, &ctx, &err), SG_OK, "sg_context_create with a 32-byte key");
     CHECK_STATUS(sg_context_destroy(ctx), SG_OK, "sg_context_destroy of the keyed context");
     sg_context_options_init(&opts);
-    opts.allow_unauthenticated = true;
+    opts.allow_unauthenticated = 1;
     ctx = NULL;
     CHECK_STATUS(sg_context_create(&opts, &ctx, &err), SG_OK, "sg_context_create with allow_unauthenticated");
     CHECK_STATUS(sg_context_destroy(ctx), SG_OK, "sg_context_destroy of the unauthenticated context");
@@ -511,6 +510,56 @@ static void test_params(void)
     CHECK(lo == 7 && hi == 7, "sg_param_bounds(999) writes no output");
 }
 
+/* ---- the settled 0.2 rules (docs/abi.md) ------------------------------------------------------- */
+/* Every type a struct or a status carries has a fixed width, so SWIG, JNI and bindgen see the same
+ * layout as C; an option struct left zeroed (struct_size and header_version set) is the defaults,
+ * and a value outside a field's domain is refused with a message naming the field. */
+static void test_settled_abi(void)
+{
+    sg_context_options_t opts;
+    sg_context_t ctx = NULL;
+    sg_error_info_t err;
+
+    CHECK(sizeof(sg_status_t) == 4, "sg_status_t is 4 bytes (int32_t)");
+    CHECK((sg_status_t)-1 < 0, "sg_status_t is signed");
+    CHECK(sizeof(sg_dtype_t) == 4 && sizeof(sg_mem_kind_t) == 4 && sizeof(sg_kv_packing_t) == 4 &&
+              sizeof(sg_block_order_t) == 4 && sizeof(sg_log_level_t) == 4 && sizeof(sg_param_t) == 4 &&
+              sizeof(sg_event_kind_t) == 4,
+          "every constant-carrying typedef is 4 bytes (uint32_t)");
+    CHECK(SG_LOG_DEFAULT == 0 && SG_LOG_OFF < SG_LOG_ERROR && SG_LOG_ERROR < SG_LOG_DEBUG,
+          "log levels leave 0 to the default and grow with verbosity");
+
+    memset(&opts, 0, sizeof opts);
+    opts.struct_size = sizeof opts;
+    opts.header_version = SG_VERSION_NUMBER;
+    opts.allow_unauthenticated = 1;
+    sg_error_info_init(&err);
+    CHECK_STATUS(sg_context_create(&opts, &ctx, &err), SG_OK, "a zeroed options struct is the defaults");
+    CHECK_STATUS(sg_context_destroy(ctx), SG_OK, "sg_context_destroy of the zero-options context");
+
+    opts.progress_spin_us = SG_PROGRESS_SPIN_NONE;
+    opts.manual_progress = 1;
+    ctx = NULL;
+    CHECK_STATUS(sg_context_create(&opts, &ctx, &err), SG_OK, "manual progress with SG_PROGRESS_SPIN_NONE");
+    CHECK_STATUS(sg_context_destroy(ctx), SG_OK, "sg_context_destroy of the manual-progress context");
+
+    opts.manual_progress = 2;
+    sg_error_info_init(&err);
+    CHECK_STATUS(sg_context_create(&opts, &ctx, &err), SG_ERR_INVALID_ARGUMENT, "manual_progress 2 is refused");
+    CHECK(strstr(err.message, "manual_progress") != NULL, "the message names manual_progress");
+    opts.manual_progress = 0;
+    opts.log_level = SG_LOG_DEBUG + 1;
+    sg_error_info_init(&err);
+    CHECK_STATUS(sg_context_create(&opts, &ctx, &err), SG_ERR_INVALID_ARGUMENT, "an unknown log level is refused");
+    CHECK(strstr(err.message, "log_level") != NULL, "the message names log_level");
+    opts.log_level = SG_LOG_DEFAULT;
+    opts.allow_unauthenticated = 7;
+    sg_error_info_init(&err);
+    CHECK_STATUS(sg_context_create(&opts, &ctx, &err), SG_ERR_INVALID_ARGUMENT,
+                 "allow_unauthenticated 7 is refused");
+    CHECK(strstr(err.message, "allow_unauthenticated") != NULL, "the message names allow_unauthenticated");
+}
+
 int main(void)
 {
     test_versions();
@@ -524,6 +573,7 @@ int main(void)
     test_context_option_strings();
     test_output_buffers();
     test_params();
+    test_settled_abi();
 
     printf("%d passed, %d failed\n", g_passed, g_failed);
     return g_failed == 0 ? 0 : 1;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The library exports exactly the sg_* functions the header declares (plus its version nodes), and
-# its SONAME follows the header's ABI major.
+# The library exports exactly the sg_* functions the header declares (plus its version nodes), the
+# version script's per-node lists name exactly those exports, and its SONAME follows the header's
+# ABI major.
 set -euo pipefail
 lib=$1
 header=$2
@@ -21,16 +22,29 @@ extra=$(comm -13 <(echo "$declared") <(echo "$exported" | grep '^sg_'))
 
 nodes=$(nm -D --defined-only "$lib" | awk '$2 == "A" {print $3}')
 echo "$nodes" | grep -qx 'SMARTGEN_0.1' && ok || bad "version node SMARTGEN_0.1 missing (got: $nodes)"
-# Every node of the version script is in the library, and each symbol a node names (nodes after
-# 0.1 list theirs; 0.1 keeps a pattern) carries that node's version, not the pattern's.
+# The map lists every symbol by name (no pattern): its lists together are exactly the library's
+# exports, every node of the map is in the library, and each symbol carries the version of the node
+# that lists it.
 map=$(dirname "$0")/../../abi/smartgen.map
+listed=""
 for node in $(grep -oE '^SMARTGEN_[0-9.]+' "$map"); do
   echo "$nodes" | grep -qx "$node" && ok || bad "version node $node of the map missing (got: $nodes)"
-  for sym in $(sed -n "/^$node {/,/^}/p" "$map" | grep -oE '^\s+sg_[a-z0-9_]+;' | tr -d ' ;'); do
+  syms=$(sed -n "/^$node {/,/^}/p" "$map" | grep -oE '^\s+sg_[a-z0-9_]+;' | tr -d ' ;')
+  [ -n "$syms" ] && ok || bad "version node $node lists no symbol"
+  listed="$listed $syms"
+  for sym in $syms; do
     got=$(objdump -T "$lib" | awk -v s="$sym" '$NF == s {print $(NF-1)}' | tr -d '()')
     [ "$got" = "$node" ] && ok || bad "$sym has version '$got', the map puts it in $node"
   done
 done
+grep -qE '^\s+sg_[a-z0-9_]*\*' "$map" && bad "the map uses a pattern; list each symbol by name" || ok
+listed=$(echo "$listed" | tr ' ' '\n' | grep . | sort)
+dups=$(echo "$listed" | uniq -d)
+[ -z "$dups" ] && ok || bad "listed in more than one node: $dups"
+unlisted=$(comm -13 <(echo "$listed" | sort -u) <(echo "$exported" | grep '^sg_'))
+notexported=$(comm -23 <(echo "$listed" | sort -u) <(echo "$exported" | grep '^sg_'))
+[ -z "$unlisted" ] && ok || bad "exported but in no node of the map: $unlisted"
+[ -z "$notexported" ] && ok || bad "listed in the map but not exported: $notexported"
 # nm shows versions only with --with-symbol-versions on older binutils; objdump always does.
 unversioned=$(objdump -T "$lib" | awk '/ sg_/ && !/SMARTGEN_/ {print $NF}')
 [ -z "$unversioned" ] && ok || bad "sg_ symbols without a version node: $unversioned"

@@ -40,7 +40,7 @@ int main(void) {
     sg_context_options_t o;
     sg_context_options_init(&o);
     o.provider = "tcp";
-    o.allow_unauthenticated = true; /* no sessions here */
+    o.allow_unauthenticated = 1; /* no sessions here */
     sg_context_t ctx = NULL;
     CHECK(sg_context_create(&o, &ctx, NULL) == SG_OK, "context created");
 

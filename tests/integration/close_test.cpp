@@ -107,7 +107,7 @@ void run_rounds(const char *provider, uint32_t rounds, bool slow_decode = false)
                                                 sg_context_options_t o;
                                                 sg_context_options_init(&o);
                                                 o.provider = provider;
-                                                o.progress_thread = false;
+                                                o.manual_progress = 1;
                                                 SG_TEST_USE_KEY(o);
                                                 ASSERT_EQ(sg_context_create(&o, &ctx, nullptr), SG_OK) << sg_last_error_message();
                                             } else {

@@ -24,21 +24,22 @@ constexpr uint64_t kMs = 1000000ull;
 
 struct Event {
     std::string request;
-    sg_transfer_event_t type;
+    sg_event_kind_t type;
     uint32_t layer;
     sg_status_t status;
+    std::vector<uint32_t> blocks;
 };
 
 struct EventLog {
     std::mutex mu;
     std::vector<Event> events;
-    static void record(void *user, sg_transfer_t, const char *rid, sg_transfer_event_t e, uint32_t layer,
-                       sg_status_t st) {
+    static void record(void *user, const sg_event_t *e) {
         auto *log = static_cast<EventLog *>(user);
         std::lock_guard lock(log->mu);
-        log->events.push_back({rid, e, layer, st});
+        log->events.push_back({e->request_id, e->kind, e->layer, e->status,
+                               std::vector<uint32_t>(e->blocks, e->blocks + e->num_blocks)});
     }
-    size_t count(sg_transfer_event_t type, const std::string &rid = "") {
+    size_t count(sg_event_kind_t type, const std::string &rid = "") {
         std::lock_guard lock(mu);
         return size_t(std::count_if(events.begin(), events.end(), [&](const Event &e) {
             return e.type == type && (rid.empty() || e.request == rid);
@@ -46,7 +47,7 @@ struct EventLog {
     }
     // Callbacks run on the progress thread after the state they report is visible to waits: give
     // them a moment to arrive, then count.
-    size_t settled_count(sg_transfer_event_t type, const std::string &rid, size_t expected) {
+    size_t settled_count(sg_event_kind_t type, const std::string &rid, size_t expected) {
         for (int i = 0; i < 500 && count(type, rid) < expected; ++i)
             std::this_thread::sleep_for(std::chrono::milliseconds(10));
         std::this_thread::sleep_for(std::chrono::milliseconds(20));  // and no more than expected
@@ -61,8 +62,8 @@ struct Side {
         sg_context_options_t o;
         sg_context_options_init(&o);
         o.provider = "tcp";
-        o.transfer_event_fn = &EventLog::record;
-        o.transfer_event_user = &log;
+        o.event_fn = &EventLog::record;
+        o.event_user = &log;
         SG_TEST_USE_KEY(o);
         EXPECT_EQ(sg_context_create(&o, &ctx, nullptr), SG_OK) << sg_last_error_message();
     }
@@ -347,6 +348,16 @@ TEST(Paths, OnDemandFetchServesMissingBlocksAndSpeculativeCompletesTheRest) {
         const uint32_t beyond = NB;
         EXPECT_EQ(sg_transfer_fetch(d, 1, &beyond, 1), SG_ERR_OUT_OF_RANGE);
         EXPECT_EQ(link.decode.log.settled_count(SG_EVENT_BLOCKS_READY, "od", 2), 2u);
+        {
+            // Each BLOCKS_READY names the blocks its fetch asked for, in the order asked.
+            std::lock_guard lock(link.decode.log.mu);
+            std::vector<std::vector<uint32_t>> named;
+            for (const Event &e : link.decode.log.events)
+                if (e.type == SG_EVENT_BLOCKS_READY && e.request == "od") named.push_back(e.blocks);
+            ASSERT_EQ(named.size(), 2u);
+            EXPECT_EQ(named[0], want);
+            EXPECT_EQ(named[1], std::vector<uint32_t>(want.begin(), want.begin() + 2));
+        }
         sg_transfer_stats_t ps;
         sg_transfer_stats_init(&ps);
         ASSERT_EQ(sg_transfer_stats(p, &ps), SG_OK);

@@ -30,7 +30,7 @@ struct Ctx {
         sg_context_options_t o;
         sg_context_options_init(&o);
         o.provider = provider;
-        o.progress_thread = progress_thread;
+        o.manual_progress = progress_thread ? 0 : 1;
         SG_TEST_USE_KEY(o);
         EXPECT_EQ(sg_context_create(&o, &h, nullptr), SG_OK) << sg_last_error_message();
     }
@@ -183,10 +183,10 @@ TEST(Session, PostBeforeExpectWithLayerOrderAndStreaming) {
     EXPECT_EQ(state, 0u);
     ASSERT_EQ(sg_transfer_expect(p.ds, "early", dst.kv, dt.data(), 5, 40, nullptr, &y, nullptr), SG_OK);
     // Nothing moves before a layer is written.
-    EXPECT_EQ(sg_transfer_wait_layer(y, 2, 50 * kMs), SG_IN_PROGRESS);
+    EXPECT_EQ(sg_transfer_wait_layer(y, 2, 50 * kMs), SG_ERR_TIMEOUT);
     ASSERT_EQ(sg_transfer_layer_written(x, 0, nullptr), SG_OK);
     // Layer 0 is written but layer 2 comes first in the order, so layer 0 must wait for it.
-    EXPECT_EQ(sg_transfer_wait_layer(y, 0, 50 * kMs), SG_IN_PROGRESS);
+    EXPECT_EQ(sg_transfer_wait_layer(y, 0, 50 * kMs), SG_ERR_TIMEOUT);
     ASSERT_EQ(sg_transfer_layer_state(x, 0, &state), SG_OK);
     EXPECT_EQ(state, SG_LAYER_WRITTEN);
     ASSERT_EQ(sg_transfer_layer_written(x, 2, nullptr), SG_OK);
@@ -280,8 +280,8 @@ TEST(Session, WaitTimesOutWithInProgressAndCancelReachesThePeer) {
     ASSERT_EQ(sg_transfer_expect(p.ds, "slow", dst.kv, t, 2, 8, nullptr, &y, nullptr), SG_OK);
     ASSERT_EQ(sg_transfer_post(p.ps, "slow", src.kv, t, 2, 8, nullptr, &x, nullptr), SG_OK);
     // No layer written: the wait expires, and that is not an error.
-    EXPECT_EQ(sg_transfer_wait(y, 20 * kMs), SG_IN_PROGRESS);
-    EXPECT_EQ(sg_transfer_wait(x, 0), SG_IN_PROGRESS);
+    EXPECT_EQ(sg_transfer_wait(y, 20 * kMs), SG_ERR_TIMEOUT);
+    EXPECT_EQ(sg_transfer_wait(x, 0), SG_ERR_TIMEOUT);
     EXPECT_EQ(sg_transfer_test(y), SG_IN_PROGRESS);
     ASSERT_EQ(sg_transfer_cancel(x), SG_OK);
     EXPECT_EQ(sg_transfer_wait(x, kSecond), SG_ERR_CANCELED);
@@ -396,21 +396,22 @@ struct EventLog {
     struct Entry {
         sg_transfer_t xfer;
         std::string rid;
-        sg_transfer_event_t event;
+        sg_event_kind_t event;
         uint32_t layer;
         sg_status_t status;
         std::thread::id thread;
         sg_status_t wait_from_callback, status_from_callback;
     };
     std::vector<Entry> entries;
-    static void record(void *user, sg_transfer_t xfer, const char *rid, sg_transfer_event_t event, uint32_t layer,
-                       sg_status_t status) {
+    static void record(void *user, const sg_event_t *e) {
         auto *log = static_cast<EventLog *>(user);
+        EXPECT_EQ(e->struct_size, sizeof(sg_event_t));
+        sg_transfer_t xfer = e->transfer;
         sg_status_t current = SG_OK;
         const sg_status_t got = sg_transfer_status(xfer, &current, nullptr, 0);
         const sg_status_t wait = sg_transfer_wait(xfer, 0);
         std::lock_guard lock(log->mu);
-        log->entries.push_back({xfer, rid, event, layer, status, std::this_thread::get_id(), wait, got});
+        log->entries.push_back({xfer, e->request_id, e->kind, e->layer, e->status, std::this_thread::get_id(), wait, got});
     }
 };
 
@@ -422,8 +423,8 @@ TEST(Session, TransferEventsRunOnTheProgressThread) {
     SG_TEST_USE_KEY(o);
     sg_context_t a = nullptr, b = nullptr;
     ASSERT_EQ(sg_context_create(&o, &a, nullptr), SG_OK);
-    o.transfer_event_fn = &EventLog::record;
-    o.transfer_event_user = &events;
+    o.event_fn = &EventLog::record;
+    o.event_user = &events;
     ASSERT_EQ(sg_context_create(&o, &b, nullptr), SG_OK);
     sg_session_t sa = nullptr, sb = nullptr;
     ASSERT_NO_FATAL_FAILURE(join_by_metadata(a, b, &sa, &sb));

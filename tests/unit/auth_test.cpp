@@ -45,7 +45,6 @@ sg_context_options_t options(const char *key) {
     sg_context_options_t o{};
     o.struct_size = sizeof o;
     o.provider = "tcp";
-    o.progress_thread = true;
     o.log_level = SG_LOG_OFF;
     o.auth_key = key;
     o.auth_key_len = std::strlen(key);

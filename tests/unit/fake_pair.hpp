@@ -127,7 +127,7 @@ inline sg_context_options_t context_options(const PairConfig &cfg) {
     sg_context_options_t o{};
     o.struct_size = sizeof o;
     o.provider = "fake";
-    o.progress_thread = false;
+    o.manual_progress = 1;
     o.log_level = SG_LOG_OFF;
     o.max_ops_in_flight = cfg.max_ops_in_flight;
     o.max_bytes_in_flight = cfg.max_bytes_in_flight;

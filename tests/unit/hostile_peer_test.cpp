@@ -25,7 +25,7 @@ sg_context_options_t options(bool progress_thread) {
     sg_context_options_t o{};
     o.struct_size = sizeof o;
     o.provider = "tcp";
-    o.progress_thread = progress_thread;
+    o.manual_progress = progress_thread ? 0 : 1;
     o.log_level = SG_LOG_OFF;
     SG_TEST_USE_KEY(o);
     return o;

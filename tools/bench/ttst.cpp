@@ -411,7 +411,7 @@ int p7_prefill(const std::vector<uint8_t> &key, int port_fd, uint32_t nb, const 
         if (sg_transfer_post(s, id, src.kv, table.data(), nb, uint64_t(nb) * kP7Tpb, &o, &p, nullptr) != SG_OK)
             return 1;
         sg_status_t st;
-        while ((st = sg_transfer_wait(p, kSecond)) == SG_IN_PROGRESS) {
+        while ((st = sg_transfer_wait(p, kSecond)) == SG_ERR_TIMEOUT) {
         }
         sg_transfer_release(p);
         if (st != SG_OK) return 1;
@@ -490,7 +490,7 @@ bool p7_request(sg_session_t s, P7Pool &dst, const std::string &id, bool busy, u
     }
     if (busy) {
         sg_status_t st;
-        while ((st = sg_transfer_wait(d, kSecond)) == SG_IN_PROGRESS) {
+        while ((st = sg_transfer_wait(d, kSecond)) == SG_ERR_TIMEOUT) {
         }
         if (st != SG_OK) return false;
         sg_transfer_stats_t ts;

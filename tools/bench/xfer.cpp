@@ -50,7 +50,7 @@ void check(sg_status_t s, const char *what, const sg_error_info_t *err = nullptr
 
 void check_wait(sg_status_t s, const char *what, sg_transfer_t x) {
     if (s == SG_OK) return;
-    if (s == SG_IN_PROGRESS) throw std::runtime_error(std::string(what) + ": still in progress after 300 s");
+    if (s == SG_ERR_TIMEOUT) throw std::runtime_error(std::string(what) + ": still in progress after 300 s");
     char msg[SG_ERROR_MESSAGE_MAX] = {};
     sg_status_t xs = SG_OK;
     sg_transfer_status(x, &xs, msg, sizeof msg);

@@ -229,7 +229,7 @@ void SideRunner::start(Active &a) {
         if (a.sp.cancel == Cancel::PrefillAfter) {
             // After the match: the first layer has been delivered, so the decode side expected it.
             st = sg_transfer_wait_layer_state(a.x, l, SG_LAYER_READY, uint64_t(cfg_.wait_s) * kSecond);
-            if (st == SG_IN_PROGRESS) return fail(SG_ERR_TIMEOUT, "waiting for the first layer before a cancel");
+            if (st == SG_ERR_TIMEOUT) return fail(SG_ERR_TIMEOUT, "waiting for the first layer before a cancel");
             if (st != SG_OK) return fail(st, "sg_transfer_wait_layer_state");
             sg_transfer_cancel(a.x);
             return;
@@ -253,7 +253,7 @@ sg_status_t SideRunner::fetch_and_check(Active &a, uint32_t layer, const std::ve
     }
     if (st != SG_OK) return st;
     st = sg_transfer_wait_blocks(a.x, layer, blocks.data(), blocks.size(), wait);
-    if (st == SG_IN_PROGRESS) {
+    if (st == SG_ERR_TIMEOUT) {
         detail = "hang: sg_transfer_wait_blocks timed out";
         return SG_OK;
     }
@@ -295,14 +295,14 @@ sg_status_t SideRunner::finish_decode(Active &a, uint64_t &bytes, std::string &d
         for (uint32_t l = 0; l < layers && detail.empty(); ++l) bytes += verify_blocks(p, a.sp, a.table, l, {}, &detail);
     };
     auto waited = [&](sg_status_t st) {
-        if (st == SG_IN_PROGRESS) detail = "hang: sg_transfer_wait timed out";
-        return st == SG_IN_PROGRESS ? SG_OK : st;
+        if (st == SG_ERR_TIMEOUT) detail = "hang: sg_transfer_wait timed out";
+        return st == SG_ERR_TIMEOUT ? SG_OK : st;
     };
     sg_status_t st;
     if (a.sp.cancel != Cancel::None) {
         if (a.sp.cancel == Cancel::DecodeAfter) {
             st = sg_transfer_wait_layer(a.x, uint32_t(r.below(layers)), wait);
-            if (st == SG_IN_PROGRESS) {
+            if (st == SG_ERR_TIMEOUT) {
                 detail = "hang: sg_transfer_wait_layer before a cancel timed out";
                 return SG_OK;
             }
@@ -319,7 +319,7 @@ sg_status_t SideRunner::finish_decode(Active &a, uint64_t &bytes, std::string &d
         const size_t want = a.table.size() * p.layout.num_kv_heads * 2 * p.layout.head_dim;
         for (uint32_t l = 0; l < layers; ++l) {
             st = sg_transfer_wait_layer_state(a.x, l, SG_LAYER_ESSENTIAL, wait);
-            if (st == SG_IN_PROGRESS) {
+            if (st == SG_ERR_TIMEOUT) {
                 detail = "hang: waiting for SG_LAYER_ESSENTIAL timed out";
                 return SG_OK;
             }
@@ -390,14 +390,16 @@ void SideRunner::finish(Active &a) {
             detail = a.start_detail + " (transfer: " + xfer_detail(a.x, ts) + ")";
     } else if (prefill_) {
         st = sg_transfer_wait(a.x, uint64_t(cfg_.wait_s) * kSecond);
-        if (st == SG_IN_PROGRESS) detail = "hang: sg_transfer_wait timed out (prefill)";
+        if (st == SG_ERR_TIMEOUT) {
+            detail = "hang: sg_transfer_wait timed out (prefill)";
+            st = SG_OK;  // the detail says why it is bad
+        }
     } else {
         st = finish_decode(a, bytes, detail);
     }
     if (st != SG_OK && st != SG_ERR_PEER_LOST && !(st == SG_ERR_CANCELED && a.sp.cancel != Cancel::None) &&
         detail.empty())
         detail = xfer_detail(a.x, st);
-    if (st == SG_IN_PROGRESS) st = SG_OK;  // the detail already says why it is bad
     if (st == SG_ERR_PEER_LOST && !loss_expected_ && detail.empty()) detail = xfer_detail(a.x, st);
     sg_status_t rs = sg_transfer_release(a.x);
     if (rs != SG_OK && detail.empty()) detail = std::string("sg_transfer_release: ") + sg_status_str(rs);
