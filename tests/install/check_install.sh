@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Installs a built tree into a scratch prefix and uses it the two ways users do: pkg-config
+# (examples/c/transfer_pair.c, a real two-process transfer) and find_package(SmartGen) (a small
+# CMake project). Also checks what the install holds and that a request for another major is refused.
+#   check_install.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build=$1
+src=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+prefix=$work/prefix
+fail=0
+pass=0
+ok() { pass=$((pass + 1)); }
+bad() { echo "FAIL: $*"; fail=$((fail + 1)); }
+
+cmake --install "$build" --prefix "$prefix" >"$work/install.log"
+libdir=$(dirname "$(find "$prefix" -name 'libsmartgen.so.0' | head -1)")
+[ -n "$libdir" ] && [ -d "$libdir" ] && ok || { bad "libsmartgen.so.0 not installed"; cat "$work/install.log"; exit 1; }
+for f in libsmartgen.so libsmartgen.so.0 pkgconfig/smartgen.pc cmake/SmartGen/SmartGenConfig.cmake \
+         cmake/SmartGen/SmartGenConfigVersion.cmake cmake/SmartGen/SmartGenTargets.cmake; do
+  [ -e "$libdir/$f" ] && ok || bad "$libdir/$f missing"
+done
+[ -f "$prefix/include/smartgen/smartgen.h" ] && ok || bad "header missing"
+for t in smartgen-info smartgen-bench smartgen-profile; do
+  [ -x "$prefix/bin/$t" ] && ok || bad "tool $t missing"
+done
+soname=$(readelf -d "$libdir/libsmartgen.so.0" | sed -n 's/.*Library soname: \[\(.*\)\]/\1/p')
+[ "$soname" = libsmartgen.so.0 ] && ok || bad "SONAME '$soname'"
+
+export PKG_CONFIG_PATH=$libdir/pkgconfig
+version=$(pkg-config --modversion smartgen)
+header_version=$(sed -nE 's/#define SG_VERSION_(MAJOR|MINOR|PATCH) ([0-9]+)/\2/p' "$src/include/smartgen/smartgen.h" | paste -sd.)
+[ "$version" = "$header_version" ] && ok || bad "smartgen.pc says $version, the header $header_version"
+# shellcheck disable=SC2046 # pkg-config's output is meant to be split
+gcc -std=c99 -Wall -Werror -o "$work/transfer_pair" "$src/examples/c/transfer_pair.c" $(pkg-config --cflags --libs smartgen) \
+  && ok || bad "transfer_pair does not build with pkg-config --cflags --libs smartgen"
+if LD_LIBRARY_PATH=$libdir SG_LOG_LEVEL=error timeout 60 "$work/transfer_pair" --provider tcp >"$work/tp.log" 2>&1; then
+  ok
+else
+  bad "transfer_pair built from the install failed:"; tail -20 "$work/tp.log"
+fi
+
+if cmake -S "$src/tests/install/consumer" -B "$work/consumer" -DCMAKE_PREFIX_PATH="$prefix" >"$work/consumer.log" 2>&1 &&
+   cmake --build "$work/consumer" >>"$work/consumer.log" 2>&1; then
+  ok
+  # The imported target carries the library's path; the consumer runs without LD_LIBRARY_PATH only
+  # through its build rpath, which is what this checks too.
+  "$work/consumer/consumer" && ok || bad "the find_package consumer failed"
+else
+  bad "find_package(SmartGen 0.2) consumer does not configure or build:"; tail -20 "$work/consumer.log"
+fi
+mkdir -p "$work/major"
+printf 'cmake_minimum_required(VERSION 3.16)\nproject(m C)\nfind_package(SmartGen 1.0 REQUIRED)\n' >"$work/major/CMakeLists.txt"
+if cmake -S "$work/major" -B "$work/major/build" -DCMAKE_PREFIX_PATH="$prefix" >"$work/major.log" 2>&1; then
+  bad "find_package(SmartGen 1.0) accepted a $version install"
+else
+  grep -q "compatible with requested version" "$work/major.log" && ok || { bad "find_package(SmartGen 1.0) failed for another reason:"; tail -5 "$work/major.log"; }
+fi
+
+echo "install: $pass passed, $fail failed (prefix layout: ${libdir#"$prefix"/})"
+[ "$fail" = 0 ]
