@@ -30,6 +30,8 @@ PACKAGES=(
   openjdk-17-jdk-headless
   junit5
   bindgen
+  # The ABI gate (tests/abi/check_abi.sh): abidw / abidiff.
+  abigail-tools
 )
 
 # Rust: a toolchain already on PATH (or rustup's in ~/.cargo/bin) is used as it is; otherwise
