@@ -45,6 +45,17 @@ unlisted=$(comm -13 <(echo "$listed" | sort -u) <(echo "$exported" | grep '^sg_'
 notexported=$(comm -23 <(echo "$listed" | sort -u) <(echo "$exported" | grep '^sg_'))
 [ -z "$unlisted" ] && ok || bad "exported but in no node of the map: $unlisted"
 [ -z "$notexported" ] && ok || bad "listed in the map but not exported: $notexported"
+# The Debian symbols file names every exported symbol with its version node (dpkg-gensymbols
+# checks the same at package build; this catches it in every test run).
+symbols=$(dirname "$0")/../../packaging/debian/libsmartgen0.symbols
+if [ -f "$symbols" ]; then
+  in_file=$(grep -oE '^ (sg_[a-z0-9_]+|SMARTGEN_[0-9.]+)@SMARTGEN_[0-9.]+' "$symbols" | tr -d ' ' | sort)
+  in_lib=$(objdump -T "$lib" | awk '$NF ~ /^(sg_|SMARTGEN_)/ {v = $(NF-1); gsub(/[()]/, "", v); print $NF "@" v}' | sort -u)
+  missing_sym=$(comm -13 <(echo "$in_file") <(echo "$in_lib"))
+  stale_sym=$(comm -23 <(echo "$in_file") <(echo "$in_lib"))
+  [ -z "$missing_sym" ] && ok || bad "exported but not in packaging/debian/libsmartgen0.symbols: $missing_sym"
+  [ -z "$stale_sym" ] && ok || bad "in libsmartgen0.symbols but not exported so: $stale_sym"
+fi
 # nm shows versions only with --with-symbol-versions on older binutils; objdump always does.
 unversioned=$(objdump -T "$lib" | awk '/ sg_/ && !/SMARTGEN_/ {print $NF}')
 [ -z "$unversioned" ] && ok || bad "sg_ symbols without a version node: $unversioned"
