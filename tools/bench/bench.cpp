@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -248,7 +249,8 @@ void Report::plot(const std::string &title, const std::string &x_label, const st
     gp.close();
     std::string cmd = "gnuplot " + script + " 2>&1";
     int rc = std::system(cmd.c_str());
-    std::system(("rm -rf " + dir).c_str());
+    std::error_code ignored;  // a leftover temporary directory is not worth failing the report
+    std::filesystem::remove_all(dir, ignored);
     if (rc != 0) throw std::runtime_error("--plot: gnuplot failed (exit " + std::to_string(rc) + ")");
 }
 
