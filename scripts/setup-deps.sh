@@ -32,6 +32,14 @@ PACKAGES=(
   bindgen
   # The ABI gate (tests/abi/check_abi.sh): abidw / abidiff.
   abigail-tools
+  # Packages (scripts/package.sh, tests/packaging): Debian's and RPM's tools, their linters, the
+  # signing key's gpg and debootstrap for the clean-root install test.
+  debhelper
+  lintian
+  rpm
+  rpmlint
+  gpg
+  debootstrap
 )
 
 # Rust: a toolchain already on PATH (or rustup's in ~/.cargo/bin) is used as it is; otherwise

@@ -16,13 +16,20 @@
 #   tsan     tsan preset: builds only what the subset needs (integration_tests, link_peer) and runs
 #            the concurrency, session, failure, transfer-path, bootstrap, reconnect and
 #            graceful-close tests under ThreadSanitizer, in parallel
+#   package  scripts/package.sh builds the .debs and .rpms from one source tarball (lintian and
+#            rpmlint: no errors), then tests/packaging installs the .debs into a debootstrapped
+#            bookworm root (dependencies from Debian's archive; pkg-config and find_package
+#            consumers built and run inside it) and the .rpms into a scratch rpm root
+# The release phase also builds the bindings (SMARTGEN_BINDINGS: Go, Java, Rust, docs/bindings.md)
+# and runs their tests and the 16-pair interop matrix (ctest label "bindings"), the install test
+# (label "install") and the ABI gate (label "abi": exports, the Debian symbols file, abidiff).
 # Prints the duration of each phase; exits nonzero when any step fails.
 # Environment:
 #   SMARTGEN_CTEST_ARGS   extra ctest arguments for every phase (e.g. "--repeat until-pass:2")
 #   SMARTGEN_CTEST_JOBS   ctest parallelism (default: the number of cores)
 #   SMARTGEN_BUILD_PREFIX build trees go to <prefix><preset> (default build/, the presets' own
 #                         binaryDir; e.g. build/mine- for a tree of one's own)
-#   SMARTGEN_PHASES       the phases to run, in order (default "deps release fuzz asan tsan")
+#   SMARTGEN_PHASES       the phases to run, in order (default "deps release fuzz asan tsan package")
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -123,11 +130,28 @@ run_tsan_phase() {
       -R '^(Concurrency|Session|Failure|Paths|Bootstrap|Reconnect|GracefulClose)\.|^KvPairTcp\.ARail'
 }
 
+# Packages and the clean-machine install tests. A test that cannot run here (no root, no archive)
+# exits 77 and is reported as skipped; any other failure fails the phase.
+run_package_phase() {
+  local out="$ROOT/${BUILD_PREFIX}packages" rc t
+  bash "$ROOT/scripts/package.sh" --out "$out"
+  for t in clean_root_deb rpm_root; do
+    echo "---- tests/packaging/$t.sh"
+    rc=0
+    bash "$ROOT/tests/packaging/$t.sh" "$out" "$ROOT" || rc=$?
+    if [[ $rc -eq 77 ]]; then
+      echo "---- $t: SKIPPED (reason above)"
+    elif [[ $rc -ne 0 ]]; then
+      return "$rc"
+    fi
+  done
+}
+
 TOTAL_START=$(now_ms)
-for phase in ${SMARTGEN_PHASES:-deps release fuzz asan tsan}; do
+for phase in ${SMARTGEN_PHASES:-deps release fuzz asan tsan package}; do
   case $phase in
-    deps | release | fuzz | asan | tsan) run_phase "$phase" "run_${phase}_phase" ;;
-    *) echo "test.sh: unknown phase '$phase' (deps release fuzz asan tsan)" >&2; exit 2 ;;
+    deps | release | fuzz | asan | tsan | package) run_phase "$phase" "run_${phase}_phase" ;;
+    *) echo "test.sh: unknown phase '$phase' (deps release fuzz asan tsan package)" >&2; exit 2 ;;
   esac
 done
 PHASE_NAMES+=("total")
