@@ -78,7 +78,9 @@ if gcc -std=c99 -Wall -Werror -o "$work/transfer_pair" "$src/examples/c/transfer
 else
   bad "transfer_pair against the root: $(tail -5 "$work/gcc.log" "$work/tp.log")"
 fi
-if cmake -S "$src/tests/install/consumer" -B "$work/consumer" -DCMAKE_PREFIX_PATH="$root/usr" >"$work/cmake.log" 2>&1 &&
+# SmartGen_DIR, not CMAKE_PREFIX_PATH: CMake on Debian does not search lib64 (Debian is multiarch),
+# CMake on an RPM distribution does.
+if cmake -S "$src/tests/install/consumer" -B "$work/consumer" -DSmartGen_DIR="$root$libdir/cmake/SmartGen" >"$work/cmake.log" 2>&1 &&
    cmake --build "$work/consumer" >>"$work/cmake.log" 2>&1; then
   linked=$(grep -rhoE "[^ ]*libsmartgen\.so[^ ]*" "$work/consumer/CMakeFiles/consumer.dir/link.txt" | head -1)
   [[ $(realpath -m "$linked") == "$root"* ]] && ok "find_package(SmartGen) resolves inside the root ($linked)" ||
