@@ -1,0 +1,3 @@
+module smartgen
+
+go 1.19

@@ -1,0 +1,224 @@
+package smartgen
+
+import (
+	"sync"
+	"syscall"
+	"unsafe"
+
+	"smartgen/internal/raw"
+)
+
+// DType of the KV elements (sg_dtype_t).
+type DType uint32
+
+const (
+	FP32    DType = 0
+	FP16    DType = 1
+	BF16    DType = 2
+	FP8E4M3 DType = 3
+)
+
+// Packing says where K and V of one block live (sg_kv_packing_t).
+type Packing uint32
+
+const (
+	Separate Packing = 0 // K and V in their own region per layer, same block ids
+	Fused    Packing = 1 // one region per layer; a block holds its K plane, then its V plane
+)
+
+// BlockOrder of the elements inside one K (or V) plane (sg_block_order_t).
+type BlockOrder uint32
+
+const (
+	TokenMajor BlockOrder = 0 // [token][kv_head][head_dim]
+	HeadMajor  BlockOrder = 1 // [kv_head][token][head_dim]
+)
+
+// Layout describes a paged KV pool in host memory (sg_kv_layout_t without the base pointers,
+// which the Pool provides). As in C, every field means the value written, 0 included: the zero
+// DType is FP32, and a zero count is invalid.
+type Layout struct {
+	NumLayers        uint32
+	NumKVHeads       uint32
+	HeadDim          uint32
+	TokensPerBlock   uint32
+	NumBlocks        uint64 // blocks per layer
+	DType            DType
+	Packing          Packing
+	BlockOrder       BlockOrder
+	BlockStrideBytes uint64 // 0 = packed
+}
+
+// toC makes a C sg_kv_layout_t of l; the caller deletes it.
+func (l Layout) toC() raw.Sg_kv_layout_t {
+	o := raw.NewSg_kv_layout_t()
+	raw.Sg_kv_layout_init(o)
+	o.SetNum_layers(l.NumLayers)
+	o.SetNum_kv_heads(l.NumKVHeads)
+	o.SetHead_dim(l.HeadDim)
+	o.SetTokens_per_block(l.TokensPerBlock)
+	o.SetNum_blocks(l.NumBlocks)
+	o.SetDtype(uint32(l.DType))
+	o.SetPacking(uint32(l.Packing))
+	o.SetBlock_order(uint32(l.BlockOrder))
+	o.SetMem_kind(0) // SG_MEM_HOST
+	o.SetBlock_stride_bytes(l.BlockStrideBytes)
+	return o
+}
+
+// PlaneBytes is the size of one K (or V) plane of one block (sg_kv_layout_plane_bytes).
+func (l Layout) PlaneBytes() (uint64, error) {
+	o := l.toC()
+	defer raw.DeleteSg_kv_layout_t(o)
+	var n uint64
+	e := getErrInfo()
+	err := e.result("sg_kv_layout_plane_bytes", raw.Sgo_sg_kv_layout_plane_bytes(o, &n, e.p))
+	return n, err
+}
+
+// Pool is the memory of a paged KV pool, owned by this package so that it obeys cgo's pointer
+// rules: each layer's K region (and V region, for Separate) is an anonymous mmap, outside the Go
+// heap, which Go code reads and writes as a []byte and the library addresses directly. The
+// per-layer base pointers live in C memory. Close unmaps it; the slices K and V returned must not
+// be used after that.
+type Pool struct {
+	layout      Layout
+	regionBytes uint64
+	k, v        [][]byte
+	kBases      *uintptr // C arrays of NumLayers pointers (void *const *)
+	vBases      *uintptr
+
+	mu     sync.Mutex
+	closed bool
+	kvs    map[*KV]struct{} // registrations that use the pool
+}
+
+// NewPool checks the layout and maps its memory, zeroed.
+func NewPool(layout Layout) (*Pool, error) {
+	p := &Pool{layout: layout, kvs: map[*KV]struct{}{}}
+	ok := false
+	defer func() {
+		if !ok {
+			p.release()
+		}
+	}()
+	n := uint64(layout.NumLayers)
+	p.kBases = raw.Sgo_pointers_new(n)
+	if layout.Packing == Separate {
+		p.vBases = raw.Sgo_pointers_new(n)
+	}
+	if p.kBases == nil || (layout.Packing == Separate && p.vBases == nil) {
+		return nil, newError("NewPool", StatusNoMemory, "cannot allocate the base pointer arrays")
+	}
+	// The library checks a whole layout, base pointers included, before it says a region's size,
+	// and only tests them for NULL: until the regions are mapped, the arrays point at themselves.
+	placeholder := uintptr(unsafe.Pointer(p.kBases))
+	for l := uint64(0); l < n; l++ {
+		raw.Sgo_pointers_set(p.kBases, l, placeholder)
+		if p.vBases != nil {
+			raw.Sgo_pointers_set(p.vBases, l, placeholder)
+		}
+	}
+	o := p.cLayout()
+	defer raw.DeleteSg_kv_layout_t(o)
+	e := getErrInfo()
+	if err := e.result("sg_kv_layout_validate", raw.Sg_kv_layout_validate(o, e.p)); err != nil {
+		return nil, err
+	}
+	var region uint64
+	e = getErrInfo()
+	if err := e.result("sg_kv_layout_region_bytes", raw.Sgo_sg_kv_layout_region_bytes(o, &region, e.p)); err != nil {
+		return nil, err
+	}
+	p.regionBytes = region
+	if uint64(int(p.regionBytes)) != p.regionBytes {
+		return nil, newError("NewPool", StatusOutOfRange, "a layer's region does not fit in memory")
+	}
+	for l := uint64(0); l < n; l++ {
+		k, err := mapRegion(p.regionBytes)
+		if err != nil {
+			return nil, err
+		}
+		p.k = append(p.k, k)
+		raw.Sgo_pointers_set(p.kBases, l, uintptr(unsafe.Pointer(&k[0])))
+		if p.vBases != nil {
+			v, err := mapRegion(p.regionBytes)
+			if err != nil {
+				return nil, err
+			}
+			p.v = append(p.v, v)
+			raw.Sgo_pointers_set(p.vBases, l, uintptr(unsafe.Pointer(&v[0])))
+		}
+	}
+	ok = true
+	return p, nil
+}
+
+func mapRegion(bytes uint64) ([]byte, error) {
+	b, err := syscall.Mmap(-1, 0, int(bytes), syscall.PROT_READ|syscall.PROT_WRITE,
+		syscall.MAP_PRIVATE|syscall.MAP_ANONYMOUS)
+	if err != nil {
+		return nil, newError("mmap", StatusNoMemory, err.Error())
+	}
+	return b, nil
+}
+
+// cLayout is the pool's C layout with its base pointers; the caller deletes it.
+func (p *Pool) cLayout() raw.Sg_kv_layout_t {
+	o := p.layout.toC()
+	raw.Sgo_kv_layout_set_bases(o, p.kBases, p.vBases, uint64(p.layout.NumLayers))
+	return o
+}
+
+// Layout the pool was made with.
+func (p *Pool) Layout() Layout { return p.layout }
+
+// RegionBytes is the size of one layer's K (or V, or fused) region.
+func (p *Pool) RegionBytes() uint64 { return p.regionBytes }
+
+// K is layer l's K region (the fused region with Fused packing).
+func (p *Pool) K(l int) []byte { return p.k[l] }
+
+// V is layer l's V region; nil with Fused packing.
+func (p *Pool) V(l int) []byte {
+	if p.v == nil {
+		return nil
+	}
+	return p.v[l]
+}
+
+// Close unmaps the pool. It fails with StatusInvalidState while a registration of it is open
+// (close the KV first, or its context). Safe to call more than once.
+func (p *Pool) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	for kv := range p.kvs {
+		if kv.open() {
+			return newError("Pool.Close", StatusInvalidState, "the pool is still registered (close its KV first)")
+		}
+	}
+	p.closed = true
+	p.release()
+	return nil
+}
+
+func (p *Pool) release() {
+	for _, b := range p.k {
+		_ = syscall.Munmap(b)
+	}
+	for _, b := range p.v {
+		_ = syscall.Munmap(b)
+	}
+	p.k, p.v = nil, nil
+	if p.kBases != nil {
+		raw.Sgo_pointers_free(p.kBases)
+		p.kBases = nil
+	}
+	if p.vBases != nil {
+		raw.Sgo_pointers_free(p.vBases)
+		p.vBases = nil
+	}
+}
