@@ -572,7 +572,7 @@ SG_API sg_status_t sg_kv_layout_validate(const sg_kv_layout_t *layout, sg_error_
 SG_API sg_status_t sg_kv_layout_plane_bytes(const sg_kv_layout_t *layout, uint64_t *bytes) {
     return guard(nullptr, [&] {
         need(bytes, "bytes");
-        *bytes = sg::kv::make_layout(read_layout(layout)).plane_bytes;
+        *bytes = sg::kv::make_layout_shape(read_layout(layout)).plane_bytes;
         return SG_OK;
     });
 }
@@ -580,7 +580,7 @@ SG_API sg_status_t sg_kv_layout_plane_bytes(const sg_kv_layout_t *layout, uint64
 SG_API sg_status_t sg_kv_layout_region_bytes(const sg_kv_layout_t *layout, uint64_t *bytes) {
     return guard(nullptr, [&] {
         need(bytes, "bytes");
-        *bytes = sg::kv::make_layout(read_layout(layout)).region_bytes();
+        *bytes = sg::kv::make_layout_shape(read_layout(layout)).region_bytes();
         return SG_OK;
     });
 }

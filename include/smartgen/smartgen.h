@@ -525,7 +525,8 @@ SG_API void sg_kv_layout_init(sg_kv_layout_t *layout);
 SG_API sg_status_t sg_kv_layout_validate(const sg_kv_layout_t *layout, sg_error_info_t *err);
 
 /* Bytes of one K plane of one block (= V plane): tokens_per_block * num_kv_heads * head_dim *
- * dtype size. Since 0.1. */
+ * dtype size. This and sg_kv_layout_region_bytes read only the shape: the base pointers may be
+ * NULL, so a pool can be sized before its memory exists (since 0.2; 0.1 checked them too). Since 0.1. */
 SG_API sg_status_t sg_kv_layout_plane_bytes(const sg_kv_layout_t *layout, uint64_t *bytes);
 
 /* Bytes one layer's region spans: num_blocks * stride (fused: K and V together). Since 0.1. */
@@ -710,7 +711,9 @@ SG_API sg_status_t sg_selector_destroy(sg_selector_t selector);
 SG_API sg_status_t sg_selector_digest_floats(sg_selector_t selector, size_t *floats);
 
 /* Page digests of one layer (Quest), read from a pool through the request's block table:
- * out[block][kv_head][0][i] = min over the block's tokens of key element i, [1][i] = max. layout's
+ * out[block][kv_head][0][i] = min over the block's tokens of key element i, [1][i] = max. Keys are
+ * expected to be finite: for a key element that is NaN the digest's value is unspecified (the
+ * vector and scalar paths order NaN differently), so two sides may disagree on it. layout's
  * base pointers and block_ids (num_blocks entries) address the keys; the table is checked as
  * sg_transfer_expect checks it, against the selector's num_tokens. out holds cap floats; there is
  * no size out-parameter (see Caller buffers): sg_selector_digest_floats gives the count, out NULL

@@ -216,6 +216,15 @@ static void test_layouts(void)
     bytes = 0;
     CHECK_STATUS(sg_kv_layout_region_bytes(&layout, &bytes), SG_OK, "sg_kv_layout_region_bytes");
     CHECK(bytes == (uint64_t)T_BLOCKS * T_TPB * T_HEAD_DIM * 2, "region bytes = blocks * plane bytes (packed)");
+    /* Sizes need only the shape: a pool is sized before its memory exists. */
+    layout.layer_k_base = NULL;
+    layout.layer_v_base = NULL;
+    layout.layer_base_count = 0;
+    bytes = 0;
+    CHECK_STATUS(sg_kv_layout_region_bytes(&layout, &bytes), SG_OK, "sg_kv_layout_region_bytes without base pointers");
+    CHECK(bytes == (uint64_t)T_BLOCKS * T_TPB * T_HEAD_DIM * 2, "region bytes without base pointers");
+    CHECK_STATUS(sg_kv_layout_plane_bytes(&layout, &bytes), SG_OK, "sg_kv_layout_plane_bytes without base pointers");
+    small_layout(&layout);
 
     /* head_dim 0: rejected, and the message names the field. */
     layout.head_dim = 0;
