@@ -1,0 +1,125 @@
+package io.smartgen;
+
+import io.smartgen.internal.sg_kv_layout_t;
+import io.smartgen.internal.smartgen;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+
+/**
+ * A registered KV pool whose memory is Java's: one direct ByteBuffer per layer for K and one for V
+ * (one per layer when fused), page-aligned, zeroed. The pool, held by its open context, keeps them
+ * reachable as long as the library may address them, and drops them only once close()
+ * deregistered the pool (or the context was closed), so the garbage collector can never free
+ * memory a transfer still writes. The buffers handed out are
+ * duplicates (own position and limit, same memory, little-endian): fill and read them from any
+ * thread, but not while a transfer that uses those blocks runs.
+ */
+public final class Pool implements AutoCloseable {
+    /** Registration needs no more, but fabric registrations are per page: keep regions page-aligned. */
+    private static final int PAGE = 4096;
+
+    private final Handle handle;
+    private final Context context;
+    private final KvLayout layout;
+    private volatile ByteBuffer[] k;
+    private volatile ByteBuffer[] v;
+
+    private Pool(long handle, Context context, KvLayout layout, ByteBuffer[] k, ByteBuffer[] v) {
+        this.handle = new Handle(handle, "Pool");
+        this.context = context;
+        this.layout = layout;
+        this.k = k;
+        this.v = v;
+    }
+
+    static Pool register(Context ctx, KvLayout layout) {
+        long region = layout.regionBytes();
+        boolean fused = layout.packing() == KvLayout.FUSED;
+        // A shape the library refuses gets no memory: the registration below names the bad field
+        // (the library checks the shape before the base pointers).
+        boolean allocate = region > 0 && layout.numLayers() > 0;
+        if (allocate && region > Integer.MAX_VALUE - 2L * PAGE) {
+            throw new IllegalArgumentException("a layer region of " + region
+                    + " bytes is more than one direct ByteBuffer holds (2 GiB)");
+        }
+        int layers = allocate ? layout.numLayers() : 0;
+        ByteBuffer[] k = new ByteBuffer[layers];
+        ByteBuffer[] v = fused ? null : new ByteBuffer[layers];
+        for (int l = 0; l < layers; l++) {
+            k[l] = allocateAligned((int) region);
+            if (v != null) {
+                v[l] = allocateAligned((int) region);
+            }
+        }
+        sg_kv_layout_t native_ = layout.toNative();
+        try {
+            long[] out = Handle.out();
+            smartgen.sgj_kv_register(ctx.handle(), native_, k, v, out);
+            Pool pool = new Pool(out[0], ctx, layout, k, v);
+            ctx.keep(pool);
+            return pool;
+        } finally {
+            native_.delete();
+        }
+    }
+
+    /** alignedSlice also rounds the end down to the unit: allocate whole pages, plus one to align. */
+    private static ByteBuffer allocateAligned(int bytes) {
+        int pages = (int) (((long) bytes + PAGE - 1) / PAGE);
+        return ByteBuffer.allocateDirect((pages + 1) * PAGE).alignedSlice(PAGE).limit(bytes).slice();
+    }
+
+    long handle() {
+        return handle.get();
+    }
+
+    public KvLayout layout() {
+        return layout;
+    }
+
+    /** Layer {@code layer}'s K region (with FUSED packing, its K+V region). */
+    public ByteBuffer k(int layer) {
+        return view(k, layer);
+    }
+
+    /** Layer {@code layer}'s V region; IllegalStateException with FUSED packing. */
+    public ByteBuffer v(int layer) {
+        if (layout.packing() == KvLayout.FUSED) {
+            throw new IllegalStateException("a fused pool has no separate V region");
+        }
+        return view(v, layer);
+    }
+
+    /** The K (plane 0) or V (plane 1) plane of one block, as its own buffer (fused pools too). */
+    public ByteBuffer plane(int layer, int plane, long block) {
+        if (plane != 0 && plane != 1) {
+            throw new IllegalArgumentException("plane is 0 (K) or 1 (V), not " + plane);
+        }
+        boolean fused = layout.packing() == KvLayout.FUSED;
+        ByteBuffer region = plane == 0 || fused ? k(layer) : v(layer);
+        long offset = block * layout.blockBytes() + (fused ? plane * layout.planeBytes() : 0);
+        int start = Math.toIntExact(offset);
+        return region.position(start).limit(start + (int) layout.planeBytes()).slice().order(ByteOrder.LITTLE_ENDIAN);
+    }
+
+    private ByteBuffer view(ByteBuffer[] regions, int layer) {
+        if (regions == null || handle.isClosed()) {
+            throw new SmartGenException(Status.INVALID_HANDLE.code(), "the Pool is closed");
+        }
+        return regions[layer].duplicate().order(ByteOrder.LITTLE_ENDIAN);
+    }
+
+    /**
+     * Deregisters the pool, then lets its memory go (idempotent). SG_ERR_INVALID_STATE while a
+     * transfer that uses it is unreleased; the pool then stays open.
+     */
+    @Override
+    public void close() {
+        Closing.release(handle, smartgen::sg_kv_deregister);
+        if (handle.isClosed()) {
+            context.forget(this);
+            k = null;
+            v = null;
+        }
+    }
+}
