@@ -8,5 +8,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 out=${1:-$here/internal/raw}
 mkdir -p "$out"
-"${SWIG:-swig}" -go -cgo -intgosize 64 -package raw -I"$repo/include" -I"$repo/bindings/swig" \
-    -outdir "$out" -o "$out/smartgen_wrap.c" "$repo/bindings/swig/smartgen.i"
+out=$(cd "$out" && pwd)
+# From the repository root with relative paths: SWIG writes the interface's path into the files,
+# and an absolute one would differ between checkouts.
+cd "$repo"
+"${SWIG:-swig}" -go -cgo -intgosize 64 -package raw -Iinclude -Ibindings/swig \
+    -outdir "$out" -o "$out/smartgen_wrap.c" bindings/swig/smartgen.i

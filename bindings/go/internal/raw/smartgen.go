@@ -6,7 +6,7 @@
  * the SWIG interface file instead.
  * ----------------------------------------------------------------------------- */
 
-// source: /work/main/bindings/swig/smartgen.i
+// source: bindings/swig/smartgen.i
 
 package raw
 
