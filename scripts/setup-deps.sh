@@ -28,6 +28,7 @@ PACKAGES=(
   swig
   golang-go
   openjdk-17-jdk-headless
+  default-jdk-headless
   junit5
   bindgen
   # The ABI gate (tests/abi/check_abi.sh): abidw / abidiff.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The Debian packages on a clean machine: a minimal bookworm root (debootstrap, from Debian's
-# archive) gets libsmartgen0, libsmartgen-dev and smartgen-tools with apt-get resolving their
+# archive) gets libsmartgen0, libsmartgen-dev, smartgen-tools and the bindings' packages
+# (libsmartgen-jni, libsmartgen-java, golang-smartgen-dev) with apt-get resolving their
 # dependencies from the archive, and then, inside it, examples/c/transfer_pair.c built with
 # `pkg-config --cflags --libs smartgen` runs a two-process transfer, a CMake project using
 # find_package(SmartGen) builds and runs, and smartgen-info runs. A package whose dependencies are
@@ -61,7 +62,10 @@ mount --rbind /sys "$root/sys" && mounts+=("$root/sys")
 mount --rbind /dev "$root/dev" && mounts+=("$root/dev")
 cp /etc/resolv.conf "$root/etc/resolv.conf"
 mkdir -p "$root/tmp/debs" "$root/tmp/src"
-cp "$packages"/libsmartgen0_*.deb "$packages"/libsmartgen-dev_*.deb "$packages"/smartgen-tools_*.deb "$root/tmp/debs/"
+debs=(libsmartgen0 libsmartgen-dev smartgen-tools libsmartgen-jni libsmartgen-java golang-smartgen-dev)
+for d in "${debs[@]}"; do
+  cp "$packages/${d}"_*.deb "$root/tmp/debs/" || { echo "FAIL: no $d package in $packages"; exit 1; }
+done
 cp "$src/examples/c/transfer_pair.c" "$root/tmp/src/"
 cp -r "$src/tests/install/consumer" "$root/tmp/src/consumer"
 
@@ -79,7 +83,7 @@ step() {
   fi
 }
 step "apt-get update" in_root apt-get update -q
-step "apt-get install the three .debs, dependencies from the archive" \
+step "apt-get install the six .debs, dependencies from the archive" \
   in_root sh -c 'DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends /tmp/debs/*.deb'
 echo "clean-root: pulled in: $(in_root dpkg-query -W -f '${Package} ' libfabric1 libmimalloc2.0 libssl3 2>/dev/null)"
 step "transfer_pair.c builds with pkg-config --cflags --libs smartgen" \
@@ -88,5 +92,10 @@ step "transfer_pair runs a two-process transfer (tcp)" in_root timeout 120 /tmp/
 step "a find_package(SmartGen 0.2) project configures, builds and runs" \
   in_root sh -c 'cmake -S /tmp/src/consumer -B /tmp/consumer >/dev/null && cmake --build /tmp/consumer >/dev/null && /tmp/consumer/consumer'
 step "smartgen-info runs" in_root smartgen-info
-echo "clean-root: installed $(in_root dpkg-query -W -f '${Package} ${Version}, ' libsmartgen0 libsmartgen-dev smartgen-tools)"
+# The bindings' packages: where Debian's JVMs and Go look (no JRE or Go toolchain in this root).
+step "the JNI libraries are on the JVM's JNI path and find libsmartgen.so.0" \
+  in_root sh -c 'ldd /usr/lib/*/jni/libsmartgen_jni.so | grep -q "libsmartgen.so.0 => /"'
+step "smartgen.jar is in /usr/share/java" in_root test -f /usr/share/java/smartgen.jar
+step "the Go sources are in /usr/share/gocode/src/smartgen" in_root test -f /usr/share/gocode/src/smartgen/go.mod
+echo "clean-root: installed $(in_root dpkg-query -W -f '${Package} ${Version}, ' "${debs[@]}")"
 exit $fail
