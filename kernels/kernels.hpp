@@ -1,8 +1,10 @@
 // kernels/: the numeric work behind selection — page digests and Quest scores, window attention
 // (SnapKV), heavy-hitter block sums (H2O), top-k, and attention over a part of the keys with the exact
 // merge of parts — as CPU kernels in cpu/ (portable C++, plus AVX2/F16C and AVX-512 paths for the
-// page digest and Quest scores, chosen at run time by a CPU check: cpu/variants.hpp). Depends on
-// the C++ standard library only (CUDA kernels, when they come, sit behind this same header), so it
+// page digest and Quest scores, chosen at run time by a CPU check: cpu/variants.hpp), and as CUDA
+// kernels in cuda/ (the plugin libsmartgen-cuda.so.0; their per-element code, cuda/elements.hpp,
+// runs on the host too and is tested there against the CPU twins). Depends on
+// the C++ standard library only, so it
 // knows nothing of the runtime's error type: arguments are preconditions, listed on each function and
 // checked by the caller (runtime/select), and asserted in debug builds. Kernels are pure functions of
 // their arguments, safe to run concurrently, and do not allocate (the top_k overload that returns a
@@ -20,6 +22,8 @@
 #include <span>
 #include <vector>
 
+#include "hd.hpp"
+
 namespace sg::kernels {
 
 enum class DType : uint8_t { fp32, fp16, bf16 };
@@ -30,7 +34,7 @@ constexpr size_t dtype_bytes(DType d) { return d == DType::fp32 ? 4 : 2; }
 
 // Exact, branch-free apart from a select, so loops over it vectorise. Subnormals, infinities and
 // NaNs are kept.
-inline float fp16_to_float(uint16_t h) {
+SG_HD inline float fp16_to_float(uint16_t h) {
     // Shifting exponent and mantissa into place and multiplying by 2^112 rebiases normals and
     // normalises subnormals in one go; only Inf/NaN need their exponent forced to all ones.
     const float magic = std::bit_cast<float>(uint32_t(254 - 15) << 23);
@@ -42,10 +46,10 @@ inline float fp16_to_float(uint16_t h) {
     return std::bit_cast<float>(u);
 }
 
-inline float bf16_to_float(uint16_t b) { return std::bit_cast<float>(uint32_t(b) << 16); }
+SG_HD inline float bf16_to_float(uint16_t b) { return std::bit_cast<float>(uint32_t(b) << 16); }
 
 // Round to nearest, ties to even; overflow goes to infinity, NaN stays NaN (quiet).
-inline uint16_t float_to_fp16(float f) {
+SG_HD inline uint16_t float_to_fp16(float f) {
     uint32_t x = std::bit_cast<uint32_t>(f);
     const uint16_t sign = uint16_t((x >> 16) & 0x8000u);
     x &= 0x7fffffffu;
@@ -62,7 +66,7 @@ inline uint16_t float_to_fp16(float f) {
     return sign | uint16_t(x >> 13);
 }
 
-inline uint16_t float_to_bf16(float f) {
+SG_HD inline uint16_t float_to_bf16(float f) {
     const uint32_t x = std::bit_cast<uint32_t>(f);
     if ((x & 0x7fffffffu) > 0x7f800000u) return uint16_t((x >> 16) | 0x40u);
     return uint16_t((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
@@ -83,13 +87,13 @@ struct View {
 };
 
 // [token][head][dim], rows packed.
-inline View token_major(const void *data, DType dtype, uint64_t tokens, uint32_t heads, uint32_t dim) {
+SG_HD inline View token_major(const void *data, DType dtype, uint64_t tokens, uint32_t heads, uint32_t dim) {
     return {data, dtype, tokens, heads, dim, uint64_t(heads) * dim, dim};
 }
 
 // [head][row][dim] with `rows_per_head` rows per head (a head-major block holds tokens_per_block rows
 // per head even when fewer tokens are valid); the first `tokens` rows of each head are seen.
-inline View head_major(const void *data, DType dtype, uint64_t tokens, uint32_t heads, uint32_t dim,
+SG_HD inline View head_major(const void *data, DType dtype, uint64_t tokens, uint32_t heads, uint32_t dim,
                        uint64_t rows_per_head) {
     return {data, dtype, tokens, heads, dim, dim, rows_per_head * dim};
 }

@@ -535,8 +535,11 @@ SG_API sg_status_t sg_kv_layout_region_bytes(const sg_kv_layout_t *layout, uint6
 /* Registers a paged KV pool with the context. The layout is copied (including the base pointers);
  * the memory it points to stays the caller's and must outlive the handle. Memory is registered with
  * the fabric lazily, once per (pool, session), never per block.
- * Returns SG_OK; SG_ERR_INVALID_LAYOUT (message names the field); SG_ERR_UNSUPPORTED for
- * SG_MEM_CUDA in this version; SG_ERR_INVALID_HANDLE; SG_ERR_NO_MEMORY. Since 0.1. */
+ * Returns SG_OK; SG_ERR_INVALID_LAYOUT (message names the field; also a CUDA device ordinal the
+ * driver does not have); SG_ERR_UNSUPPORTED for SG_MEM_CUDA in this version, the message naming
+ * what is missing (the CUDA plugin libsmartgen-cuda.so.0, loaded on first use; a driver; a device)
+ * or that device transfers are not in this build; SG_ERR_INVALID_HANDLE; SG_ERR_NO_MEMORY.
+ * Since 0.1. */
 SG_API sg_status_t sg_kv_register(sg_context_t ctx, const sg_kv_layout_t *layout, sg_kv_handle_t *out,
                                   sg_error_info_t *err);
 

@@ -2,6 +2,7 @@
 // transports, the wake and event descriptors, the progress thread), destruction, counters, the Hello
 // and metadata it shows peers, and sg_context_set_param / get_param.
 #include "core/core.hpp"
+#include "core/cuda_plugin.hpp"
 
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -35,8 +36,7 @@ bool env_param(const char *name, sg_param_t p, uint64_t &out) {
 }  // namespace
 
 KvPool::KvPool(Context *c, const sg_kv_layout_t &pub) : ctx(c), layout(kv::make_layout(pub)), id(random_u64()) {
-    if (layout.mem_kind == SG_MEM_CUDA)
-        fail(SG_ERR_UNSUPPORTED, "SG_MEM_CUDA pools are not supported by this version (host memory only)");
+    if (layout.mem_kind == SG_MEM_CUDA) refuse_cuda_pool(layout.device);
     const uint32_t rpl = layout.regions_per_layer();
     bases.resize(size_t(layout.num_layers) * rpl);
     for (uint32_t l = 0; l < layout.num_layers; ++l) {

@@ -7,7 +7,8 @@
 // parameters), progress (loop, waits, events), session (open, close, export, outbox, timers),
 // session_auth, protocol (message type -> handler), transfer (expect, post, match, notices,
 // cancel, quiesce, release), scheduler, staging, completions, paths_prefill, paths_decode,
-// queries (what the host reads), bootstrap, selection, auth (the MACs).
+// queries (what the host reads), bootstrap, selection, auth (the MACs), cuda_plugin (loading
+// the CUDA plugin on the first CUDA pool).
 //
 // Locking (docs/protocol.md §6 has the whole picture). Lock order, outermost first:
 //   Listener::mu -> Context::mu;  Context::dispatch_mu_ -> Context::mu;  Context::mu -> the logger's.

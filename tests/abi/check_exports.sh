@@ -60,6 +60,11 @@ fi
 unversioned=$(objdump -T "$lib" | awk '/ sg_/ && !/SMARTGEN_/ {print $NF}')
 [ -z "$unversioned" ] && ok || bad "sg_ symbols without a version node: $unversioned"
 
+# CUDA is a plugin loaded on demand (kernels/cuda): the library itself needs no CUDA library, so it
+# loads and runs host transfers on machines without a driver or toolkit.
+cuda_needed=$(readelf -d "$lib" | grep NEEDED | grep -iE 'cuda|cublas|nvrtc' || true)
+[ -z "$cuda_needed" ] && ok || bad "the library needs a CUDA library: $cuda_needed"
+
 abi=$(grep -oE '#define SG_ABI_VERSION [0-9]+' "$header" | awk '{print $3}')
 soname=$(readelf -d "$lib" | sed -n 's/.*Library soname: \[\(.*\)\]/\1/p')
 [ "$soname" = "libsmartgen.so.$abi" ] && ok || bad "SONAME is '$soname', want libsmartgen.so.$abi"

@@ -1,0 +1,110 @@
+// The CUDA plugin, libsmartgen-cuda.so.0: gather and scatter of a layer's listed blocks between the
+// paged regions and a packed staging buffer (the staged path), and page digests on the device. Each
+// thread's work is the shared per-element code of elements.hpp, which the host harness checks
+// against the CPU twins on machines without a GPU. libsmartgen loads this library with dlopen the
+// first time a CUDA pool is used (runtime/core/cuda_plugin.cpp); nothing else links it.
+#include <cuda_runtime.h>
+
+#include <cstdio>
+
+#include "cuda/elements.hpp"
+#include "cuda/plugin_abi.h"
+
+namespace {
+
+using sg::kernels::DType;
+using sg::kernels::View;
+namespace elem = sg::kernels::cuda;
+
+constexpr int kThreads = 256;
+
+int fail_with(cudaError_t e, const char *what, char *msg, size_t cap) {
+    if (msg && cap) std::snprintf(msg, cap, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+    return -int(e ? e : 1);
+}
+
+int launched(const char *what, char *msg, size_t cap) {
+    const cudaError_t e = cudaGetLastError();
+    return e == cudaSuccess ? 0 : fail_with(e, what, msg, cap);
+}
+
+// One thread per copy unit of the packed buffer; Unit is the unit's type (uint4, uint2, uint32_t,
+// uint16_t, uint8_t), chosen by pack_unit so that every unit is aligned on both sides.
+template <typename Unit, bool Gather>
+__global__ void pack_kernel(sg_cuda_pack_t p, elem::PackGeometry g, uint64_t units) {
+    const uint64_t u = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (u >= units) return;
+    const uint64_t at = u * sizeof(Unit);
+    const elem::PackSource s = elem::packed_source(g, p.blocks, at);
+    auto *region = static_cast<uint8_t *>(s.plane == 0 || g.fused ? p.k_region : p.v_region);
+    auto *packed = static_cast<uint8_t *>(p.packed);
+    if (Gather)
+        *reinterpret_cast<Unit *>(packed + at) = *reinterpret_cast<const Unit *>(region + s.region_offset);
+    else
+        *reinterpret_cast<Unit *>(region + s.region_offset) = *reinterpret_cast<const Unit *>(packed + at);
+}
+
+template <bool Gather>
+int pack(const sg_cuda_pack_t *p, void *stream, char *msg, size_t cap) {
+    const elem::PackGeometry g{p->plane_bytes, p->block_stride, 2, p->fused};
+    const uint64_t bytes = p->num_blocks * 2 * p->plane_bytes;
+    if (!bytes) return 0;
+    uint64_t alignment = uint64_t(reinterpret_cast<uintptr_t>(p->packed)) | reinterpret_cast<uintptr_t>(p->k_region);
+    if (!p->fused) alignment |= reinterpret_cast<uintptr_t>(p->v_region);
+    const uint64_t base_alignment = alignment & ~(alignment - 1);  // the lowest set bit
+    const uint32_t unit = elem::pack_unit(g, base_alignment ? base_alignment : 16);
+    const uint64_t units = bytes / unit;
+    const dim3 grid(unsigned((units + kThreads - 1) / kThreads));
+    auto *s = static_cast<cudaStream_t>(stream);
+    switch (unit) {
+        case 16: pack_kernel<uint4, Gather><<<grid, kThreads, 0, s>>>(*p, g, units); break;
+        case 8: pack_kernel<uint2, Gather><<<grid, kThreads, 0, s>>>(*p, g, units); break;
+        case 4: pack_kernel<uint32_t, Gather><<<grid, kThreads, 0, s>>>(*p, g, units); break;
+        case 2: pack_kernel<uint16_t, Gather><<<grid, kThreads, 0, s>>>(*p, g, units); break;
+        default: pack_kernel<uint8_t, Gather><<<grid, kThreads, 0, s>>>(*p, g, units); break;
+    }
+    return launched(Gather ? "gather kernel" : "scatter kernel", msg, cap);
+}
+
+// One thread per (block, head, element) of the digest.
+__global__ void digest_kernel(sg_cuda_digest_t d) {
+    const uint64_t e = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    const uint64_t per_block = uint64_t(d.heads) * d.dim;
+    if (e >= d.num_blocks * per_block) return;
+    const uint64_t i = e / per_block;
+    const uint32_t head = uint32_t((e % per_block) / d.dim);
+    const uint32_t element = uint32_t(e % d.dim);
+    const DType dtype = static_cast<DType>(d.dtype);
+    const void *block = static_cast<const uint8_t *>(d.keys) + uint64_t(d.blocks[i]) * d.block_stride;
+    const View keys = d.head_major
+                          ? sg::kernels::head_major(block, dtype, d.tokens_per_block, d.heads, d.dim, d.tokens_per_block)
+                          : sg::kernels::token_major(block, dtype, d.tokens_per_block, d.heads, d.dim);
+    const uint64_t first = i * d.tokens_per_block;
+    const uint64_t valid = d.tokens - first < d.tokens_per_block ? d.tokens - first : d.tokens_per_block;
+    float lo, hi;
+    elem::digest_element(keys, valid, head, element, &lo, &hi);
+    float *row = d.out + (i * d.heads + head) * 2 * d.dim;
+    row[element] = lo;
+    row[d.dim + element] = hi;
+}
+
+int digest(const sg_cuda_digest_t *d, void *stream, char *msg, size_t cap) {
+    const uint64_t threads = d->num_blocks * d->heads * d->dim;
+    if (!threads) return 0;
+    digest_kernel<<<unsigned((threads + kThreads - 1) / kThreads), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(*d);
+    return launched("digest kernel", msg, cap);
+}
+
+int device_count(char *msg, size_t cap) {
+    int n = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) return fail_with(e, "cudaGetDeviceCount", msg, cap);
+    return n;
+}
+
+const sg_cuda_plugin_t kPlugin = {sizeof(sg_cuda_plugin_t), SG_CUDA_PLUGIN_ABI, 0, device_count, pack<true>,
+                                  pack<false>, digest};
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) const sg_cuda_plugin_t *sg_cuda_plugin_v1(void) { return &kPlugin; }

@@ -1,0 +1,68 @@
+/* The interface between libsmartgen and its CUDA plugin, libsmartgen-cuda.so.0 (kernels/cuda). The
+ * host library links no CUDA library: it dlopens the plugin the first time a CUDA pool is used and
+ * looks up sg_cuda_plugin_v1, which returns this table. Plain C, so the two sides agree whatever
+ * compiled them; the table only grows (struct_size), and abi changes when a signature does.
+ * Functions return 0 on success, else a negative value with the CUDA error's text in msg. */
+#ifndef SMARTGEN_CUDA_PLUGIN_ABI_H
+#define SMARTGEN_CUDA_PLUGIN_ABI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SG_CUDA_PLUGIN_ABI 1
+
+/* A gather (regions -> packed) or scatter (packed -> regions) of a layer's listed blocks. Device
+ * pointers; k_region and v_region are the layer's regions (v_region NULL when K and V are fused). */
+typedef struct sg_cuda_pack {
+    const uint32_t *blocks; /* device array of num_blocks physical block ids */
+    uint64_t num_blocks;
+    uint64_t plane_bytes;
+    uint64_t block_stride;
+    uint32_t fused;
+    uint32_t reserved;
+    void *k_region;
+    void *v_region;
+    void *packed; /* num_blocks * 2 * plane_bytes bytes */
+} sg_cuda_pack_t;
+
+/* Page digests of one block table: for each listed block, per KV head, the min row then the max row
+ * of its keys (as kernels::page_digest). Device pointers. */
+typedef struct sg_cuda_digest {
+    const void *keys;       /* the layer's K region */
+    const uint32_t *blocks; /* device array */
+    uint64_t num_blocks;
+    uint64_t tokens;        /* valid tokens of the request (the last block may be partial) */
+    uint64_t block_stride;  /* bytes */
+    uint32_t dtype;         /* 0 fp32, 1 fp16, 2 bf16 (kernels::DType) */
+    uint32_t heads;
+    uint32_t dim;
+    uint32_t tokens_per_block;
+    uint32_t head_major; /* 0: [token][head][dim] blocks, 1: [head][token][dim] */
+    uint32_t reserved;
+    float *out; /* num_blocks * heads * 2 * dim floats */
+} sg_cuda_digest_t;
+
+typedef struct sg_cuda_plugin {
+    size_t struct_size;
+    uint32_t abi; /* SG_CUDA_PLUGIN_ABI */
+    uint32_t reserved;
+    /* CUDA devices visible, or a negative value with the reason (no driver, driver too old, ...). */
+    int (*device_count)(char *msg, size_t cap);
+    /* Queued on stream (a cudaStream_t; NULL: the legacy default stream); they do not wait. */
+    int (*gather)(const sg_cuda_pack_t *pack, void *stream, char *msg, size_t cap);
+    int (*scatter)(const sg_cuda_pack_t *pack, void *stream, char *msg, size_t cap);
+    int (*digest)(const sg_cuda_digest_t *digest, void *stream, char *msg, size_t cap);
+} sg_cuda_plugin_t;
+
+/* The one symbol the plugin exports. */
+const sg_cuda_plugin_t *sg_cuda_plugin_v1(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

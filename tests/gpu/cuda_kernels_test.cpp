@@ -1,0 +1,176 @@
+// The CUDA plugin's kernels on a device against the CPU twins (ctest label gpu): gather and scatter of
+// scattered blocks (K and V separate and fused) byte-exact, page digests bit-exact against
+// kernels::page_digest. Loads the plugin the way the runtime does (dlopen, sg_cuda_plugin_v1) and
+// skips (exit 77) with the plugin's reason where there is no driver or device.
+//   cuda_kernels_test PLUGIN_PATH
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "cuda/plugin_abi.h"
+#include "kernels.hpp"
+
+namespace {
+
+int failures = 0;
+#define EXPECT(cond, ...)                                   \
+    do {                                                    \
+        if (!(cond)) {                                      \
+            std::printf("FAIL %s:%d: ", __FILE__, __LINE__); \
+            std::printf(__VA_ARGS__);                       \
+            std::printf("\n");                              \
+            ++failures;                                     \
+        }                                                   \
+    } while (0)
+
+void check_cuda(cudaError_t e, const char *what) {
+    if (e != cudaSuccess) {
+        std::printf("FAIL %s: %s\n", what, cudaGetErrorString(e));
+        std::exit(1);
+    }
+}
+
+template <typename T>
+T *device_copy(const std::vector<T> &host) {
+    T *d = nullptr;
+    check_cuda(cudaMalloc(&d, host.size() * sizeof(T) + 16), "cudaMalloc");
+    check_cuda(cudaMemcpy(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+    return d;
+}
+
+template <typename T>
+std::vector<T> host_copy(const T *d, size_t n) {
+    std::vector<T> h(n);
+    check_cuda(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+    return h;
+}
+
+void pack_round_trip(const sg_cuda_plugin_t *p, bool fused, uint64_t plane_bytes, std::mt19937_64 &rng) {
+    const uint32_t pool_blocks = 64;
+    const uint64_t stride = plane_bytes * (fused ? 2 : 1) + 64;
+    std::vector<uint8_t> k(pool_blocks * stride), v(fused ? 0 : pool_blocks * stride);
+    for (auto &b : k) b = uint8_t(rng());
+    for (auto &b : v) b = uint8_t(rng());
+    std::vector<uint32_t> blocks(40);
+    for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = uint32_t((i * 37 + 11) % pool_blocks);
+    std::vector<uint8_t> want;
+    for (uint32_t b : blocks) {
+        const uint8_t *kb = &k[b * stride];
+        const uint8_t *vb = fused ? kb + plane_bytes : &v[b * stride];
+        want.insert(want.end(), kb, kb + plane_bytes);
+        want.insert(want.end(), vb, vb + plane_bytes);
+    }
+    sg_cuda_pack_t pack{};
+    pack.blocks = device_copy(blocks);
+    pack.num_blocks = blocks.size();
+    pack.plane_bytes = plane_bytes;
+    pack.block_stride = stride;
+    pack.fused = fused;
+    pack.k_region = device_copy(k);
+    pack.v_region = fused ? nullptr : device_copy(v);
+    check_cuda(cudaMalloc(&pack.packed, want.size()), "cudaMalloc packed");
+    char msg[256] = {};
+    EXPECT(p->gather(&pack, nullptr, msg, sizeof msg) == 0, "gather: %s", msg);
+    check_cuda(cudaDeviceSynchronize(), "gather");
+    EXPECT(host_copy(static_cast<uint8_t *>(pack.packed), want.size()) == want, "gather of %s planes of %llu bytes",
+           fused ? "fused" : "separate", (unsigned long long)plane_bytes);
+    // Scatter into cleared regions: each listed block's planes come back.
+    check_cuda(cudaMemset(pack.k_region, 0, k.size()), "memset");
+    if (!fused) check_cuda(cudaMemset(pack.v_region, 0, v.size()), "memset");
+    EXPECT(p->scatter(&pack, nullptr, msg, sizeof msg) == 0, "scatter: %s", msg);
+    check_cuda(cudaDeviceSynchronize(), "scatter");
+    const auto k_back = host_copy(static_cast<uint8_t *>(pack.k_region), k.size());
+    for (uint32_t b : blocks)
+        EXPECT(!std::memcmp(&k_back[b * stride], &k[b * stride], fused ? 2 * plane_bytes : plane_bytes),
+               "scatter block %u", b);
+    cudaFree(const_cast<uint32_t *>(pack.blocks));
+    cudaFree(pack.k_region);
+    cudaFree(pack.v_region);
+    cudaFree(pack.packed);
+}
+
+void digest_matches(const sg_cuda_plugin_t *p, sg::kernels::DType dtype, bool head_major, std::mt19937_64 &rng) {
+    const uint32_t heads = 8, dim = 128, tpb = 16, pool_blocks = 48;
+    const uint64_t tokens = 16 * 30 + 5;
+    const uint64_t n = sg::kernels::num_blocks(tokens, tpb);
+    const size_t eb = sg::kernels::dtype_bytes(dtype);
+    const uint64_t stride = uint64_t(tpb) * heads * dim * eb;
+    std::vector<uint8_t> pool(pool_blocks * stride);
+    std::normal_distribution<float> key(0.0f, 2.0f);
+    for (uint64_t i = 0; i < pool.size() / eb; ++i) {
+        const float f = key(rng);
+        if (eb == 4) std::memcpy(&pool[i * 4], &f, 4);
+        else {
+            const uint16_t h = dtype == sg::kernels::DType::fp16 ? sg::kernels::float_to_fp16(f) : sg::kernels::float_to_bf16(f);
+            std::memcpy(&pool[i * 2], &h, 2);
+        }
+    }
+    std::vector<uint32_t> blocks(n);
+    for (uint64_t i = 0; i < n; ++i) blocks[i] = uint32_t((i * 29 + 5) % pool_blocks);
+    std::vector<float> want(sg::kernels::digest_floats(n, heads, dim));
+    for (uint64_t i = 0; i < n; ++i) {
+        const void *b = &pool[blocks[i] * stride];
+        const uint64_t valid = std::min<uint64_t>(tpb, tokens - i * tpb);
+        const auto v = head_major ? sg::kernels::head_major(b, dtype, tpb, heads, dim, tpb)
+                                  : sg::kernels::token_major(b, dtype, tpb, heads, dim);
+        sg::kernels::page_digest(sg::kernels::slice(v, 0, valid), tpb, &want[i * heads * 2 * dim]);
+    }
+    sg_cuda_digest_t d{};
+    d.keys = device_copy(pool);
+    d.blocks = device_copy(blocks);
+    d.num_blocks = n;
+    d.tokens = tokens;
+    d.block_stride = stride;
+    d.dtype = uint32_t(dtype);
+    d.heads = heads;
+    d.dim = dim;
+    d.tokens_per_block = tpb;
+    d.head_major = head_major;
+    check_cuda(cudaMalloc(&d.out, want.size() * sizeof(float)), "cudaMalloc digest");
+    char msg[256] = {};
+    EXPECT(p->digest(&d, nullptr, msg, sizeof msg) == 0, "digest: %s", msg);
+    check_cuda(cudaDeviceSynchronize(), "digest");
+    const auto got = host_copy(d.out, want.size());
+    EXPECT(!std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), "digest dtype %d %s differs from page_digest",
+           int(dtype), head_major ? "head-major" : "token-major");
+    cudaFree(const_cast<void *>(d.keys));
+    cudaFree(const_cast<uint32_t *>(d.blocks));
+    cudaFree(d.out);
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    if (argc != 2) {
+        std::fprintf(stderr, "usage: %s PLUGIN_PATH\n", argv[0]);
+        return 2;
+    }
+    void *h = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        std::printf("FAIL: dlopen %s: %s\n", argv[1], dlerror());
+        return 1;
+    }
+    auto entry = reinterpret_cast<const sg_cuda_plugin_t *(*)()>(dlsym(h, "sg_cuda_plugin_v1"));
+    const sg_cuda_plugin_t *p = entry ? entry() : nullptr;
+    if (!p || p->abi != SG_CUDA_PLUGIN_ABI) {
+        std::printf("FAIL: %s has no sg_cuda_plugin_v1 of interface %d\n", argv[1], SG_CUDA_PLUGIN_ABI);
+        return 1;
+    }
+    char msg[256] = {};
+    const int devices = p->device_count(msg, sizeof msg);
+    if (devices <= 0) {
+        std::printf("SKIP: no CUDA device: %s\n", devices < 0 ? msg : "the driver reports none");
+        return 77;
+    }
+    std::mt19937_64 rng(3);
+    for (bool fused : {false, true})
+        for (uint64_t plane : {32768ull, 4104ull, 4095ull}) pack_round_trip(p, fused, plane, rng);
+    for (auto dtype : {sg::kernels::DType::fp32, sg::kernels::DType::fp16, sg::kernels::DType::bf16})
+        for (bool head_major : {false, true}) digest_matches(p, dtype, head_major, rng);
+    std::printf("%s: %d failure(s) on %d device(s)\n", failures ? "FAIL" : "ok", failures, devices);
+    return failures ? 1 : 0;
+}
