@@ -1,7 +1,8 @@
 // kernels/: the numeric work behind selection — page digests and Quest scores, window attention
-// (SnapKV), heavy-hitter block sums (H2O), top-k, and attention over a part of the keys with the exact
-// merge of parts — as CPU kernels in cpu/ (portable C++, plus AVX2/F16C and AVX-512 paths for the
-// page digest and Quest scores, chosen at run time by a CPU check: cpu/variants.hpp), and as CUDA
+// (SnapKV), heavy-hitter block sums (H2O), top-k, attention over a part of the keys with the exact
+// merge of parts, and in-flight quantization of blocks (int8, fp8 E4M3) — as CPU kernels in cpu/
+// (portable C++, plus AVX2/F16C and AVX-512 paths for the page digest and Quest scores, chosen at
+// run time by a CPU check: cpu/variants.hpp), and as CUDA
 // kernels in cuda/ (the plugin libsmartgen-cuda.so.0; their per-element code, cuda/elements.hpp,
 // runs on the host too and is tested there against the CPU twins). Depends on
 // the C++ standard library only, so it
@@ -171,6 +172,80 @@ void snapkv_scores(const View &keys, const View &queries, uint64_t first_query_p
 // out: [block][kv_head]. Preconditions: heads is a positive multiple of kv_heads; head_stride >= tokens.
 void h2o_scores(const float *acc, uint32_t heads, uint64_t tokens, uint64_t head_stride, uint32_t kv_heads,
                 Combine combine, uint32_t tokens_per_block, float *out);
+
+// ---- in-flight quantization: one byte per element, a scale per block and KV head ----
+//
+// A block's plane is sent as codes plus, per KV head, one fp32 scale: scale = max |x| over the
+// head's valid tokens and elements ÷ the code's largest magnitude, code = x ÷ scale rounded to the
+// nearest code (ties to even); the decode side multiplies back. A head whose elements are all 0 has
+// scale 0 and codes 0. Codes are laid out as the plane's elements are ([token][head][dim] or
+// [head][token][dim]: the View's strides), scales as [head].
+
+enum class QuantCode : uint8_t { int8, fp8_e4m3 };
+
+// Largest magnitude a code holds: int8 127 (-128 unused, so the range is symmetric), E4M3 448.
+SG_HD constexpr float quant_max(QuantCode c) { return c == QuantCode::int8 ? 127.0f : 448.0f; }
+
+// Round to the nearest integer, ties to even, for |v| < 2^22: adding and taking away 1.5 * 2^23 makes
+// the FPU round at the units place (the default rounding mode), the same on the host and the device.
+SG_HD inline float round_half_even(float v) {
+    const float magic = 12582912.0f;  // 1.5 * 2^23
+    return (v + magic) - magic;
+}
+
+// OCP FP8 E4M3 (FN: 1 sign, 4 exponent bits with bias 7, 3 mantissa bits; no infinities; S.1111.111
+// is NaN): round to nearest even, saturating at ±448 (as CUDA's __NV_SATFINITE), NaN to 0x7f.
+SG_HD inline uint8_t float_to_e4m3(float f) {
+    uint32_t x = std::bit_cast<uint32_t>(f);
+    const uint8_t sign = uint8_t((x >> 24) & 0x80u);
+    x &= 0x7fffffffu;
+    if (x > 0x7f800000u) return uint8_t(sign | 0x7fu);
+    if (x < 0x3c800000u) {  // below 2^-6, the smallest normal: multiples of 2^-9
+        const float m = round_half_even(std::bit_cast<float>(x) * 512.0f);
+        return uint8_t(sign | uint8_t(m));  // 8 is 2^-6 itself, encoded as exponent 1, mantissa 0
+    }
+    if (x >= 0x43e00000u) return uint8_t(sign | 0x7eu);  // >= 448 (and infinity) saturates
+    const uint32_t exponent = (x >> 23) - 127 + 7;
+    const uint32_t mantissa = x & 0x7fffffu;
+    uint32_t q = (exponent << 3) | (mantissa >> 20);
+    const uint32_t rest = mantissa & 0xfffffu;
+    if (rest > 0x80000u || (rest == 0x80000u && (q & 1u))) ++q;  // a carry moves into the exponent
+    return uint8_t(sign | (q > 0x7eu ? 0x7eu : q));
+}
+
+SG_HD inline float e4m3_to_float(uint8_t q) {
+    const uint32_t sign = uint32_t(q & 0x80u) << 24;
+    const uint32_t exponent = (q >> 3) & 0xfu, mantissa = q & 7u;
+    if (exponent == 0xfu && mantissa == 7u) return std::bit_cast<float>(sign | 0x7fc00000u);
+    if (exponent == 0) return std::bit_cast<float>(sign | std::bit_cast<uint32_t>(float(mantissa) * 0.001953125f));
+    return std::bit_cast<float>(sign | ((exponent - 7 + 127) << 23) | (mantissa << 20));
+}
+
+// One element: x scaled by inv_scale (quant_inv_scale of the head's scale), to a code.
+SG_HD inline uint8_t quantize_value(float x, float inv_scale, QuantCode c) {
+    const float v = x * inv_scale;
+    if (c == QuantCode::fp8_e4m3) return float_to_e4m3(v);
+    if (v != v) return 0;  // a NaN key: no integer stands for it
+    const float r = round_half_even(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
+    return uint8_t(int8_t(r));
+}
+
+SG_HD inline float dequantize_value(uint8_t q, float scale, QuantCode c) {
+    return (c == QuantCode::fp8_e4m3 ? e4m3_to_float(q) : float(int8_t(q))) * scale;
+}
+
+// The scale of a head from its largest magnitude, and the factor quantize_value multiplies by,
+// derived from the scale alone so that whoever holds the scale (a kernel thread, the CPU twin)
+// computes the same codes.
+SG_HD inline float quant_scale(float absmax, QuantCode c) { return absmax / quant_max(c); }
+SG_HD inline float quant_inv_scale(float scale) { return scale > 0.0f ? 1.0f / scale : 0.0f; }
+
+// Quantizes the `block.tokens` valid tokens of one block plane: codes at the View's element offsets
+// (the same strides, one byte each), scales[head]. Preconditions: 1 <= block.dim <= kMaxHeadDim.
+void quantize_block(const View &block, QuantCode code, uint8_t *codes, float *scales);
+
+// The reverse into `out`, a plane of dtype `out.dtype` with `out`'s strides (out.data is written).
+void dequantize_block(const uint8_t *codes, const float *scales, QuantCode code, const View &out);
 
 // ---- top-k ----
 

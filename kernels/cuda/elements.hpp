@@ -74,4 +74,24 @@ SG_HD inline void digest_element(const View &block, uint64_t tokens, uint32_t he
     *max_out = hi;
 }
 
+// The largest magnitude of one head's elements over a block's first `tokens` tokens (NaN ignored,
+// as std::fmax ignores it in the CPU twin): the quantization scale's source, one thread per head.
+SG_HD inline float head_absmax(const View &block, uint64_t tokens, uint32_t head) {
+    float m = 0.0f;
+    for (uint64_t t = 0; t < tokens; ++t)
+        for (uint32_t d = 0; d < block.dim; ++d) {
+            const float v = key_element(block, t, head, d);
+            const float a = v < 0.0f ? -v : v;
+            m = a > m ? a : m;
+        }
+    return m;
+}
+
+// Quantization element (token, head, d) of a block, with the head's inverse scale; its code goes
+// to the same element offset the View gives the value.
+SG_HD inline uint8_t quantize_element(const View &block, uint64_t token, uint32_t head, uint32_t d, float inv_scale,
+                                      QuantCode code) {
+    return quantize_value(key_element(block, token, head, d), inv_scale, code);
+}
+
 }  // namespace sg::kernels::cuda

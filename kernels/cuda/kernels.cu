@@ -1,5 +1,6 @@
 // The CUDA plugin, libsmartgen-cuda.so.0: gather and scatter of a layer's listed blocks between the
-// paged regions and a packed staging buffer (the staged path), and page digests on the device. Each
+// paged regions and a packed staging buffer (the staged path), page digests, and in-flight
+// quantization (int8 / fp8 E4M3 codes with a scale per block and KV head) on the device. Each
 // thread's work is the shared per-element code of elements.hpp, which the host harness checks
 // against the CPU twins on machines without a GPU. libsmartgen loads this library with dlopen the
 // first time a CUDA pool is used (runtime/core/cuda_plugin.cpp); nothing else links it.
@@ -95,6 +96,69 @@ int digest(const sg_cuda_digest_t *d, void *stream, char *msg, size_t cap) {
     return launched("digest kernel", msg, cap);
 }
 
+// The View of listed block i of a quantization's region, and the valid tokens of that block.
+__device__ View quant_block(const sg_cuda_quant_t &q, uint64_t i, uint64_t *valid) {
+    const DType dtype = static_cast<DType>(q.dtype);
+    void *block = static_cast<uint8_t *>(q.region) + uint64_t(q.blocks[i]) * q.block_stride;
+    const uint64_t first = i * q.tokens_per_block;
+    *valid = q.tokens - first < q.tokens_per_block ? q.tokens - first : q.tokens_per_block;
+    return q.head_major ? sg::kernels::head_major(block, dtype, *valid, q.heads, q.dim, q.tokens_per_block)
+                        : sg::kernels::token_major(block, dtype, *valid, q.heads, q.dim);
+}
+
+// One thread per (block, head): the head's scale.
+__global__ void quant_scales_kernel(sg_cuda_quant_t q) {
+    const uint64_t e = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (e >= q.num_blocks * q.heads) return;
+    uint64_t valid;
+    const View block = quant_block(q, e / q.heads, &valid);
+    const auto code = static_cast<sg::kernels::QuantCode>(q.code);
+    q.scales[e] = sg::kernels::quant_scale(elem::head_absmax(block, valid, uint32_t(e % q.heads)), code);
+}
+
+// One thread per element of the listed blocks' valid tokens: quantize (codes from the region) or
+// dequantize (the region from codes).
+template <bool Quantize>
+__global__ void quant_kernel(sg_cuda_quant_t q) {
+    const uint64_t per_token = uint64_t(q.heads) * q.dim;
+    const uint64_t per_block = per_token * q.tokens_per_block;
+    const uint64_t e = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (e >= q.num_blocks * per_block) return;
+    const uint64_t i = e / per_block;
+    const uint64_t t = (e % per_block) / per_token;
+    const uint32_t head = uint32_t((e % per_token) / q.dim), d = uint32_t(e % q.dim);
+    uint64_t valid;
+    const View block = quant_block(q, i, &valid);
+    if (t >= valid) return;
+    const auto code = static_cast<sg::kernels::QuantCode>(q.code);
+    const uint64_t at = t * block.token_stride + uint64_t(head) * block.head_stride + d;
+    uint8_t *codes = q.codes + i * per_block;
+    const float scale = q.scales[i * q.heads + head];
+    if (Quantize) {
+        codes[at] = elem::quantize_element(block, t, head, d, sg::kernels::quant_inv_scale(scale), code);
+        return;
+    }
+    const float v = sg::kernels::dequantize_value(codes[at], scale, code);
+    auto *out = static_cast<uint8_t *>(const_cast<void *>(block.data));
+    if (block.dtype == DType::fp32) reinterpret_cast<float *>(out)[at] = v;
+    else if (block.dtype == DType::fp16) reinterpret_cast<uint16_t *>(out)[at] = sg::kernels::float_to_fp16(v);
+    else reinterpret_cast<uint16_t *>(out)[at] = sg::kernels::float_to_bf16(v);
+}
+
+template <bool Quantize>
+int quant(const sg_cuda_quant_t *q, void *stream, char *msg, size_t cap) {
+    const uint64_t elements = q->num_blocks * q->tokens_per_block * q->heads * q->dim;
+    if (!elements) return 0;
+    auto *s = static_cast<cudaStream_t>(stream);
+    if (Quantize) {
+        const uint64_t heads = q->num_blocks * q->heads;
+        quant_scales_kernel<<<unsigned((heads + kThreads - 1) / kThreads), kThreads, 0, s>>>(*q);
+        if (const int rc = launched("quantization scales kernel", msg, cap)) return rc;
+    }
+    quant_kernel<Quantize><<<unsigned((elements + kThreads - 1) / kThreads), kThreads, 0, s>>>(*q);
+    return launched(Quantize ? "quantize kernel" : "dequantize kernel", msg, cap);
+}
+
 int device_count(char *msg, size_t cap) {
     int n = 0;
     const cudaError_t e = cudaGetDeviceCount(&n);
@@ -103,7 +167,7 @@ int device_count(char *msg, size_t cap) {
 }
 
 const sg_cuda_plugin_t kPlugin = {sizeof(sg_cuda_plugin_t), SG_CUDA_PLUGIN_ABI, 0, device_count, pack<true>,
-                                  pack<false>, digest};
+                                  pack<false>, digest, quant<true>, quant<false>};
 
 }  // namespace
 

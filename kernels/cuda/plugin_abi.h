@@ -46,6 +46,26 @@ typedef struct sg_cuda_digest {
     float *out; /* num_blocks * heads * 2 * dim floats */
 } sg_cuda_digest_t;
 
+/* In-flight quantization of one plane (K or V) of a layer's listed blocks: per block and KV head a
+ * scale, per element a one-byte code (kernels::quantize_block). codes: num_blocks * tokens_per_block
+ * * heads * dim bytes, block i's codes at i times that, laid out as the block's elements; scales:
+ * num_blocks * heads floats. Dequantization writes region's listed blocks back in its dtype. */
+typedef struct sg_cuda_quant {
+    void *region;           /* the layer's plane region: read by quantize, written by dequantize */
+    const uint32_t *blocks; /* device array */
+    uint64_t num_blocks;
+    uint64_t tokens;        /* valid tokens of the request (the last block may be partial) */
+    uint64_t block_stride;  /* bytes */
+    uint32_t dtype;         /* 0 fp32, 1 fp16, 2 bf16 */
+    uint32_t heads;
+    uint32_t dim;
+    uint32_t tokens_per_block;
+    uint32_t head_major;
+    uint32_t code; /* 0 int8, 1 fp8 E4M3 (kernels::QuantCode) */
+    uint8_t *codes;
+    float *scales;
+} sg_cuda_quant_t;
+
 typedef struct sg_cuda_plugin {
     size_t struct_size;
     uint32_t abi; /* SG_CUDA_PLUGIN_ABI */
@@ -56,6 +76,8 @@ typedef struct sg_cuda_plugin {
     int (*gather)(const sg_cuda_pack_t *pack, void *stream, char *msg, size_t cap);
     int (*scatter)(const sg_cuda_pack_t *pack, void *stream, char *msg, size_t cap);
     int (*digest)(const sg_cuda_digest_t *digest, void *stream, char *msg, size_t cap);
+    int (*quantize)(const sg_cuda_quant_t *quant, void *stream, char *msg, size_t cap);
+    int (*dequantize)(const sg_cuda_quant_t *quant, void *stream, char *msg, size_t cap);
 } sg_cuda_plugin_t;
 
 /* The one symbol the plugin exports. */

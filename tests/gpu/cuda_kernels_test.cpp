@@ -1,6 +1,7 @@
 // The CUDA plugin's kernels on a device against the CPU twins (ctest label gpu): gather and scatter of
 // scattered blocks (K and V separate and fused) byte-exact, page digests bit-exact against
-// kernels::page_digest. Loads the plugin the way the runtime does (dlopen, sg_cuda_plugin_v1) and
+// kernels::page_digest, int8 / fp8 E4M3 quantization and dequantization bit-exact against
+// kernels::quantize_block / dequantize_block. Loads the plugin the way the runtime does (dlopen, sg_cuda_plugin_v1) and
 // skips (exit 77) with the plugin's reason where there is no driver or device.
 //   cuda_kernels_test PLUGIN_PATH
 #include <cuda_runtime.h>
@@ -142,6 +143,72 @@ void digest_matches(const sg_cuda_plugin_t *p, sg::kernels::DType dtype, bool he
     cudaFree(d.out);
 }
 
+// Quantization of a scattered layer on the device against kernels::quantize_block / dequantize_block:
+// codes, scales and the dequantized pool bit for bit.
+void quantization_matches(const sg_cuda_plugin_t *p, sg::kernels::QuantCode code, sg::kernels::DType dtype,
+                          bool head_major, std::mt19937_64 &rng) {
+    const uint32_t heads = 8, dim = 128, tpb = 16, pool_blocks = 48;
+    const uint64_t tokens = 16 * 20 + 9;
+    const uint64_t n = sg::kernels::num_blocks(tokens, tpb);
+    const size_t eb = sg::kernels::dtype_bytes(dtype);
+    const uint64_t block_elems = uint64_t(tpb) * heads * dim, stride = block_elems * eb;
+    std::vector<uint8_t> pool(pool_blocks * stride);
+    std::normal_distribution<float> value(0.0f, 3.0f);
+    for (uint64_t i = 0; i < pool.size() / eb; ++i) {
+        const float f = value(rng);
+        if (eb == 4) std::memcpy(&pool[i * 4], &f, 4);
+        else {
+            const uint16_t h = dtype == sg::kernels::DType::fp16 ? sg::kernels::float_to_fp16(f) : sg::kernels::float_to_bf16(f);
+            std::memcpy(&pool[i * 2], &h, 2);
+        }
+    }
+    std::vector<uint32_t> blocks(n);
+    for (uint64_t i = 0; i < n; ++i) blocks[i] = uint32_t((i * 29 + 5) % pool_blocks);
+    std::vector<uint8_t> want_codes(n * block_elems, 0);
+    std::vector<float> want_scales(n * heads);
+    std::vector<uint8_t> want_pool = pool;
+    auto view_of = [&](void *base, uint64_t i) {
+        void *b = static_cast<uint8_t *>(base) + uint64_t(blocks[i]) * stride;
+        const uint64_t valid = std::min<uint64_t>(tpb, tokens - i * tpb);
+        return head_major ? sg::kernels::head_major(b, dtype, valid, heads, dim, tpb)
+                          : sg::kernels::token_major(b, dtype, valid, heads, dim);
+    };
+    for (uint64_t i = 0; i < n; ++i) {
+        sg::kernels::quantize_block(view_of(pool.data(), i), code, &want_codes[i * block_elems], &want_scales[i * heads]);
+        sg::kernels::dequantize_block(&want_codes[i * block_elems], &want_scales[i * heads], code, view_of(want_pool.data(), i));
+    }
+    sg_cuda_quant_t q{};
+    q.region = device_copy(pool);
+    q.blocks = device_copy(blocks);
+    q.num_blocks = n;
+    q.tokens = tokens;
+    q.block_stride = stride;
+    q.dtype = uint32_t(dtype);
+    q.heads = heads;
+    q.dim = dim;
+    q.tokens_per_block = tpb;
+    q.head_major = head_major;
+    q.code = uint32_t(code);
+    check_cuda(cudaMalloc(&q.codes, want_codes.size()), "cudaMalloc codes");
+    check_cuda(cudaMemset(q.codes, 0, want_codes.size()), "memset codes");
+    check_cuda(cudaMalloc(&q.scales, want_scales.size() * sizeof(float)), "cudaMalloc scales");
+    char msg[256] = {};
+    EXPECT(p->quantize(&q, nullptr, msg, sizeof msg) == 0, "quantize: %s", msg);
+    check_cuda(cudaDeviceSynchronize(), "quantize");
+    EXPECT(host_copy(q.codes, want_codes.size()) == want_codes, "quantize codes, code %d dtype %d %s", int(code),
+           int(dtype), head_major ? "head-major" : "token-major");
+    const auto scales = host_copy(q.scales, want_scales.size());
+    EXPECT(!std::memcmp(scales.data(), want_scales.data(), scales.size() * sizeof(float)), "quantize scales");
+    EXPECT(p->dequantize(&q, nullptr, msg, sizeof msg) == 0, "dequantize: %s", msg);
+    check_cuda(cudaDeviceSynchronize(), "dequantize");
+    EXPECT(host_copy(static_cast<uint8_t *>(q.region), pool.size()) == want_pool, "dequantized pool, code %d dtype %d",
+           int(code), int(dtype));
+    cudaFree(q.region);
+    cudaFree(const_cast<uint32_t *>(q.blocks));
+    cudaFree(q.codes);
+    cudaFree(q.scales);
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -170,7 +237,11 @@ int main(int argc, char **argv) {
     for (bool fused : {false, true})
         for (uint64_t plane : {32768ull, 4104ull, 4095ull}) pack_round_trip(p, fused, plane, rng);
     for (auto dtype : {sg::kernels::DType::fp32, sg::kernels::DType::fp16, sg::kernels::DType::bf16})
-        for (bool head_major : {false, true}) digest_matches(p, dtype, head_major, rng);
+        for (bool head_major : {false, true}) {
+            digest_matches(p, dtype, head_major, rng);
+            for (auto code : {sg::kernels::QuantCode::int8, sg::kernels::QuantCode::fp8_e4m3})
+                quantization_matches(p, code, dtype, head_major, rng);
+        }
     std::printf("%s: %d failure(s) on %d device(s)\n", failures ? "FAIL" : "ok", failures, devices);
     return failures ? 1 : 0;
 }

@@ -4,8 +4,10 @@
 // bit. Runs everywhere (no GPU, no CUDA toolkit needed); the device runs the same functions.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "cuda/elements.hpp"
@@ -121,6 +123,122 @@ TEST(CudaElements, DigestElementsAreThePageDigest) {
                 ASSERT_EQ(std::memcmp(&want[i], &got[i], 4), 0)
                     << "dtype " << int(dtype) << (head_major ? " head-major" : " token-major") << " float " << i
                     << ": " << want[i] << " vs " << got[i];
+        }
+    }
+}
+
+}  // namespace
+
+namespace {
+
+// The E4M3 value of every code, built from the format's definition with ldexp, independently of
+// e4m3_to_float.
+float e4m3_reference(uint8_t q) {
+    const int exponent = (q >> 3) & 0xf, mantissa = q & 7;
+    const float magnitude = exponent == 0 ? std::ldexp(float(mantissa), -9) : std::ldexp(1.0f + mantissa / 8.0f, exponent - 7);
+    return (q & 0x80) ? -magnitude : magnitude;
+}
+
+TEST(Quantization, E4m3DecodesEveryCodeAsTheFormatDefinesIt) {
+    for (int q = 0; q < 256; ++q) {
+        const float got = sg::kernels::e4m3_to_float(uint8_t(q));
+        if ((q & 0x7f) == 0x7f) {
+            EXPECT_TRUE(std::isnan(got)) << q;
+            continue;
+        }
+        EXPECT_EQ(got, e4m3_reference(uint8_t(q))) << q;
+        EXPECT_EQ(sg::kernels::float_to_e4m3(got), (q == 0x80 ? 0x80 : q)) << "round trip of code " << q;
+    }
+}
+
+// float_to_e4m3 against a brute-force search for the nearest finite code (ties to the even code),
+// saturating at 448, over random floats across the whole range and every midpoint.
+TEST(Quantization, E4m3EncodesToTheNearestCodeTiesToEven) {
+    std::vector<std::pair<float, uint8_t>> codes;
+    for (int q = 0; q < 0x7f; ++q) codes.push_back({e4m3_reference(uint8_t(q)), uint8_t(q)});
+    auto nearest = [&](float f) {
+        const float a = std::fabs(f);
+        if (a >= 448.0f) return uint8_t(0x7e);
+        uint8_t best = 0;
+        float best_err = INFINITY;
+        for (auto [v, q] : codes) {
+            const float err = std::fabs(v - a);
+            if (err < best_err || (err == best_err && (q & 1) == 0)) best = q, best_err = err;
+        }
+        return best;
+    };
+    std::mt19937 rng(5);
+    std::vector<float> values;
+    for (size_t i = 0; i + 1 < codes.size(); ++i) values.push_back((codes[i].first + codes[i + 1].first) / 2);  // midpoints
+    std::uniform_real_distribution<float> exponent(-12.0f, 10.0f);
+    for (int i = 0; i < 20000; ++i) values.push_back(std::exp2(exponent(rng)));
+    values.push_back(0.0f);
+    values.push_back(500.0f);
+    values.push_back(INFINITY);
+    for (float f : values) {
+        ASSERT_EQ(sg::kernels::float_to_e4m3(f), nearest(f)) << f;
+        ASSERT_EQ(sg::kernels::float_to_e4m3(-f), uint8_t(0x80 | nearest(f))) << -f;
+    }
+    EXPECT_EQ(sg::kernels::float_to_e4m3(NAN) & 0x7f, 0x7f);
+}
+
+// The kernels' per-element quantization over every element of a block equals the CPU twin's codes
+// and scales, bit for bit; dequantized values are within half a step of the originals.
+TEST(Quantization, ElementsAreTheCpuTwinAndWithinHalfAStep) {
+    std::mt19937 rng(9);
+    std::normal_distribution<float> key(0.0f, 4.0f);
+    for (auto code : {sg::kernels::QuantCode::int8, sg::kernels::QuantCode::fp8_e4m3}) {
+        for (DType dtype : {DType::fp32, DType::fp16, DType::bf16}) {
+            for (bool head_major : {false, true}) {
+                const uint32_t heads = 4, dim = 64, tpb = 16;
+                const uint64_t valid = 11;  // a partial block
+                const size_t eb = sg::kernels::dtype_bytes(dtype);
+                std::vector<uint8_t> plane(uint64_t(tpb) * heads * dim * eb);
+                std::vector<float> original(uint64_t(tpb) * heads * dim);
+                const auto view = head_major ? sg::kernels::head_major(plane.data(), dtype, valid, heads, dim, tpb)
+                                             : sg::kernels::token_major(plane.data(), dtype, valid, heads, dim);
+                for (uint64_t t = 0; t < tpb; ++t)
+                    for (uint32_t h = 0; h < heads; ++h)
+                        for (uint32_t d = 0; d < dim; ++d) {
+                            const uint64_t i = t * view.token_stride + h * view.head_stride + d;
+                            const float f = h == 3 ? 0.0f : key(rng) * (1.0f + float(h));  // head 3 all zero
+                            if (dtype == DType::fp32) std::memcpy(&plane[i * 4], &f, 4);
+                            const uint16_t b = dtype == DType::fp16 ? sg::kernels::float_to_fp16(f) : sg::kernels::float_to_bf16(f);
+                            if (dtype != DType::fp32) std::memcpy(&plane[i * 2], &b, 2);
+                        }
+                std::vector<uint8_t> twin(original.size(), 0xAB), elements(original.size(), 0xAB);
+                std::vector<float> scales(heads, -1.0f);
+                sg::kernels::quantize_block(view, code, twin.data(), scales.data());
+                for (uint32_t h = 0; h < heads; ++h) {
+                    const float absmax = elem::head_absmax(view, valid, h);
+                    ASSERT_EQ(sg::kernels::quant_scale(absmax, code), scales[h]) << "head " << h;
+                    const float inv = sg::kernels::quant_inv_scale(scales[h]);
+                    for (uint64_t t = 0; t < valid; ++t)
+                        for (uint32_t d = 0; d < dim; ++d)
+                            elements[t * view.token_stride + h * view.head_stride + d] =
+                                elem::quantize_element(view, t, h, d, inv, code);
+                }
+                ASSERT_EQ(elements, twin) << "code " << int(code) << " dtype " << int(dtype) << " head-major " << head_major;
+                EXPECT_EQ(scales[3], 0.0f) << "an all-zero head";
+
+                // Back to fp32: each value within half a code step of what was quantized.
+                std::vector<float> back(original.size(), 0.0f);
+                const auto out = head_major ? sg::kernels::head_major(back.data(), DType::fp32, valid, heads, dim, tpb)
+                                            : sg::kernels::token_major(back.data(), DType::fp32, valid, heads, dim);
+                sg::kernels::dequantize_block(twin.data(), scales.data(), code, out);
+                for (uint32_t h = 0; h < heads; ++h)
+                    for (uint64_t t = 0; t < valid; ++t)
+                        for (uint32_t d = 0; d < dim; ++d) {
+                            const uint64_t i = t * view.token_stride + h * view.head_stride + d;
+                            const float x = elem::key_element(view, t, h, d);
+                            // int8: half a step of the scale; E4M3: 3 mantissa bits, so 1/16 of the value,
+                            // or half the smallest subnormal step (2^-10 of the scale) near zero.
+                            const float bound = code == sg::kernels::QuantCode::int8
+                                                    ? scales[h] * 0.5f * 1.0001f
+                                                    : std::fmax(std::fabs(x) / 16.0f, scales[h] * 0.0009765625f) * 1.0001f;
+                            ASSERT_LE(std::fabs(back[i] - x), bound) << "code " << int(code) << " head " << h << " t " << t;
+                        }
+            }
         }
     }
 }
