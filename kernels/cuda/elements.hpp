@@ -94,4 +94,26 @@ SG_HD inline uint8_t quantize_element(const View &block, uint64_t token, uint32_
     return quantize_value(key_element(block, token, head, d), inv_scale, code);
 }
 
+// Quest's score of one (block, KV head): per query head of the group, the upper bound
+// Σ_i max(q_i·min_i, q_i·max_i) over the block's digest rows, combined over the group (query row 0).
+// Summed in element order; the CPU twin (quest_scores) sums in vector lanes, so the two agree within
+// float rounding, not bit for bit.
+SG_HD inline float quest_score_element(const float *digest, uint32_t kv_heads, const View &query, Combine combine,
+                                       uint64_t block, uint32_t kv_head) {
+    const uint32_t group = query.heads / kv_heads;
+    const float *lo = digest + (block * kv_heads + kv_head) * 2 * query.dim;
+    const float *hi = lo + query.dim;
+    float acc = 0.0f;
+    for (uint32_t j = 0; j < group; ++j) {
+        float s = 0.0f;
+        for (uint32_t d = 0; d < query.dim; ++d) {
+            const float q = key_element(query, 0, kv_head * group + j, d);
+            const float a = q * lo[d], b = q * hi[d];
+            s += a > b ? a : b;
+        }
+        acc = j == 0 ? s : combine == Combine::max ? (s > acc ? s : acc) : acc + s;
+    }
+    return acc;
+}
+
 }  // namespace sg::kernels::cuda

@@ -1,5 +1,5 @@
 // The CUDA plugin, libsmartgen-cuda.so.0: gather and scatter of a layer's listed blocks between the
-// paged regions and a packed staging buffer (the staged path), page digests, and in-flight
+// paged regions and a packed staging buffer (the staged path), page digests, Quest scores, and in-flight
 // quantization (int8 / fp8 E4M3 codes with a scale per block and KV head) on the device. Each
 // thread's work is the shared per-element code of elements.hpp, which the host harness checks
 // against the CPU twins on machines without a GPU. libsmartgen loads this library with dlopen the
@@ -159,6 +159,22 @@ int quant(const sg_cuda_quant_t *q, void *stream, char *msg, size_t cap) {
     return launched(Quantize ? "quantize kernel" : "dequantize kernel", msg, cap);
 }
 
+// One thread per (block, KV head).
+__global__ void quest_kernel(sg_cuda_quest_t q) {
+    const uint64_t e = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (e >= q.num_blocks * q.kv_heads) return;
+    const View query = sg::kernels::token_major(q.query, static_cast<DType>(q.dtype), 1, q.q_heads, q.dim);
+    q.out[e] = elem::quest_score_element(q.digest, q.kv_heads, query, static_cast<sg::kernels::Combine>(q.combine),
+                                         e / q.kv_heads, uint32_t(e % q.kv_heads));
+}
+
+int quest(const sg_cuda_quest_t *q, void *stream, char *msg, size_t cap) {
+    const uint64_t threads = q->num_blocks * q->kv_heads;
+    if (!threads) return 0;
+    quest_kernel<<<unsigned((threads + kThreads - 1) / kThreads), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(*q);
+    return launched("quest kernel", msg, cap);
+}
+
 int device_count(char *msg, size_t cap) {
     int n = 0;
     const cudaError_t e = cudaGetDeviceCount(&n);
@@ -167,7 +183,7 @@ int device_count(char *msg, size_t cap) {
 }
 
 const sg_cuda_plugin_t kPlugin = {sizeof(sg_cuda_plugin_t), SG_CUDA_PLUGIN_ABI, 0, device_count, pack<true>,
-                                  pack<false>, digest, quant<true>, quant<false>};
+                                  pack<false>, digest, quant<true>, quant<false>, quest};
 
 }  // namespace
 

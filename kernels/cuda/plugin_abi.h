@@ -66,6 +66,21 @@ typedef struct sg_cuda_quant {
     float *scales;
 } sg_cuda_quant_t;
 
+/* Quest scores of a layer: out[block][kv_head] from its digests (as sg_cuda_digest_t writes them) and
+ * the step's query row (kernels::quest_scores). Device pointers. */
+typedef struct sg_cuda_quest {
+    const float *digest;
+    uint64_t num_blocks;
+    const void *query; /* [q_head][dim], dtype below */
+    uint32_t dtype;
+    uint32_t q_heads;
+    uint32_t kv_heads;
+    uint32_t dim;
+    uint32_t combine; /* 0 max, 1 sum (kernels::Combine) */
+    uint32_t reserved;
+    float *out;
+} sg_cuda_quest_t;
+
 typedef struct sg_cuda_plugin {
     size_t struct_size;
     uint32_t abi; /* SG_CUDA_PLUGIN_ABI */
@@ -78,6 +93,7 @@ typedef struct sg_cuda_plugin {
     int (*digest)(const sg_cuda_digest_t *digest, void *stream, char *msg, size_t cap);
     int (*quantize)(const sg_cuda_quant_t *quant, void *stream, char *msg, size_t cap);
     int (*dequantize)(const sg_cuda_quant_t *quant, void *stream, char *msg, size_t cap);
+    int (*quest)(const sg_cuda_quest_t *quest, void *stream, char *msg, size_t cap);
 } sg_cuda_plugin_t;
 
 /* The one symbol the plugin exports. */

@@ -7,6 +7,8 @@
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -209,6 +211,47 @@ void quantization_matches(const sg_cuda_plugin_t *p, sg::kernels::QuantCode code
     cudaFree(q.scales);
 }
 
+// Quest scores on the device against kernels::quest_scores, within float rounding of the sum.
+void quest_matches(const sg_cuda_plugin_t *p, sg::kernels::Combine combine, std::mt19937_64 &rng) {
+    const uint32_t kv_heads = 8, q_heads = 32, dim = 128;
+    const uint64_t blocks = 300;
+    std::normal_distribution<float> value(0.0f, 1.5f);
+    std::vector<float> digest(sg::kernels::digest_floats(blocks, kv_heads, dim));
+    for (uint64_t r = 0; r < blocks * kv_heads; ++r)
+        for (uint32_t d = 0; d < dim; ++d) {
+            const float x = value(rng), y = value(rng);
+            digest[r * 2 * dim + d] = std::min(x, y);
+            digest[r * 2 * dim + dim + d] = std::max(x, y);
+        }
+    std::vector<float> query(uint64_t(q_heads) * dim);
+    for (auto &f : query) f = value(rng);
+    const auto q = sg::kernels::token_major(query.data(), sg::kernels::DType::fp32, 1, q_heads, dim);
+    std::vector<float> want(blocks * kv_heads);
+    sg::kernels::quest_scores(digest.data(), blocks, kv_heads, q, combine, want.data());
+    sg_cuda_quest_t k{};
+    k.digest = device_copy(digest);
+    k.num_blocks = blocks;
+    k.query = device_copy(query);
+    k.dtype = 0;
+    k.q_heads = q_heads;
+    k.kv_heads = kv_heads;
+    k.dim = dim;
+    k.combine = uint32_t(combine);
+    check_cuda(cudaMalloc(&k.out, want.size() * sizeof(float)), "cudaMalloc quest");
+    char msg[256] = {};
+    EXPECT(p->quest(&k, nullptr, msg, sizeof msg) == 0, "quest: %s", msg);
+    check_cuda(cudaDeviceSynchronize(), "quest");
+    const auto got = host_copy(k.out, want.size());
+    size_t off = 0;
+    for (size_t i = 0; i < want.size(); ++i)
+        if (std::fabs(got[i] - want[i]) > 1e-3f * (1.0f + std::fabs(want[i]))) ++off;
+    EXPECT(off == 0, "quest scores (combine %d): %zu of %zu differ from the CPU's beyond rounding", int(combine), off,
+           want.size());
+    cudaFree(const_cast<float *>(k.digest));
+    cudaFree(const_cast<void *>(k.query));
+    cudaFree(k.out);
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -242,6 +285,7 @@ int main(int argc, char **argv) {
             for (auto code : {sg::kernels::QuantCode::int8, sg::kernels::QuantCode::fp8_e4m3})
                 quantization_matches(p, code, dtype, head_major, rng);
         }
+    for (auto combine : {sg::kernels::Combine::max, sg::kernels::Combine::sum}) quest_matches(p, combine, rng);
     std::printf("%s: %d failure(s) on %d device(s)\n", failures ? "FAIL" : "ok", failures, devices);
     return failures ? 1 : 0;
 }

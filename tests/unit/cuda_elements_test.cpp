@@ -244,3 +244,51 @@ TEST(Quantization, ElementsAreTheCpuTwinAndWithinHalfAStep) {
 }
 
 }  // namespace
+
+namespace {
+
+// Quest scores per (block, KV head) from the per-element code against kernels::quest_scores: equal
+// within float rounding of the sum (the twin sums in vector lanes), for both combines and dtypes of
+// the query, with grouped query heads.
+TEST(CudaElements, QuestScoreElementsAreTheCpuScores) {
+    std::mt19937 rng(13);
+    std::normal_distribution<float> value(0.0f, 1.5f);
+    const uint32_t kv_heads = 4, q_heads = 16, dim = 128;
+    const uint64_t blocks = 37;
+    std::vector<float> digest(sg::kernels::digest_floats(blocks, kv_heads, dim));
+    for (uint64_t b = 0; b < blocks * kv_heads; ++b)
+        for (uint32_t d = 0; d < dim; ++d) {
+            const float x = value(rng), y = value(rng);
+            digest[b * 2 * dim + d] = std::fmin(x, y);
+            digest[b * 2 * dim + dim + d] = std::fmax(x, y);
+        }
+    for (DType dtype : {DType::fp32, DType::fp16, DType::bf16}) {
+        std::vector<uint8_t> query(uint64_t(q_heads) * dim * sg::kernels::dtype_bytes(dtype));
+        for (uint32_t i = 0; i < q_heads * dim; ++i) {
+            const float f = value(rng);
+            if (dtype == DType::fp32) std::memcpy(&query[i * 4], &f, 4);
+            const uint16_t h = dtype == DType::fp16 ? sg::kernels::float_to_fp16(f) : sg::kernels::float_to_bf16(f);
+            if (dtype != DType::fp32) std::memcpy(&query[i * 2], &h, 2);
+        }
+        const auto q = sg::kernels::token_major(query.data(), dtype, 1, q_heads, dim);
+        for (auto combine : {sg::kernels::Combine::max, sg::kernels::Combine::sum}) {
+            std::vector<float> want(blocks * kv_heads);
+            sg::kernels::quest_scores(digest.data(), blocks, kv_heads, q, combine, want.data());
+            for (uint64_t b = 0; b < blocks; ++b)
+                for (uint32_t g = 0; g < kv_heads; ++g) {
+                    const float got = elem::quest_score_element(digest.data(), kv_heads, q, combine, b, g);
+                    // Σ of dim terms of magnitude up to ~|q||digest|: float rounding of a differently
+                    // ordered sum stays well inside 1e-4 of the sum of magnitudes (4 query heads for sum).
+                    float magnitude = 0.0f;
+                    for (uint32_t j = 0; j < q_heads / kv_heads; ++j)
+                        for (uint32_t d = 0; d < dim; ++d)
+                            magnitude += std::fabs(elem::key_element(q, 0, g * (q_heads / kv_heads) + j, d)) *
+                                         std::fmax(std::fabs(digest[(b * kv_heads + g) * 2 * dim + d]),
+                                                   std::fabs(digest[(b * kv_heads + g) * 2 * dim + dim + d]));
+                    ASSERT_NEAR(got, want[b * kv_heads + g], 1e-4f * magnitude) << "block " << b << " head " << g;
+                }
+        }
+    }
+}
+
+}  // namespace
