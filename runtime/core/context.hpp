@@ -207,9 +207,10 @@ class Context : public transport::CompletionSink {
     void fail_transfer(Transfer &t, sg_status_t status, const std::string &message, bool tell_peer);
     void finish(Transfer &t, sg_status_t status, const std::string &message);
     void maybe_send_quiesced(Transfer &t);
-    // blocks: for SG_EVENT_BLOCKS_READY, the logical blocks of the fetch that completed.
+    // blocks: for SG_EVENT_BLOCKS_READY, the logical blocks of the fetch that completed (copied only
+    // when the host has a callback).
     void emit(Transfer &t, sg_event_kind_t kind, uint32_t layer, sg_status_t status,
-              std::vector<uint32_t> blocks = {});
+              std::span<const uint32_t> blocks = {});
     void note_quiesced(Transfer &t);
     void drop_registrations(Session &s);
     void drop_unsent(Session &s, bool transfer_frames_only);

@@ -63,7 +63,7 @@ void Context::check_fetches(Transfer &t, uint32_t layer) {
             ++i;
             continue;
         }
-        emit(t, SG_EVENT_BLOCKS_READY, layer, SG_OK, std::move(f.blocks));
+        emit(t, SG_EVENT_BLOCKS_READY, layer, SG_OK, f.blocks);
         t.decode.fetches.erase(t.decode.fetches.begin() + ptrdiff_t(i));
     }
 }
@@ -195,10 +195,11 @@ void Context::fetch(Transfer &t, uint32_t layer, std::span<const uint32_t> block
     if (!(t.paths & SG_PATH_ON_DEMAND))
         fail(SG_ERR_INVALID_STATE, "the transfer was posted without SG_PATH_ON_DEMAND");
     Transfer::Layer &L = t.layers[layer];
-    std::vector<uint32_t> missing, fresh;
+    std::vector<uint32_t> fresh;
+    bool all_resident = true;
     for (uint32_t b : blocks) {
         if (t.residency.test(layer, b)) continue;
-        missing.push_back(b);
+        all_resident = false;
         if (!L.in.requested[b]) {
             L.in.requested[b] = 1;
             fresh.push_back(b);
@@ -206,8 +207,8 @@ void Context::fetch(Transfer &t, uint32_t layer, std::span<const uint32_t> block
     }
     t.stats.fetch_requests++;
     t.stats.fetch_blocks += fresh.size();
-    if (missing.empty()) {
-        emit(t, SG_EVENT_BLOCKS_READY, layer, SG_OK, {blocks.begin(), blocks.end()});
+    if (all_resident) {
+        emit(t, SG_EVENT_BLOCKS_READY, layer, SG_OK, blocks);
         return;
     }
     t.decode.fetches.push_back({layer, {blocks.begin(), blocks.end()}});

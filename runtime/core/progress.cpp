@@ -135,9 +135,10 @@ void Context::wait_step(std::unique_lock<std::mutex> &lock, uint64_t deadline) {
     }
 }
 
-void Context::emit(Transfer &t, sg_event_kind_t kind, uint32_t layer, sg_status_t status, std::vector<uint32_t> blocks) {
+void Context::emit(Transfer &t, sg_event_kind_t kind, uint32_t layer, sg_status_t status,
+                   std::span<const uint32_t> blocks) {
     if (!opt_.event_fn || t.released.load(std::memory_order_relaxed)) return;
-    events_.push_back({t.shared_from_this(), kind, layer, status, std::move(blocks)});
+    events_.push_back({t.shared_from_this(), kind, layer, status, {blocks.begin(), blocks.end()}});
     events_pending_.store(true, std::memory_order_release);
     wake();
 }
