@@ -93,6 +93,29 @@ else
     r2k_section="(retrieval2k.bin and retrieval2k-cases.json were not found beside the model: no supplement.)"
 fi
 
+# In-flight quantization (sg_transfer_options_t.wire_quant): decode attends to the prompt's KV as a real
+# transfer with int8 or fp8 codes delivers it, beside the same run unquantized; full budget (1: every
+# block, so only quantization differs from full attention) and budgets 1/8 and 1/16, blocks of 16.
+# One row per (model, budget, wire): P ∪ S_t ∪ G's columns, and the wire bytes over the pool bytes.
+quant_rows() {  # label, then smartgen-quality's arguments
+    local label=$1 wire out bytes
+    shift
+    for wire in none int8 fp8; do
+        out=$("$bin" "$@" --quiet --budgets "1,1/8,1/16" --block-tokens 16 --wire-quant "$wire" --markdown)
+        bytes=$(printf '%s\n' "$out" | sed -n 's/.*(\([0-9.]*\) of them).*/\1/p')
+        printf '%s\n' "$out" | awk -F'|' -v label="$label" -v wire="$wire" -v bytes="${bytes:-1.000}" '
+            $4 ~ /S_t/ { gsub(/ /, "", $3)
+                printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", label, $3, wire, $6, $8, $9, $12, $13, bytes }'
+    done
+}
+quant_table="| model | budget | wire | teacher-forced | ratio to oracle | free-running | mass recall | oracle | wire ÷ pool bytes |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- |
+$(quant_rows stories260K "${args[@]:0:2}" --new-tokens 64 --window 8)"
+if [ -f "$models/retrieval2k.bin" ] && [ -f "$models/retrieval2k-cases.json" ]; then
+    quant_table="$quant_table
+$(quant_rows retrieval2k --model "$models/retrieval2k.bin" --prompts "$models/retrieval2k-cases.json" --limit 16 --new-tokens 16 --window 8)"
+fi
+
 # The target (P ∪ S_t ∪ G's teacher-forced ratio to its oracle >= 0.90 at budgets 1/2, 1/4, 1/8), read
 # off the table.
 verdict=$(printf '%s\n' "$tables" | awk -F'|' '
@@ -212,6 +235,22 @@ page digests, as the decode side scores; S_t unchanged). Command:
 $quest_tables
 
 $r2k_section
+
+## In-flight quantization
+
+With \`wire_quant\` (docs/cuda.md, README "In-flight quantization") the KV crosses the wire as one-byte
+codes, a float scale per block, plane and KV head, and the decode side dequantizes into its pool. Here
+decode attends to the prompt's KV exactly as a runtime transfer with that option delivered it (a
+full-path transfer between two contexts of the measuring process); the selections (P, the digests)
+and full attention's reference tokens come from the prefill side's own fp32 KV. Budget 1 attends to
+every block, so its row differs from full attention only by quantization; the oracle of a quantized
+row reads the same quantized keys. Blocks of 16 tokens;
+stories260K over its prompts (64 new tokens), retrieval2k over its first 16 cases (16 new tokens).
+The pools are fp32, so the codes are a quarter of the pool bytes; the scales add 4 bytes per 16
+tokens × head dimension (8 for stories260K, 32 for retrieval2k). Command per row:
+\`smartgen-quality ... --budgets 1,1/8,1/16 --block-tokens 16 --wire-quant none|int8|fp8 --markdown\`.
+
+$quant_table
 EOF
 )
 if [ "$output" = - ]; then

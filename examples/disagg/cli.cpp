@@ -1,6 +1,8 @@
 // examples/disagg/cli.cpp: see cli.hpp.
 #include "cli.hpp"
 
+#include "pool_layout.hpp"
+
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -143,6 +145,9 @@ void print_usage(FILE* out) {
         "                          path on and no --sparse-steps, the runs that measure latency)\n"
         "  --parallel on|off       attend to the resident blocks while the missing ones are fetched,\n"
         "                          then merge the parts exactly (log-sum-exp; default on)\n"
+        "  --wire-quant none|int8|fp8   in-flight quantization (full and selective modes): the KV\n"
+        "                          crosses as one-byte codes with a scale per block, plane and KV head,\n"
+        "                          and decode dequantizes into its pool (lossy; default none)\n"
         "  --prefetch on|off       each sparse step after the first fetches every layer's likely misses\n"
         "                          at once, predicted with that layer's previous query under a larger\n"
         "                          budget; the step then fetches only the true misses (default off:\n"
@@ -316,6 +321,9 @@ std::optional<Options> parse_args(int argc, char** argv) {
         } else if (flag == "--parallel") {
             o.parallel = parse_on_off(flag, take());
             if (saw_selective.empty()) saw_selective = flag;
+        } else if (flag == "--wire-quant") {
+            const std::string v = take();
+            if (!wire_quant_of(v, o.wire_quant)) bad(flag, "expected none, int8 or fp8, got '" + v + "'");
         } else if (flag == "--prefetch") {
             o.prefetch = parse_on_off(flag, take());
             if (saw_selective.empty()) saw_selective = flag;

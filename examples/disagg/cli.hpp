@@ -63,6 +63,7 @@ struct Options {
     // would take) is attended whole (seamless); fetched blocks are attended while they travel and the
     // parts merged (parallel); each sparse step first fetches every layer's likely misses, predicted
     // with the layer's previous query under --prefetch-scale times the budget (prefetch).
+    uint32_t wire_quant = 0;  // --wire-quant: SG_WIRE_QUANT_* on both sides' transfer options
     bool seamless = true;
     bool parallel = true;
     bool prefetch = false;  // measured: costs more than it saves with the CPU selector (README)

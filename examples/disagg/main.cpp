@@ -976,6 +976,8 @@ struct Results {
     // sg_transfer_stats of the decode side (what had arrived by the last token) and of the prefill side
     uint64_t bytes = 0, bytes_full = 0, bytes_proactive = 0, bytes_on_demand = 0, bytes_speculative = 0,
              digest_bytes = 0, fetch_requests = 0, fetch_blocks = 0, staged_bytes = 0, rma_ops = 0;
+    uint32_t wire_quant = 0;  // --wire-quant
+    uint64_t quantized_bytes = 0, quantized_wire_bytes = 0;
     long rss_prefill_kb = 0, rss_decode_kb = 0;
     uint64_t prompt_blocks = 0;
     uint64_t kv_bytes = 0;  // the prompt's whole KV cache (K and V, every layer): what SG_PATH_FULL moves
@@ -1059,6 +1061,9 @@ void print_results(const Results& r, bool json) {
             f.emplace_back("fetches", std::to_string(r.fetch_requests));
             f.emplace_back("fetch_blocks", std::to_string(r.fetch_blocks));
             f.emplace_back("staged_bytes", std::to_string(r.staged_bytes));
+            f.emplace_back("wire_quant", json_str(wire_quant_name(r.wire_quant)));
+            f.emplace_back("quantized_bytes", std::to_string(r.quantized_bytes));
+            f.emplace_back("quantized_wire_bytes", std::to_string(r.quantized_wire_bytes));
             f.emplace_back("rma_ops", std::to_string(r.rma_ops));
             f.emplace_back("first_step_wait_ms", num(ms(r.first_wait_ns)));
             f.emplace_back("stall_first_message_ms", num(ms(r.first_recv - std::min(r.first_recv, r.t1))));
@@ -1335,6 +1340,7 @@ struct RunSpec {  // what the prefill side decides and tells the decode side (RE
     uint32_t dtype = 0;
     bool full_stream = true;
     bool seamless = true, parallel = true, prefetch = false;
+    uint32_t wire_quant = 0;  // sg_transfer_options_t.wire_quant, both sides
     Attend attend = Attend::kBudget;
     EmuParams emu;  // name empty: the real model
     int layers = 0, kv_heads = 0, head_dim = 0, dim = 0, vocab = 0;
@@ -1355,6 +1361,7 @@ std::string encode_req(const RunSpec& s) {
     f.add("kv_heads", s.kv_heads);
     f.add("seamless", int(s.seamless)).add("parallel", int(s.parallel)).add("prefetch", int(s.prefetch));
     f.add("head_dim", s.head_dim).add("dim", s.dim).add("vocab", s.vocab);
+    if (s.wire_quant) f.add("wire_quant", s.wire_quant);
     if (!s.emu.name.empty()) {
         f.add("emulate", s.emu.name).add("tokens", s.emu.tokens).add("tflops", s.emu.tflops).add("tbps", s.emu.tbps);
         f.add("mass", s.emu.mass).add("overlap", s.emu.overlap).add("seed", s.emu.seed);
@@ -1378,6 +1385,7 @@ RunSpec decode_req(const Msg& m) {
     s.seamless = !m.has("seamless") || m.i("seamless") != 0;
     s.parallel = !m.has("parallel") || m.i("parallel") != 0;
     s.prefetch = m.has("prefetch") && m.i("prefetch") != 0;
+    s.wire_quant = m.has("wire_quant") ? uint32_t(m.u("wire_quant")) : 0u;
     const std::string attend = m.s("attend");
     if (attend != "budget" && attend != "resident") fatal("the prefill side asked for --attend '" + attend + "'");
     s.attend = attend == "budget" ? Attend::kBudget : Attend::kResident;
@@ -1408,6 +1416,8 @@ void fill_stats(Results& r, const sg_transfer_stats_t& s) {
     r.fetch_requests = s.fetch_requests;
     r.fetch_blocks = s.fetch_blocks;
     r.staged_bytes = s.staged_bytes;
+    r.quantized_bytes = s.quantized_bytes;
+    r.quantized_wire_bytes = s.quantized_wire_bytes;
     // A library that predates the per-path counters leaves them 0: a full transfer's bytes are all
     // on the full path.
     if (r.paths == SG_PATH_FULL && r.bytes_full == 0) r.bytes_full = s.bytes;
@@ -1425,6 +1435,7 @@ Results run_prefill(const Options& o, Compute& comp, const RunSpec& spec, const 
     r.new_tokens = spec.n_new;
     r.block_tokens = spec.block;
     r.kv_dtype = spec.dtype;
+    r.wire_quant = spec.wire_quant;
     r.paths = spec.paths;
     r.full_stream = spec.full_stream;
     r.on_demand = spec.paths & SG_PATH_ON_DEMAND;
@@ -1494,6 +1505,7 @@ Results run_prefill(const Options& o, Compute& comp, const RunSpec& spec, const 
     sg_transfer_options_t to;
     sg_transfer_options_init(&to);
     to.paths = spec.paths;
+    to.wire_quant = spec.wire_quant;
     // --attend budget: the proactive selection made again here, sent to the decode side (proactive_set.hpp).
     std::unique_ptr<ProactiveSender> mirror;
     if (spec.mode == Mode::kSelective) {
@@ -1651,6 +1663,10 @@ Results run_prefill(const Options& o, Compute& comp, const RunSpec& spec, const 
     ds.fetch_requests = res.u("fetch_requests");
     ds.fetch_blocks = res.u("fetch_blocks");
     ds.staged_bytes = res.u("staged_bytes");
+    if (res.has("quantized_bytes")) {
+        ds.quantized_bytes = res.u("quantized_bytes");
+        ds.quantized_wire_bytes = res.u("quantized_wire_bytes");
+    }
     fill_stats(r, ds);
     for (;;) {
         const Msg m = L.next("TOK/END");
@@ -1724,6 +1740,7 @@ int run_decode(const Options& o, const Model* model, const std::string& host, ui
     const uint32_t nb = blocks_for(int(spec.prompt_len), spec.block);
     sg_transfer_options_t to;
     sg_transfer_options_init(&to);
+    to.wire_quant = spec.wire_quant;  // consent: the prefill side asked for it in REQ
     {  // the prefill side's warm-up (see run_prefill), into the block the request's first one will use
         sg_transfer_t w = nullptr;
         sg_error_info_init(&err);
@@ -1911,6 +1928,7 @@ int run_decode(const Options& o, const Model* model, const std::string& host, ui
     res.add("bytes_on_demand", st.bytes_on_demand).add("bytes_speculative", st.bytes_speculative);
     res.add("digest_bytes", st.digest_bytes).add("fetch_requests", st.fetch_requests);
     res.add("fetch_blocks", st.fetch_blocks).add("staged_bytes", st.staged_bytes);
+    res.add("quantized_bytes", st.quantized_bytes).add("quantized_wire_bytes", st.quantized_wire_bytes);
     res.add("rss_kb", uint64_t(max_rss_kb()));
     L.notify(res.str());
     std::string chunk = "TOK";
@@ -2042,6 +2060,7 @@ int main_impl(int argc, char** argv) {
             spec.seamless = o.seamless;
             spec.parallel = o.parallel;
             spec.prefetch = o.prefetch;
+            spec.wire_quant = o.wire_quant;
             if (o.emulate.empty()) {
                 const Config& c = model->config();
                 spec.prompt_len = prompt.size();

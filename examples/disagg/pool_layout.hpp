@@ -5,6 +5,8 @@
 
 #include <smartgen/smartgen.h>
 
+#include <string>
+
 #include "engine.hpp"
 
 namespace sg::disagg {
@@ -26,6 +28,18 @@ inline sg_kv_layout_t layout_of(const KvPool& p) {
     l.layer_base_count = size_t(p.num_layers);
     l.block_stride_bytes = p.block_stride_bytes;
     return l;
+}
+
+// --wire-quant's names (none, int8, fp8) for sg_transfer_options_t.wire_quant, both ways.
+inline bool wire_quant_of(const std::string& name, uint32_t& out) {
+    if (name == "none") out = SG_WIRE_QUANT_NONE;
+    else if (name == "int8") out = SG_WIRE_QUANT_INT8;
+    else if (name == "fp8") out = SG_WIRE_QUANT_FP8_E4M3;
+    else return false;
+    return true;
+}
+inline const char* wire_quant_name(uint32_t w) {
+    return w == SG_WIRE_QUANT_INT8 ? "int8" : w == SG_WIRE_QUANT_FP8_E4M3 ? "fp8" : "none";
 }
 
 }  // namespace sg::disagg

@@ -11,6 +11,7 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 #include <sstream>
 
 namespace sg::disagg {
@@ -31,6 +32,80 @@ std::string format(const char* f, double x) {
     return buf;
 }
 
+
+// The prompt's KV as a decode side receives it with in-flight quantization: positions 0..n-1 of
+// every layer moved from src to dst (same shape, identity tables) by a full-path transfer with
+// options.wire_quant, between two contexts of this process joined by their metadata blobs.
+std::pair<uint64_t, uint64_t> deliver(const KvPool& src, const KvPool& dst, int n_tokens, int block_tokens,
+                                      uint32_t wire_quant) {
+    struct Ctx {
+        sg_context_t c = nullptr;
+        ~Ctx() { if (c) sg_context_destroy(c); }
+    } prefill, decode;
+    struct Kv {
+        sg_kv_handle_t h = nullptr;
+        ~Kv() { if (h) sg_kv_deregister(h); }
+    };
+    sg_error_info_t err;
+    for (Ctx* x : {&prefill, &decode}) {
+        sg_context_options_t o;
+        sg_context_options_init(&o);
+        o.allow_unauthenticated = 1;  // both ends are this process
+        o.log_level = SG_LOG_OFF;
+        sg_error_info_init(&err);
+        check(sg_context_create(&o, &x->c, &err), "sg_context_create", &err);
+    }
+    auto blob = [](sg_context_t c) {
+        size_t len = 0;
+        sg_context_get_metadata(c, nullptr, 0, &len);
+        std::vector<uint8_t> b(len);
+        check(sg_context_get_metadata(c, b.data(), b.size(), &len), "sg_context_get_metadata");
+        return b;
+    };
+    const auto pb = blob(prefill.c), db = blob(decode.c);
+    sg_session_t at_prefill = nullptr, at_decode = nullptr;
+    sg_error_info_init(&err);
+    check(sg_session_from_metadata(prefill.c, db.data(), db.size(), nullptr, &at_prefill, &err), "sg_session_from_metadata", &err);
+    sg_error_info_init(&err);
+    check(sg_session_from_metadata(decode.c, pb.data(), pb.size(), nullptr, &at_decode, &err), "sg_session_from_metadata", &err);
+    check(sg_session_wait_ready(at_prefill, 10'000'000'000ull), "sg_session_wait_ready");
+    check(sg_session_wait_ready(at_decode, 10'000'000'000ull), "sg_session_wait_ready");
+    Kv src_kv, dst_kv;
+    const sg_kv_layout_t sl = layout_of(src), dl = layout_of(dst);
+    sg_error_info_init(&err);
+    check(sg_kv_register(prefill.c, &sl, &src_kv.h, &err), "sg_kv_register", &err);
+    sg_error_info_init(&err);
+    check(sg_kv_register(decode.c, &dl, &dst_kv.h, &err), "sg_kv_register", &err);
+    check(sg_session_export_kv(at_prefill, src_kv.h), "sg_session_export_kv");
+    check(sg_session_export_kv(at_decode, dst_kv.h), "sg_session_export_kv");
+    const auto table = identity_table(blocks_for(n_tokens, block_tokens));
+    sg_transfer_options_t o;
+    sg_transfer_options_init(&o);
+    o.wire_quant = wire_quant;
+    sg_transfer_t x_decode = nullptr, x_prefill = nullptr;
+    sg_error_info_init(&err);
+    check(sg_transfer_expect(at_decode, "prompt", dst_kv.h, table.data(), table.size(), uint64_t(n_tokens), &o,
+                             &x_decode, &err),
+          "sg_transfer_expect", &err);
+    o.flags = SG_TRANSFER_ALL_LAYERS_WRITTEN;
+    sg_error_info_init(&err);
+    check(sg_transfer_post(at_prefill, "prompt", src_kv.h, table.data(), table.size(), uint64_t(n_tokens), &o,
+                           &x_prefill, &err),
+          "sg_transfer_post", &err);
+    check(sg_transfer_wait(x_decode, 30'000'000'000ull), "sg_transfer_wait (decode)");
+    check(sg_transfer_wait(x_prefill, 30'000'000'000ull), "sg_transfer_wait (prefill)");
+    sg_transfer_stats_t st;
+    sg_transfer_stats_init(&st);
+    check(sg_transfer_stats(x_decode, &st), "sg_transfer_stats");
+    if (st.quantized_bytes == 0) fail("the transfer moved nothing quantized (wire_quant " + std::to_string(wire_quant) + ")");
+    sg_transfer_release(x_decode);
+    sg_transfer_release(x_prefill);
+    sg_session_close(at_prefill, 1'000'000'000ull);
+    sg_session_close(at_decode, 1'000'000'000ull);
+    sg_session_destroy(at_prefill);
+    sg_session_destroy(at_decode);
+    return {st.quantized_bytes, st.quantized_wire_bytes};
+}
 
 // Owners for the C handles, so that an exception part-way through frees them.
 struct ProfileDeleter {
@@ -81,7 +156,14 @@ class PromptRuns {
                               q.begin() + (size_t(r) * H + h) * hs);
         }
         layout_ = layout_of(pool_);
+        if (o.wire_quant) {
+            received_.emplace(c_, B_, blocks_for(c_.seq_len, B_));
+            wire_bytes_ = deliver(pool_, received_->view(), n_, B_, o.wire_quant);
+        }
     }
+
+    // With wire_quant: the pool bytes the prompt's delivery moved and the bytes it took on the wire.
+    std::pair<uint64_t, uint64_t> wire_bytes() const { return wire_bytes_; }
 
     PromptQuality measure(double budget, const QualityOptions& o) {
         // Two profiles of the same budget, as smartgen-disagg builds them from --budget: P's (the
@@ -230,7 +312,7 @@ class PromptRuns {
         for (int i = 1; i < N_; ++i) {
             const int input = teacher_forced ? full_[size_t(i - 1)] : next;
             pos_ = n_ + i - 1;
-            next = argmax(decode_step(model_, pool_, table_, pos_, input, state_, &as));
+            next = argmax(decode_step(model_, attended(), table_, pos_, input, state_, &as));
             if (next == full_[size_t(i)])
                 ++agreed;
             else if (!teacher_forced)
@@ -252,7 +334,7 @@ class PromptRuns {
         keys_.resize(size_t(G) * size_t(pos + 1) * size_t(hs));
         for (int g = 0; g < G; ++g)
             for (int u = 0; u <= pos; ++u)
-                read_kv(pool_, table_, l, false, u, g, keys_.data() + (size_t(g) * size_t(pos + 1) + size_t(u)) * hs);
+                read_kv(attended(), table_, l, false, u, g, keys_.data() + (size_t(g) * size_t(pos + 1) + size_t(u)) * hs);
         block_mass_.assign(nb_, 0.0);
         scores_.resize(size_t(pos) + 1);
         const double scale = 1.0 / std::sqrt(double(hs));
@@ -277,8 +359,14 @@ class PromptRuns {
     const Config& c_;
     const int n_, B_, N_;
     const uint32_t nb_;
+    // The pool sparse decode attends to (and the oracle's true attention reads): the prefill's own,
+    // or what a quantized transfer delivered into received_.
+    const KvPool& attended() const { return received_ ? received_->view() : pool_; }
+
     KvPoolStorage storage_;
     const KvPool& pool_;
+    std::optional<KvPoolStorage> received_;
+    std::pair<uint64_t, uint64_t> wire_bytes_{};  // the delivery's (pool bytes, wire bytes)
     std::vector<uint32_t> table_;
     RunState state_;
     PrefillCapture capture_;
@@ -461,6 +549,7 @@ QualityReport measure_quality(const Model& model, std::span<const std::vector<in
     r.shape = c;
     r.new_tokens = options.new_tokens;
     r.window = options.window;
+    r.wire_quant = options.wire_quant;
     std::vector<std::span<const int>> used;
     for (const auto& p : prompts) {
         for (int t : p)
@@ -480,6 +569,8 @@ QualityReport measure_quality(const Model& model, std::span<const std::vector<in
         for (double f : options.budgets) r.cells.push_back(QualityCell{B, f, {}, {}});
         for (size_t i = 0; i < used.size(); ++i) {
             PromptRuns runs(model, used[i], B, options);
+            r.quantized_bytes += runs.wire_bytes().first;
+            r.quantized_wire_bytes += runs.wire_bytes().second;
             for (size_t j = 0; j < options.budgets.size(); ++j)
                 r.cells[first + j].prompts.push_back(runs.measure(options.budgets[j], options));
             if (options.progress)
@@ -522,6 +613,9 @@ std::string QualityReport::to_json() const {
                        {"seq_len", shape.seq_len}};
     j["new_tokens"] = new_tokens;
     j["window"] = window;
+    j["wire_quant"] = wire_quant_name(wire_quant);
+    j["quantized_bytes"] = quantized_bytes;
+    j["quantized_wire_bytes"] = quantized_wire_bytes;
     j["prompt_tokens"] = prompt_tokens;
     j["skipped_prompt_tokens"] = skipped_prompt_tokens;
     j["seconds"] = seconds;
@@ -546,6 +640,11 @@ std::string QualityReport::to_markdown() const {
        << " sparse steps each):\n\n"
        << agreement_table(*this).markdown() << "\nProactive set P at the first decode step:\n\n"
        << recall_table(*this).markdown();
+    if (wire_quant)
+        os << "\nIn-flight quantization " << (wire_quant == SG_WIRE_QUANT_INT8 ? "int8" : "fp8 E4M3") << ": the prompts' KV took "
+           << quantized_wire_bytes << " bytes on the wire for " << quantized_bytes << " pool bytes ("
+           << format("%.3f", quantized_bytes ? double(quantized_wire_bytes) / double(quantized_bytes) : 0.0)
+           << " of them).\n";
     return os.str();
 }
 

@@ -66,6 +66,11 @@ struct QualityOptions {
     // prefill side holds) or "quest" (the last window query against the page digests). S_t is always
     // quest: the decode side holds only the digests.
     std::string proactive_policy = "snapkv";
+    // In-flight quantization (SG_WIRE_QUANT_*): when set, the prompt's KV reaches the pool decode
+    // attends to through a real SmartGen transfer with that wire_quant between two contexts of
+    // this process, so decode runs on what the runtime delivers (codes times scales); selection (P,
+    // the digests) and the full-attention reference stay on the prefill side's own fp32 KV.
+    uint32_t wire_quant = 0;
     std::function<void(const std::string&)> progress;  // optional: one line per (prompt, block size)
 };
 
@@ -97,6 +102,10 @@ struct QualityReport {
     std::string model;
     Config shape;
     int new_tokens = 0, window = 0;
+    uint32_t wire_quant = 0;                 // QualityOptions::wire_quant
+    // With wire_quant: the pool bytes the transfers delivered and what they took on the wire, summed
+    // over prompts and block sizes (sg_transfer_stats' quantized_bytes, quantized_wire_bytes).
+    uint64_t quantized_bytes = 0, quantized_wire_bytes = 0;
     std::vector<int> prompt_tokens;          // lengths of the prompts measured, in input order
     std::vector<int> skipped_prompt_tokens;  // lengths of those left out (too long for N more tokens)
     std::vector<QualityCell> cells;          // block size major, budgets in the order given

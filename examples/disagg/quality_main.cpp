@@ -4,7 +4,8 @@
 //
 // Usage: smartgen-quality [--model PATH] [--name NAME] [--prompts FILE] [--limit K] [--new-tokens N]
 //                         [--budgets F,F,..] [--block-tokens B,B,..] [--window W]
-//                         [--proactive-policy snapkv|quest] [--json | --markdown] [--quiet]
+//                         [--proactive-policy snapkv|quest] [--wire-quant none|int8|fp8]
+//                         [--json | --markdown] [--quiet]
 //   --model PATH       default: $SMARTGEN_MODEL, else $SMARTGEN_MODEL_DIR/stories260K.bin, else the
 //                      build's SMARTGEN_MODEL_DIR/stories260K.bin. Missing: a message and exit 77.
 //   --name NAME        model name in the output and the profile (default: the file name without .bin)
@@ -13,6 +14,8 @@
 //   --budgets          fractions of the prompt, "0.25" or "1/4"; default 1/2,1/4,1/8,1/16
 //   --block-tokens     default 8,16
 //   --proactive-policy P's policy, as smartgen-disagg's flag: snapkv (default) or quest; S_t is quest
+//   --wire-quant       decode attends to the prompt's KV as a transfer with that in-flight
+//                      quantization delivers it (default none)
 //   --json             everything, per prompt too;  --markdown: the tables of docs/quality.md
 // Progress goes to stderr (--quiet: none). Exit status: 0 done, 1 failed, 2 bad flags, 77 no model.
 #include <cstdio>
@@ -22,6 +25,7 @@
 #include <string>
 
 #include "calibrate.hpp"
+#include "pool_layout.hpp"
 #include "quality.hpp"
 
 namespace {
@@ -32,6 +36,7 @@ namespace {
                  "usage: smartgen-quality [--model PATH] [--name NAME] [--prompts FILE] [--limit K]\n"
                  "                        [--new-tokens N] [--budgets F,F,..] [--block-tokens B,B,..]\n"
                  "                        [--window W] [--proactive-policy snapkv|quest]\n"
+                 "                        [--wire-quant none|int8|fp8]\n"
                  "                        [--json | --markdown] [--quiet]\n",
                  msg.c_str());
     std::exit(2);
@@ -121,6 +126,9 @@ int main(int argc, char** argv) {
         else if (a == "--proactive-policy") {
             if (v != "snapkv" && v != "quest") usage("--proactive-policy takes snapkv or quest, got '" + v + "'");
             opt.proactive_policy = v;
+        } else if (a == "--wire-quant") {
+            if (!sg::disagg::wire_quant_of(v, opt.wire_quant))
+                usage("--wire-quant takes none, int8 or fp8, got '" + v + "'");
         } else if (a == "--budgets")
             opt.budgets = parse_list<double>(a, v, parse_fraction);
         else if (a == "--block-tokens")

@@ -818,6 +818,19 @@ SG_API sg_status_t sg_attention_finish(uint32_t rows, uint32_t head_dim, const f
 
 #define SG_REQUEST_ID_MAX 255 /* bytes of a request id, without the NUL */
 
+/* In-flight quantization (sg_transfer_options_t.wire_quant): KV travels as one-byte codes with a
+ * float scale per (block, K or V plane, KV head): scale = max |x| / 127 (int8, codes -127..127) or
+ * / 448 (FP8 E4M3, OCP "FN", saturating), each element the nearest code (ties to even); the decode
+ * side multiplies back into its pool's dtype. Lossy: both sides must name the same value (the
+ * expect consents), else the transfer fails with SG_ERR_LAYOUT_MISMATCH at the match. Pools of
+ * fp32, fp16 or bf16 only. Values pinned; since 0.3. */
+typedef uint32_t sg_wire_quant_t;
+enum sg_wire_quant {
+    SG_WIRE_QUANT_NONE = 0,
+    SG_WIRE_QUANT_INT8 = 1,
+    SG_WIRE_QUANT_FP8_E4M3 = 2
+};
+
 typedef struct sg_transfer_options {
     size_t struct_size;
     uint32_t paths;    /* SG_PATH_* bits; 0 means SG_PATH_FULL. Unknown bits are refused
@@ -840,6 +853,15 @@ typedef struct sg_transfer_options {
      * side holds everything, the owner gets SG_EVENT_LEASE_EXPIRED and the transfer ends with
      * SG_ERR_LEASE_EXPIRED on both sides. 0 = until the decode side releases the transfer. */
     uint64_t lease_ns;
+    /* SG_WIRE_QUANT_*: how the KV travels; 0 (SG_WIRE_QUANT_NONE) = as the pools hold it. Both
+     * sides must give the same value. Every block then goes through the staging path (packed,
+     * quantized on the prefill side's progress thread, dequantized on the decode side's before the
+     * block counts as resident); a piece that cannot be quantized (padding inside a coalesced
+     * range) goes as it is. Other values, or a pool of another dtype, are refused
+     * (SG_ERR_INVALID_ARGUMENT). The wire must be a 0.3 peer's: a 0.2 prefill side ignores the
+     * field and sends unquantized bytes, which the decode side takes as they are. Since 0.3; a
+     * library before 0.3 ignores the field (struct_size). */
+    sg_wire_quant_t wire_quant;
 } sg_transfer_options_t;
 
 /* Fills struct_size and defaults. Since 0.1. */
@@ -978,6 +1000,10 @@ typedef struct sg_transfer_stats {
                                    the blocks it received itself */
     uint64_t fetch_requests;    /* on-demand requests (decode: made; prefill: served) */
     uint64_t fetch_blocks;      /* blocks those requests named that were not yet resident or sent */
+    /* In-flight quantization (since 0.3): pool bytes that travelled quantized (part of bytes), and
+     * the bytes their codes and scales took on the wire. */
+    uint64_t quantized_bytes;
+    uint64_t quantized_wire_bytes;
 } sg_transfer_stats_t;
 
 /* Sets struct_size and clears the rest. Since 0.1. */

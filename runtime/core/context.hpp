@@ -5,6 +5,7 @@
 
 #include "core/auth.hpp"
 #include "core/transfer.hpp"
+#include "core/wire_quant.hpp"
 
 namespace sg::core {
 
@@ -187,7 +188,9 @@ class Context : public transport::CompletionSink {
     bool pump_selective(Transfer &t, int pass, uint32_t quota);
     SendUnit *next_unit(Transfer &t, int pass);
     void compile_unit(Transfer &t, SendUnit &u);
-    void count_unit_bytes(Transfer &t, const SendUnit &u, uint64_t len);
+    // wire_len: bytes in flight on the session; payload_len: the pool bytes they carry (less when
+    // quantized), for the per-path statistics.
+    void count_unit_bytes(Transfer &t, const SendUnit &u, uint64_t wire_len, uint64_t payload_len);
     void uncount_inflight(Session &s, const SendUnit &u, uint64_t len);
     void apply_held_notices(Transfer &t, uint32_t layer);
     void apply_blocks_ready(Transfer &t, const wire::BlocksReady &m);
@@ -219,6 +222,7 @@ class Context : public transport::CompletionSink {
     struct Unpack {
         std::shared_ptr<Transfer> t;  // holds the pool and the session (whose slot is read)
         wire::StagedChunk chunk;
+        uint64_t wire_bytes = 0;  // quantized chunks: the slot bytes their segments took
     };
     std::vector<Unpack> unpacks_;  // guarded by mu
     bool unpacking_ = false;       // a thread is copying a batch (one at a time)
@@ -233,8 +237,19 @@ class Context : public transport::CompletionSink {
         uint32_t layer = 0;
         SendUnit *unit = nullptr;
         uint32_t lslot = 0, rslot = 0;
-        uint64_t used = 0;
+        uint64_t used = 0;      // bytes of the slot (and on the wire)
+        uint64_t payload = 0;   // pool bytes they carry: used, or more when quantized
         std::vector<std::pair<const uint8_t *, uint64_t>> pieces;  // source ranges, in slot order
+        // Quantized chunks (wire_quant != 0): each segment's pieces (a count into `pieces`), where
+        // it lands on the peer, and its wire shape.
+        uint32_t wire_quant = 0;
+        struct QuantSegment {
+            uint32_t pieces;
+            uint32_t region_in_layer;
+            uint64_t offset, length;
+            wire_quant::Shape shape;
+        };
+        std::vector<QuantSegment> quant_segments;
         std::vector<uint8_t> notice;  // its StagedChunk frame
         bool packed = false;          // copied; waiting for the provider (it answered EAGAIN)
     };

@@ -322,6 +322,7 @@ void Context::compile_unit(Transfer &t, SendUnit &u) {
     plan::Limits limits;
     const uint64_t max_op = std::min(max_op_bytes_, t.session->tp->caps().max_msg_size);
     limits.max_op_bytes = u.path == SG_PATH_SPECULATIVE ? std::min(max_op, kSpeculativeOpBytes) : max_op;
+    if (t.options.wire_quant) limits.max_op_bytes = std::min<uint64_t>(limits.max_op_bytes, StagingArea::kSlotBytes);
     limits.max_iov = uint32_t(std::min<uint64_t>(plan::kMaxIov, std::max<uint64_t>(1, t.session->tp->caps().rma_iov_limit)));
     const plan::LayerPlanStats ps = plan::compile_layer(src, bases, dst, tokens, limits, u.ops);
     t.stats.segments += ps.segments;
@@ -333,17 +334,18 @@ void Context::compile_unit(Transfer &t, SendUnit &u) {
     // Gbit/s); shm pays a round trip per write, so it packs everything.
     const uint64_t mean = u.ops.empty() ? 0 : ps.bytes / u.ops.size();
     const bool pack_bulk = t.session->tp->caps().local_only;
-    u.staged = (u.path != SG_PATH_SPECULATIVE || pack_bulk) && t.session->have_peer_staging &&
-               staging_policy_ != SG_STAGING_NEVER &&
-               (staging_policy_ == SG_STAGING_ALWAYS || (staging_threshold_ && mean < staging_threshold_));
+    u.staged = t.session->have_peer_staging &&
+               (t.options.wire_quant ||  // quantized while packing: every unit is staged
+                ((u.path != SG_PATH_SPECULATIVE || pack_bulk) && staging_policy_ != SG_STAGING_NEVER &&
+                 (staging_policy_ == SG_STAGING_ALWAYS || (staging_threshold_ && mean < staging_threshold_))));
 }
 
-void Context::count_unit_bytes(Transfer &t, const SendUnit &u, uint64_t len) {
-    if (u.path == SG_PATH_SPECULATIVE) t.session->speculative_inflight += len;
-    if (u.path == SG_PATH_PROACTIVE) t.session->proactive_inflight += len;
+void Context::count_unit_bytes(Transfer &t, const SendUnit &u, uint64_t wire_len, uint64_t payload_len) {
+    if (u.path == SG_PATH_SPECULATIVE) t.session->speculative_inflight += wire_len;
+    if (u.path == SG_PATH_PROACTIVE) t.session->proactive_inflight += wire_len;
     (u.path == SG_PATH_ON_DEMAND     ? t.stats.bytes_on_demand
      : u.path == SG_PATH_PROACTIVE   ? t.stats.bytes_proactive
-                                     : t.stats.bytes_speculative) += len;
+                                     : t.stats.bytes_speculative) += payload_len;
 }
 
 // The other side of count_unit_bytes' in-flight counts: a write completed or was dropped unposted.

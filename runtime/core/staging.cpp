@@ -138,16 +138,28 @@ bool Context::post_staged_chunk(Transfer &t, uint32_t layer, const Vec<plan::Op>
     chunk.slot = p.rslot;
     const size_t first = next_op;
     size_t k = first;
+    p.wire_quant = chunk.wire_quant = t.options.wire_quant;
     for (; k < ops.size() && chunk.segments.size() < kMaxSegmentsPerChunk; ++k) {
         const plan::Op &op = ops[k];
-        if (p.used + op.len > StagingArea::kSlotBytes) {
+        uint64_t wire_len = op.len;
+        Pack::QuantSegment q{op.niov, op.dst_region, op.dst_offset, op.len, {}};
+        if (p.wire_quant) {
+            // A range that is not whole head rows (padding coalesced between blocks) goes as a
+            // plain write of its raw bytes, which the decode side takes as they are.
+            if (!wire_quant::shape_of(t.prefill.dst->layout, op.dst_region, op.dst_offset, op.len, q.shape)) {
+                if (k == first) return post_write_op(t, layer, ops, next_op, unit);
+                break;
+            }
+            wire_len = q.shape.wire_bytes();
+        }
+        if (p.used + wire_len > StagingArea::kSlotBytes) {
             if (k == first) return post_write_op(t, layer, ops, next_op, unit);  // larger than a slot: a plain write
             break;
         }
-        for (uint32_t i = 0; i < op.niov; ++i) {
-            p.pieces.emplace_back(op.iov[i].addr, op.iov[i].len);
-            p.used += op.iov[i].len;
-        }
+        for (uint32_t i = 0; i < op.niov; ++i) p.pieces.emplace_back(op.iov[i].addr, op.iov[i].len);
+        p.used += wire_len;
+        p.payload += op.len;
+        if (p.wire_quant) p.quant_segments.push_back(q);
         chunk.segments.push_back({layer * t.prefill.dst->regions_per_layer + op.dst_region, op.dst_offset, op.len});
     }
     wire::encode(p.notice, id, chunk);
@@ -162,15 +174,19 @@ bool Context::post_staged_chunk(Transfer &t, uint32_t layer, const Vec<plan::Op>
     if (unit) {
         unit->outstanding++;
         unit->packs_pending++;
-        count_unit_bytes(t, *unit, p.used);
+        count_unit_bytes(t, *unit, p.used, p.payload);
     } else {
         t.layers[layer].out.outstanding++;
         t.layers[layer].out.packs_pending++;
     }
     t.stats.rma_ops++;
-    t.stats.bytes += p.used;
-    t.stats.staged_bytes += p.used;
+    t.stats.bytes += p.payload;
+    t.stats.staged_bytes += p.payload;
     t.stats.staging_copies += p.pieces.size();
+    if (p.wire_quant) {
+        t.stats.quantized_bytes += p.payload;
+        t.stats.quantized_wire_bytes += p.used;
+    }
     counters.rma_ops++;
     counters.bytes_staged += p.used;
     counters.staging_copies += p.pieces.size();
@@ -195,9 +211,21 @@ void Context::run_packs(std::unique_lock<std::mutex> &lock) {
         // A transfer that ended meanwhile sends nothing more; its reservation is given back below.
         if (p.packed || p.t->finished()) continue;
         uint8_t *slot = p.t->session->send_staging.base + size_t(p.lslot) * StagingArea::kSlotBytes;
-        for (auto [src, len] : p.pieces) {
-            std::memcpy(slot, src, len);
-            slot += len;
+        if (p.wire_quant) {
+            kernels::QuantCode code{};
+            wire_quant::code_of(p.wire_quant, code);  // checked when the transfer was posted
+            std::span<const std::pair<const uint8_t *, uint64_t>> pieces(p.pieces);
+            for (const Pack::QuantSegment &q : p.quant_segments) {
+                wire_quant::encode(p.t->prefill.dst->layout, q.region_in_layer, q.offset, q.length, q.shape,
+                                   pieces.first(q.pieces), code, slot);
+                pieces = pieces.subspan(q.pieces);
+                slot += q.shape.wire_bytes();
+            }
+        } else {
+            for (auto [src, len] : p.pieces) {
+                std::memcpy(slot, src, len);
+                slot += len;
+            }
         }
         p.packed = true;
     }
@@ -279,8 +307,12 @@ void Context::drop_pack(Pack &p) {
         t.layers[p.layer].out.packs_pending--;
     }
     t.stats.rma_ops--;
-    t.stats.bytes -= p.used;
-    t.stats.staged_bytes -= p.used;
+    t.stats.bytes -= p.payload;
+    t.stats.staged_bytes -= p.payload;
+    if (p.wire_quant) {
+        t.stats.quantized_bytes -= p.payload;
+        t.stats.quantized_wire_bytes -= p.used;
+    }
     counters.rma_ops--;
     counters.bytes_staged -= p.used;
     if (s.closed() && !s.regs_dropped) drop_registrations(s);
@@ -295,15 +327,25 @@ void Context::on_staged_chunk(Session &s, wire::StagedChunk &m) {
         Transfer &t = *running;
         const kv::Layout &L = t.pool->layout;
         uint64_t pos = m.slot_offset;
+        // Quantized chunks come only for a transfer both sides agreed to quantize, in its code.
+        if (m.wire_quant && m.wire_quant != t.options.wire_quant)
+            fail(SG_ERR_PROTOCOL, std::string("StagedChunk quantized as ") + wire_quant::name_of(m.wire_quant) +
+                                      " for a transfer expected with wire_quant " +
+                                      wire_quant::name_of(t.options.wire_quant));
         // The peer is trusted with the keys of this pool, not with our address space: every
         // segment must fall inside the slot and inside the pool's region. All are checked
         // before the first byte is copied.
         for (const wire::Segment &seg : m.segments) {
             const uint32_t layer = seg.region / L.regions_per_layer();
+            uint64_t wire_len = seg.length;
+            wire_quant::Shape shape;
+            if (m.wire_quant && !wire_quant::shape_of(L, seg.region % L.regions_per_layer(), seg.offset, seg.length, shape))
+                fail(SG_ERR_PROTOCOL, "quantized StagedChunk segment is not whole head rows of the pool");
+            if (m.wire_quant) wire_len = shape.wire_bytes();
             if (layer >= L.num_layers || !in_bounds(seg.offset, seg.length, L.region_bytes()) ||
-                !in_bounds(pos, seg.length, StagingArea::kSlotBytes))
+                !in_bounds(pos, wire_len, StagingArea::kSlotBytes))
                 fail(SG_ERR_PROTOCOL, "StagedChunk segment outside the pool or the staging slot");
-            pos += seg.length;
+            pos += wire_len;
         }
         // The copy happens outside mu (run_unpacks); the slot stays ours until its credit goes.
         t.decode.unpacks_pending++;
@@ -331,11 +373,21 @@ void Context::run_unpacks(std::unique_lock<std::mutex> &lock) {
         const kv::Layout &L = u.t->pool->layout;
         const uint8_t *src = u.t->session->recv_staging.base + u.chunk.slot * StagingArea::kSlotBytes;
         uint64_t pos = u.chunk.slot_offset;
+        kernels::QuantCode code{};
+        const bool quantized = wire_quant::code_of(u.chunk.wire_quant, code);
         for (const wire::Segment &seg : u.chunk.segments) {  // checked by on_staged_chunk
-            const uint32_t layer = seg.region / L.regions_per_layer();
-            std::memcpy(u.t->pool->region(layer, seg.region % L.regions_per_layer()) + seg.offset, src + pos,
-                        seg.length);
-            pos += seg.length;
+            const uint32_t layer = seg.region / L.regions_per_layer(), region = seg.region % L.regions_per_layer();
+            uint8_t *dst = u.t->pool->region(layer, region) + seg.offset;
+            if (quantized) {
+                wire_quant::Shape shape;
+                wire_quant::shape_of(L, region, seg.offset, seg.length, shape);
+                wire_quant::decode(L, region, seg.offset, seg.length, shape, src + pos, code, dst);
+                u.wire_bytes += shape.wire_bytes();
+                pos += shape.wire_bytes();
+            } else {
+                std::memcpy(dst, src + pos, seg.length);
+                pos += seg.length;
+            }
         }
     }
     lock.lock();
@@ -356,7 +408,9 @@ void Context::finish_unpack(Unpack &u) {
             counters.staging_copies++;
             t.stats.staging_copies++;
             t.stats.staged_bytes += seg.length;
+            if (m.wire_quant) t.stats.quantized_bytes += seg.length;
         }
+        t.stats.quantized_wire_bytes += u.wire_bytes;
         if (m.layer < t.layers.size()) {
             t.layers[m.layer].staged_chunks++;
             if (t.selective())

@@ -16,6 +16,17 @@ void check_request_id(const char *rid) {
         fail(SG_ERR_INVALID_ARGUMENT, "request_id is longer than SG_REQUEST_ID_MAX (255) bytes");
 }
 
+// Both sides refuse what the other could not honour before anything is sent.
+void check_wire_quant(uint32_t wire_quant, const kv::Layout &pool) {
+    if (wire_quant == SG_WIRE_QUANT_NONE) return;
+    kernels::QuantCode code;
+    if (!wire_quant::code_of(wire_quant, code))
+        fail(SG_ERR_INVALID_ARGUMENT, "options.wire_quant " + std::to_string(wire_quant) + " is not an SG_WIRE_QUANT_* value");
+    if (pool.dtype != SG_DTYPE_FP32 && pool.dtype != SG_DTYPE_FP16 && pool.dtype != SG_DTYPE_BF16)
+        fail(SG_ERR_INVALID_ARGUMENT, std::string("options.wire_quant ") + wire_quant::name_of(wire_quant) +
+                                          " needs an fp32, fp16 or bf16 pool");
+}
+
 }  // namespace
 
 Transfer::Transfer(Context *c, std::shared_ptr<Session> s, bool post, std::string rid, std::shared_ptr<KvPool> p,
@@ -35,6 +46,7 @@ std::shared_ptr<Transfer> Context::expect(const std::shared_ptr<Session> &s, con
                                           uint64_t num_tokens, const sg_transfer_options_t &opt) {
     check_request_id(rid);
     kv::check_block_table(pool->layout, table, num_tokens);
+    check_wire_quant(opt.wire_quant, pool->layout);
     std::lock_guard lock(mu);
     if (s->closed()) fail(s->error ? s->error : SG_ERR_PEER_LOST, "session is closed");
     if (s->state() == SessionState::Draining) fail(SG_ERR_INVALID_STATE, "session is closing (sg_session_close)");
@@ -65,6 +77,7 @@ std::shared_ptr<Transfer> Context::expect(const std::shared_ptr<Session> &s, con
     m.handle_id = pool->id;
     m.num_tokens = num_tokens;
     m.block_ids.assign(table.begin(), table.end());
+    m.wire_quant = opt.wire_quant;
     std::vector<uint8_t> out;
     wire::encode(out, id, m);
     if (out.size() > wire::kMaxFrameBytes) {
@@ -82,6 +95,7 @@ std::shared_ptr<Transfer> Context::post(const std::shared_ptr<Session> &s, const
                                         const select::Profile *profile) {
     check_request_id(rid);
     kv::check_block_table(pool->layout, table, num_tokens);
+    check_wire_quant(opt.wire_quant, pool->layout);
     const uint32_t nl = pool->layout.num_layers;
     std::vector<uint32_t> order(nl);
     if (opt.layer_order) {
@@ -191,6 +205,10 @@ void Context::match(Session &s, const std::shared_ptr<Transfer> &t, const wire::
             fail(SG_ERR_LAYOUT_MISMATCH, "token counts differ: posted " + std::to_string(t->num_tokens) + ", expected " +
                                              std::to_string(e.num_tokens));
         kv::check_block_table(rp->second.layout, e.block_ids, e.num_tokens);
+        if (e.wire_quant != t->options.wire_quant)
+            fail(SG_ERR_LAYOUT_MISMATCH, std::string("wire quantization differs: posted ") +
+                                             wire_quant::name_of(t->options.wire_quant) + ", expected " +
+                                             wire_quant::name_of(e.wire_quant) + " (options.wire_quant)");
         t->prefill.dst = &rp->second;
         t->prefill.dst_table.assign(e.block_ids.begin(), e.block_ids.end());
         start_selective(*t);

@@ -13,10 +13,11 @@
 //                  12 regions_per_layer u32, 13 regions: packed 24-byte records
 //                  {u64 key, u64 base, u64 length}
 //   Expect         1 request_id bytes, 2 decode_xfer_id u64, 3 handle_id u64, 4 num_tokens u64,
-//                  5 block_ids: packed u32 array
+//                  5 block_ids: packed u32 array; since 1.3: optional 1 wire_quant u32
 //   LayerReady     1 decode_xfer_id u64, 2 layer u32, 3 bytes u64, 4 staged_chunks u32
 //   StagedChunk    1 decode_xfer_id u64, 2 layer u32, 3 slot u32, 4 slot_offset u64,
-//                  5 segments: packed 20-byte records {u32 region, u64 offset, u64 length}
+//                  5 segments: packed 20-byte records {u32 region, u64 offset, u64 length};
+//                  since 1.3: optional 1 wire_quant u32
 //   StagingCredit  1 slot u32
 //   TransferDone   1 decode_xfer_id u64, 2 bytes u64
 //   Cancel, Error  1 request_id bytes, 2 decode_xfer_id u64, 3 status i32, 4 message bytes,
@@ -275,6 +276,7 @@ void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Expect &m) {
         out.reserve(out.size() + 4 * m.block_ids.size());
         for (uint32_t id : m.block_ids) put(out, id);
         end_field(out, at);
+        if (m.wire_quant) int_field(out, kOptionalBit | 1, m.wire_quant);
     });
 }
 
@@ -300,6 +302,7 @@ void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const StagedChunk &m
             put(out, s.length);
         }
         end_field(out, at);
+        if (m.wire_quant) int_field(out, kOptionalBit | 1, m.wire_quant);
     });
 }
 
@@ -533,8 +536,9 @@ DecodeError decode(std::span<const uint8_t> body, HandleExport &m) {
 }
 
 DecodeError decode(std::span<const uint8_t> body, Expect &m) {
-    return walk(body, {5}, [&](uint16_t tag, Bytes v) {
+    return walk(body, {5, 0, 1}, [&](uint16_t tag, Bytes v) {
         switch (tag) {
+        case kOptionalBit | 1: return get(v, m.wire_quant);
         case 1: return get(v, m.request_id, kMaxNameBytes);
         case 2: return get(v, m.decode_xfer_id);
         case 3: return get(v, m.handle_id);
@@ -558,8 +562,9 @@ DecodeError decode(std::span<const uint8_t> body, LayerReady &m) {
 }
 
 DecodeError decode(std::span<const uint8_t> body, StagedChunk &m) {
-    return walk(body, {5}, [&](uint16_t tag, Bytes v) {
+    return walk(body, {5, 0, 1}, [&](uint16_t tag, Bytes v) {
         switch (tag) {
+        case kOptionalBit | 1: return get(v, m.wire_quant);
         case 1: return get(v, m.decode_xfer_id);
         case 2: return get(v, m.layer);
         case 3: return get(v, m.slot);

@@ -22,7 +22,8 @@ namespace sg::wire {
 inline constexpr uint32_t kMagic = 0x31574753u;  // bytes "SGW1" on the wire (little-endian)
 inline constexpr uint16_t kProtoMajor = 1;
 // 1.1: AuthResult carries a MAC (role-bound bootstrap verdicts), TransferAck, Bye replies.
-inline constexpr uint16_t kProtoMinor = 2;
+// 1.2: Release. 1.3: in-flight quantization (Expect's and StagedChunk's wire_quant).
+inline constexpr uint16_t kProtoMinor = 3;
 inline constexpr uint16_t kOptionalBit = 0x8000;
 inline constexpr size_t kFrameHeaderBytes = 4 + 2 + 2 + 2 + 2 + 8 + 4;
 // Largest frame either side sends or accepts (receive buffers are this size).
@@ -126,6 +127,7 @@ struct Expect {
     uint64_t handle_id = 0;          // destination pool (an exported handle of the sender)
     uint64_t num_tokens = 0;
     std::vector<uint32_t> block_ids;
+    uint32_t wire_quant = 0;         // since 1.3: the SG_WIRE_QUANT_* the decode side consents to
 };
 
 struct LayerReady {
@@ -150,6 +152,9 @@ struct StagedChunk {
     uint32_t slot = 0;           // staging slot on the receiver
     uint64_t slot_offset = 0;    // byte offset of the first segment inside the slot
     std::vector<Segment> segments;  // packed back to back in the slot, in this order
+    // Since 1.3: SG_WIRE_QUANT_* of every segment (core/wire_quant.hpp gives their wire form; a
+    // segment's length stays its length in the pool). 0: raw bytes.
+    uint32_t wire_quant = 0;
 };
 
 struct StagingCredit {

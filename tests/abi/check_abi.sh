@@ -47,6 +47,7 @@ incompatible_lines() {
     /^[[:space:]]*\[C\] .function .* has some (indirect )?sub-type changes:$/ { next }
     /^[[:space:]]*parameter [0-9]+ of type .* has sub-type changes:$/ { next }
     /^[[:space:]]*in pointed to type .*:$/ { next }
+    /^[[:space:]]*in unqualified underlying type .*:$/ { next }
     /^[[:space:]]*underlying type .* changed:$/ { next }
     /^[[:space:]]*type size changed from [0-9]+ to [0-9]+ \(in bits\)$/ {
       match($0, /from [0-9]+/); size = substr($0, RSTART + 5, RLENGTH - 5) + 0

@@ -240,4 +240,55 @@ struct FakePair {
     }
 };
 
+// One request between the pair: pools exported, tables, and its two transfers once made.
+struct Request {
+    FakePair &p;
+    HostPool src, dst;
+    std::shared_ptr<core::KvPool> src_kv, dst_kv;
+    std::vector<uint32_t> st, dt;
+    uint64_t tokens;
+    std::shared_ptr<core::Transfer> post, expect;
+
+    Request(FakePair &pair, uint32_t layers, uint32_t blocks, uint64_t tokens_, uint32_t head_dim = 64)
+        : p(pair), src(layers, blocks, head_dim), dst(layers, blocks, head_dim), tokens(tokens_) {
+        src.fill(0x5eed);
+        src_kv = std::make_shared<core::KvPool>(p.prefill.get(), src.layout);
+        dst_kv = std::make_shared<core::KvPool>(p.decode.get(), dst.layout);
+        p.prefill->export_kv(*p.at_prefill, *src_kv);
+        p.decode->export_kv(*p.at_decode, *dst_kv);
+        const size_t n = (tokens + src.tpb - 1) / src.tpb;
+        st = iota_table(n);
+        dt.resize(n);
+        for (size_t i = 0; i < n; ++i) dt[i] = uint32_t(n - 1 - i);  // reversed: no coalescing by accident
+    }
+    void do_expect(const sg_transfer_options_t &o = transfer_options()) {
+        expect = p.decode->expect(p.at_decode, "req", dst_kv, dt, tokens, o);
+    }
+    void do_post(sg_transfer_options_t o = transfer_options(), const select::Profile *profile = nullptr) {
+        o.flags |= SG_TRANSFER_ALL_LAYERS_WRITTEN;
+        post = p.prefill->post(p.at_prefill, "req", src_kv, st, tokens, o, profile);
+    }
+    bool exact() const {
+        for (uint32_t l = 0; l < src.layers; ++l)
+            for (size_t i = 0; i < st.size(); ++i)
+                if (!same_tokens(src, st, dst, dt, tokens, l, i)) return false;
+        return true;
+    }
+    bool both_quiesced() {
+        return (!post || quiesced(*p.prefill, *post)) && (!expect || quiesced(*p.decode, *expect));
+    }
+    bool run_to_quiesce() { return p.run_until([&] { return both_quiesced(); }); }
+    // As a host ends: release both (quiesced: returns at once), close, and nothing may be left.
+    void finish() {
+        if (post) p.prefill->release(*post);
+        if (expect) p.decode->release(*expect);
+        post.reset();
+        expect.reset();
+        p.close();
+        EXPECT_EQ(p.prefill->stats().registrations, 0u);
+        EXPECT_EQ(p.decode->stats().registrations, 0u);
+        EXPECT_EQ(p.fabric.pending(), 0u);
+    }
+};
+
 }  // namespace sg::testing

@@ -151,22 +151,22 @@ typedef long long swig_type_121;
 typedef long long swig_type_122;
 typedef long long swig_type_123;
 typedef long long swig_type_124;
-typedef _gostring_ swig_type_125;
-typedef _gostring_ swig_type_126;
-typedef _gostring_ swig_type_127;
+typedef long long swig_type_125;
+typedef long long swig_type_126;
+typedef long long swig_type_127;
 typedef long long swig_type_128;
 typedef _gostring_ swig_type_129;
-typedef long long swig_type_130;
+typedef _gostring_ swig_type_130;
 typedef _gostring_ swig_type_131;
-typedef _gostring_ swig_type_132;
-typedef long long swig_type_133;
+typedef long long swig_type_132;
+typedef _gostring_ swig_type_133;
 typedef long long swig_type_134;
 typedef _gostring_ swig_type_135;
 typedef _gostring_ swig_type_136;
 typedef long long swig_type_137;
 typedef long long swig_type_138;
-typedef long long swig_type_139;
-typedef long long swig_type_140;
+typedef _gostring_ swig_type_139;
+typedef _gostring_ swig_type_140;
 typedef long long swig_type_141;
 typedef long long swig_type_142;
 typedef long long swig_type_143;
@@ -191,6 +191,10 @@ typedef long long swig_type_161;
 typedef long long swig_type_162;
 typedef long long swig_type_163;
 typedef long long swig_type_164;
+typedef long long swig_type_165;
+typedef long long swig_type_166;
+typedef long long swig_type_167;
+typedef long long swig_type_168;
 extern void _wrap_Swig_free_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern uintptr_t _wrap_Swig_malloc_raw_e2876bbee506b3ac(swig_intgo arg1);
 extern swig_intgo _wrap_SG_VERSION_NUMBER_raw_e2876bbee506b3ac(void);
@@ -394,6 +398,9 @@ extern int _wrap_sg_profile_parse_raw_e2876bbee506b3ac(swig_type_73 arg1, swig_t
 extern int _wrap_sg_profile_load_raw_e2876bbee506b3ac(swig_type_75 arg1, swig_voidp arg2, uintptr_t arg3);
 extern int _wrap_sg_profile_to_json_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_76 arg3, swig_voidp arg4);
 extern int _wrap_sg_profile_destroy_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern swig_intgo _wrap_SG_WIRE_QUANT_NONE_raw_e2876bbee506b3ac(void);
+extern swig_intgo _wrap_SG_WIRE_QUANT_INT8_raw_e2876bbee506b3ac(void);
+extern swig_intgo _wrap_SG_WIRE_QUANT_FP8_E4M3_raw_e2876bbee506b3ac(void);
 extern void _wrap_sg_transfer_options_t_struct_size_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_77 arg2);
 extern swig_type_78 _wrap_sg_transfer_options_t_struct_size_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_transfer_options_t_paths_set_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2);
@@ -408,6 +415,8 @@ extern void _wrap_sg_transfer_options_t_profile_set_raw_e2876bbee506b3ac(uintptr
 extern uintptr_t _wrap_sg_transfer_options_t_profile_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_transfer_options_t_lease_ns_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_81 arg2);
 extern swig_type_82 _wrap_sg_transfer_options_t_lease_ns_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_options_t_wire_quant_set_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2);
+extern int _wrap_sg_transfer_options_t_wire_quant_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern uintptr_t _wrap_new_sg_transfer_options_t_raw_e2876bbee506b3ac(void);
 extern void _wrap_delete_sg_transfer_options_t_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_transfer_options_init_raw_e2876bbee506b3ac(uintptr_t arg1);
@@ -455,65 +464,69 @@ extern void _wrap_sg_transfer_stats_t_fetch_requests_set_raw_e2876bbee506b3ac(ui
 extern swig_type_121 _wrap_sg_transfer_stats_t_fetch_requests_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_transfer_stats_t_fetch_blocks_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_122 arg2);
 extern swig_type_123 _wrap_sg_transfer_stats_t_fetch_blocks_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_stats_t_quantized_bytes_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_124 arg2);
+extern swig_type_125 _wrap_sg_transfer_stats_t_quantized_bytes_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_stats_t_quantized_wire_bytes_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_126 arg2);
+extern swig_type_127 _wrap_sg_transfer_stats_t_quantized_wire_bytes_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_delete_sg_transfer_stats_t_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_transfer_stats_init_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern int _wrap_sg_transfer_stats_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
 extern int _wrap_sg_transfer_layer_time_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3);
 extern int _wrap_sg_transfer_cancel_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern int _wrap_sg_transfer_wait_quiesced_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_124 arg2);
+extern int _wrap_sg_transfer_wait_quiesced_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_128 arg2);
 extern int _wrap_sg_transfer_release_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern int _wrap_sgo_context_create_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_125 arg2, swig_type_126 arg3, swig_type_127 arg4, swig_type_128 arg5, uintptr_t arg6, uintptr_t arg7, swig_voidp arg8, uintptr_t arg9);
-extern int _wrap_sgo_session_accept_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_129 arg2, swig_type_130 arg3, swig_voidp arg4, uintptr_t arg5);
-extern int _wrap_sgo_session_connect_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_131 arg2, short arg3, swig_type_132 arg4, swig_type_133 arg5, swig_voidp arg6, uintptr_t arg7);
-extern int _wrap_sgo_session_from_metadata_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_134 arg3, swig_type_135 arg4, swig_voidp arg5, uintptr_t arg6);
-extern int _wrap_sgo_transfer_start_raw_e2876bbee506b3ac(swig_intgo arg1, uintptr_t arg2, swig_type_136 arg3, uintptr_t arg4, swig_voidp arg5, swig_type_137 arg6, swig_type_138 arg7, uintptr_t arg8, swig_voidp arg9, swig_type_139 arg10, swig_voidp arg11, uintptr_t arg12);
-extern swig_type_140 _wrap_sgo_transfer_layer_state_value_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, uintptr_t arg3);
+extern int _wrap_sgo_context_create_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_129 arg2, swig_type_130 arg3, swig_type_131 arg4, swig_type_132 arg5, uintptr_t arg6, uintptr_t arg7, swig_voidp arg8, uintptr_t arg9);
+extern int _wrap_sgo_session_accept_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_133 arg2, swig_type_134 arg3, swig_voidp arg4, uintptr_t arg5);
+extern int _wrap_sgo_session_connect_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_135 arg2, short arg3, swig_type_136 arg4, swig_type_137 arg5, swig_voidp arg6, uintptr_t arg7);
+extern int _wrap_sgo_session_from_metadata_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_138 arg3, swig_type_139 arg4, swig_voidp arg5, uintptr_t arg6);
+extern int _wrap_sgo_transfer_start_raw_e2876bbee506b3ac(swig_intgo arg1, uintptr_t arg2, swig_type_140 arg3, uintptr_t arg4, swig_voidp arg5, swig_type_141 arg6, swig_type_142 arg7, uintptr_t arg8, swig_voidp arg9, swig_type_143 arg10, swig_voidp arg11, uintptr_t arg12);
+extern swig_type_144 _wrap_sgo_transfer_layer_state_value_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, uintptr_t arg3);
 extern uintptr_t _wrap_sgo_transfer_stats_new_raw_e2876bbee506b3ac(void);
 extern uintptr_t _wrap_sgo_context_stats_new_raw_e2876bbee506b3ac(void);
-extern swig_voidp _wrap_sgo_pointers_new_raw_e2876bbee506b3ac(swig_type_141 arg1);
-extern void _wrap_sgo_pointers_set_raw_e2876bbee506b3ac(swig_voidp arg1, swig_type_142 arg2, uintptr_t arg3);
+extern swig_voidp _wrap_sgo_pointers_new_raw_e2876bbee506b3ac(swig_type_145 arg1);
+extern void _wrap_sgo_pointers_set_raw_e2876bbee506b3ac(swig_voidp arg1, swig_type_146 arg2, uintptr_t arg3);
 extern void _wrap_sgo_pointers_free_raw_e2876bbee506b3ac(swig_voidp arg1);
-extern void _wrap_sgo_kv_layout_set_bases_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_type_143 arg4);
+extern void _wrap_sgo_kv_layout_set_bases_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_type_147 arg4);
 extern int _wrap_sgo_sg_context_destroy_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
 extern int _wrap_sgo_sg_context_event_fd_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, uintptr_t arg3);
 extern int _wrap_sgo_sg_context_progress_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
-extern int _wrap_sgo_sg_context_provider_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_144 arg3, uintptr_t arg4);
-extern int _wrap_sgo_sg_context_set_param_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_type_145 arg3, uintptr_t arg4);
+extern int _wrap_sgo_sg_context_provider_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_148 arg3, uintptr_t arg4);
+extern int _wrap_sgo_sg_context_set_param_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_type_149 arg3, uintptr_t arg4);
 extern int _wrap_sgo_sg_context_get_param_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, uintptr_t arg4);
 extern int _wrap_sgo_sg_context_stats_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3);
-extern int _wrap_sgo_sg_context_metrics_text_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_146 arg3, swig_voidp arg4, uintptr_t arg5);
-extern int _wrap_sgo_sg_context_get_metadata_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_147 arg3, swig_voidp arg4, uintptr_t arg5);
+extern int _wrap_sgo_sg_context_metrics_text_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_150 arg3, swig_voidp arg4, uintptr_t arg5);
+extern int _wrap_sgo_sg_context_get_metadata_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_151 arg3, swig_voidp arg4, uintptr_t arg5);
 extern int _wrap_sgo_sg_kv_layout_plane_bytes_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, uintptr_t arg3);
 extern int _wrap_sgo_sg_kv_layout_region_bytes_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, uintptr_t arg3);
 extern int _wrap_sgo_sg_kv_deregister_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
 extern int _wrap_sgo_sg_listener_port_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, uintptr_t arg3);
 extern int _wrap_sgo_sg_listener_destroy_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
-extern int _wrap_sgo_sg_session_wait_ready_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_148 arg2, uintptr_t arg3);
+extern int _wrap_sgo_sg_session_wait_ready_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_152 arg2, uintptr_t arg3);
 extern int _wrap_sgo_sg_session_export_kv_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3);
-extern int _wrap_sgo_sg_session_provider_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_149 arg3, uintptr_t arg4);
-extern int _wrap_sgo_sg_session_notify_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_150 arg3, uintptr_t arg4);
-extern int _wrap_sgo_sg_session_next_notification_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_151 arg3, swig_voidp arg4, uintptr_t arg5);
-extern int _wrap_sgo_sg_session_error_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_type_152 arg4, uintptr_t arg5);
-extern int _wrap_sgo_sg_session_close_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_153 arg2, uintptr_t arg3);
+extern int _wrap_sgo_sg_session_provider_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_153 arg3, uintptr_t arg4);
+extern int _wrap_sgo_sg_session_notify_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_154 arg3, uintptr_t arg4);
+extern int _wrap_sgo_sg_session_next_notification_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_155 arg3, swig_voidp arg4, uintptr_t arg5);
+extern int _wrap_sgo_sg_session_error_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_type_156 arg4, uintptr_t arg5);
+extern int _wrap_sgo_sg_session_close_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_157 arg2, uintptr_t arg3);
 extern int _wrap_sgo_sg_session_destroy_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
-extern int _wrap_sgo_sg_profile_to_json_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_154 arg3, swig_voidp arg4, uintptr_t arg5);
+extern int _wrap_sgo_sg_profile_to_json_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_158 arg3, swig_voidp arg4, uintptr_t arg5);
 extern int _wrap_sgo_sg_profile_destroy_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
 extern int _wrap_sgo_sg_transfer_layer_written_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, uintptr_t arg3);
 extern int _wrap_sgo_sg_transfer_layer_written_q_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, int arg4, int arg5, uintptr_t arg6);
-extern int _wrap_sgo_sg_transfer_wait_layer_state_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, int arg3, swig_type_155 arg4, uintptr_t arg5);
-extern int _wrap_sgo_sg_transfer_digests_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_156 arg4, swig_voidp arg5, uintptr_t arg6);
-extern int _wrap_sgo_sg_transfer_fetch_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_157 arg4, uintptr_t arg5);
-extern int _wrap_sgo_sg_transfer_wait_blocks_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_158 arg4, swig_type_159 arg5, uintptr_t arg6);
+extern int _wrap_sgo_sg_transfer_wait_layer_state_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, int arg3, swig_type_159 arg4, uintptr_t arg5);
+extern int _wrap_sgo_sg_transfer_digests_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_160 arg4, swig_voidp arg5, uintptr_t arg6);
+extern int _wrap_sgo_sg_transfer_fetch_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_161 arg4, uintptr_t arg5);
+extern int _wrap_sgo_sg_transfer_wait_blocks_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_162 arg4, swig_type_163 arg5, uintptr_t arg6);
 extern int _wrap_sgo_sg_transfer_test_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
-extern int _wrap_sgo_sg_transfer_wait_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_160 arg2, uintptr_t arg3);
-extern int _wrap_sgo_sg_transfer_wait_layer_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_type_161 arg3, uintptr_t arg4);
+extern int _wrap_sgo_sg_transfer_wait_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_164 arg2, uintptr_t arg3);
+extern int _wrap_sgo_sg_transfer_wait_layer_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_type_165 arg3, uintptr_t arg4);
 extern int _wrap_sgo_sg_transfer_layer_state_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, uintptr_t arg4);
-extern int _wrap_sgo_sg_transfer_residency_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_162 arg4, swig_voidp arg5, uintptr_t arg6);
-extern int _wrap_sgo_sg_transfer_status_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_type_163 arg4, uintptr_t arg5);
+extern int _wrap_sgo_sg_transfer_residency_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_166 arg4, swig_voidp arg5, uintptr_t arg6);
+extern int _wrap_sgo_sg_transfer_status_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_type_167 arg4, uintptr_t arg5);
 extern int _wrap_sgo_sg_transfer_stats_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3);
 extern int _wrap_sgo_sg_transfer_layer_time_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, uintptr_t arg4);
 extern int _wrap_sgo_sg_transfer_cancel_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
-extern int _wrap_sgo_sg_transfer_wait_quiesced_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_164 arg2, uintptr_t arg3);
+extern int _wrap_sgo_sg_transfer_wait_quiesced_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_168 arg2, uintptr_t arg3);
 extern int _wrap_sgo_sg_transfer_release_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
 #undef intgo
 */
@@ -2159,6 +2172,28 @@ const SG_LAYER_WRITTEN uint = 0x1
 const SG_LAYER_READY uint = 0x2
 const SG_LAYER_ESSENTIAL uint = 0x4
 const SG_REQUEST_ID_MAX int = 255
+type Enum_SS_sg_wire_quant int
+func _swig_getSG_WIRE_QUANT_NONE() (_swig_ret Enum_SS_sg_wire_quant) {
+	var swig_r Enum_SS_sg_wire_quant
+	swig_r = (Enum_SS_sg_wire_quant)(C._wrap_SG_WIRE_QUANT_NONE_raw_e2876bbee506b3ac())
+	return swig_r
+}
+
+var SG_WIRE_QUANT_NONE Enum_SS_sg_wire_quant = _swig_getSG_WIRE_QUANT_NONE()
+func _swig_getSG_WIRE_QUANT_INT8() (_swig_ret Enum_SS_sg_wire_quant) {
+	var swig_r Enum_SS_sg_wire_quant
+	swig_r = (Enum_SS_sg_wire_quant)(C._wrap_SG_WIRE_QUANT_INT8_raw_e2876bbee506b3ac())
+	return swig_r
+}
+
+var SG_WIRE_QUANT_INT8 Enum_SS_sg_wire_quant = _swig_getSG_WIRE_QUANT_INT8()
+func _swig_getSG_WIRE_QUANT_FP8_E4M3() (_swig_ret Enum_SS_sg_wire_quant) {
+	var swig_r Enum_SS_sg_wire_quant
+	swig_r = (Enum_SS_sg_wire_quant)(C._wrap_SG_WIRE_QUANT_FP8_E4M3_raw_e2876bbee506b3ac())
+	return swig_r
+}
+
+var SG_WIRE_QUANT_FP8_E4M3 Enum_SS_sg_wire_quant = _swig_getSG_WIRE_QUANT_FP8_E4M3()
 type SwigcptrSg_transfer_options_t uintptr
 
 func (p SwigcptrSg_transfer_options_t) Swigcptr() uintptr {
@@ -2259,6 +2294,19 @@ func (arg1 SwigcptrSg_transfer_options_t) GetLease_ns() (_swig_ret uint64) {
 	return swig_r
 }
 
+func (arg1 SwigcptrSg_transfer_options_t) SetWire_quant(arg2 uint32) {
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	C._wrap_sg_transfer_options_t_wire_quant_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1))
+}
+
+func (arg1 SwigcptrSg_transfer_options_t) GetWire_quant() (_swig_ret uint32) {
+	var swig_r uint32
+	_swig_i_0 := arg1
+	swig_r = (uint32)(C._wrap_sg_transfer_options_t_wire_quant_get_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0)))
+	return swig_r
+}
+
 func NewSg_transfer_options_t() (_swig_ret Sg_transfer_options_t) {
 	var swig_r Sg_transfer_options_t
 	swig_r = (Sg_transfer_options_t)(SwigcptrSg_transfer_options_t(C._wrap_new_sg_transfer_options_t_raw_e2876bbee506b3ac()))
@@ -2287,6 +2335,8 @@ type Sg_transfer_options_t interface {
 	GetProfile() (_swig_ret uintptr)
 	SetLease_ns(arg2 uint64)
 	GetLease_ns() (_swig_ret uint64)
+	SetWire_quant(arg2 uint32)
+	GetWire_quant() (_swig_ret uint32)
 }
 
 func Sg_transfer_options_init(arg1 Sg_transfer_options_t) {
@@ -2627,6 +2677,32 @@ func (arg1 SwigcptrSg_transfer_stats_t) GetFetch_blocks() (_swig_ret uint64) {
 	return swig_r
 }
 
+func (arg1 SwigcptrSg_transfer_stats_t) SetQuantized_bytes(arg2 uint64) {
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	C._wrap_sg_transfer_stats_t_quantized_bytes_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_124(_swig_i_1))
+}
+
+func (arg1 SwigcptrSg_transfer_stats_t) GetQuantized_bytes() (_swig_ret uint64) {
+	var swig_r uint64
+	_swig_i_0 := arg1
+	swig_r = (uint64)(C._wrap_sg_transfer_stats_t_quantized_bytes_get_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0)))
+	return swig_r
+}
+
+func (arg1 SwigcptrSg_transfer_stats_t) SetQuantized_wire_bytes(arg2 uint64) {
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	C._wrap_sg_transfer_stats_t_quantized_wire_bytes_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_126(_swig_i_1))
+}
+
+func (arg1 SwigcptrSg_transfer_stats_t) GetQuantized_wire_bytes() (_swig_ret uint64) {
+	var swig_r uint64
+	_swig_i_0 := arg1
+	swig_r = (uint64)(C._wrap_sg_transfer_stats_t_quantized_wire_bytes_get_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0)))
+	return swig_r
+}
+
 func DeleteSg_transfer_stats_t(arg1 Sg_transfer_stats_t) {
 	_swig_i_0 := getSwigcptr(arg1)
 	C._wrap_delete_sg_transfer_stats_t_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0))
@@ -2667,6 +2743,10 @@ type Sg_transfer_stats_t interface {
 	GetFetch_requests() (_swig_ret uint64)
 	SetFetch_blocks(arg2 uint64)
 	GetFetch_blocks() (_swig_ret uint64)
+	SetQuantized_bytes(arg2 uint64)
+	GetQuantized_bytes() (_swig_ret uint64)
+	SetQuantized_wire_bytes(arg2 uint64)
+	GetQuantized_wire_bytes() (_swig_ret uint64)
 }
 
 func Sg_transfer_stats_init(arg1 Sg_transfer_stats_t) {
@@ -2702,7 +2782,7 @@ func Sg_transfer_wait_quiesced(arg1 uintptr, arg2 uint64) (_swig_ret int32) {
 	var swig_r int32
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int32)(C._wrap_sg_transfer_wait_quiesced_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_124(_swig_i_1)))
+	swig_r = (int32)(C._wrap_sg_transfer_wait_quiesced_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_128(_swig_i_1)))
 	return swig_r
 }
 
@@ -2724,7 +2804,7 @@ func Sgo_context_create(arg1 Sg_context_options_t, arg2 string, arg3 string, arg
 	_swig_i_6 := arg7
 	_swig_i_7 := arg8
 	_swig_i_8 := getSwigcptr(arg9)
-	swig_r = (int32)(C._wrap_sgo_context_create_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_125)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_126)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_127)(unsafe.Pointer(&_swig_i_3)), C.swig_type_128(_swig_i_4), C.uintptr_t(_swig_i_5), C.uintptr_t(_swig_i_6), C.swig_voidp(_swig_i_7), C.uintptr_t(_swig_i_8)))
+	swig_r = (int32)(C._wrap_sgo_context_create_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_129)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_130)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_131)(unsafe.Pointer(&_swig_i_3)), C.swig_type_132(_swig_i_4), C.uintptr_t(_swig_i_5), C.uintptr_t(_swig_i_6), C.swig_voidp(_swig_i_7), C.uintptr_t(_swig_i_8)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -2744,7 +2824,7 @@ func Sgo_session_accept(arg1 uintptr, arg2 string, arg3 uint64, arg4 *uintptr, a
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sgo_session_accept_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_129)(unsafe.Pointer(&_swig_i_1)), C.swig_type_130(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sgo_session_accept_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_133)(unsafe.Pointer(&_swig_i_1)), C.swig_type_134(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -2760,7 +2840,7 @@ func Sgo_session_connect(arg1 uintptr, arg2 string, arg3 uint16, arg4 string, ar
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
 	_swig_i_6 := getSwigcptr(arg7)
-	swig_r = (int32)(C._wrap_sgo_session_connect_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_131)(unsafe.Pointer(&_swig_i_1)), C.short(_swig_i_2), *(*C.swig_type_132)(unsafe.Pointer(&_swig_i_3)), C.swig_type_133(_swig_i_4), C.swig_voidp(_swig_i_5), C.uintptr_t(_swig_i_6)))
+	swig_r = (int32)(C._wrap_sgo_session_connect_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_135)(unsafe.Pointer(&_swig_i_1)), C.short(_swig_i_2), *(*C.swig_type_136)(unsafe.Pointer(&_swig_i_3)), C.swig_type_137(_swig_i_4), C.swig_voidp(_swig_i_5), C.uintptr_t(_swig_i_6)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -2778,7 +2858,7 @@ func Sgo_session_from_metadata(arg1 uintptr, arg2 *byte, arg3 uint64, arg4 strin
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := getSwigcptr(arg6)
-	swig_r = (int32)(C._wrap_sgo_session_from_metadata_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_134(_swig_i_2), *(*C.swig_type_135)(unsafe.Pointer(&_swig_i_3)), C.swig_voidp(_swig_i_4), C.uintptr_t(_swig_i_5)))
+	swig_r = (int32)(C._wrap_sgo_session_from_metadata_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_138(_swig_i_2), *(*C.swig_type_139)(unsafe.Pointer(&_swig_i_3)), C.swig_voidp(_swig_i_4), C.uintptr_t(_swig_i_5)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg4
 	}
@@ -2799,7 +2879,7 @@ func Sgo_transfer_start(arg1 int, arg2 uintptr, arg3 string, arg4 uintptr, arg5 
 	_swig_i_9 := arg10
 	_swig_i_10 := arg11
 	_swig_i_11 := getSwigcptr(arg12)
-	swig_r = (int32)(C._wrap_sgo_transfer_start_raw_e2876bbee506b3ac(C.swig_intgo(_swig_i_0), C.uintptr_t(_swig_i_1), *(*C.swig_type_136)(unsafe.Pointer(&_swig_i_2)), C.uintptr_t(_swig_i_3), C.swig_voidp(_swig_i_4), C.swig_type_137(_swig_i_5), C.swig_type_138(_swig_i_6), C.uintptr_t(_swig_i_7), C.swig_voidp(_swig_i_8), C.swig_type_139(_swig_i_9), C.swig_voidp(_swig_i_10), C.uintptr_t(_swig_i_11)))
+	swig_r = (int32)(C._wrap_sgo_transfer_start_raw_e2876bbee506b3ac(C.swig_intgo(_swig_i_0), C.uintptr_t(_swig_i_1), *(*C.swig_type_140)(unsafe.Pointer(&_swig_i_2)), C.uintptr_t(_swig_i_3), C.swig_voidp(_swig_i_4), C.swig_type_141(_swig_i_5), C.swig_type_142(_swig_i_6), C.uintptr_t(_swig_i_7), C.swig_voidp(_swig_i_8), C.swig_type_143(_swig_i_9), C.swig_voidp(_swig_i_10), C.uintptr_t(_swig_i_11)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg3
 	}
@@ -2830,7 +2910,7 @@ func Sgo_context_stats_new() (_swig_ret Sg_context_stats_t) {
 func Sgo_pointers_new(arg1 uint64) (_swig_ret *uintptr) {
 	var swig_r *uintptr
 	_swig_i_0 := arg1
-	swig_r = (*uintptr)(C._wrap_sgo_pointers_new_raw_e2876bbee506b3ac(C.swig_type_141(_swig_i_0)))
+	swig_r = (*uintptr)(C._wrap_sgo_pointers_new_raw_e2876bbee506b3ac(C.swig_type_145(_swig_i_0)))
 	return swig_r
 }
 
@@ -2838,7 +2918,7 @@ func Sgo_pointers_set(arg1 *uintptr, arg2 uint64, arg3 uintptr) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
-	C._wrap_sgo_pointers_set_raw_e2876bbee506b3ac(C.swig_voidp(_swig_i_0), C.swig_type_142(_swig_i_1), C.uintptr_t(_swig_i_2))
+	C._wrap_sgo_pointers_set_raw_e2876bbee506b3ac(C.swig_voidp(_swig_i_0), C.swig_type_146(_swig_i_1), C.uintptr_t(_swig_i_2))
 }
 
 func Sgo_pointers_free(arg1 *uintptr) {
@@ -2851,7 +2931,7 @@ func Sgo_kv_layout_set_bases(arg1 Sg_kv_layout_t, arg2 *uintptr, arg3 *uintptr, 
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	C._wrap_sgo_kv_layout_set_bases_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_143(_swig_i_3))
+	C._wrap_sgo_kv_layout_set_bases_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_147(_swig_i_3))
 }
 
 func Sgo_sg_context_destroy(arg1 uintptr, arg2 Sg_error_info_t) (_swig_ret int32) {
@@ -2885,7 +2965,7 @@ func Sgo_sg_context_provider(arg1 uintptr, arg2 *byte, arg3 uint64, arg4 Sg_erro
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := getSwigcptr(arg4)
-	swig_r = (int32)(C._wrap_sgo_sg_context_provider_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_144(_swig_i_2), C.uintptr_t(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sgo_sg_context_provider_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_148(_swig_i_2), C.uintptr_t(_swig_i_3)))
 	return swig_r
 }
 
@@ -2895,7 +2975,7 @@ func Sgo_sg_context_set_param(arg1 uintptr, arg2 uint32, arg3 uint64, arg4 Sg_er
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := getSwigcptr(arg4)
-	swig_r = (int32)(C._wrap_sgo_sg_context_set_param_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_type_145(_swig_i_2), C.uintptr_t(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sgo_sg_context_set_param_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_type_149(_swig_i_2), C.uintptr_t(_swig_i_3)))
 	return swig_r
 }
 
@@ -2925,7 +3005,7 @@ func Sgo_sg_context_metrics_text(arg1 uintptr, arg2 *byte, arg3 uint64, arg4 *ui
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sgo_sg_context_metrics_text_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_146(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sgo_sg_context_metrics_text_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_150(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	return swig_r
 }
 
@@ -2936,7 +3016,7 @@ func Sgo_sg_context_get_metadata(arg1 uintptr, arg2 *byte, arg3 uint64, arg4 *ui
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sgo_sg_context_get_metadata_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_147(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sgo_sg_context_get_metadata_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_151(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	return swig_r
 }
 
@@ -2988,7 +3068,7 @@ func Sgo_sg_session_wait_ready(arg1 uintptr, arg2 uint64, arg3 Sg_error_info_t) 
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := getSwigcptr(arg3)
-	swig_r = (int32)(C._wrap_sgo_sg_session_wait_ready_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_148(_swig_i_1), C.uintptr_t(_swig_i_2)))
+	swig_r = (int32)(C._wrap_sgo_sg_session_wait_ready_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_152(_swig_i_1), C.uintptr_t(_swig_i_2)))
 	return swig_r
 }
 
@@ -3007,7 +3087,7 @@ func Sgo_sg_session_provider(arg1 uintptr, arg2 *byte, arg3 uint64, arg4 Sg_erro
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := getSwigcptr(arg4)
-	swig_r = (int32)(C._wrap_sgo_sg_session_provider_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_149(_swig_i_2), C.uintptr_t(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sgo_sg_session_provider_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_153(_swig_i_2), C.uintptr_t(_swig_i_3)))
 	return swig_r
 }
 
@@ -3017,7 +3097,7 @@ func Sgo_sg_session_notify(arg1 uintptr, arg2 *byte, arg3 uint64, arg4 Sg_error_
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := getSwigcptr(arg4)
-	swig_r = (int32)(C._wrap_sgo_sg_session_notify_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_150(_swig_i_2), C.uintptr_t(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sgo_sg_session_notify_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_154(_swig_i_2), C.uintptr_t(_swig_i_3)))
 	return swig_r
 }
 
@@ -3028,7 +3108,7 @@ func Sgo_sg_session_next_notification(arg1 uintptr, arg2 *byte, arg3 uint64, arg
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sgo_sg_session_next_notification_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_151(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sgo_sg_session_next_notification_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_155(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	return swig_r
 }
 
@@ -3039,7 +3119,7 @@ func Sgo_sg_session_error(arg1 uintptr, arg2 *int32, arg3 *byte, arg4 uint64, ar
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sgo_sg_session_error_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_152(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sgo_sg_session_error_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_156(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	return swig_r
 }
 
@@ -3048,7 +3128,7 @@ func Sgo_sg_session_close(arg1 uintptr, arg2 uint64, arg3 Sg_error_info_t) (_swi
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := getSwigcptr(arg3)
-	swig_r = (int32)(C._wrap_sgo_sg_session_close_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_153(_swig_i_1), C.uintptr_t(_swig_i_2)))
+	swig_r = (int32)(C._wrap_sgo_sg_session_close_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_157(_swig_i_1), C.uintptr_t(_swig_i_2)))
 	return swig_r
 }
 
@@ -3067,7 +3147,7 @@ func Sgo_sg_profile_to_json(arg1 uintptr, arg2 *byte, arg3 uint64, arg4 *uint64,
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sgo_sg_profile_to_json_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_154(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sgo_sg_profile_to_json_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_158(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	return swig_r
 }
 
@@ -3107,7 +3187,7 @@ func Sgo_sg_transfer_wait_layer_state(arg1 uintptr, arg2 uint32, arg3 uint32, ar
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_layer_state_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.int(_swig_i_2), C.swig_type_155(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_layer_state_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.int(_swig_i_2), C.swig_type_159(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	return swig_r
 }
 
@@ -3119,7 +3199,7 @@ func Sgo_sg_transfer_digests(arg1 uintptr, arg2 uint32, arg3 *float32, arg4 uint
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := getSwigcptr(arg6)
-	swig_r = (int32)(C._wrap_sgo_sg_transfer_digests_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_156(_swig_i_3), C.swig_voidp(_swig_i_4), C.uintptr_t(_swig_i_5)))
+	swig_r = (int32)(C._wrap_sgo_sg_transfer_digests_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_160(_swig_i_3), C.swig_voidp(_swig_i_4), C.uintptr_t(_swig_i_5)))
 	return swig_r
 }
 
@@ -3130,7 +3210,7 @@ func Sgo_sg_transfer_fetch(arg1 uintptr, arg2 uint32, arg3 *uint32, arg4 uint64,
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sgo_sg_transfer_fetch_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_157(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sgo_sg_transfer_fetch_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_161(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	return swig_r
 }
 
@@ -3142,7 +3222,7 @@ func Sgo_sg_transfer_wait_blocks(arg1 uintptr, arg2 uint32, arg3 *uint32, arg4 u
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := getSwigcptr(arg6)
-	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_blocks_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_158(_swig_i_3), C.swig_type_159(_swig_i_4), C.uintptr_t(_swig_i_5)))
+	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_blocks_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_162(_swig_i_3), C.swig_type_163(_swig_i_4), C.uintptr_t(_swig_i_5)))
 	return swig_r
 }
 
@@ -3159,7 +3239,7 @@ func Sgo_sg_transfer_wait(arg1 uintptr, arg2 uint64, arg3 Sg_error_info_t) (_swi
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := getSwigcptr(arg3)
-	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_160(_swig_i_1), C.uintptr_t(_swig_i_2)))
+	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_164(_swig_i_1), C.uintptr_t(_swig_i_2)))
 	return swig_r
 }
 
@@ -3169,7 +3249,7 @@ func Sgo_sg_transfer_wait_layer(arg1 uintptr, arg2 uint32, arg3 uint64, arg4 Sg_
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := getSwigcptr(arg4)
-	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_layer_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_type_161(_swig_i_2), C.uintptr_t(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_layer_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_type_165(_swig_i_2), C.uintptr_t(_swig_i_3)))
 	return swig_r
 }
 
@@ -3191,7 +3271,7 @@ func Sgo_sg_transfer_residency(arg1 uintptr, arg2 uint32, arg3 *byte, arg4 uint6
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := getSwigcptr(arg6)
-	swig_r = (int32)(C._wrap_sgo_sg_transfer_residency_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_162(_swig_i_3), C.swig_voidp(_swig_i_4), C.uintptr_t(_swig_i_5)))
+	swig_r = (int32)(C._wrap_sgo_sg_transfer_residency_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_166(_swig_i_3), C.swig_voidp(_swig_i_4), C.uintptr_t(_swig_i_5)))
 	return swig_r
 }
 
@@ -3202,7 +3282,7 @@ func Sgo_sg_transfer_status(arg1 uintptr, arg2 *int32, arg3 *byte, arg4 uint64, 
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sgo_sg_transfer_status_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_163(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sgo_sg_transfer_status_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_167(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	return swig_r
 }
 
@@ -3238,7 +3318,7 @@ func Sgo_sg_transfer_wait_quiesced(arg1 uintptr, arg2 uint64, arg3 Sg_error_info
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := getSwigcptr(arg3)
-	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_quiesced_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_164(_swig_i_1), C.uintptr_t(_swig_i_2)))
+	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_quiesced_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_168(_swig_i_1), C.uintptr_t(_swig_i_2)))
 	return swig_r
 }
 

@@ -3050,6 +3050,42 @@ int _wrap_sg_profile_destroy_raw_e2876bbee506b3ac(sg_profile_t _swig_go_0) {
 }
 
 
+intgo _wrap_SG_WIRE_QUANT_NONE_raw_e2876bbee506b3ac() {
+  enum sg_wire_quant result;
+  intgo _swig_go_result;
+  
+  
+  result = SG_WIRE_QUANT_NONE;
+  
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_SG_WIRE_QUANT_INT8_raw_e2876bbee506b3ac() {
+  enum sg_wire_quant result;
+  intgo _swig_go_result;
+  
+  
+  result = SG_WIRE_QUANT_INT8;
+  
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_SG_WIRE_QUANT_FP8_E4M3_raw_e2876bbee506b3ac() {
+  enum sg_wire_quant result;
+  intgo _swig_go_result;
+  
+  
+  result = SG_WIRE_QUANT_FP8_E4M3;
+  
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
 void _wrap_sg_transfer_options_t_struct_size_set_raw_e2876bbee506b3ac(struct sg_transfer_options *_swig_go_0, long long _swig_go_1) {
   struct sg_transfer_options *arg1 = (struct sg_transfer_options *) 0 ;
   size_t arg2 ;
@@ -3220,6 +3256,31 @@ long long _wrap_sg_transfer_options_t_lease_ns_get_raw_e2876bbee506b3ac(struct s
   arg1 = *(struct sg_transfer_options **)&_swig_go_0; 
   
   result = (uint64_t) ((arg1)->lease_ns);
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+void _wrap_sg_transfer_options_t_wire_quant_set_raw_e2876bbee506b3ac(struct sg_transfer_options *_swig_go_0, int _swig_go_1) {
+  struct sg_transfer_options *arg1 = (struct sg_transfer_options *) 0 ;
+  sg_wire_quant_t arg2 ;
+  
+  arg1 = *(struct sg_transfer_options **)&_swig_go_0; 
+  arg2 = (sg_wire_quant_t)_swig_go_1; 
+  
+  if (arg1) (arg1)->wire_quant = arg2;
+  
+}
+
+
+int _wrap_sg_transfer_options_t_wire_quant_get_raw_e2876bbee506b3ac(struct sg_transfer_options *_swig_go_0) {
+  struct sg_transfer_options *arg1 = (struct sg_transfer_options *) 0 ;
+  sg_wire_quant_t result;
+  int _swig_go_result;
+  
+  arg1 = *(struct sg_transfer_options **)&_swig_go_0; 
+  
+  result = (sg_wire_quant_t) ((arg1)->wire_quant);
   _swig_go_result = result; 
   return _swig_go_result;
 }
@@ -3872,6 +3933,56 @@ long long _wrap_sg_transfer_stats_t_fetch_blocks_get_raw_e2876bbee506b3ac(struct
   arg1 = *(struct sg_transfer_stats **)&_swig_go_0; 
   
   result = (uint64_t) ((arg1)->fetch_blocks);
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+void _wrap_sg_transfer_stats_t_quantized_bytes_set_raw_e2876bbee506b3ac(struct sg_transfer_stats *_swig_go_0, long long _swig_go_1) {
+  struct sg_transfer_stats *arg1 = (struct sg_transfer_stats *) 0 ;
+  uint64_t arg2 ;
+  
+  arg1 = *(struct sg_transfer_stats **)&_swig_go_0; 
+  arg2 = (uint64_t)_swig_go_1; 
+  
+  if (arg1) (arg1)->quantized_bytes = arg2;
+  
+}
+
+
+long long _wrap_sg_transfer_stats_t_quantized_bytes_get_raw_e2876bbee506b3ac(struct sg_transfer_stats *_swig_go_0) {
+  struct sg_transfer_stats *arg1 = (struct sg_transfer_stats *) 0 ;
+  uint64_t result;
+  long long _swig_go_result;
+  
+  arg1 = *(struct sg_transfer_stats **)&_swig_go_0; 
+  
+  result = (uint64_t) ((arg1)->quantized_bytes);
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+void _wrap_sg_transfer_stats_t_quantized_wire_bytes_set_raw_e2876bbee506b3ac(struct sg_transfer_stats *_swig_go_0, long long _swig_go_1) {
+  struct sg_transfer_stats *arg1 = (struct sg_transfer_stats *) 0 ;
+  uint64_t arg2 ;
+  
+  arg1 = *(struct sg_transfer_stats **)&_swig_go_0; 
+  arg2 = (uint64_t)_swig_go_1; 
+  
+  if (arg1) (arg1)->quantized_wire_bytes = arg2;
+  
+}
+
+
+long long _wrap_sg_transfer_stats_t_quantized_wire_bytes_get_raw_e2876bbee506b3ac(struct sg_transfer_stats *_swig_go_0) {
+  struct sg_transfer_stats *arg1 = (struct sg_transfer_stats *) 0 ;
+  uint64_t result;
+  long long _swig_go_result;
+  
+  arg1 = *(struct sg_transfer_stats **)&_swig_go_0; 
+  
+  result = (uint64_t) ((arg1)->quantized_wire_bytes);
   _swig_go_result = result; 
   return _swig_go_result;
 }

@@ -2271,6 +2271,11 @@ extern "C" {
         out: *mut f32,
     ) -> sg_status_t;
 }
+pub type sg_wire_quant_t = u32;
+pub const SG_WIRE_QUANT_NONE: sg_wire_quant = 0;
+pub const SG_WIRE_QUANT_INT8: sg_wire_quant = 1;
+pub const SG_WIRE_QUANT_FP8_E4M3: sg_wire_quant = 2;
+pub type sg_wire_quant = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct sg_transfer_options {
@@ -2283,12 +2288,13 @@ pub struct sg_transfer_options {
     pub deadline_ns: u64,
     pub profile: sg_profile_t,
     pub lease_ns: u64,
+    pub wire_quant: sg_wire_quant_t,
 }
 #[test]
 fn bindgen_test_layout_sg_transfer_options() {
     assert_eq!(
         ::std::mem::size_of::<sg_transfer_options>(),
-        64usize,
+        72usize,
         concat!("Size of: ", stringify!(sg_transfer_options))
     );
     assert_eq!(
@@ -2449,6 +2455,23 @@ fn bindgen_test_layout_sg_transfer_options() {
         );
     }
     test_field_lease_ns();
+    fn test_field_wire_quant() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<sg_transfer_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).wire_quant) as usize - ptr as usize
+            },
+            64usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(sg_transfer_options),
+                "::",
+                stringify!(wire_quant)
+            )
+        );
+    }
+    test_field_wire_quant();
 }
 pub type sg_transfer_options_t = sg_transfer_options;
 extern "C" {
@@ -2579,12 +2602,14 @@ pub struct sg_transfer_stats {
     pub digest_bytes: u64,
     pub fetch_requests: u64,
     pub fetch_blocks: u64,
+    pub quantized_bytes: u64,
+    pub quantized_wire_bytes: u64,
 }
 #[test]
 fn bindgen_test_layout_sg_transfer_stats() {
     assert_eq!(
         ::std::mem::size_of::<sg_transfer_stats>(),
-        128usize,
+        144usize,
         concat!("Size of: ", stringify!(sg_transfer_stats))
     );
     assert_eq!(
@@ -2864,6 +2889,40 @@ fn bindgen_test_layout_sg_transfer_stats() {
         );
     }
     test_field_fetch_blocks();
+    fn test_field_quantized_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<sg_transfer_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).quantized_bytes) as usize - ptr as usize
+            },
+            128usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(sg_transfer_stats),
+                "::",
+                stringify!(quantized_bytes)
+            )
+        );
+    }
+    test_field_quantized_bytes();
+    fn test_field_quantized_wire_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<sg_transfer_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).quantized_wire_bytes) as usize - ptr as usize
+            },
+            136usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(sg_transfer_stats),
+                "::",
+                stringify!(quantized_wire_bytes)
+            )
+        );
+    }
+    test_field_quantized_wire_bytes();
 }
 pub type sg_transfer_stats_t = sg_transfer_stats;
 extern "C" {
