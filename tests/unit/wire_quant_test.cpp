@@ -47,13 +47,17 @@ kernels::DType kernel_dtype_of(sg_dtype_t d) {
     return d == SG_DTYPE_FP32 ? kernels::DType::fp32 : d == SG_DTYPE_FP16 ? kernels::DType::fp16 : kernels::DType::bf16;
 }
 
-// Random finite values of a dtype, magnitudes spread over a few binades per head.
+// Random values of a dtype, magnitudes spread over a few binades per head, and every 37th element
+// one that takes the codec's other branches (zeros of both signs, subnormals, the largest half, a
+// NaN: the maximum skips it and its code is the twin's).
 void fill(std::vector<uint8_t> &bytes, sg_dtype_t dtype, uint64_t seed) {
     std::mt19937_64 rng(seed);
     std::normal_distribution<float> normal(0.0f, 1.0f);
+    const float specials[] = {0.0f, -0.0f, 3e-6f, -6e-8f, 65504.0f, std::nanf("")};
     const size_t eb = kv::dtype_bytes(dtype);
     for (size_t i = 0; i + eb <= bytes.size(); i += eb) {
-        const float f = normal(rng) * std::ldexp(1.0f, int(rng() % 6) - 3);
+        float f = normal(rng) * std::ldexp(1.0f, int(rng() % 6) - 3);
+        if ((i / eb) % 37 == 5) f = specials[(i / eb / 37) % std::size(specials)];
         if (dtype == SG_DTYPE_FP32) {
             std::memcpy(&bytes[i], &f, 4);
         } else {
@@ -77,7 +81,7 @@ TEST_P(WireQuantCodec, AWholePlaneIsTheCpuTwinsScalesAndCodesBitForBit) {
     for (sg_dtype_t dtype : {SG_DTYPE_FP32, SG_DTYPE_FP16, SG_DTYPE_BF16})
         for (sg_kv_packing_t packing : {SG_KV_SEPARATE, SG_KV_FUSED})
             for (sg_block_order_t order : {SG_BLOCK_TOKEN_MAJOR, SG_BLOCK_HEAD_MAJOR}) {
-                const Geometry g{dtype, packing, order, 3, 8, 4, 0};
+                const Geometry g{dtype, packing, order, 3, 24, 4, 0};  // 24: the 16-wide and 4-wide loops and a tail
                 const kv::Layout L = layout_of(g, 5);
                 std::vector<uint8_t> region(L.region_bytes());
                 fill(region, dtype, 7 + cases);
