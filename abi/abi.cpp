@@ -1089,8 +1089,7 @@ SG_API sg_status_t sg_transfer_post(sg_session_t s, const char *rid, sg_kv_handl
 SG_API sg_status_t sg_transfer_layer_written(sg_transfer_t h, uint32_t layer, void *cuda_stream) {
     return guard(nullptr, [&] {
         auto t = lookup(transfers(), raw(h), "transfer");
-        if (cuda_stream) fail(SG_ERR_UNSUPPORTED, "CUDA streams are not supported by this version (host memory only)");
-        t->ctx->layer_written(*t, layer);
+        t->ctx->layer_written(*t, layer, nullptr, 0, 0, cuda_stream);
         return SG_OK;
     });
 }

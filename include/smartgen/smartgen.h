@@ -535,11 +535,15 @@ SG_API sg_status_t sg_kv_layout_region_bytes(const sg_kv_layout_t *layout, uint6
 /* Registers a paged KV pool with the context. The layout is copied (including the base pointers);
  * the memory it points to stays the caller's and must outlive the handle. Memory is registered with
  * the fabric lazily, once per (pool, session), never per block.
+ * SG_MEM_CUDA pools (since 0.3) need the CUDA plugin libsmartgen-cuda.so.0 (loaded on first use,
+ * beside libsmartgen or SG_CUDA_PLUGIN), a driver and the device; their base pointers must be memory
+ * of that device. Their bytes move through the staging path (the CUDA plugin gathers them into the
+ * host's staging slots, or scatters received slots into the pool; docs/cuda.md), whatever the peer's
+ * pool is, and a CPU selection (digests, SnapKV) reads a host copy of the layer's keys.
  * Returns SG_OK; SG_ERR_INVALID_LAYOUT (message names the field; also a CUDA device ordinal the
- * driver does not have); SG_ERR_UNSUPPORTED for SG_MEM_CUDA in this version, the message naming
- * what is missing (the CUDA plugin libsmartgen-cuda.so.0, loaded on first use; a driver; a device)
- * or that device transfers are not in this build; SG_ERR_INVALID_HANDLE; SG_ERR_NO_MEMORY.
- * Since 0.1. */
+ * driver does not have, or a base that is not memory of that device); SG_ERR_UNSUPPORTED for
+ * SG_MEM_CUDA, the message naming what is missing (the plugin, a driver, a device);
+ * SG_ERR_INVALID_HANDLE; SG_ERR_NO_MEMORY. Since 0.1; SG_MEM_CUDA since 0.3. */
 SG_API sg_status_t sg_kv_register(sg_context_t ctx, const sg_kv_layout_t *layout, sg_kv_handle_t *out,
                                   sg_error_info_t *err);
 
@@ -900,10 +904,13 @@ SG_API sg_status_t sg_transfer_post(sg_session_t session, const char *request_id
                                     sg_error_info_t *err);
 
 /* Prefill side: the engine has finished writing layer `layer` of the request; the runtime may send
- * it. cuda_stream: optional (NULL for host memory); for device memory the runtime would wait on it
- * before reading — SG_ERR_UNSUPPORTED in this version. Returns SG_OK (also when already marked),
- * SG_ERR_OUT_OF_RANGE, SG_ERR_INVALID_STATE (decode-side transfer), SG_ERR_INVALID_HANDLE.
- * Since 0.1. */
+ * it. cuda_stream (a cudaStream_t, SG_MEM_CUDA pools only; since 0.3): the engine's kernels that
+ * write the layer are queued on it and may still run. The call returns at once; the runtime records
+ * an event on the stream and reads the layer only once that event has completed (it never waits on
+ * the stream itself or queues work on it). NULL: the layer is written already. Returns SG_OK (also
+ * when already marked), SG_ERR_OUT_OF_RANGE, SG_ERR_INVALID_STATE (decode-side transfer),
+ * SG_ERR_INVALID_ARGUMENT (a stream with a host pool, or one the driver refuses),
+ * SG_ERR_INVALID_HANDLE. Since 0.1. */
 SG_API sg_status_t sg_transfer_layer_written(sg_transfer_t xfer, uint32_t layer, void *cuda_stream);
 
 /* As sg_transfer_layer_written, with the layer's last prompt queries for query-aware selection on

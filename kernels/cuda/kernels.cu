@@ -7,6 +7,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <mutex>
+#include <vector>
 
 #include "cuda/elements.hpp"
 #include "cuda/plugin_abi.h"
@@ -182,8 +184,146 @@ int device_count(char *msg, size_t cap) {
     return n;
 }
 
+// ---- the staged path's device side ----
+
+// One piece of a batched copy as the kernel reads it: where it is on the device, its bytes, and
+// where it sits in the packed buffer.
+struct Segment {
+    uint64_t addr, bytes, offset;
+};
+
+// One CUDA block per piece; its threads stride over the piece in 16-byte units when both sides are
+// 16-byte aligned (the common case: whole rows of a block), else byte by byte.
+template <bool Gather>
+__global__ void batch_copy_kernel(const Segment *segments, uint8_t *packed) {
+    const Segment s = segments[blockIdx.x];
+    uint8_t *dev = reinterpret_cast<uint8_t *>(s.addr);
+    uint8_t *buf = packed + s.offset;
+    uint8_t *dst = Gather ? buf : dev;
+    const uint8_t *src = Gather ? dev : buf;
+    if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | s.bytes) & 15u) == 0) {
+        for (uint64_t i = threadIdx.x; i < s.bytes / 16; i += blockDim.x)
+            reinterpret_cast<uint4 *>(dst)[i] = reinterpret_cast<const uint4 *>(src)[i];
+    } else {
+        for (uint64_t i = threadIdx.x; i < s.bytes; i += blockDim.x) dst[i] = src[i];
+    }
+}
+
+// Per device: the plugin's own stream (the engine's streams are never used for this), a device
+// buffer the pieces are packed into, and the segment table; one staged copy at a time per device.
+struct DeviceState {
+    std::mutex mu;
+    cudaStream_t stream = nullptr;
+    uint8_t *packed = nullptr;
+    size_t packed_bytes = 0;
+    Segment *segments = nullptr;
+    size_t segments_cap = 0;
+    std::vector<Segment> host_segments;
+};
+
+constexpr int kMaxDevices = 64;
+
+DeviceState &device_state(int32_t device) {
+    static DeviceState states[kMaxDevices];
+    return states[device];
+}
+
+template <bool Gather>
+int stage(int32_t device, const sg_cuda_piece_t *pieces, uint64_t count, void *host, char *msg, size_t cap) {
+    if (device < 0 || device >= kMaxDevices) {
+        if (msg && cap) std::snprintf(msg, cap, "device %d is out of the plugin's range", int(device));
+        return -1;
+    }
+    if (!count) return 0;
+    DeviceState &st = device_state(device);
+    std::lock_guard lock(st.mu);
+    cudaError_t e = cudaSetDevice(device);
+    if (e != cudaSuccess) return fail_with(e, "cudaSetDevice", msg, cap);
+    if (!st.stream && (e = cudaStreamCreateWithFlags(&st.stream, cudaStreamNonBlocking)) != cudaSuccess)
+        return fail_with(e, "cudaStreamCreateWithFlags", msg, cap);
+    st.host_segments.resize(count);
+    uint64_t total = 0;
+    for (uint64_t i = 0; i < count; ++i) {
+        st.host_segments[i] = {pieces[i].device_addr, pieces[i].bytes, total};
+        total += pieces[i].bytes;
+    }
+    if (total > st.packed_bytes) {
+        cudaFree(st.packed);
+        st.packed = nullptr;
+        st.packed_bytes = 0;
+        if ((e = cudaMalloc(&st.packed, total)) != cudaSuccess) return fail_with(e, "cudaMalloc (staging)", msg, cap);
+        st.packed_bytes = total;
+    }
+    if (count > st.segments_cap) {
+        cudaFree(st.segments);
+        st.segments = nullptr;
+        st.segments_cap = 0;
+        if ((e = cudaMalloc(&st.segments, count * sizeof(Segment))) != cudaSuccess)
+            return fail_with(e, "cudaMalloc (segments)", msg, cap);
+        st.segments_cap = count;
+    }
+    if ((e = cudaMemcpyAsync(st.segments, st.host_segments.data(), count * sizeof(Segment), cudaMemcpyHostToDevice,
+                             st.stream)) != cudaSuccess)
+        return fail_with(e, "cudaMemcpyAsync (segments)", msg, cap);
+    if (!Gather && (e = cudaMemcpyAsync(st.packed, host, total, cudaMemcpyHostToDevice, st.stream)) != cudaSuccess)
+        return fail_with(e, "cudaMemcpyAsync (to the device)", msg, cap);
+    batch_copy_kernel<Gather><<<unsigned(count), kThreads, 0, st.stream>>>(st.segments, st.packed);
+    if (const int rc = launched(Gather ? "gather kernel" : "scatter kernel", msg, cap)) return rc;
+    if (Gather && (e = cudaMemcpyAsync(host, st.packed, total, cudaMemcpyDeviceToHost, st.stream)) != cudaSuccess)
+        return fail_with(e, "cudaMemcpyAsync (to the host)", msg, cap);
+    if ((e = cudaStreamSynchronize(st.stream)) != cudaSuccess) return fail_with(e, "cudaStreamSynchronize", msg, cap);
+    return 0;
+}
+
+int stage_out(int32_t device, const sg_cuda_piece_t *pieces, uint64_t count, void *host, char *msg, size_t cap) {
+    return stage<true>(device, pieces, count, host, msg, cap);
+}
+
+int stage_in(int32_t device, const sg_cuda_piece_t *pieces, uint64_t count, const void *host, char *msg, size_t cap) {
+    return stage<false>(device, pieces, count, const_cast<void *>(host), msg, cap);
+}
+
+int device_of(const void *ptr, int32_t *device, char *msg, size_t cap) {
+    cudaPointerAttributes a{};
+    const cudaError_t e = cudaPointerGetAttributes(&a, ptr);
+    if (e != cudaSuccess) return fail_with(e, "cudaPointerGetAttributes", msg, cap);
+    if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) {
+        if (msg && cap) std::snprintf(msg, cap, "%p is not device memory of any CUDA device", ptr);
+        return -1;
+    }
+    *device = a.device;
+    return 0;
+}
+
+int event_record(int32_t device, void *stream, void **event, char *msg, size_t cap) {
+    cudaError_t e = cudaSetDevice(device);
+    if (e != cudaSuccess) return fail_with(e, "cudaSetDevice", msg, cap);
+    cudaEvent_t ev = nullptr;
+    if ((e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming)) != cudaSuccess)
+        return fail_with(e, "cudaEventCreateWithFlags", msg, cap);
+    if ((e = cudaEventRecord(ev, static_cast<cudaStream_t>(stream))) != cudaSuccess) {
+        cudaEventDestroy(ev);
+        return fail_with(e, "cudaEventRecord", msg, cap);
+    }
+    *event = ev;
+    return 0;
+}
+
+int event_query(void *event, char *msg, size_t cap) {
+    const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(event));
+    if (e == cudaSuccess) return 0;
+    if (e == cudaErrorNotReady) {
+        (void)cudaGetLastError();  // not an error: clear it
+        return 1;
+    }
+    return fail_with(e, "cudaEventQuery", msg, cap);
+}
+
+void event_destroy(void *event) { cudaEventDestroy(static_cast<cudaEvent_t>(event)); }
+
 const sg_cuda_plugin_t kPlugin = {sizeof(sg_cuda_plugin_t), SG_CUDA_PLUGIN_ABI, 0, device_count, pack<true>,
-                                  pack<false>, digest, quant<true>, quant<false>, quest};
+                                  pack<false>, digest, quant<true>, quant<false>, quest,
+                                  device_of, stage_out, stage_in, event_record, event_query, event_destroy};
 
 }  // namespace
 

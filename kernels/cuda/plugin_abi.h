@@ -13,7 +13,7 @@
 extern "C" {
 #endif
 
-#define SG_CUDA_PLUGIN_ABI 1
+#define SG_CUDA_PLUGIN_ABI 2
 
 /* A gather (regions -> packed) or scatter (packed -> regions) of a layer's listed blocks. Device
  * pointers; k_region and v_region are the layer's regions (v_region NULL when K and V are fused). */
@@ -81,6 +81,12 @@ typedef struct sg_cuda_quest {
     float *out;
 } sg_cuda_quest_t;
 
+/* A piece of device memory for the staged path: device address and bytes. */
+typedef struct sg_cuda_piece {
+    uint64_t device_addr;
+    uint64_t bytes;
+} sg_cuda_piece_t;
+
 typedef struct sg_cuda_plugin {
     size_t struct_size;
     uint32_t abi; /* SG_CUDA_PLUGIN_ABI */
@@ -94,6 +100,23 @@ typedef struct sg_cuda_plugin {
     int (*quantize)(const sg_cuda_quant_t *quant, void *stream, char *msg, size_t cap);
     int (*dequantize)(const sg_cuda_quant_t *quant, void *stream, char *msg, size_t cap);
     int (*quest)(const sg_cuda_quest_t *quest, void *stream, char *msg, size_t cap);
+    /* Since interface 2: the staged path's device side. Each call is synchronous: when it returns,
+     * the bytes are where they go, and it ran on the plugin's own stream of that device (never the
+     * engine's). */
+    /* The device holding `ptr`: 0 with *device set, or negative when ptr is not device memory. */
+    int (*device_of)(const void *ptr, int32_t *device, char *msg, size_t cap);
+    /* Gathers the pieces (host array, device addresses on `device`), back to back, into host (any
+     * host memory; pinned is faster): one batched copy kernel into a device buffer, one copy out. */
+    int (*stage_out)(int32_t device, const sg_cuda_piece_t *pieces, uint64_t count, void *host, char *msg,
+                     size_t cap);
+    /* The reverse: host's bytes, back to back, into the pieces. */
+    int (*stage_in)(int32_t device, const sg_cuda_piece_t *pieces, uint64_t count, const void *host, char *msg,
+                    size_t cap);
+    /* An event recorded on the engine's stream (a cudaStream_t): *event receives it. */
+    int (*event_record)(int32_t device, void *stream, void **event, char *msg, size_t cap);
+    /* 0 the work before the event has finished, 1 not yet, negative an error. */
+    int (*event_query)(void *event, char *msg, size_t cap);
+    void (*event_destroy)(void *event);
 } sg_cuda_plugin_t;
 
 /* The one symbol the plugin exports. */

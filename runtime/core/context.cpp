@@ -36,13 +36,14 @@ bool env_param(const char *name, sg_param_t p, uint64_t &out) {
 }  // namespace
 
 KvPool::KvPool(Context *c, const sg_kv_layout_t &pub) : ctx(c), layout(kv::make_layout(pub)), id(random_u64()) {
-    if (layout.mem_kind == SG_MEM_CUDA) refuse_cuda_pool(layout.device);
+
     const uint32_t rpl = layout.regions_per_layer();
     bases.resize(size_t(layout.num_layers) * rpl);
     for (uint32_t l = 0; l < layout.num_layers; ++l) {
         bases[size_t(l) * rpl] = static_cast<uint8_t *>(pub.layer_k_base[l]);
         if (rpl == 2) bases[size_t(l) * rpl + 1] = static_cast<uint8_t *>(pub.layer_v_base[l]);
     }
+    if (layout.mem_kind == SG_MEM_CUDA) check_cuda_pool(layout.device, bases);
 }
 
 ParamBounds param_bounds(sg_param_t p) {

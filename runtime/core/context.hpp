@@ -4,6 +4,7 @@
 #pragma once
 
 #include "core/auth.hpp"
+#include "core/cuda_plugin.hpp"
 #include "core/transfer.hpp"
 #include "core/wire_quant.hpp"
 
@@ -48,8 +49,10 @@ class Context : public transport::CompletionSink {
                                    const std::shared_ptr<KvPool> &pool, std::span<const uint32_t> table,
                                    uint64_t num_tokens, const sg_transfer_options_t &opt,
                                    const select::Profile *profile = nullptr);
+    // cuda_stream (a device pool's layer written by kernels on the engine's stream): the layer counts
+    // as written once an event recorded on that stream now has completed, polled on the worker thread.
     void layer_written(Transfer &t, uint32_t layer, const float *queries = nullptr, uint32_t num_queries = 0,
-                       uint32_t num_q_heads = 0);
+                       uint32_t num_q_heads = 0, void *cuda_stream = nullptr);
     // Selective paths (paths.cpp).
     void fetch(Transfer &t, uint32_t layer, std::span<const uint32_t> blocks);
     // Copies the layer's received digests as fp32; false before the layer is essential.
@@ -223,12 +226,14 @@ class Context : public transport::CompletionSink {
         std::shared_ptr<Transfer> t;  // holds the pool and the session (whose slot is read)
         wire::StagedChunk chunk;
         uint64_t wire_bytes = 0;  // quantized chunks: the slot bytes their segments took
+        std::string error;        // the device copy failed: the transfer fails with this
     };
     std::vector<Unpack> unpacks_;  // guarded by mu
     bool unpacking_ = false;       // a thread is copying a batch (one at a time)
     // With mu held through `lock`: copies the queued chunks with mu let go, then counts them.
     void run_unpacks(std::unique_lock<std::mutex> &lock);
     void finish_unpack(Unpack &u);
+    void unpack_from(Unpack &u);
     // The prefill side's half: post_staged_chunk reserves the slots and counts the chunk under mu,
     // run_packs packs it with mu let go and then hands it to the provider under mu. Notices of its
     // layer or unit wait until it is handed over (packs_pending), so none overtakes its data.
@@ -243,6 +248,8 @@ class Context : public transport::CompletionSink {
         // Quantized chunks (wire_quant != 0): each segment's pieces (a count into `pieces`), where
         // it lands on the peer, and its wire shape.
         uint32_t wire_quant = 0;
+        int32_t src_device = -1;  // the source pool's CUDA device: pieces are device addresses
+        std::string error;        // the device copy failed: the transfer fails with this
         struct QuantSegment {
             uint32_t pieces;
             uint32_t region_in_layer;
@@ -258,6 +265,7 @@ class Context : public transport::CompletionSink {
     // With mu held through `lock`: packs and posts the reserved chunks, then unpacks received ones.
     void run_copies(std::unique_lock<std::mutex> &lock);
     void run_packs(std::unique_lock<std::mutex> &lock);
+    void pack_into(Pack &p, uint8_t *slot);
     // Hands a packed chunk to the provider; false when it is full (the chunk stays queued).
     bool post_pack(Pack &p);
     // Gives back what a chunk reserved when it will never be posted (its transfer or session ended).
@@ -368,7 +376,11 @@ class Context : public transport::CompletionSink {
         uint32_t layer;
         std::vector<float> queries;
         uint32_t num_queries, num_q_heads;
+        std::shared_ptr<StreamEvent> written;  // wait for it first (the engine's stream)
+        bool select = true;                    // false: full path, only mark the layer written
     };
+    void queue_job(SelectJob job);
+    void mark_written(Transfer &t, uint32_t layer);
     void select_loop();
     std::thread select_thread_;
     std::mutex select_mu_;

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "common/common.hpp"
 #include "cuda/plugin_abi.h"
@@ -32,7 +33,7 @@ Loaded load() {
         if (!handle) r.why = std::string("SG_CUDA_PLUGIN=") + path + ": " + dlerror();
     } else {
         Dl_info self{};
-        if (dladdr(reinterpret_cast<void *>(&refuse_cuda_pool), &self) && self.dli_fname) {
+        if (dladdr(reinterpret_cast<void *>(&check_cuda_pool), &self) && self.dli_fname) {
             std::string dir(self.dli_fname);
             dir = dir.find('/') == std::string::npos ? "." : dir.substr(0, dir.rfind('/'));
             handle = dlopen((dir + "/" + kPluginName).c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -62,9 +63,8 @@ const Loaded &plugin() {
     return loaded;
 }
 
-}  // namespace
-
-void refuse_cuda_pool(int32_t device) {
+// The plugin, with a driver and `device` among its devices; otherwise what is missing.
+const sg_cuda_plugin_t &usable(int32_t device) {
     const Loaded &l = plugin();
     if (!l.plugin) fail(SG_ERR_UNSUPPORTED, std::string("SG_MEM_CUDA needs the CUDA plugin ") + kPluginName + ": " + l.why);
     char msg[256] = {};
@@ -74,8 +74,72 @@ void refuse_cuda_pool(int32_t device) {
     if (device < 0 || device >= devices)
         fail(SG_ERR_INVALID_LAYOUT, "device " + std::to_string(device) + " is not a CUDA device here (" +
                                         std::to_string(devices) + " found)");
-    fail(SG_ERR_UNSUPPORTED, "SG_MEM_CUDA: the CUDA plugin and " + std::to_string(devices) +
-                                 " device(s) are present, but transfers of device memory are not in this build yet");
+    return *l.plugin;
+}
+
+// Loaded and checked by the pool that needs it first; later calls only read it.
+const sg_cuda_plugin_t &loaded() {
+    const Loaded &l = plugin();
+    if (!l.plugin) fail(SG_ERR_INTERNAL, "the CUDA plugin is not loaded");
+    return *l.plugin;
+}
+
+}  // namespace
+
+void check_cuda_pool(int32_t device, std::span<uint8_t *const> bases) {
+    const sg_cuda_plugin_t &p = usable(device);
+    for (uint8_t *base : bases) {
+        char msg[256] = {};
+        int32_t on = -1;
+        if (p.device_of(base, &on, msg, sizeof msg) != 0)
+            fail(SG_ERR_INVALID_LAYOUT, std::string("a region of the SG_MEM_CUDA pool is not device memory: ") + msg);
+        if (on != device)
+            fail(SG_ERR_INVALID_LAYOUT, "a region of the SG_MEM_CUDA pool is on device " + std::to_string(on) +
+                                            ", the layout says device " + std::to_string(device));
+    }
+}
+
+namespace {
+
+template <class Piece> std::vector<sg_cuda_piece_t> pieces_of(std::span<const Piece> pieces) {
+    std::vector<sg_cuda_piece_t> out;
+    out.reserve(pieces.size());
+    for (const auto &[addr, bytes] : pieces) out.push_back({uint64_t(reinterpret_cast<uintptr_t>(addr)), bytes});
+    return out;
+}
+
+}  // namespace
+
+void cuda_stage_out(int32_t device, std::span<const std::pair<const uint8_t *, uint64_t>> pieces, uint8_t *host) {
+    const auto list = pieces_of(pieces);
+    char msg[256] = {};
+    if (loaded().stage_out(device, list.data(), list.size(), host, msg, sizeof msg) != 0)
+        fail(SG_ERR_INTERNAL, std::string("copying KV off device ") + std::to_string(device) + " failed: " + msg);
+}
+
+void cuda_stage_in(int32_t device, std::span<const std::pair<uint8_t *, uint64_t>> pieces, const uint8_t *host) {
+    const auto list = pieces_of(pieces);
+    char msg[256] = {};
+    if (loaded().stage_in(device, list.data(), list.size(), host, msg, sizeof msg) != 0)
+        fail(SG_ERR_INTERNAL, std::string("copying KV onto device ") + std::to_string(device) + " failed: " + msg);
+}
+
+StreamEvent::StreamEvent(int32_t device, void *stream) {
+    const sg_cuda_plugin_t &p = usable(device);
+    char msg[256] = {};
+    if (p.event_record(device, stream, &event_, msg, sizeof msg) != 0)
+        fail(SG_ERR_INVALID_ARGUMENT, std::string("cuda_stream: recording an event on it failed: ") + msg);
+}
+
+StreamEvent::~StreamEvent() {
+    if (event_) loaded().event_destroy(event_);
+}
+
+bool StreamEvent::done() {
+    char msg[256] = {};
+    const int rc = loaded().event_query(event_, msg, sizeof msg);
+    if (rc < 0) fail(SG_ERR_INTERNAL, std::string("the engine's stream failed: ") + msg);
+    return rc == 0;
 }
 
 }  // namespace sg::core

@@ -48,7 +48,8 @@ void Context::digest_proactive_blocks(Transfer &t, uint32_t layer) {
     for (uint32_t b : L.in.proactive_blocks) {
         if (b >= nb) continue;
         const uint64_t tokens = std::min<uint64_t>(KL.tokens_per_block, t.num_tokens - uint64_t(b) * KL.tokens_per_block);
-        layer_digest(KL, k_region, std::span<const uint32_t>(&t.table[b], 1), tokens, one.data());
+        const HostKeys keys = host_keys(KL, k_region, std::span<const uint32_t>(&t.table[b], 1));
+        layer_digest(keys.layout, keys.k_region, keys.table, tokens, one.data());
         encode_digests(KL, one.data(), one.size(), L.digests.data() + size_t(b) * per_block);
     }
     std::vector<uint32_t>().swap(L.in.proactive_blocks);

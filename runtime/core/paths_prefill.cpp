@@ -61,8 +61,10 @@ Context::PreparedLayer Context::prepare_layer(Transfer &t, uint32_t layer, const
     const kv::Layout &L = t.pool->layout;
     const uint32_t nb = request_blocks(t);
     std::vector<float> digest(kernels::digest_floats(nb, L.num_kv_heads, L.head_dim));
-    const uint8_t *k_region = t.pool->region(layer, 0);
-    layer_digest(L, k_region, t.table, t.num_tokens, digest.data());
+    // A device pool's keys are read through a host copy (the device selection kernels are not wired
+    // in yet).
+    const HostKeys keys = host_keys(L, t.pool->region(layer, 0), t.table);
+    layer_digest(keys.layout, keys.k_region, keys.table, t.num_tokens, digest.data());
     select::LayerSelection sel;
     {
         std::lock_guard lock(t.sel.select_mu);
@@ -71,9 +73,9 @@ Context::PreparedLayer Context::prepare_layer(Transfer &t, uint32_t layer, const
         in.num_queries = num_queries;
         in.num_q_heads = num_q_heads;
         in.digests = digest.data();
-        in.keys_layout = &L;
-        in.k_region = k_region;
-        in.table = t.table;
+        in.keys_layout = &keys.layout;
+        in.k_region = keys.k_region;
+        in.table = keys.table;
         t.sel.selector->select(layer, in, sel);
     }
     prep.selected.assign(sel.blocks.begin(), sel.blocks.end());
@@ -125,6 +127,17 @@ void Context::select_loop() {
         if (t.released.load(std::memory_order_acquire)) {
             // Released or ended meanwhile: nobody will read this selection.
         } else try {
+            // The engine's kernels may still be writing the layer: nothing reads it before the
+            // event recorded on their stream has completed (the stream itself is never waited on).
+            if (job.written)
+                while (!job.written->done() && !t.released.load(std::memory_order_acquire) && !t.finished())
+                    std::this_thread::sleep_for(std::chrono::microseconds(20));
+            if (!job.select) {
+                mark_written(t, job.layer);
+                job.t.reset();
+                qlock.lock();
+                continue;
+            }
             PreparedLayer prep = prepare_layer(t, job.layer, job.queries.empty() ? nullptr : job.queries.data(),
                                                job.num_queries, job.num_q_heads);
             std::lock_guard lock(mu);
@@ -322,7 +335,7 @@ void Context::compile_unit(Transfer &t, SendUnit &u) {
     plan::Limits limits;
     const uint64_t max_op = std::min(max_op_bytes_, t.session->tp->caps().max_msg_size);
     limits.max_op_bytes = u.path == SG_PATH_SPECULATIVE ? std::min(max_op, kSpeculativeOpBytes) : max_op;
-    if (t.options.wire_quant) limits.max_op_bytes = std::min<uint64_t>(limits.max_op_bytes, StagingArea::kSlotBytes);
+    if (t.staged_only()) limits.max_op_bytes = std::min<uint64_t>(limits.max_op_bytes, StagingArea::kSlotBytes);
     limits.max_iov = uint32_t(std::min<uint64_t>(plan::kMaxIov, std::max<uint64_t>(1, t.session->tp->caps().rma_iov_limit)));
     const plan::LayerPlanStats ps = plan::compile_layer(src, bases, dst, tokens, limits, u.ops);
     t.stats.segments += ps.segments;
@@ -334,8 +347,8 @@ void Context::compile_unit(Transfer &t, SendUnit &u) {
     // Gbit/s); shm pays a round trip per write, so it packs everything.
     const uint64_t mean = u.ops.empty() ? 0 : ps.bytes / u.ops.size();
     const bool pack_bulk = t.session->tp->caps().local_only;
-    u.staged = t.session->have_peer_staging &&
-               (t.options.wire_quant ||  // quantized while packing: every unit is staged
+    u.staged = t.staged_only() ||  // quantized or copied off the device while packing
+               (t.session->have_peer_staging &&
                 ((u.path != SG_PATH_SPECULATIVE || pack_bulk) && staging_policy_ != SG_STAGING_NEVER &&
                  (staging_policy_ == SG_STAGING_ALWAYS || (staging_threshold_ && mean < staging_threshold_))));
 }

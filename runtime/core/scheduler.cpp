@@ -53,8 +53,9 @@ bool Context::start_next_layer(Transfer &t) {
     plan::Side dst{&t.prefill.dst->layout, t.prefill.dst_table};
     plan::Limits limits;
     limits.max_op_bytes = std::min(max_op_bytes_, t.session->tp->caps().max_msg_size);
-    // A quantized write is packed into one staging slot: no op may be larger than a slot.
-    if (t.options.wire_quant) limits.max_op_bytes = std::min<uint64_t>(limits.max_op_bytes, StagingArea::kSlotBytes);
+    // A staged-only write (quantized, or device memory) is packed into one staging slot: no op may be
+    // larger than a slot.
+    if (t.staged_only()) limits.max_op_bytes = std::min<uint64_t>(limits.max_op_bytes, StagingArea::kSlotBytes);
     limits.max_iov = uint32_t(std::min<uint64_t>(plan::kMaxIov, std::max<uint64_t>(1, t.session->tp->caps().rma_iov_limit)));
     const plan::LayerPlanStats ps = plan::compile_layer(src, bases, dst, t.num_tokens, limits, t.prefill.ops);
     t.stats.segments += ps.segments;
@@ -62,11 +63,12 @@ bool Context::start_next_layer(Transfer &t) {
     t.prefill.next_op = 0;
     const uint64_t mean = t.prefill.ops.empty() ? 0 : ps.bytes / t.prefill.ops.size();
     Transfer::Layer &L = t.layers[layer];
-    if (t.options.wire_quant) {
-        // Quantization happens while packing, so every op is staged (the staging policy does not
-        // apply), and the layer's rate says nothing about plain writes against staging.
+    if (t.staged_only()) {
+        // Quantization and device copies happen while packing, so every op is staged (the staging
+        // policy does not apply), and the layer's rate says nothing about plain writes against
+        // staging.
         L.out.candidate = false;
-        L.out.staged = t.session->have_peer_staging;
+        L.out.staged = true;
     } else {
         L.out.candidate = staging_threshold_ && t.session->have_peer_staging && mean < staging_threshold_ &&
                           staging_policy_ != SG_STAGING_NEVER;

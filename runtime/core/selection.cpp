@@ -1,5 +1,7 @@
 #include "core/selection.hpp"
 
+#include "core/cuda_plugin.hpp"
+
 #include <algorithm>
 #include <cstring>
 
@@ -30,6 +32,28 @@ uint64_t tokens_in_block(const kv::Layout &L, uint64_t num_tokens, size_t index)
 }
 
 }  // namespace
+
+HostKeys host_keys(const kv::Layout &L, const uint8_t *k_region, std::span<const uint32_t> table) {
+    HostKeys h;
+    h.layout = L;
+    h.k_region = k_region;
+    h.table = table;
+    if (L.mem_kind != SG_MEM_CUDA) return h;
+    std::vector<std::pair<const uint8_t *, uint64_t>> pieces;
+    pieces.reserve(table.size());
+    for (uint32_t b : table) pieces.emplace_back(k_region + L.plane(0, b).offset, L.plane_bytes);
+    h.copy.resize(table.size() * L.plane_bytes);
+    cuda_stage_out(L.device, pieces, h.copy.data());
+    h.layout.packing = SG_KV_SEPARATE;
+    h.layout.block_stride = L.plane_bytes;
+    h.layout.num_blocks = table.size();
+    h.layout.mem_kind = SG_MEM_HOST;
+    h.k_region = h.copy.data();
+    h.iota.resize(table.size());
+    for (uint32_t i = 0; i < h.iota.size(); ++i) h.iota[i] = i;
+    h.table = h.iota;
+    return h;
+}
 
 void layer_digest(const kv::Layout &L, const uint8_t *k_region, std::span<const uint32_t> table, uint64_t num_tokens,
                   float *out) {

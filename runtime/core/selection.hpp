@@ -14,6 +14,18 @@ namespace sg::core {
 
 kernels::DType kernel_dtype(sg_dtype_t dtype);  // SG_ERR_UNSUPPORTED for fp8
 
+// The K planes a CPU selection reads for one layer and block table. For a host pool, its own region
+// and the table as given; for a device pool, a host copy of the listed blocks' K planes (staged out
+// through the CUDA plugin: block i at i x plane_bytes), a layout that says so and the table 0..n-1.
+struct HostKeys {
+    kv::Layout layout;
+    const uint8_t *k_region = nullptr;
+    std::span<const uint32_t> table;
+    std::vector<uint8_t> copy;
+    std::vector<uint32_t> iota;
+};
+HostKeys host_keys(const kv::Layout &pool_layout, const uint8_t *k_region, std::span<const uint32_t> table);
+
 // Page digests of one layer: out[block][kv_head][2][head_dim] (min, max) for the request's blocks.
 void layer_digest(const kv::Layout &L, const uint8_t *k_region, std::span<const uint32_t> table, uint64_t num_tokens,
                   float *out);

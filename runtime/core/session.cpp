@@ -150,10 +150,13 @@ void Context::export_kv(Session &s, KvPool &pool) {
     if (s.local_regs.count(pool.id)) return;
     Session::LocalReg reg;
     const uint64_t bytes = pool.layout.region_bytes();
+    const bool device = pool.layout.mem_kind == SG_MEM_CUDA;
     try {
         // One region at a time with the lock let go in between: registering a large pool (pinning,
         // on some providers) must not keep the progress thread from keep-alives for that long.
-        for (uint8_t *base : pool.bases) {
+        // Device memory is not registered: no provider here reaches it (FI_HMEM), so its bytes
+        // always go through the staging slots.
+        for (uint8_t *base : device ? std::vector<uint8_t *>{} : pool.bases) {
             reg.regions.push_back(s.tp->register_memory(base, bytes, random_u64()));
             lock.unlock();
             lock.lock();
@@ -172,6 +175,7 @@ void Context::export_kv(Session &s, KvPool &pool) {
     ex.layout = pool.layout.to_desc();
     ex.regions_per_layer = pool.layout.regions_per_layer();
     for (auto &r : reg.regions) ex.regions.push_back({r.key, r.remote_base, bytes});
+    if (device) ex.regions.assign(pool.bases.size(), wire::Region{0, 0, bytes});  // no key: never written directly
     s.local_regs[pool.id] = std::move(reg);
     std::vector<uint8_t> out;
     wire::encode(out, id, ex);

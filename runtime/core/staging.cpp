@@ -2,6 +2,7 @@
 // unpacking them on the other side, and the policy that chooses per layer between plain writes
 // and staging from the throughput each achieved on the session.
 #include "core/core.hpp"
+#include "core/cuda_plugin.hpp"
 
 #include <sys/mman.h>
 
@@ -127,7 +128,14 @@ void Context::record_layer_rate(Transfer &t, Transfer::Layer &L) {
 bool Context::post_staged_chunk(Transfer &t, uint32_t layer, const Vec<plan::Op> &ops, size_t &next_op, SendUnit *unit) {
     Session &s = *t.session;
     if (tx_full(*s.tp)) return false;  // the provider is full: a packed chunk would only wait
-    if (!ensure_send_staging(s)) return post_write_op(t, layer, ops, next_op, unit);
+    // Device memory cannot go as a plain write: without slots on both sides the transfer fails.
+    const bool device = t.device_side();
+    if (!s.have_peer_staging || !ensure_send_staging(s)) {
+        if (!device) return post_write_op(t, layer, ops, next_op, unit);
+        fail_transfer(t, SG_ERR_UNSUPPORTED,
+                      "a pool in device memory moves through staging slots, and this session has none", true);
+        return false;
+    }
     if (!s.free_peer_slots || !s.free_send_slots) return false;
     Pack p;
     p.rslot = uint32_t(__builtin_ctz(s.free_peer_slots));
@@ -138,23 +146,26 @@ bool Context::post_staged_chunk(Transfer &t, uint32_t layer, const Vec<plan::Op>
     chunk.slot = p.rslot;
     const size_t first = next_op;
     size_t k = first;
-    p.wire_quant = chunk.wire_quant = t.options.wire_quant;
+    p.src_device = t.pool->layout.mem_kind == SG_MEM_CUDA ? t.pool->layout.device : -1;
     for (; k < ops.size() && chunk.segments.size() < kMaxSegmentsPerChunk; ++k) {
         const plan::Op &op = ops[k];
         uint64_t wire_len = op.len;
         Pack::QuantSegment q{op.niov, op.dst_region, op.dst_offset, op.len, {}};
-        if (p.wire_quant) {
-            // A range that is not whole head rows (padding coalesced between blocks) goes as a
-            // plain write of its raw bytes, which the decode side takes as they are.
-            if (!wire_quant::shape_of(t.prefill.dst->layout, op.dst_region, op.dst_offset, op.len, q.shape)) {
-                if (k == first) return post_write_op(t, layer, ops, next_op, unit);
-                break;
-            }
-            wire_len = q.shape.wire_bytes();
-        }
-        if (p.used + wire_len > StagingArea::kSlotBytes) {
-            if (k == first) return post_write_op(t, layer, ops, next_op, unit);  // larger than a slot: a plain write
+        // A quantized transfer's range that is not whole head rows (padding coalesced between
+        // blocks) travels raw, in a chunk of raw ranges: a chunk is quantized or not as a whole.
+        const bool quantized =
+            t.options.wire_quant &&
+            wire_quant::shape_of(t.prefill.dst->layout, op.dst_region, op.dst_offset, op.len, q.shape);
+        if (k == first)
+            p.wire_quant = chunk.wire_quant = quantized ? t.options.wire_quant : 0;
+        else if (quantized != (p.wire_quant != 0))
             break;
+        if (quantized) wire_len = q.shape.wire_bytes();
+        if (p.used + wire_len > StagingArea::kSlotBytes) {
+            if (k > first) break;
+            if (!device) return post_write_op(t, layer, ops, next_op, unit);  // larger than a slot: a plain write
+            fail_transfer(t, SG_ERR_INTERNAL, "an operation larger than a staging slot on a device transfer", true);
+            return false;
         }
         for (uint32_t i = 0; i < op.niov; ++i) p.pieces.emplace_back(op.iov[i].addr, op.iov[i].len);
         p.used += wire_len;
@@ -211,21 +222,10 @@ void Context::run_packs(std::unique_lock<std::mutex> &lock) {
         // A transfer that ended meanwhile sends nothing more; its reservation is given back below.
         if (p.packed || p.t->finished()) continue;
         uint8_t *slot = p.t->session->send_staging.base + size_t(p.lslot) * StagingArea::kSlotBytes;
-        if (p.wire_quant) {
-            kernels::QuantCode code{};
-            wire_quant::code_of(p.wire_quant, code);  // checked when the transfer was posted
-            std::span<const std::pair<const uint8_t *, uint64_t>> pieces(p.pieces);
-            for (const Pack::QuantSegment &q : p.quant_segments) {
-                wire_quant::encode(p.t->prefill.dst->layout, q.region_in_layer, q.offset, q.length, q.shape,
-                                   pieces.first(q.pieces), code, slot);
-                pieces = pieces.subspan(q.pieces);
-                slot += q.shape.wire_bytes();
-            }
-        } else {
-            for (auto [src, len] : p.pieces) {
-                std::memcpy(slot, src, len);
-                slot += len;
-            }
+        try {
+            pack_into(p, slot);
+        } catch (const Error &e) {
+            p.error = e.message();
         }
         p.packed = true;
     }
@@ -233,6 +233,7 @@ void Context::run_packs(std::unique_lock<std::mutex> &lock) {
     packing_ = false;
     std::deque<Pack> waiting;  // the provider was full: retried on a later pass, in order
     for (Pack &p : batch) {
+        if (!p.error.empty() && !p.t->finished()) fail_transfer(*p.t, SG_ERR_INTERNAL, p.error, true);
         if (p.t->finished() || p.t->session->closed()) {
             drop_pack(p);
         } else if (!waiting.empty() || !post_pack(p)) {
@@ -242,6 +243,45 @@ void Context::run_packs(std::unique_lock<std::mutex> &lock) {
     // Chunks reserved while this batch was copied go after the ones still waiting for the provider.
     for (Pack &p : packs_) waiting.push_back(std::move(p));
     packs_.swap(waiting);
+}
+
+// Without mu: a reserved chunk's bytes into its slot. From device memory through the CUDA plugin
+// (raw chunks straight into the slot; quantized ones into host memory first, then coded from there).
+void Context::pack_into(Pack &p, uint8_t *slot) {
+    std::span<const std::pair<const uint8_t *, uint64_t>> pieces(p.pieces);
+    thread_local std::vector<uint8_t> from_device;
+    thread_local std::vector<std::pair<const uint8_t *, uint64_t>> host_pieces;
+    if (p.src_device >= 0 && !p.wire_quant) {
+        cuda_stage_out(p.src_device, pieces, slot);
+        return;
+    }
+    if (p.src_device >= 0) {
+        from_device.resize(p.payload);
+        cuda_stage_out(p.src_device, pieces, from_device.data());
+        // The same pieces, now in host memory back to back.
+        host_pieces.clear();
+        uint64_t at = 0;
+        for (auto [src, len] : pieces) {
+            host_pieces.emplace_back(from_device.data() + at, len);
+            at += len;
+        }
+        pieces = host_pieces;
+    }
+    if (!p.wire_quant) {
+        for (auto [src, len] : pieces) {
+            std::memcpy(slot, src, len);
+            slot += len;
+        }
+        return;
+    }
+    kernels::QuantCode code{};
+    wire_quant::code_of(p.wire_quant, code);  // checked when the transfer was posted
+    for (const Pack::QuantSegment &q : p.quant_segments) {
+        wire_quant::encode(p.t->prefill.dst->layout, q.region_in_layer, q.offset, q.length, q.shape,
+                           pieces.first(q.pieces), code, slot);
+        pieces = pieces.subspan(q.pieces);
+        slot += q.shape.wire_bytes();
+    }
 }
 
 // Tried even while the provider's queue was lately full (tx_full): a chunk reserved before the
@@ -370,30 +410,57 @@ void Context::run_unpacks(std::unique_lock<std::mutex> &lock) {
         // A transfer that ended meanwhile needs no bytes; its blocks are not reused before the
         // pending count is back to 0 either way.
         if (u.t->finished()) continue;
-        const kv::Layout &L = u.t->pool->layout;
-        const uint8_t *src = u.t->session->recv_staging.base + u.chunk.slot * StagingArea::kSlotBytes;
-        uint64_t pos = u.chunk.slot_offset;
-        kernels::QuantCode code{};
-        const bool quantized = wire_quant::code_of(u.chunk.wire_quant, code);
-        for (const wire::Segment &seg : u.chunk.segments) {  // checked by on_staged_chunk
-            const uint32_t layer = seg.region / L.regions_per_layer(), region = seg.region % L.regions_per_layer();
-            uint8_t *dst = u.t->pool->region(layer, region) + seg.offset;
-            if (quantized) {
-                wire_quant::Shape shape;
-                wire_quant::shape_of(L, region, seg.offset, seg.length, shape);
-                wire_quant::decode(L, region, seg.offset, seg.length, shape, src + pos, code, dst);
-                u.wire_bytes += shape.wire_bytes();
-                pos += shape.wire_bytes();
-            } else {
-                std::memcpy(dst, src + pos, seg.length);
-                pos += seg.length;
-            }
+        try {
+            unpack_from(u);
+        } catch (const Error &e) {
+            u.error = e.message();
         }
     }
     lock.lock();
     unpacking_ = false;
-    for (Unpack &u : batch) finish_unpack(u);
+    for (Unpack &u : batch) {
+        if (!u.error.empty() && !u.t->finished()) fail_transfer(*u.t, SG_ERR_INTERNAL, u.error, true);
+        finish_unpack(u);
+    }
     if (!unpacks_.empty()) wake();
+}
+
+// Without mu: a received chunk's bytes into the pool. Into device memory through the CUDA plugin
+// (quantized chunks decoded into host memory first).
+void Context::unpack_from(Unpack &u) {
+    const kv::Layout &L = u.t->pool->layout;
+    const uint8_t *src = u.t->session->recv_staging.base + u.chunk.slot * StagingArea::kSlotBytes;
+    uint64_t pos = u.chunk.slot_offset;
+    kernels::QuantCode code{};
+    const bool quantized = wire_quant::code_of(u.chunk.wire_quant, code);
+    const bool device = L.mem_kind == SG_MEM_CUDA;
+    thread_local std::vector<std::pair<uint8_t *, uint64_t>> pieces;
+    thread_local std::vector<uint8_t> decoded;
+    pieces.clear();
+    uint64_t decoded_bytes = 0;
+    if (device && quantized) {
+        for (const wire::Segment &seg : u.chunk.segments) decoded_bytes += seg.length;
+        decoded.resize(decoded_bytes);
+        decoded_bytes = 0;
+    }
+    for (const wire::Segment &seg : u.chunk.segments) {  // checked by on_staged_chunk
+        const uint32_t layer = seg.region / L.regions_per_layer(), region = seg.region % L.regions_per_layer();
+        uint8_t *dst = u.t->pool->region(layer, region) + seg.offset;
+        if (device) pieces.emplace_back(dst, seg.length);
+        if (quantized) {
+            wire_quant::Shape shape;
+            wire_quant::shape_of(L, region, seg.offset, seg.length, shape);
+            uint8_t *out = device ? decoded.data() + decoded_bytes : dst;
+            wire_quant::decode(L, region, seg.offset, seg.length, shape, src + pos, code, out);
+            decoded_bytes += seg.length;
+            u.wire_bytes += shape.wire_bytes();
+            pos += shape.wire_bytes();
+        } else {
+            if (!device) std::memcpy(dst, src + pos, seg.length);
+            pos += seg.length;
+        }
+    }
+    if (device) cuda_stage_in(L.device, pieces, quantized ? decoded.data() : src + u.chunk.slot_offset);
 }
 
 // With mu: the chunk is in place (or its transfer ended): count it, let the layer's notices that

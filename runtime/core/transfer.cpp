@@ -222,21 +222,39 @@ void Context::match(Session &s, const std::shared_ptr<Transfer> &t, const wire::
 }
 
 void Context::layer_written(Transfer &t, uint32_t layer, const float *queries, uint32_t num_queries,
-                            uint32_t num_q_heads) {
+                            uint32_t num_q_heads, void *cuda_stream) {
     if (!t.post_side) fail(SG_ERR_INVALID_STATE, "layer_written is for the prefill (posting) side");
     if (layer >= t.layers.size())
         fail(SG_ERR_OUT_OF_RANGE, "layer " + std::to_string(layer) + " >= num_layers " + std::to_string(t.layers.size()));
+    std::shared_ptr<StreamEvent> written;
+    if (cuda_stream) {
+        if (t.pool->layout.mem_kind != SG_MEM_CUDA)
+            fail(SG_ERR_INVALID_ARGUMENT, "cuda_stream is for SG_MEM_CUDA pools (this one is host memory)");
+        written = std::make_shared<StreamEvent>(t.pool->layout.device, cuda_stream);
+    }
     if (t.selective()) {
         check_selection_inputs(t, layer, queries, num_queries, num_q_heads);
-        SelectJob job{t.shared_from_this(), layer, {}, num_queries, num_q_heads};
+        SelectJob job{t.shared_from_this(), layer, {}, num_queries, num_q_heads, std::move(written), true};
         if (queries && num_queries)
             job.queries.assign(queries, queries + size_t(num_queries) * num_q_heads * t.pool->layout.head_dim);
-        std::lock_guard lock(select_mu_);
-        if (!select_thread_.joinable()) select_thread_ = std::thread([this] { select_loop(); });
-        select_jobs_.push_back(std::move(job));
-        select_cv_.notify_one();
+        queue_job(std::move(job));
         return;
     }
+    if (written) {
+        queue_job(SelectJob{t.shared_from_this(), layer, {}, 0, 0, std::move(written), false});
+        return;
+    }
+    mark_written(t, layer);
+}
+
+void Context::queue_job(SelectJob job) {
+    std::lock_guard lock(select_mu_);
+    if (!select_thread_.joinable()) select_thread_ = std::thread([this] { select_loop(); });
+    select_jobs_.push_back(std::move(job));
+    select_cv_.notify_one();
+}
+
+void Context::mark_written(Transfer &t, uint32_t layer) {
     std::lock_guard lock(mu);
     if (!t.layers[layer].out.written) {
         t.layers[layer].out.written = true;

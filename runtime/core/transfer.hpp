@@ -148,6 +148,15 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
         uint64_t lease_deadline_ns = 0;  // set when the last layer is written and lease_ns > 0
     } prefill;
     bool matched() const { return prefill.dst != nullptr; }
+    // Prefill side, once matched: every op goes through the staging slots, never as a plain write
+    // (quantized on the wire, or a pool in device memory that RMA cannot reach here).
+    bool staged_only() const {
+        return options.wire_quant || pool->layout.mem_kind == SG_MEM_CUDA ||
+               (prefill.dst && prefill.dst->layout.mem_kind == SG_MEM_CUDA);
+    }
+    bool device_side() const {
+        return pool->layout.mem_kind == SG_MEM_CUDA || (prefill.dst && prefill.dst->layout.mem_kind == SG_MEM_CUDA);
+    }
 
     // Prefill side, selective paths: the profile applied to this request (selection runs on the
     // thread that marks a layer written, serialized by select_mu) and the send units by path.

@@ -205,7 +205,7 @@ TEST(Session, PostBeforeExpectWithLayerOrderAndStreaming) {
     EXPECT_GT(ns, 0u);
     EXPECT_EQ(sg_transfer_layer_written(y, 0, nullptr), SG_ERR_INVALID_STATE);  // decode side
     EXPECT_EQ(sg_transfer_layer_written(x, 3, nullptr), SG_ERR_OUT_OF_RANGE);
-    EXPECT_EQ(sg_transfer_layer_written(x, 0, &ns), SG_ERR_UNSUPPORTED);  // a CUDA stream: not yet
+    EXPECT_EQ(sg_transfer_layer_written(x, 0, &ns), SG_ERR_INVALID_ARGUMENT);  // a stream with a host pool
     sg_transfer_release(x);
     sg_transfer_release(y);
 }
