@@ -4,6 +4,7 @@
 // can only be measured from inside lives here:
 //   select  the selection kernels' throughput against memcpy (P6)
 //   plan    block tables -> ready-to-post operations (P5)
+//   quant   in-flight quantization's codec (wire_quant) against memcpy
 // Same command line, JSON lines and tables as smartgen-bench (tools/bench/bench.cpp, shared).
 #include "bench.hpp"
 
@@ -12,6 +13,7 @@ const char *const sg::bench::kProgram = "smartgen-microbench";
 namespace sg::bench {
 int run_select(const Common &c);  // select.cpp
 int run_plan(const Common &c);    // plan.cpp
+int run_quant(const Common &c);   // quant.cpp
 }  // namespace sg::bench
 
 namespace {
@@ -24,6 +26,8 @@ const Subcommand kSubcommands[] = {
      "  --window N     SnapKV query window                     --policies LIST\n"},
     {"plan", sg::bench::run_plan, "block tables -> ready-to-post operations, Llama-3-8B layout, P5",
      "  --tokens N   --iters N (100)   --max-iov N   --layers N\n"},
+    {"quant", sg::bench::run_quant, "wire quantization: encode and decode per dtype and code against memcpy",
+     "  --bytes SIZE (4M)   --reps N (15)\n"},
 };
 
 }  // namespace
