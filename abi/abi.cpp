@@ -1158,6 +1158,32 @@ SG_API sg_status_t sg_transfer_layer_written_q(sg_transfer_t h, uint32_t layer, 
     });
 }
 
+SG_API void sg_layer_written_init(sg_layer_written_t *args) {
+    if (!args) return;
+    std::memset(static_cast<void *>(args), 0, sizeof *args);
+    args->struct_size = sizeof *args;
+}
+
+SG_API sg_status_t sg_transfer_layer_written_ex(sg_transfer_t h, uint32_t layer, const sg_layer_written_t *args) {
+    return guard(nullptr, [&] {
+        auto t = lookup(transfers(), raw(h), "transfer");
+        if (!args) fail(SG_ERR_INVALID_ARGUMENT, "args is NULL");
+        sg_layer_written_t defaults;
+        sg_layer_written_init(&defaults);
+        const sg_layer_written_t a = read_sized(args, defaults, "args");
+        if (a.reserved) fail(SG_ERR_INVALID_ARGUMENT, "args.reserved must be 0");
+        if (a.queries_mem_kind != SG_MEM_HOST && a.queries_mem_kind != SG_MEM_CUDA)
+            fail(SG_ERR_INVALID_ARGUMENT, "args.queries_mem_kind is not SG_MEM_HOST or SG_MEM_CUDA");
+        if (a.num_queries && (!a.queries || !a.num_q_heads))
+            fail(SG_ERR_INVALID_ARGUMENT, "args.queries is NULL or args.num_q_heads is 0 with num_queries > 0");
+        if (a.queries_mem_kind == SG_MEM_CUDA && a.num_queries && !a.cuda_stream)
+            fail(SG_ERR_INVALID_ARGUMENT, "device queries need args.cuda_stream (they are read once it passes the layer)");
+        t->ctx->layer_written(*t, layer, a.queries, a.num_queries, a.num_q_heads, a.cuda_stream,
+                              a.queries_mem_kind == SG_MEM_CUDA);
+        return SG_OK;
+    });
+}
+
 SG_API sg_status_t sg_transfer_wait_layer_state(sg_transfer_t h, uint32_t layer, uint32_t bits, uint64_t timeout_ns) {
     return guard(nullptr, [&] {
         not_in_callback("sg_transfer_wait_layer_state");

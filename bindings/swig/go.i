@@ -78,7 +78,11 @@ SGO_HANDLE(sg_selector_t)
 %ignore sg_event;
 /* Per-thread state, unsafe to read from Go (see above); the shims read it. */
 %ignore sg_last_error_message;
-/* Not bound in Go yet (see above). */
+/* Not bound in Go yet (see above). The layer-written call of device engines (queries in device
+ * memory) is C and Rust only for now. */
+%ignore sg_layer_written;
+%ignore sg_layer_written_init;
+%ignore sg_transfer_layer_written_ex;
 %ignore sg_provider_query;
 %ignore sg_provider_info;
 %ignore sg_param_bounds;

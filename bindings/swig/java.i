@@ -229,6 +229,10 @@ SGJ_OUT_BUFFER(float *out, size_t cap, jfloatArray, float[], jfloat, GetFloatArr
 %ignore sg_selector_input_init;
 %ignore sg_selector_select;
 %ignore sg_selector_budget_blocks;
+/* The layer-written call of device engines (queries in device memory): C and Rust only for now. */
+%ignore sg_layer_written;
+%ignore sg_layer_written_init;
+%ignore sg_transfer_layer_written_ex;
 %ignore sg_attention_merge;
 %ignore sg_attention_finish;
 %ignore sg_provider_info;

@@ -96,7 +96,7 @@ extern "C" {
  * Versions
  * ------------------------------------------------------------------------------------------- */
 #define SG_VERSION_MAJOR 0
-#define SG_VERSION_MINOR 2
+#define SG_VERSION_MINOR 3
 #define SG_VERSION_PATCH 0
 #define SG_VERSION_NUMBER (SG_VERSION_MAJOR * 10000 + SG_VERSION_MINOR * 100 + SG_VERSION_PATCH)
 /* The SONAME major: libsmartgen.so.<SG_ABI_VERSION>. */
@@ -923,6 +923,30 @@ SG_API sg_status_t sg_transfer_layer_written(sg_transfer_t xfer, uint32_t layer,
  * Since 0.1. */
 SG_API sg_status_t sg_transfer_layer_written_q(sg_transfer_t xfer, uint32_t layer, const float *queries,
                                                uint32_t num_queries, uint32_t num_q_heads);
+
+/* The layer-written call with everything a device engine has at hand, in one struct that only grows
+ * (struct_size): the queries (host memory, copied at the call, as sg_transfer_layer_written_q; or
+ * device memory of the pool's device, read once the stream has passed the layer, so they must stay
+ * unchanged until the layer's SG_LAYER_WRITTEN bit is set) and the engine's stream (as
+ * sg_transfer_layer_written). A zeroed struct with struct_size is sg_transfer_layer_written(x, l,
+ * NULL). Since 0.3. */
+typedef struct sg_layer_written {
+    size_t struct_size;         /* set by sg_layer_written_init */
+    const float *queries;       /* fp32 [num_queries][num_q_heads][head_dim] after RoPE; NULL: none */
+    uint32_t num_queries;
+    uint32_t num_q_heads;
+    sg_mem_kind_t queries_mem_kind; /* SG_MEM_HOST (0) or SG_MEM_CUDA (the pool's device, with a stream) */
+    uint32_t reserved;          /* 0 */
+    void *cuda_stream;          /* a cudaStream_t whose kernels write the layer (and the queries), or NULL */
+} sg_layer_written_t;
+
+/* Sets struct_size and clears the rest. Since 0.3. */
+SG_API void sg_layer_written_init(sg_layer_written_t *args);
+
+/* Returns as sg_transfer_layer_written_q, and SG_ERR_INVALID_ARGUMENT for args NULL or without
+ * struct_size, reserved not 0, an unknown queries_mem_kind, device queries without a stream or with
+ * a host pool. Since 0.3. */
+SG_API sg_status_t sg_transfer_layer_written_ex(sg_transfer_t xfer, uint32_t layer, const sg_layer_written_t *args);
 
 /* Waits until every bit of `bits` (SG_LAYER_*; unknown bits are refused, SG_ERR_INVALID_ARGUMENT)
  * is set for the layer: SG_OK, SG_ERR_TIMEOUT when timeout_ns passes first, or the transfer's error

@@ -51,8 +51,10 @@ class Context : public transport::CompletionSink {
                                    const select::Profile *profile = nullptr);
     // cuda_stream (a device pool's layer written by kernels on the engine's stream): the layer counts
     // as written once an event recorded on that stream now has completed, polled on the worker thread.
+    // device_queries: queries is memory of the pool's device, read (staged out) once the stream has
+    // passed the event.
     void layer_written(Transfer &t, uint32_t layer, const float *queries = nullptr, uint32_t num_queries = 0,
-                       uint32_t num_q_heads = 0, void *cuda_stream = nullptr);
+                       uint32_t num_q_heads = 0, void *cuda_stream = nullptr, bool device_queries = false);
     // Selective paths (paths.cpp).
     void fetch(Transfer &t, uint32_t layer, std::span<const uint32_t> blocks);
     // Copies the layer's received digests as fp32; false before the layer is essential.
@@ -378,6 +380,7 @@ class Context : public transport::CompletionSink {
         uint32_t num_queries, num_q_heads;
         std::shared_ptr<StreamEvent> written;  // wait for it first (the engine's stream)
         bool select = true;                    // false: full path, only mark the layer written
+        const float *device_queries = nullptr; // on the pool's device: staged out once `written` passed
     };
     void queue_job(SelectJob job);
     void mark_written(Transfer &t, uint32_t layer);

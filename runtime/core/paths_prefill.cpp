@@ -132,6 +132,12 @@ void Context::select_loop() {
             if (job.written)
                 while (!job.written->done() && !t.released.load(std::memory_order_acquire) && !t.finished())
                     std::this_thread::sleep_for(std::chrono::microseconds(20));
+            if (job.device_queries) {
+                job.queries.resize(size_t(job.num_queries) * job.num_q_heads * t.pool->layout.head_dim);
+                const std::pair<const uint8_t *, uint64_t> piece{reinterpret_cast<const uint8_t *>(job.device_queries),
+                                                                 job.queries.size() * sizeof(float)};
+                cuda_stage_out(t.pool->layout.device, std::span(&piece, 1), reinterpret_cast<uint8_t *>(job.queries.data()));
+            }
             if (!job.select) {
                 mark_written(t, job.layer);
                 job.t.reset();

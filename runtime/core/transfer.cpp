@@ -222,7 +222,7 @@ void Context::match(Session &s, const std::shared_ptr<Transfer> &t, const wire::
 }
 
 void Context::layer_written(Transfer &t, uint32_t layer, const float *queries, uint32_t num_queries,
-                            uint32_t num_q_heads, void *cuda_stream) {
+                            uint32_t num_q_heads, void *cuda_stream, bool device_queries) {
     if (!t.post_side) fail(SG_ERR_INVALID_STATE, "layer_written is for the prefill (posting) side");
     if (layer >= t.layers.size())
         fail(SG_ERR_OUT_OF_RANGE, "layer " + std::to_string(layer) + " >= num_layers " + std::to_string(t.layers.size()));
@@ -232,10 +232,14 @@ void Context::layer_written(Transfer &t, uint32_t layer, const float *queries, u
             fail(SG_ERR_INVALID_ARGUMENT, "cuda_stream is for SG_MEM_CUDA pools (this one is host memory)");
         written = std::make_shared<StreamEvent>(t.pool->layout.device, cuda_stream);
     }
+    if (device_queries && num_queries && t.pool->layout.mem_kind != SG_MEM_CUDA)
+        fail(SG_ERR_INVALID_ARGUMENT, "device queries are for SG_MEM_CUDA pools (this one is host memory)");
     if (t.selective()) {
         check_selection_inputs(t, layer, queries, num_queries, num_q_heads);
         SelectJob job{t.shared_from_this(), layer, {}, num_queries, num_q_heads, std::move(written), true};
-        if (queries && num_queries)
+        if (queries && num_queries && device_queries)
+            job.device_queries = queries;
+        else if (queries && num_queries)
             job.queries.assign(queries, queries + size_t(num_queries) * num_q_heads * t.pool->layout.head_dim);
         queue_job(std::move(job));
         return;

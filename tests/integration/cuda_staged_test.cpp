@@ -340,6 +340,81 @@ TEST(CudaStream, ALayerMarkedWithABusyStreamMovesOnlyOnceTheStreamPassesIt) {
     sg_context_destroy(ctx);
 }
 
+// A device engine's layer-written call: Quest selection on the prefill side reads queries that live
+// in device memory (staged out once the stream passed the layer), and the arguments are checked.
+TEST(CudaStream, DeviceQueriesFeedTheProactiveSelection) {
+    if (!emu().block) GTEST_SKIP() << "needs the emulated plugin's streams (tests/cuda_emu)";
+    sg_context_t ctx = nullptr;
+    sg_listener_t lis = nullptr;
+    constexpr uint32_t kQueries = 2, kQHeads = 4;
+    const int child = sgtest::run_pair(
+        [&](uint16_t port) {
+            Pool src(true);
+            src.fill(11);
+            std::vector<float> q(size_t(kQueries) * kQHeads * kDim);
+            for (size_t i = 0; i < q.size(); ++i) q[i] = float(int(i % 17) - 8) / 8.0f;
+            void *devq = emu().alloc(q.size() * sizeof(float));
+            emu().write(devq, q.data(), q.size() * sizeof(float));
+            Prefill p(port, src);
+            const std::string json =
+                "{\"version\": 1, \"model\": \"t\", \"num_layers\": 4, \"num_kv_heads\": 2, \"block_tokens\": 8, "
+                "\"defaults\": {\"policy\": \"quest\", \"budget\": {\"fraction\": 0.25}, \"sinks\": 8, \"recent\": 8}}";
+            sg_profile_t profile = nullptr;
+            CHILD_CHECK(sg_profile_parse(json.data(), json.size(), &profile, nullptr) == SG_OK, "profile");
+            sg_transfer_options_t o;
+            sg_transfer_options_init(&o);
+            o.paths = kSelective;
+            o.profile = profile;
+            const auto st = table(false);
+            sg_transfer_t x = nullptr;
+            CHILD_CHECK(sg_transfer_post(p.s, "r", p.kv, st.data(), st.size(), kTokens, &o, &x, nullptr) == SG_OK, "post");
+            sg_profile_destroy(profile);
+            void *stream = emu().stream();
+            sg_layer_written_t a;
+            sg_layer_written_init(&a);
+            a.queries = static_cast<const float *>(devq);
+            a.num_queries = kQueries;
+            a.num_q_heads = kQHeads;
+            a.queries_mem_kind = SG_MEM_CUDA;
+            CHILD_CHECK(sg_transfer_layer_written_ex(x, 0, &a) == SG_ERR_INVALID_ARGUMENT, "device queries without a stream");
+            a.cuda_stream = stream;
+            a.reserved = 1;
+            CHILD_CHECK(sg_transfer_layer_written_ex(x, 0, &a) == SG_ERR_INVALID_ARGUMENT, "reserved");
+            a.reserved = 0;
+            CHILD_CHECK(sg_transfer_layer_written_ex(x, 0, nullptr) == SG_ERR_INVALID_ARGUMENT, "NULL args");
+            for (uint32_t l = 0; l < kLayers; ++l)
+                CHILD_CHECK(sg_transfer_layer_written_ex(x, l, &a) == SG_OK, "layer_written_ex %u: %s", l,
+                            sg_last_error_message());
+            const int rc = p.finish(x);
+            emu().free_(devq);
+            return rc;
+        },
+        [&](uint16_t *port) { listen_on(ctx, lis, port); },
+        [&] {
+            Pool src(false), dst(true);
+            src.fill(11);
+            sg_session_t s = nullptr;
+            ASSERT_EQ(sg_session_accept(lis, nullptr, 30 * kSecond, &s, nullptr), SG_OK);
+            sg_kv_handle_t kv = nullptr;
+            ASSERT_EQ(sg_kv_register(ctx, &dst.layout, &kv, nullptr), SG_OK);
+            ASSERT_EQ(sg_session_export_kv(s, kv), SG_OK);
+            const auto dt = table(true);
+            sg_transfer_t x = nullptr;
+            ASSERT_EQ(sg_transfer_expect(s, "r", kv, dt.data(), dt.size(), kTokens, nullptr, &x, nullptr), SG_OK);
+            for (uint32_t l = 0; l < kLayers; ++l)
+                ASSERT_EQ(sg_transfer_wait_layer_state(x, l, SG_LAYER_ESSENTIAL, 60 * kSecond), SG_OK) << "layer " << l;
+            ASSERT_EQ(sg_transfer_wait(x, 60 * kSecond), SG_OK) << sg_last_error_message();
+            EXPECT_EQ(compare(src, dst, 0), "");
+            sg_transfer_release(x);
+            sg_session_close(s, 5 * kSecond);
+            sg_session_destroy(s);
+            sg_kv_deregister(kv);
+        });
+    EXPECT_EQ(child, 0);
+    sg_listener_destroy(lis);
+    sg_context_destroy(ctx);
+}
+
 // The emulation's guard itself: its "device" memory faults when read directly, so the tests above
 // would catch a runtime that touched a device pool without the plugin.
 TEST(CudaEmulation, DeviceMemoryFaultsWhenTheRuntimeReadsItDirectly) {
