@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Builds SmartGen's packages from one source tarball (packaging/README.md):
 #   Debian  a source package (3.0 quilt: smartgen_<v>.orig.tar.gz + packaging/debian) and its
-#           binaries libsmartgen0, libsmartgen-dev, smartgen-tools (dpkg-buildpackage), then lintian
+#           binaries libsmartgen0, libsmartgen-dev, smartgen-tools, the Java and Go ones
+#           (dpkg-buildpackage), then lintian
 #   RPM     smartgen, smartgen-devel, smartgen-tools from the same tarball (rpmbuild), then rpmlint
+# With NVIDIA's toolkit at /usr/local/cuda (nvcc; not a Debian package) the CUDA plugin's package
+# is built too: libsmartgen-cuda0 (profile pkg.smartgen.cuda) and smartgen-cuda (--with cuda);
+# --no-cuda leaves it out.
 # The tarball is the committed tree (git archive of HEAD), plus uncommitted changes to tracked files
 # when there are some (git stash create), so a package never holds a file git does not know.
 #
@@ -24,6 +28,7 @@ want_deb=0
 want_rpm=0
 jobs=$(nproc)
 sign_key=""
+cuda=1
 while [[ $# -gt 0 ]]; do
   case $1 in
     --out) out=$(realpath -m "$2"); shift 2 ;;
@@ -31,11 +36,22 @@ while [[ $# -gt 0 ]]; do
     --rpm) want_rpm=1; shift ;;
     --jobs) jobs=$2; shift 2 ;;
     --sign-key) sign_key=$2; shift 2 ;;
+    --no-cuda) cuda=0; shift ;;
     -h | --help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "package.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
 if [[ $want_deb -eq 0 && $want_rpm -eq 0 ]]; then want_deb=1; want_rpm=1; fi
+if [[ $cuda -eq 1 && ! -x /usr/local/cuda/bin/nvcc ]]; then
+  echo "package.sh: no /usr/local/cuda/bin/nvcc: the CUDA plugin's package is left out"
+  cuda=0
+fi
+deb_profiles=""
+rpm_with=()
+if [[ $cuda -eq 1 ]]; then
+  deb_profiles=pkg.smartgen.cuda
+  rpm_with=(--with cuda)
+fi
 
 # One version, from the header: the spec gets it as a macro; Debian's changelog must agree with it.
 version=$(sed -nE 's/^#define SG_VERSION_(MAJOR|MINOR|PATCH) ([0-9]+)$/\2/p' include/smartgen/smartgen.h | paste -sd.)
@@ -60,7 +76,7 @@ if [[ $want_deb -eq 1 ]]; then
   cp -r packaging/debian "$deb/smartgen-$version/debian"
   echo "package.sh: dpkg-buildpackage (log: $out/deb-build.log)"
   if ! (cd "$deb/smartgen-$version" && DEB_BUILD_OPTIONS="parallel=$jobs nocheck" \
-          dpkg-buildpackage -us -uc -sa >"$out/deb-build.log" 2>&1); then
+          dpkg-buildpackage -us -uc -sa ${deb_profiles:+-P$deb_profiles} >"$out/deb-build.log" 2>&1); then
     tail -40 "$out/deb-build.log"
     echo "package.sh: the Debian build failed" >&2
     exit 1
@@ -85,7 +101,7 @@ if [[ $want_rpm -eq 1 ]]; then
   sed "s/%{smartgen_version}/$version/" packaging/rpm/smartgen.spec >"$rpmtop/SPECS/smartgen.spec"
   echo "package.sh: rpmbuild (log: $out/rpm-build.log)"
   # --nodeps: this is a Debian machine, its build dependencies are dpkg's, not in an rpm database.
-  if ! rpmbuild --nodeps --define "_topdir $rpmtop" --define "_smp_mflags -j$jobs" \
+  if ! rpmbuild --nodeps --define "_topdir $rpmtop" --define "_smp_mflags -j$jobs" "${rpm_with[@]}" \
          -ba "$rpmtop/SPECS/smartgen.spec" >"$out/rpm-build.log" 2>&1; then
     tail -40 "$out/rpm-build.log"
     echo "package.sh: the RPM build failed" >&2

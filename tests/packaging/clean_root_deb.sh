@@ -66,7 +66,10 @@ debs=(libsmartgen0 libsmartgen-dev smartgen-tools libsmartgen-jni libsmartgen-ja
 for d in "${debs[@]}"; do
   cp "$packages/${d}"_*.deb "$root/tmp/debs/" || { echo "FAIL: no $d package in $packages"; exit 1; }
 done
-cp "$src/examples/c/transfer_pair.c" "$root/tmp/src/"
+# The CUDA plugin's package, when package.sh could build it (NVIDIA's toolkit on the host).
+cuda_deb=$(ls "$packages"/libsmartgen-cuda0_*.deb 2>/dev/null | head -1 || true)
+[ -z "$cuda_deb" ] || cp "$cuda_deb" "$root/tmp/debs/"
+cp "$src/examples/c/transfer_pair.c" "$src/tests/packaging/cuda_probe.c" "$root/tmp/src/"
 cp -r "$src/tests/install/consumer" "$root/tmp/src/consumer"
 
 in_root() { chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 "$@"; }
@@ -83,7 +86,7 @@ step() {
   fi
 }
 step "apt-get update" in_root apt-get update -q
-step "apt-get install the six .debs, dependencies from the archive" \
+step "apt-get install the .debs, dependencies from the archive" \
   in_root sh -c 'DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends /tmp/debs/*.deb'
 echo "clean-root: pulled in: $(in_root dpkg-query -W -f '${Package} ' libfabric1 libmimalloc2.0 libssl3 2>/dev/null)"
 step "transfer_pair.c builds with pkg-config --cflags --libs smartgen" \
@@ -97,5 +100,12 @@ step "the JNI libraries are on the JVM's JNI path and find libsmartgen.so.0" \
   in_root sh -c 'ldd /usr/lib/*/jni/libsmartgen_jni.so | grep -q "libsmartgen.so.0 => /"'
 step "smartgen.jar is in /usr/share/java" in_root test -f /usr/share/java/smartgen.jar
 step "the Go sources are in /usr/share/gocode/src/smartgen" in_root test -f /usr/share/gocode/src/smartgen/go.mod
+if [ -n "$cuda_deb" ]; then
+  step "the CUDA plugin loads beside libsmartgen with no toolkit and names the missing driver" \
+    in_root sh -c 'cd /tmp/src && gcc -std=c99 -Wall -Werror -o cuda_probe cuda_probe.c $(pkg-config --cflags --libs smartgen) && ./cuda_probe'
+  debs+=(libsmartgen-cuda0)
+else
+  echo "clean-root: no libsmartgen-cuda0 package (no nvcc on the host): its check is skipped"
+fi
 echo "clean-root: installed $(in_root dpkg-query -W -f '${Package} ${Version}, ' "${debs[@]}")"
 exit $fail

@@ -52,7 +52,8 @@ done
 
 # Provides and Requires come from rpm's elfdeps, not the spec.
 provides=$(rpm -qp --provides "$packages"/smartgen-[0-9]*.x86_64.rpm 2>/dev/null)
-for p in 'libsmartgen.so.0()(64bit)' 'libsmartgen.so.0(SMARTGEN_0.1)(64bit)' 'libsmartgen.so.0(SMARTGEN_0.2)(64bit)'; do
+for p in 'libsmartgen.so.0()(64bit)' 'libsmartgen.so.0(SMARTGEN_0.1)(64bit)' 'libsmartgen.so.0(SMARTGEN_0.2)(64bit)' \
+  'libsmartgen.so.0(SMARTGEN_0.3)(64bit)'; do
   grep -qxF "$p" <<<"$provides" && ok "smartgen provides $p" || bad "smartgen does not provide $p (got: $(paste -sd' ' <<<"$provides"))"
 done
 requires=$(rpm -qp --requires "$packages"/smartgen-[0-9]*.x86_64.rpm 2>/dev/null)
