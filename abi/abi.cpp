@@ -921,7 +921,9 @@ SG_API sg_status_t sg_selector_digest(sg_selector_t h, const sg_kv_layout_t *lay
         const uint64_t need_floats = sg::kernels::digest_floats(
             sg::kernels::num_blocks(s->num_tokens, kl.tokens_per_block), kl.num_kv_heads, kl.head_dim);
         if (cap < need_floats) fail(SG_ERR_BUFFER_TOO_SMALL, "digests need " + std::to_string(need_floats) + " floats");
-        core::layer_digest(kl, k_region_of(layout, layer), std::span(ids, n), s->num_tokens, out);
+        // A device pool's keys are read through a host copy (core::host_keys).
+        const core::HostKeys keys = core::host_keys(kl, k_region_of(layout, layer), std::span(ids, n));
+        core::layer_digest(keys.layout, keys.k_region, keys.table, s->num_tokens, out);
         return SG_OK;
     });
 }
@@ -947,12 +949,13 @@ SG_API sg_status_t sg_selector_select(sg_selector_t h, uint32_t layer, const sg_
         si.num_q_heads = in.num_q_heads;
         si.digests = in.digests;
         si.accumulated = in.accumulated;
-        sg::kv::Layout kl;
+        core::HostKeys keys;
         if (in.keys_layout) {
-            kl = checked_pool(*s, in.keys_layout, in.block_ids, in.num_block_ids);
-            si.keys_layout = &kl;
-            si.k_region = k_region_of(in.keys_layout, layer);
-            si.table = std::span(in.block_ids, in.num_block_ids);
+            const sg::kv::Layout kl = checked_pool(*s, in.keys_layout, in.block_ids, in.num_block_ids);
+            keys = core::host_keys(kl, k_region_of(in.keys_layout, layer), std::span(in.block_ids, in.num_block_ids));
+            si.keys_layout = &keys.layout;
+            si.k_region = keys.k_region;
+            si.table = keys.table;
         }
         s->sel.select(layer, si, s->out);
         *count = s->out.blocks.size();

@@ -724,7 +724,10 @@ SG_API sg_status_t sg_selector_digest_floats(sg_selector_t selector, size_t *flo
  * base pointers and block_ids (num_blocks entries) address the keys; the table is checked as
  * sg_transfer_expect checks it, against the selector's num_tokens. out holds cap floats; there is
  * no size out-parameter (see Caller buffers): sg_selector_digest_floats gives the count, out NULL
- * is SG_ERR_INVALID_ARGUMENT and fewer floats SG_ERR_BUFFER_TOO_SMALL. Since 0.1. */
+ * is SG_ERR_INVALID_ARGUMENT and fewer floats SG_ERR_BUFFER_TOO_SMALL. An SG_MEM_CUDA layout's keys
+ * (here and for SnapKV in sg_selector_select) are read through the CUDA plugin into a host copy
+ * (since 0.3; SG_ERR_UNSUPPORTED naming what is missing without the plugin, a driver or the
+ * device). Since 0.1. */
 SG_API sg_status_t sg_selector_digest(sg_selector_t selector, const sg_kv_layout_t *layout, uint32_t layer,
                                       const uint32_t *block_ids, size_t num_block_ids, float *out, size_t cap);
 

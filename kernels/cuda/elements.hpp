@@ -116,4 +116,21 @@ SG_HD inline float quest_score_element(const float *digest, uint32_t kv_heads, c
     return acc;
 }
 
+// Top-k's order as one integer, for a radix sort on the device: higher ranks first is the CPU twin's
+// order (kernels::top_k: higher score wins, NaN counts as -inf, equal scores go to the lower index;
+// -0 and +0 are equal scores). The score's bits made order-preserving in the high half, the index
+// inverted in the low half.
+SG_HD inline uint32_t topk_key(float s) {
+    if (s != s) s = -__builtin_huge_valf();
+    if (s == 0.0f) s = 0.0f;  // -0 ties with +0, as == says
+    const uint32_t u = std::bit_cast<uint32_t>(s);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+SG_HD inline uint64_t topk_rank(float score, uint32_t index) {
+    return (uint64_t(topk_key(score)) << 32) | uint32_t(~index);
+}
+
+SG_HD inline uint32_t topk_index(uint64_t rank) { return ~uint32_t(rank); }
+
 }  // namespace sg::kernels::cuda

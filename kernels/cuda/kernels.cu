@@ -4,7 +4,10 @@
 // thread's work is the shared per-element code of elements.hpp, which the host harness checks
 // against the CPU twins on machines without a GPU. libsmartgen loads this library with dlopen the
 // first time a CUDA pool is used (runtime/core/cuda_plugin.cpp); nothing else links it.
+#include <cub/device/device_segmented_radix_sort.cuh>
+#include <cublasLt.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include <cstdio>
 #include <mutex>
@@ -184,6 +187,284 @@ int device_count(char *msg, size_t cap) {
     return n;
 }
 
+// ---- top-k ----
+
+// Ranks [row][block] from scores [block][row] (elements.hpp: one integer whose descending order is
+// the CPU twin's), and the segment offsets of the rows.
+__global__ void topk_ranks_kernel(sg_cuda_topk_t t, uint64_t *ranks, int *offsets) {
+    const uint64_t e = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (e <= t.rows) offsets[e] = int(e * t.num_blocks);
+    if (e >= t.num_blocks * t.rows) return;
+    const uint64_t row = e / t.num_blocks, block = e % t.num_blocks;
+    ranks[e] = elem::topk_rank(t.scores[block * t.rows + row], uint32_t(block));
+}
+
+__global__ void topk_take_kernel(sg_cuda_topk_t t, const uint64_t *sorted) {
+    const uint64_t e = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (e >= uint64_t(t.rows) * t.k) return;
+    const uint64_t row = e / t.k, j = e % t.k;
+    t.out[e] = elem::topk_index(sorted[row * t.num_blocks + j]);
+}
+
+int topk(const sg_cuda_topk_t *t, void *stream, char *msg, size_t cap) {
+    const uint64_t n = t->num_blocks * t->rows;
+    if (!n || !t->k) return 0;
+    if (t->k > t->num_blocks || n > uint64_t(INT32_MAX)) {
+        if (msg && cap) std::snprintf(msg, cap, "top-k: k %u of %llu blocks x %u rows is out of range", t->k,
+                                      (unsigned long long)t->num_blocks, t->rows);
+        return -1;
+    }
+    auto *s = static_cast<cudaStream_t>(stream);
+    uint64_t *ranks = nullptr, *sorted = nullptr;
+    int *offsets = nullptr;
+    void *temp = nullptr;
+    size_t temp_bytes = 0;
+    cudaError_t e = cub::DeviceSegmentedRadixSort::SortKeysDescending(
+        nullptr, temp_bytes, ranks, sorted, int(n), int(t->rows), offsets, offsets + 1, 0, 64, s);
+    if (e == cudaSuccess) e = cudaMallocAsync(&ranks, n * sizeof(uint64_t), s);
+    if (e == cudaSuccess) e = cudaMallocAsync(&sorted, n * sizeof(uint64_t), s);
+    if (e == cudaSuccess) e = cudaMallocAsync(&offsets, (t->rows + 1) * sizeof(int), s);
+    if (e == cudaSuccess) e = cudaMallocAsync(&temp, temp_bytes, s);
+    if (e == cudaSuccess) {
+        const uint64_t threads = n > t->rows ? n : uint64_t(t->rows) + 1;
+        topk_ranks_kernel<<<unsigned((threads + kThreads - 1) / kThreads), kThreads, 0, s>>>(*t, ranks, offsets);
+        e = cudaGetLastError();
+    }
+    if (e == cudaSuccess)
+        e = cub::DeviceSegmentedRadixSort::SortKeysDescending(temp, temp_bytes, ranks, sorted, int(n), int(t->rows),
+                                                               offsets, offsets + 1, 0, 64, s);
+    if (e == cudaSuccess) {
+        const uint64_t threads = uint64_t(t->rows) * t->k;
+        topk_take_kernel<<<unsigned((threads + kThreads - 1) / kThreads), kThreads, 0, s>>>(*t, sorted);
+        e = cudaGetLastError();
+    }
+    for (void *p : {static_cast<void *>(ranks), static_cast<void *>(sorted), static_cast<void *>(offsets), temp})
+        if (p) cudaFreeAsync(p, s);
+    return e == cudaSuccess ? 0 : fail_with(e, "top-k", msg, cap);
+}
+
+// ---- SnapKV through cuBLASLt ----
+
+// K gathered from the pages: keys[head][token][dim] in fp32.
+__global__ void snapkv_keys_kernel(sg_cuda_snapkv_t s, float *keys) {
+    const uint64_t e = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (e >= uint64_t(s.heads) * s.tokens * s.dim) return;
+    const uint32_t d = uint32_t(e % s.dim);
+    const uint64_t t = (e / s.dim) % s.tokens;
+    const uint32_t h = uint32_t(e / (uint64_t(s.dim) * s.tokens));
+    const DType dtype = static_cast<DType>(s.dtype);
+    const void *block = static_cast<const uint8_t *>(s.keys) + uint64_t(s.blocks[t / s.tokens_per_block]) * s.block_stride;
+    const View v = s.head_major ? sg::kernels::head_major(block, dtype, s.tokens_per_block, s.heads, s.dim, s.tokens_per_block)
+                                : sg::kernels::token_major(block, dtype, s.tokens_per_block, s.heads, s.dim);
+    keys[e] = elem::key_element(v, t % s.tokens_per_block, h, d);
+}
+
+// Queries regrouped per KV head: q[head][g][w][dim] (g: the head's query heads), scaled by 1/sqrt(dim)
+// as the CPU twin scales them before its dot products.
+__global__ void snapkv_queries_kernel(sg_cuda_snapkv_t s, float *q) {
+    const uint64_t e = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    const uint64_t n = uint64_t(s.num_queries) * s.q_heads * s.dim;
+    if (e >= n) return;
+    const uint32_t group = s.q_heads / s.heads;
+    const uint32_t d = uint32_t(e % s.dim);
+    const uint32_t w = uint32_t((e / s.dim) % s.num_queries);
+    const uint32_t qh = uint32_t(e / (uint64_t(s.dim) * s.num_queries));  // = head * group + g
+    (void)group;
+    q[e] = s.queries[(uint64_t(w) * s.q_heads + qh) * s.dim + d] * (1.0f / sqrtf(float(s.dim)));
+}
+
+// One CUDA block per logits row (head, g, w): the causal softmax of the row, in place (masked 0).
+__global__ void snapkv_softmax_kernel(sg_cuda_snapkv_t s, float *logits) {
+    const uint64_t row = blockIdx.x;
+    const uint32_t w = uint32_t(row % s.num_queries);
+    float *l = logits + row * s.tokens;
+    const uint64_t pos = s.first_query_pos + w + 1;
+    const uint64_t visible = pos < s.tokens ? pos : s.tokens;
+    __shared__ float red[kThreads];
+    float m = -INFINITY;
+    for (uint64_t t = threadIdx.x; t < visible; t += blockDim.x) m = fmaxf(m, l[t]);
+    red[threadIdx.x] = m;
+    __syncthreads();
+    for (unsigned o = blockDim.x / 2; o; o /= 2) {
+        if (threadIdx.x < o) red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + o]);
+        __syncthreads();
+    }
+    m = red[0];
+    __syncthreads();
+    float z = 0.0f;
+    for (uint64_t t = threadIdx.x; t < visible; t += blockDim.x) z += expf(l[t] - m);
+    red[threadIdx.x] = z;
+    __syncthreads();
+    for (unsigned o = blockDim.x / 2; o; o /= 2) {
+        if (threadIdx.x < o) red[threadIdx.x] += red[threadIdx.x + o];
+        __syncthreads();
+    }
+    const float inv = 1.0f / red[0];
+    for (uint64_t t = threadIdx.x; t < s.tokens; t += blockDim.x) l[t] = t < visible ? expf(l[t] - m) * inv : 0.0f;
+}
+
+// Per (head, token): the window's sum per query head, the group combined (max or sum).
+__global__ void snapkv_tokens_kernel(sg_cuda_snapkv_t s, const float *probs, float *token_scores) {
+    const uint64_t e = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (e >= uint64_t(s.heads) * s.tokens) return;
+    const uint64_t t = e % s.tokens;
+    const uint32_t h = uint32_t(e / s.tokens);
+    const uint32_t group = s.q_heads / s.heads;
+    float acc = 0.0f;
+    for (uint32_t g = 0; g < group; ++g) {
+        float sum = 0.0f;
+        for (uint32_t w = 0; w < s.num_queries; ++w)
+            sum += probs[((uint64_t(h) * group + g) * s.num_queries + w) * s.tokens + t];
+        acc = g == 0 ? sum : s.combine == 0 ? fmaxf(acc, sum) : acc + sum;
+    }
+    token_scores[e] = acc;
+}
+
+// Per (block, head): the max-pooled token scores summed over the block's valid tokens.
+__global__ void snapkv_blocks_kernel(sg_cuda_snapkv_t s, const float *token_scores) {
+    const uint64_t e = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (e >= s.num_blocks * s.heads) return;
+    const uint64_t b = e / s.heads;
+    const uint32_t h = uint32_t(e % s.heads);
+    const float *x = token_scores + uint64_t(h) * s.tokens;
+    const uint64_t r = s.pool / 2, first = b * s.tokens_per_block;
+    const uint64_t end = first + s.tokens_per_block < s.tokens ? first + s.tokens_per_block : s.tokens;
+    float total = 0.0f;
+    for (uint64_t t = first; t < end; ++t) {
+        const uint64_t lo = t >= r ? t - r : 0, hi = t + r < s.tokens ? t + r : s.tokens - 1;
+        float m = x[lo];
+        for (uint64_t u = lo + 1; u <= hi; ++u) m = fmaxf(m, x[u]);
+        total += m;
+    }
+    s.out[b * s.heads + h] = total;
+}
+
+// cuBLASLt is opened when SnapKV first runs, not linked: the toolkit ships it as a shared library
+// only, and the plugin's package must not depend on what Debian does not have. Without it SnapKV
+// fails naming the library; everything else works.
+struct Lt {
+    decltype(&cublasLtCreate) create = nullptr;
+    decltype(&cublasLtMatmulDescCreate) desc_create = nullptr;
+    decltype(&cublasLtMatmulDescSetAttribute) desc_set = nullptr;
+    decltype(&cublasLtMatmulDescDestroy) desc_destroy = nullptr;
+    decltype(&cublasLtMatrixLayoutCreate) layout_create = nullptr;
+    decltype(&cublasLtMatrixLayoutSetAttribute) layout_set = nullptr;
+    decltype(&cublasLtMatrixLayoutDestroy) layout_destroy = nullptr;
+    decltype(&cublasLtMatmul) matmul = nullptr;
+    char why[200] = {};
+};
+
+const Lt &lt() {
+    static Lt l = [] {
+        Lt x;
+        void *h = dlopen("libcublasLt.so.13", RTLD_NOW | RTLD_LOCAL);
+        if (!h) h = dlopen("libcublasLt.so", RTLD_NOW | RTLD_LOCAL);
+        if (!h) {
+            std::snprintf(x.why, sizeof x.why, "SnapKV on the device needs cuBLASLt: %s", dlerror());
+            return x;
+        }
+        x.create = reinterpret_cast<decltype(x.create)>(dlsym(h, "cublasLtCreate"));
+        x.desc_create = reinterpret_cast<decltype(x.desc_create)>(dlsym(h, "cublasLtMatmulDescCreate"));
+        x.desc_set = reinterpret_cast<decltype(x.desc_set)>(dlsym(h, "cublasLtMatmulDescSetAttribute"));
+        x.desc_destroy = reinterpret_cast<decltype(x.desc_destroy)>(dlsym(h, "cublasLtMatmulDescDestroy"));
+        x.layout_create = reinterpret_cast<decltype(x.layout_create)>(dlsym(h, "cublasLtMatrixLayoutCreate"));
+        x.layout_set = reinterpret_cast<decltype(x.layout_set)>(dlsym(h, "cublasLtMatrixLayoutSetAttribute"));
+        x.layout_destroy = reinterpret_cast<decltype(x.layout_destroy)>(dlsym(h, "cublasLtMatrixLayoutDestroy"));
+        x.matmul = reinterpret_cast<decltype(x.matmul)>(dlsym(h, "cublasLtMatmul"));
+        if (!x.create || !x.desc_create || !x.desc_set || !x.desc_destroy || !x.layout_create || !x.layout_set ||
+            !x.layout_destroy || !x.matmul) {
+            std::snprintf(x.why, sizeof x.why, "SnapKV on the device: this cuBLASLt lacks a function it needs");
+            x.create = nullptr;
+        }
+        return x;
+    }();
+    return l;
+}
+
+int blas_failed(cublasStatus_t st, const char *what, char *msg, size_t cap) {
+    if (msg && cap) std::snprintf(msg, cap, "%s: cuBLASLt status %d", what, int(st));
+    return -int(st ? st : 1);
+}
+
+// C_h (GW x T, row-major) = Q_h (GW x D) K_h^T for every KV head h, as cuBLASLt's column-major
+// C_cm (T x GW) = K_cm^T (T x D) Q_cm (D x GW), batched over the heads.
+int snapkv_gemm(const sg_cuda_snapkv_t &s, const float *q, const float *k, float *c, cudaStream_t stream, char *msg,
+                size_t cap) {
+    const Lt &L = lt();
+    if (!L.create) {
+        if (msg && cap) std::snprintf(msg, cap, "%s", L.why);
+        return -1;
+    }
+    static cublasLtHandle_t handle = nullptr;
+    static std::mutex mu;
+    std::lock_guard lock(mu);
+    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+    if (!handle && (st = L.create(&handle)) != CUBLAS_STATUS_SUCCESS) return blas_failed(st, "cublasLtCreate", msg, cap);
+    const uint64_t T = s.tokens, D = s.dim, GW = uint64_t(s.q_heads / s.heads) * s.num_queries;
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    const int32_t batch = int32_t(s.heads);
+    const int64_t stride_a = int64_t(T * D), stride_b = int64_t(GW * D), stride_c = int64_t(GW * T);
+    const float alpha = 1.0f, beta = 0.0f;
+    auto ok = [&](cublasStatus_t x) { return (st = x) == CUBLAS_STATUS_SUCCESS; };
+    const bool built =
+        ok(L.desc_create(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F)) &&
+        ok(L.desc_set(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta)) &&
+        ok(L.desc_set(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb)) &&
+        ok(L.layout_create(&la, CUDA_R_32F, D, T, D)) &&  // K_cm: D x T, ld D
+        ok(L.layout_create(&lb, CUDA_R_32F, D, GW, D)) && // Q_cm: D x GW, ld D
+        ok(L.layout_create(&lc, CUDA_R_32F, T, GW, T)) &&
+        ok(L.layout_set(la, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof batch)) &&
+        ok(L.layout_set(la, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride_a, sizeof stride_a)) &&
+        ok(L.layout_set(lb, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof batch)) &&
+        ok(L.layout_set(lb, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride_b, sizeof stride_b)) &&
+        ok(L.layout_set(lc, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof batch)) &&
+        ok(L.layout_set(lc, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride_c, sizeof stride_c));
+    if (built)
+        st = L.matmul(handle, op, &alpha, k, la, q, lb, &beta, c, lc, c, lc, nullptr, nullptr, 0, stream);
+    if (lc) L.layout_destroy(lc);
+    if (lb) L.layout_destroy(lb);
+    if (la) L.layout_destroy(la);
+    if (op) L.desc_destroy(op);
+    return st == CUBLAS_STATUS_SUCCESS ? 0 : blas_failed(st, "cublasLtMatmul (SnapKV logits)", msg, cap);
+}
+
+int snapkv(const sg_cuda_snapkv_t *s, void *stream, char *msg, size_t cap) {
+    if (!s->tokens || !s->heads || !s->num_queries) return 0;
+    if (s->q_heads % s->heads || s->pool % 2 == 0 || !s->tokens_per_block) {
+        if (msg && cap) std::snprintf(msg, cap, "snapkv: q_heads not a multiple of heads, an even pool or no tokens_per_block");
+        return -1;
+    }
+    auto *st = static_cast<cudaStream_t>(stream);
+    const uint64_t T = s->tokens, keys_n = uint64_t(s->heads) * T * s->dim;
+    const uint64_t q_n = uint64_t(s->num_queries) * s->q_heads * s->dim;
+    const uint64_t logits_n = uint64_t(s->q_heads) * s->num_queries * T;
+    float *keys = nullptr, *q = nullptr, *logits = nullptr, *tokens = nullptr;
+    cudaError_t e = cudaMallocAsync(&keys, keys_n * sizeof(float), st);
+    if (e == cudaSuccess) e = cudaMallocAsync(&q, q_n * sizeof(float), st);
+    if (e == cudaSuccess) e = cudaMallocAsync(&logits, logits_n * sizeof(float), st);
+    if (e == cudaSuccess) e = cudaMallocAsync(&tokens, uint64_t(s->heads) * T * sizeof(float), st);
+    int rc = 0;
+    if (e == cudaSuccess) {
+        snapkv_keys_kernel<<<unsigned((keys_n + kThreads - 1) / kThreads), kThreads, 0, st>>>(*s, keys);
+        snapkv_queries_kernel<<<unsigned((q_n + kThreads - 1) / kThreads), kThreads, 0, st>>>(*s, q);
+        e = cudaGetLastError();
+    }
+    if (e == cudaSuccess) rc = snapkv_gemm(*s, q, keys, logits, st, msg, cap);
+    if (e == cudaSuccess && rc == 0) {
+        snapkv_softmax_kernel<<<unsigned(uint64_t(s->q_heads) * s->num_queries), kThreads, 0, st>>>(*s, logits);
+        const uint64_t nt = uint64_t(s->heads) * T, nb = s->num_blocks * s->heads;
+        snapkv_tokens_kernel<<<unsigned((nt + kThreads - 1) / kThreads), kThreads, 0, st>>>(*s, logits, tokens);
+        snapkv_blocks_kernel<<<unsigned((nb + kThreads - 1) / kThreads), kThreads, 0, st>>>(*s, tokens);
+        e = cudaGetLastError();
+    }
+    for (float *p : {keys, q, logits, tokens})
+        if (p) cudaFreeAsync(p, st);
+    if (rc) return rc;
+    return e == cudaSuccess ? 0 : fail_with(e, "snapkv", msg, cap);
+}
+
 // ---- the staged path's device side ----
 
 // One piece of a batched copy as the kernel reads it: where it is on the device, its bytes, and
@@ -323,7 +604,8 @@ void event_destroy(void *event) { cudaEventDestroy(static_cast<cudaEvent_t>(even
 
 const sg_cuda_plugin_t kPlugin = {sizeof(sg_cuda_plugin_t), SG_CUDA_PLUGIN_ABI, 0, device_count, pack<true>,
                                   pack<false>, digest, quant<true>, quant<false>, quest,
-                                  device_of, stage_out, stage_in, event_record, event_query, event_destroy};
+                                  device_of, stage_out, stage_in, event_record, event_query, event_destroy, topk,
+                                  snapkv};
 
 }  // namespace
 

@@ -81,6 +81,43 @@ typedef struct sg_cuda_quest {
     float *out;
 } sg_cuda_quest_t;
 
+/* Top-k of each row of a layer's scores (Quest's or SnapKV's, [block][row], rows = KV heads): the k
+ * best block indices per row, best first, in kernels::top_k's order (higher score, NaN as -inf,
+ * ties to the lower index). Device pointers. */
+typedef struct sg_cuda_topk {
+    const float *scores; /* [num_blocks][rows] */
+    uint64_t num_blocks;
+    uint32_t rows;
+    uint32_t k;          /* 1 <= k <= num_blocks */
+    uint32_t *out;       /* [rows][k] */
+} sg_cuda_topk_t;
+
+/* SnapKV's block scores of one layer (kernels::snapkv_scores): the window queries' causal softmax
+ * attention over the request's keys, summed over the window, the query heads of a KV head combined,
+ * max-pooled over `pool` tokens and summed per block. The keys are read through the block table
+ * (paged, as sg_cuda_digest_t); the q.k products run as one batched GEMM per layer through
+ * cuBLASLt. Device pointers. */
+typedef struct sg_cuda_snapkv {
+    const void *keys;       /* the layer's K region */
+    const uint32_t *blocks; /* device array */
+    uint64_t num_blocks;
+    uint64_t tokens;        /* valid tokens of the request */
+    uint64_t block_stride;  /* bytes */
+    uint32_t dtype;         /* keys: 0 fp32, 1 fp16, 2 bf16 */
+    uint32_t heads;         /* KV heads */
+    uint32_t dim;
+    uint32_t tokens_per_block;
+    uint32_t head_major;
+    uint32_t q_heads;       /* a multiple of heads */
+    const float *queries;   /* fp32 [num_queries][q_heads][dim], after RoPE */
+    uint32_t num_queries;
+    uint32_t combine;       /* 0 max, 1 sum */
+    uint64_t first_query_pos; /* position of query 0 (causal: query w sees keys 0..first + w) */
+    uint32_t pool;          /* odd; 1 = none */
+    uint32_t reserved;
+    float *out;             /* [num_blocks][heads] */
+} sg_cuda_snapkv_t;
+
 /* A piece of device memory for the staged path: device address and bytes. */
 typedef struct sg_cuda_piece {
     uint64_t device_addr;
@@ -117,6 +154,10 @@ typedef struct sg_cuda_plugin {
     /* 0 the work before the event has finished, 1 not yet, negative an error. */
     int (*event_query)(void *event, char *msg, size_t cap);
     void (*event_destroy)(void *event);
+    /* Queued on stream; allocates its scratch on the stream (stream-ordered). */
+    int (*topk)(const sg_cuda_topk_t *topk, void *stream, char *msg, size_t cap);
+    /* Queued on stream; allocates its scratch on the stream. */
+    int (*snapkv)(const sg_cuda_snapkv_t *snapkv, void *stream, char *msg, size_t cap);
 } sg_cuda_plugin_t;
 
 /* The one symbol the plugin exports. */

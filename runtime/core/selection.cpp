@@ -39,6 +39,7 @@ HostKeys host_keys(const kv::Layout &L, const uint8_t *k_region, std::span<const
     h.k_region = k_region;
     h.table = table;
     if (L.mem_kind != SG_MEM_CUDA) return h;
+    check_cuda_pool(L.device, {});  // the plugin, a driver and the device, each named when missing
     std::vector<std::pair<const uint8_t *, uint64_t>> pieces;
     pieces.reserve(table.size());
     for (uint32_t b : table) pieces.emplace_back(k_region + L.plane(0, b).offset, L.plane_bytes);

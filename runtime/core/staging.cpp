@@ -377,14 +377,21 @@ void Context::on_staged_chunk(Session &s, wire::StagedChunk &m) {
         // before the first byte is copied.
         for (const wire::Segment &seg : m.segments) {
             const uint32_t layer = seg.region / L.regions_per_layer();
-            uint64_t wire_len = seg.length;
-            wire_quant::Shape shape;
-            if (m.wire_quant && !wire_quant::shape_of(L, seg.region % L.regions_per_layer(), seg.offset, seg.length, shape))
-                fail(SG_ERR_PROTOCOL, "quantized StagedChunk segment is not whole head rows of the pool");
-            if (m.wire_quant) wire_len = shape.wire_bytes();
+            // A quantized segment takes at least a byte per element of the slot: that bound is checked
+            // before its rows are walked, so a hostile length costs nothing.
+            const uint64_t least = m.wire_quant ? seg.length / std::max<uint64_t>(1, L.elem_bytes) : seg.length;
             if (layer >= L.num_layers || !in_bounds(seg.offset, seg.length, L.region_bytes()) ||
-                !in_bounds(pos, wire_len, StagingArea::kSlotBytes))
+                !in_bounds(pos, least, StagingArea::kSlotBytes))
                 fail(SG_ERR_PROTOCOL, "StagedChunk segment outside the pool or the staging slot");
+            uint64_t wire_len = seg.length;
+            if (m.wire_quant) {
+                wire_quant::Shape shape;
+                if (!wire_quant::shape_of(L, seg.region % L.regions_per_layer(), seg.offset, seg.length, shape))
+                    fail(SG_ERR_PROTOCOL, "quantized StagedChunk segment is not whole head rows of the pool");
+                wire_len = shape.wire_bytes();
+                if (!in_bounds(pos, wire_len, StagingArea::kSlotBytes))
+                    fail(SG_ERR_PROTOCOL, "StagedChunk segment outside the pool or the staging slot");
+            }
             pos += wire_len;
         }
         // The copy happens outside mu (run_unpacks); the slot stays ours until its credit goes.

@@ -81,6 +81,8 @@ int no_pack(const sg_cuda_pack_t *, void *, char *msg, size_t cap) { return refu
 int no_digest(const sg_cuda_digest_t *, void *, char *msg, size_t cap) { return refuse("digest", msg, cap); }
 int no_quant(const sg_cuda_quant_t *, void *, char *msg, size_t cap) { return refuse("quantize", msg, cap); }
 int no_quest(const sg_cuda_quest_t *, void *, char *msg, size_t cap) { return refuse("quest", msg, cap); }
+int no_topk(const sg_cuda_topk_t *, void *, char *msg, size_t cap) { return refuse("top-k", msg, cap); }
+int no_snapkv(const sg_cuda_snapkv_t *, void *, char *msg, size_t cap) { return refuse("snapkv", msg, cap); }
 
 int device_of(const void *ptr, int32_t *device, char *msg, size_t cap) {
     std::lock_guard lock(mu);
@@ -144,7 +146,7 @@ void event_destroy(void *event) { delete static_cast<Event *>(event); }
 
 const sg_cuda_plugin_t kPlugin = {sizeof(sg_cuda_plugin_t), SG_CUDA_PLUGIN_ABI, 0, device_count, no_pack, no_pack,
                                   no_digest, no_quant, no_quant, no_quest, device_of, stage_out, stage_in,
-                                  event_record, event_query, event_destroy};
+                                  event_record, event_query, event_destroy, no_topk, no_snapkv};
 
 }  // namespace
 

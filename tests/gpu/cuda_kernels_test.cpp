@@ -1,7 +1,8 @@
 // The CUDA plugin's kernels on a device against the CPU twins (ctest label gpu): gather and scatter of
 // scattered blocks (K and V separate and fused) byte-exact, page digests bit-exact against
 // kernels::page_digest, int8 / fp8 E4M3 quantization and dequantization bit-exact against
-// kernels::quantize_block / dequantize_block. Loads the plugin the way the runtime does (dlopen, sg_cuda_plugin_v1) and
+// kernels::quantize_block / dequantize_block, Quest and SnapKV (cuBLASLt) scores within rounding, top-k
+// exactly as kernels::top_k. Loads the plugin the way the runtime does (dlopen, sg_cuda_plugin_v1) and
 // skips (exit 77) with the plugin's reason where there is no driver or device.
 //   cuda_kernels_test PLUGIN_PATH
 #include <cuda_runtime.h>
@@ -252,6 +253,91 @@ void quest_matches(const sg_cuda_plugin_t *p, sg::kernels::Combine combine, std:
     cudaFree(k.out);
 }
 
+// Top-k per row on the device against kernels::top_k, exactly: ties, NaN and infinities included.
+void topk_matches(const sg_cuda_plugin_t *p, std::mt19937_64 &rng) {
+    const uint32_t rows = 8;
+    for (uint64_t blocks : {1ull, 37ull, 2048ull, 20000ull}) {
+        std::vector<float> scores(blocks * rows);
+        for (auto &s : scores) {
+            const uint64_t r = rng() % 50;
+            s = r == 0 ? NAN : r == 1 ? INFINITY : r == 2 ? -INFINITY : float(int64_t(rng() % 1001) - 500) / 8.0f;
+        }
+        const uint32_t k = uint32_t(std::max<uint64_t>(1, blocks / 7));
+        sg_cuda_topk_t t{};
+        t.scores = device_copy(scores);
+        t.num_blocks = blocks;
+        t.rows = rows;
+        t.k = k;
+        check_cuda(cudaMalloc(&t.out, uint64_t(rows) * k * sizeof(uint32_t)), "cudaMalloc top-k");
+        char msg[256] = {};
+        EXPECT(p->topk(&t, nullptr, msg, sizeof msg) == 0, "topk: %s", msg);
+        check_cuda(cudaDeviceSynchronize(), "top-k");
+        const auto got = host_copy(t.out, uint64_t(rows) * k);
+        for (uint32_t r = 0; r < rows; ++r) {
+            std::vector<float> row(blocks);
+            for (uint64_t b = 0; b < blocks; ++b) row[b] = scores[b * rows + r];
+            const auto want = sg::kernels::top_k(row, k);
+            EXPECT(std::equal(want.begin(), want.end(), got.begin() + uint64_t(r) * k),
+                   "top-k of %llu blocks, row %u: the device's order differs from the CPU's", (unsigned long long)blocks, r);
+        }
+        cudaFree(const_cast<float *>(t.scores));
+        cudaFree(t.out);
+    }
+}
+
+// SnapKV's block scores on the device (paged fp16 keys, cuBLASLt for q.k) against
+// kernels::snapkv_scores on the same keys gathered contiguously, within 1e-3 relative.
+void snapkv_matches(const sg_cuda_plugin_t *p, sg::kernels::Combine combine, std::mt19937_64 &rng) {
+    const uint32_t heads = 4, q_heads = 16, dim = 64, tpb = 16, window = 8, pool = 5;
+    const uint64_t tokens = 1000, blocks = (tokens + tpb - 1) / tpb, pool_blocks = blocks + 9;
+    const uint64_t stride = uint64_t(tpb) * heads * dim * 2;
+    std::normal_distribution<float> value(0.0f, 1.0f);
+    std::vector<uint16_t> region(pool_blocks * stride / 2);
+    for (auto &h : region) h = sg::kernels::float_to_fp16(value(rng));
+    std::vector<uint32_t> table(blocks);
+    for (uint64_t i = 0; i < blocks; ++i) table[i] = uint32_t((i * 7) % pool_blocks);
+    std::vector<uint16_t> contiguous(tokens * heads * dim);  // [token][head][dim]
+    for (uint64_t t = 0; t < tokens; ++t)
+        std::memcpy(&contiguous[t * heads * dim], &region[(table[t / tpb] * stride + (t % tpb) * heads * dim * 2) / 2],
+                    heads * dim * 2);
+    std::vector<float> queries(uint64_t(window) * q_heads * dim);
+    for (auto &f : queries) f = value(rng);
+    const auto keys = sg::kernels::token_major(contiguous.data(), sg::kernels::DType::fp16, tokens, heads, dim);
+    const auto q = sg::kernels::token_major(queries.data(), sg::kernels::DType::fp32, window, q_heads, dim);
+    std::vector<float> scratch(sg::kernels::snapkv_scratch_floats(keys, q)), want(blocks * heads);
+    sg::kernels::snapkv_scores(keys, q, tokens - window, combine, tpb, pool, scratch, want.data());
+    sg_cuda_snapkv_t s{};
+    s.keys = device_copy(region);
+    s.blocks = device_copy(table);
+    s.num_blocks = blocks;
+    s.tokens = tokens;
+    s.block_stride = stride;
+    s.dtype = 1;
+    s.heads = heads;
+    s.dim = dim;
+    s.tokens_per_block = tpb;
+    s.q_heads = q_heads;
+    s.queries = device_copy(queries);
+    s.num_queries = window;
+    s.combine = uint32_t(combine);
+    s.first_query_pos = tokens - window;
+    s.pool = pool;
+    check_cuda(cudaMalloc(&s.out, want.size() * sizeof(float)), "cudaMalloc snapkv");
+    char msg[256] = {};
+    EXPECT(p->snapkv(&s, nullptr, msg, sizeof msg) == 0, "snapkv: %s", msg);
+    check_cuda(cudaDeviceSynchronize(), "snapkv");
+    const auto got = host_copy(s.out, want.size());
+    size_t off = 0;
+    for (size_t i = 0; i < want.size(); ++i)
+        if (std::fabs(got[i] - want[i]) > 1e-3f * (1e-3f + std::fabs(want[i]))) ++off;
+    EXPECT(off == 0, "snapkv scores (combine %d): %zu of %zu differ from the CPU's beyond 1e-3", int(combine), off,
+           want.size());
+    cudaFree(const_cast<void *>(s.keys));
+    cudaFree(const_cast<uint32_t *>(s.blocks));
+    cudaFree(const_cast<float *>(s.queries));
+    cudaFree(s.out);
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -286,6 +372,8 @@ int main(int argc, char **argv) {
                 quantization_matches(p, code, dtype, head_major, rng);
         }
     for (auto combine : {sg::kernels::Combine::max, sg::kernels::Combine::sum}) quest_matches(p, combine, rng);
+    topk_matches(p, rng);
+    for (auto combine : {sg::kernels::Combine::max, sg::kernels::Combine::sum}) snapkv_matches(p, combine, rng);
     std::printf("%s: %d failure(s) on %d device(s)\n", failures ? "FAIL" : "ok", failures, devices);
     return failures ? 1 : 0;
 }

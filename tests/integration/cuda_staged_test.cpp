@@ -415,6 +415,34 @@ TEST(CudaStream, DeviceQueriesFeedTheProactiveSelection) {
     sg_context_destroy(ctx);
 }
 
+// The public selector reads a device pool's keys through the plugin: its digests equal those of a
+// host pool holding the same keys.
+TEST(CudaSelector, DigestsOfADevicePoolAreTheHostPools) {
+    if (!emu().alloc) GTEST_SKIP() << "needs SG_CUDA_PLUGIN (tests/cuda_emu)";
+    Pool host(false), dev(true);
+    host.fill(5);
+    dev.fill(5);
+    const std::string json =
+        "{\"version\": 1, \"model\": \"t\", \"num_layers\": 4, \"num_kv_heads\": 2, \"block_tokens\": 8, "
+        "\"defaults\": {\"policy\": \"quest\", \"budget\": {\"fraction\": 0.25}}}";
+    sg_profile_t profile = nullptr;
+    ASSERT_EQ(sg_profile_parse(json.data(), json.size(), &profile, nullptr), SG_OK);
+    sg_selector_t sel = nullptr;
+    ASSERT_EQ(sg_selector_create(profile, &host.layout, kTokens, &sel, nullptr), SG_OK) << sg_last_error_message();
+    size_t floats = 0;
+    ASSERT_EQ(sg_selector_digest_floats(sel, &floats), SG_OK);
+    const auto t = table(true);
+    for (uint32_t l = 0; l < kLayers; ++l) {
+        std::vector<float> a(floats), b(floats);
+        ASSERT_EQ(sg_selector_digest(sel, &host.layout, l, t.data(), t.size(), a.data(), a.size()), SG_OK);
+        ASSERT_EQ(sg_selector_digest(sel, &dev.layout, l, t.data(), t.size(), b.data(), b.size()), SG_OK)
+            << sg_last_error_message();
+        EXPECT_EQ(a, b) << "layer " << l;
+    }
+    sg_selector_destroy(sel);
+    sg_profile_destroy(profile);
+}
+
 // The emulation's guard itself: its "device" memory faults when read directly, so the tests above
 // would catch a runtime that touched a device pool without the plugin.
 TEST(CudaEmulation, DeviceMemoryFaultsWhenTheRuntimeReadsItDirectly) {

@@ -4,7 +4,9 @@
 // bit. Runs everywhere (no GPU, no CUDA toolkit needed); the device runs the same functions.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <cstring>
 #include <random>
 #include <utility>
@@ -288,6 +290,26 @@ TEST(CudaElements, QuestScoreElementsAreTheCpuScores) {
                     ASSERT_NEAR(got, want[b * kv_heads + g], 1e-4f * magnitude) << "block " << b << " head " << g;
                 }
         }
+    }
+}
+
+// Top-k on the device sorts ranks (elements.hpp) descending; that order must be the CPU twin's for
+// every kind of score: ties, signed zeros, infinities, NaN.
+TEST(CudaElements, TopkRankOrderIsTheCpuTopK) {
+    std::mt19937 rng(3);
+    const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1.0f, -1.0f};
+    for (int trial = 0; trial < 200; ++trial) {
+        const size_t n = 1 + rng() % 300;
+        std::vector<float> scores(n);
+        for (auto &s : scores)
+            s = rng() % 4 == 0 ? specials[rng() % std::size(specials)] : float(int(rng() % 21) - 10) / 4.0f;
+        const size_t k = 1 + rng() % n;
+        const std::vector<uint32_t> cpu = sg::kernels::top_k(scores, k);
+        std::vector<uint64_t> ranks(n);
+        for (uint32_t i = 0; i < n; ++i) ranks[i] = elem::topk_rank(scores[i], i);
+        std::sort(ranks.begin(), ranks.end(), std::greater<>());
+        for (size_t j = 0; j < k; ++j)
+            ASSERT_EQ(elem::topk_index(ranks[j]), cpu[j]) << "trial " << trial << ", rank " << j << " of " << k;
     }
 }
 

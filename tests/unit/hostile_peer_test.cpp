@@ -137,6 +137,50 @@ TEST(HostilePeer, AnOutOfRangeSegmentOffsetFailsTheSession) {
     EXPECT_EQ(p.at_decode->error, SG_ERR_PROTOCOL);
 }
 
+// Quantized chunks (wire_quant): one for a transfer that did not consent to quantization, and one
+// whose segment is not whole head rows, each fail the session before any byte is decoded.
+TEST(HostilePeer, AQuantizedChunkTheTransferDidNotAgreeToFailsTheSession) {
+    Pair p;
+    Pool pool;
+    auto kv = std::make_shared<core::KvPool>(&p.decode, pool.layout);
+    p.decode.export_kv(*p.at_decode, *kv);
+    const auto tbl = table(8);
+    auto t = p.decode.expect(p.at_decode, "req", kv, tbl, 32, transfer_options());  // wire_quant 0
+    wire::StagedChunk m;
+    m.decode_xfer_id = t->id;
+    m.wire_quant = SG_WIRE_QUANT_INT8;
+    m.segments.push_back({0, 0, 128});
+    std::vector<uint8_t> frame;
+    wire::encode(frame, p.prefill.id, m);
+    p.decode.inject_frame(frame);
+    std::lock_guard lock(p.decode.mu);
+    EXPECT_EQ(p.at_decode->error, SG_ERR_PROTOCOL);
+    EXPECT_NE(p.at_decode->error_message.find("quantized as int8"), std::string::npos) << p.at_decode->error_message;
+    for (uint16_t x : pool.k[0]) ASSERT_EQ(x, 0u);
+}
+
+TEST(HostilePeer, AQuantizedSegmentThatCutsARowFailsTheSession) {
+    Pair p;
+    Pool pool;
+    auto kv = std::make_shared<core::KvPool>(&p.decode, pool.layout);
+    p.decode.export_kv(*p.at_decode, *kv);
+    const auto tbl = table(8);
+    sg_transfer_options_t o = transfer_options();
+    o.wire_quant = SG_WIRE_QUANT_INT8;
+    auto t = p.decode.expect(p.at_decode, "req", kv, tbl, 32, o);
+    wire::StagedChunk m;
+    m.decode_xfer_id = t->id;
+    m.wire_quant = SG_WIRE_QUANT_INT8;
+    m.segments.push_back({0, 2, 64});  // starts inside a row
+    std::vector<uint8_t> frame;
+    wire::encode(frame, p.prefill.id, m);
+    p.decode.inject_frame(frame);
+    std::lock_guard lock(p.decode.mu);
+    EXPECT_EQ(p.at_decode->error, SG_ERR_PROTOCOL);
+    EXPECT_NE(p.at_decode->error_message.find("whole head rows"), std::string::npos) << p.at_decode->error_message;
+    for (uint16_t x : pool.k[0]) ASSERT_EQ(x, 0u);
+}
+
 TEST(HostilePeer, AMessageThatDoesNotDecodeFailsTheSession) {
     Pair p;
     wire::LayerReady m;
