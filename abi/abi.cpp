@@ -1046,9 +1046,27 @@ SG_API sg_status_t sg_attention_finish(uint32_t rows, uint32_t head_dim, const f
 }
 
 // ---- transfers ----
-SG_API void sg_transfer_options_init(sg_transfer_options_t *o) {
+// 0.3 appended fields to sg_transfer_options_t and sg_transfer_stats_t. Their _init functions write
+// the whole struct with no size to go by, so a program built against an older header, whose struct
+// is smaller, must get an _init that writes only the older struct: that one keeps the 0.1 version
+// (sg_transfer_options_init@SMARTGEN_0.1) and says the older size in struct_size, which the calls
+// then read as such; programs built against this header bind to the @@SMARTGEN_0.3 ones
+// (docs/abi.md, "Growing a struct that has an _init").
+constexpr size_t kTransferOptionsSize01 = offsetof(sg_transfer_options_t, wire_quant);
+constexpr size_t kTransferStatsSize01 = offsetof(sg_transfer_stats_t, quantized_bytes);
+
+extern "C" SG_API void sg_transfer_options_init_v01(sg_transfer_options_t *o) {
+    if (!o) return;
+    const sg_transfer_options_t d = default_transfer_options();
+    std::memcpy(static_cast<void *>(o), &d, kTransferOptionsSize01);
+    o->struct_size = kTransferOptionsSize01;
+}
+__asm__(".symver sg_transfer_options_init_v01, sg_transfer_options_init@SMARTGEN_0.1");
+
+extern "C" SG_API void sg_transfer_options_init_v03(sg_transfer_options_t *o) {
     if (o) *o = default_transfer_options();
 }
+__asm__(".symver sg_transfer_options_init_v03, sg_transfer_options_init@@SMARTGEN_0.3");
 
 namespace {
 sg_status_t start_transfer(bool post_side, sg_session_t sh, const char *rid, sg_kv_handle_t kh, const uint32_t *ids,
@@ -1258,11 +1276,19 @@ SG_API sg_status_t sg_transfer_status(sg_transfer_t h, sg_status_t *status, char
     });
 }
 
-SG_API void sg_transfer_stats_init(sg_transfer_stats_t *s) {
+extern "C" SG_API void sg_transfer_stats_init_v01(sg_transfer_stats_t *s) {
+    if (!s) return;
+    std::memset(static_cast<void *>(s), 0, kTransferStatsSize01);
+    s->struct_size = kTransferStatsSize01;
+}
+__asm__(".symver sg_transfer_stats_init_v01, sg_transfer_stats_init@SMARTGEN_0.1");
+
+extern "C" SG_API void sg_transfer_stats_init_v03(sg_transfer_stats_t *s) {
     if (!s) return;
     std::memset(s, 0, sizeof *s);
     s->struct_size = sizeof *s;
 }
+__asm__(".symver sg_transfer_stats_init_v03, sg_transfer_stats_init@@SMARTGEN_0.3");
 
 SG_API sg_status_t sg_transfer_stats(sg_transfer_t h, sg_transfer_stats_t *out) {
     return guard(nullptr, [&] {

@@ -21,6 +21,13 @@
 
 namespace sg::core::wire_quant {
 
+// The vector path the codec runs (the widest the CPU has by default: AVX2 with F16C, else SSE2 on
+// x86-64; "sse2" means the portable loops elsewhere). use_simd is for tests and benchmarks, which
+// hold every path against the CPU twin; it asks for a path the CPU lacks in vain.
+enum class Simd { sse2, avx2 };
+void use_simd(Simd s);
+Simd simd_in_use();
+
 // The code a public SG_WIRE_QUANT_* value names; false for SG_WIRE_QUANT_NONE and unknown values.
 bool code_of(uint32_t wire_quant, kernels::QuantCode &code);
 const char *name_of(uint32_t wire_quant);

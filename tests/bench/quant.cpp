@@ -7,7 +7,8 @@
 // which the CPU converts slowly, are rare in real keys). Per dtype (fp16, bf16, fp32) and code (int8,
 // fp8 E4M3): encode (pool bytes -> scales and codes, the prefill side's progress thread) and decode
 // (the decode side's), value = pool bytes per second (median of --reps), baseline = memcpy of the
-// pool bytes, ratio = value / memcpy. What the numbers mean for a link: a codec below the link's
+// pool bytes, ratio = value / memcpy; once per vector path the CPU has (SSE2, AVX2 with F16C:
+// decode is SSE2 on both). What the numbers mean for a link: a codec below the link's
 // rate is the transfer's bottleneck (docs/benchmarks.md, "In-flight quantization").
 //
 // Flags: --bytes SIZE (4M), --reps N (15; --quick 5).
@@ -75,6 +76,11 @@ int run_quant(const Common &c) {
         if (!core::wire_quant::shape_of(L, 0, 0, len, shape)) throw std::logic_error("the segment has no shape");
         std::vector<uint8_t> wire(shape.wire_bytes());
         const std::pair<const uint8_t *, uint64_t> piece{pool.data(), len};
+        const core::wire_quant::Simd best = core::wire_quant::simd_in_use();
+        for (core::wire_quant::Simd simd : {core::wire_quant::Simd::sse2, core::wire_quant::Simd::avx2}) {
+        core::wire_quant::use_simd(simd);
+        if (core::wire_quant::simd_in_use() != simd) continue;  // the CPU lacks it
+        const char *simd_name = simd == core::wire_quant::Simd::avx2 ? "avx2" : "sse2";
         for (kernels::QuantCode code : {kernels::QuantCode::int8, kernels::QuantCode::fp8_e4m3}) {
             const char *code_name = code == kernels::QuantCode::int8 ? "int8" : "fp8_e4m3";
             const char *dtype_name = dtype == SG_DTYPE_FP16 ? "fp16" : dtype == SG_DTYPE_BF16 ? "bf16" : "fp32";
@@ -102,7 +108,7 @@ int run_quant(const Common &c) {
                 l.baseline_name = "memcpy";
                 l.baseline_value = mc;
                 l.ratio = mc > 0 ? l.value / mc : 0;
-                l.op = std::string(encoding ? "encode " : "decode ") + dtype_name + " -> " + code_name;
+                l.op = std::string(encoding ? "encode " : "decode ") + dtype_name + " -> " + code_name + " " + simd_name;
                 l.pattern = "token-major, 8 heads x 128";
                 l.total_bytes = len;
                 l.block_bytes = block;
@@ -114,6 +120,8 @@ int run_quant(const Common &c) {
                 report.add(l);
             }
         }
+        }
+        core::wire_quant::use_simd(best);
     }
     if (!c.json) report.print_table();
     return 0;

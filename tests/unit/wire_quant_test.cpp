@@ -78,10 +78,15 @@ class WireQuantCodec : public ::testing::TestWithParam<kernels::QuantCode> {};
 TEST_P(WireQuantCodec, AWholePlaneIsTheCpuTwinsScalesAndCodesBitForBit) {
     const kernels::QuantCode code = GetParam();
     int cases = 0;
+    // Every vector path the CPU has (AVX2 where it is there, SSE2 always on x86-64), then the default.
+    const core::wire_quant::Simd best = core::wire_quant::simd_in_use();
+    for (core::wire_quant::Simd simd : {core::wire_quant::Simd::sse2, core::wire_quant::Simd::avx2}) {
+    core::wire_quant::use_simd(simd);
+    SCOPED_TRACE(simd == core::wire_quant::Simd::avx2 ? "avx2" : "sse2");
     for (sg_dtype_t dtype : {SG_DTYPE_FP32, SG_DTYPE_FP16, SG_DTYPE_BF16})
         for (sg_kv_packing_t packing : {SG_KV_SEPARATE, SG_KV_FUSED})
             for (sg_block_order_t order : {SG_BLOCK_TOKEN_MAJOR, SG_BLOCK_HEAD_MAJOR}) {
-                const Geometry g{dtype, packing, order, 3, 24, 4, 0};  // 24: the 16-wide and 4-wide loops and a tail
+                const Geometry g{dtype, packing, order, 3, 40, 4, 0};  // 40: the 32-, 16-, 8- and 4-wide loops and tails
                 const kv::Layout L = layout_of(g, 5);
                 std::vector<uint8_t> region(L.region_bytes());
                 fill(region, dtype, 7 + cases);
@@ -129,7 +134,9 @@ TEST_P(WireQuantCodec, AWholePlaneIsTheCpuTwinsScalesAndCodesBitForBit) {
                     }
                 ++cases;
             }
-    EXPECT_EQ(cases, 12);
+    }
+    core::wire_quant::use_simd(best);
+    EXPECT_EQ(cases, 24);
 }
 
 INSTANTIATE_TEST_SUITE_P(Codes, WireQuantCodec, ::testing::Values(kernels::QuantCode::int8, kernels::QuantCode::fp8_e4m3),
