@@ -343,6 +343,26 @@ SG_WQ_AVX2 void fp8_row_avx2(const float *x, uint32_t dim, float inv, uint8_t *c
 }
 #endif
 
+#if defined(__x86_64__)
+// Decode of an fp16 row, eight at a time: the codes' values (int8 widened, E4M3 through the table)
+// times the scale, to fp16 by the hardware (round to nearest even, as float_to_fp16; the one NaN a
+// code can stand for converts to the same 0x7e00).
+SG_WQ_AVX2 uint32_t decode_f16_avx2(const uint8_t *c, uint32_t dim, float scale, kernels::QuantCode code,
+                                    const float *e4m3, uint8_t *p) {
+    const __m256 vs = _mm256_set1_ps(scale);
+    uint32_t d = 0;
+    for (; d + 8 <= dim; d += 8) {
+        const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(c + d));
+        const __m256 v = code == kernels::QuantCode::int8
+                             ? _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes))
+                             : _mm256_i32gather_ps(e4m3, _mm256_cvtepu8_epi32(bytes), 4);
+        _mm_storeu_si128(reinterpret_cast<__m128i *>(p + 2 * d),
+                         _mm256_cvtps_ph(_mm256_mul_ps(v, vs), _MM_FROUND_TO_NEAREST_INT));
+    }
+    return d;
+}
+#endif
+
 // Which of the vector paths runs: the widest the CPU has, unless a test asked for another.
 Simd &simd_choice() {
     static Simd choice = [] {
@@ -494,6 +514,10 @@ void decode(const kv::Layout &dst, uint32_t, uint64_t offset, uint64_t length, c
             uint8_t *p = pool_bytes + at;
             // dequantize_value's arithmetic: the code's value times the scale.
             uint32_t d = 0;
+#if defined(__x86_64__)
+            if constexpr (std::is_same_v<T, F16>)
+                if (simd_choice() == Simd::avx2) d = decode_f16_avx2(c, dim, scale, code, e4m3, p);
+#endif
 #if defined(__SSE2__)
             {
                 const __m128 vs = _mm_set1_ps(scale);
