@@ -32,6 +32,16 @@ const (
 	StateEssential LayerState = 0x4 // proactive path: essential blocks and digests delivered / in place
 )
 
+// WireQuant is how the KV travels (SG_WIRE_QUANT_*): as the pools hold it, or as one-byte codes
+// with a scale per block, plane and KV head (lossy; both sides must give the same value).
+type WireQuant uint32
+
+const (
+	WireQuantNone    WireQuant = 0
+	WireQuantInt8    WireQuant = 1
+	WireQuantFP8E4M3 WireQuant = 2
+)
+
 // TransferOptions mirror sg_transfer_options_t; the zero value is the library's defaults.
 type TransferOptions struct {
 	Paths      Path // 0 = PathFull
@@ -41,6 +51,7 @@ type TransferOptions struct {
 	Deadline   time.Duration // from the call; 0 = none. Missed: the transfer fails with StatusDeadline
 	Profile    *Profile      // post with PathProactive: decides the essential blocks; nil = sinks+recent
 	Lease      time.Duration // post, selective paths: how long the blocks stay for fetches; 0 = until released
+	WireQuant  WireQuant     // both sides the same; fp32/fp16/bf16 pools (since 0.3)
 }
 
 // Transfer is one request's KV on this side (sg_transfer_t): the decode side expects it, the
@@ -81,6 +92,7 @@ func (s *Session) start(post int, op, requestID string, kv *KV, blocks []uint32,
 	o.SetDeadline_ns(uint64(opts.Deadline))
 	o.SetProfile(profile)
 	o.SetLease_ns(uint64(opts.Lease))
+	o.SetWire_quant(uint32(opts.WireQuant))
 	var h uintptr
 	err := s.life.call(s.c, op, "session", func(e raw.Sg_error_info_t) int32 {
 		return raw.Sgo_transfer_start(post, s.h, requestID, kv.h, firstOrNil(blocks), uint64(len(blocks)), tokens, o,
@@ -258,6 +270,7 @@ type TransferStats struct {
 	StartNs, EndNs                                                   uint64 // CLOCK_MONOTONIC
 	BytesFull, BytesProactive, BytesOnDemand, BytesSpeculative       uint64
 	DigestBytes, FetchRequests, FetchBlocks                          uint64
+	QuantizedBytes, QuantizedWireBytes                               uint64 // WireQuant: pool bytes, their wire bytes
 }
 
 // Stats of the transfer.
@@ -280,6 +293,7 @@ func (t *Transfer) Stats() (TransferStats, error) {
 		BytesFull: o.GetBytes_full(), BytesProactive: o.GetBytes_proactive(), BytesOnDemand: o.GetBytes_on_demand(),
 		BytesSpeculative: o.GetBytes_speculative(), DigestBytes: o.GetDigest_bytes(),
 		FetchRequests: o.GetFetch_requests(), FetchBlocks: o.GetFetch_blocks(),
+		QuantizedBytes: o.GetQuantized_bytes(), QuantizedWireBytes: o.GetQuantized_wire_bytes(),
 	}, nil
 }
 

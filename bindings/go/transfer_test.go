@@ -92,3 +92,40 @@ func TestMissedDeadlineIsTheTransfersError(t *testing.T) {
 		t.Fatalf("Status: %v %q %v", st, detail, err)
 	}
 }
+
+// In-flight quantization: both sides ask for int8, every pool byte goes quantized, and the wire
+// carries about half of fp16's (codes plus a scale per block, plane and KV head).
+func TestQuantizedTransferHalvesTheWireBytes(t *testing.T) {
+	p := newPair(t, testKey(t), ContextOptions{})
+	const tokens = 7 * 16
+	fillBlocks(p.prefillPool, prefillTable, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	opts := TransferOptions{WireQuant: WireQuantInt8}
+	dst, err := p.decodeSess.Expect("q", p.decodeKV, decodeTable, tokens, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dst.Close()
+	opts.Flags = AllLayersWritten
+	src, err := p.prefillSession.Post("q", p.prefillKV, prefillTable, tokens, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	if err := dst.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stats, err := dst.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := uint64(testLayout.NumLayers) * 2 * 7 * 4096
+	if stats.QuantizedBytes != want || stats.QuantizedWireBytes*100 > want*51 || stats.QuantizedWireBytes*2 < want {
+		t.Errorf("quantized %d pool bytes into %d wire bytes, want %d into about half", stats.QuantizedBytes,
+			stats.QuantizedWireBytes, want)
+	}
+}

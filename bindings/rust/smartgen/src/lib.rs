@@ -48,7 +48,7 @@ pub use selector::{Selector, SelectorInput};
 pub use session::{Listener, Session};
 pub use status::{Status, StatusClass};
 pub use transfer::{Transfer, TransferOptions, TransferRef, TransferStats};
-pub use values::{BlockOrder, Dtype, EventKind, LayerState, LogLevel, Paths, TransferFlags};
+pub use values::{BlockOrder, Dtype, EventKind, LayerState, LogLevel, Paths, TransferFlags, WireQuant};
 
 /// The raw declarations, for what this crate does not wrap.
 pub use smartgen_sys as sys;

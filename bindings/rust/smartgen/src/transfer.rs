@@ -13,7 +13,7 @@ use crate::kv::{KvHandle, KvInner};
 use crate::profile::Profile;
 use crate::session::{nanos, Session, SessionInner};
 use crate::status::Status;
-use crate::values::{LayerState, Paths, TransferFlags};
+use crate::values::{LayerState, Paths, TransferFlags, WireQuant};
 
 /// Options of an expect or a post. `Default` is the library's defaults (full path, no flags,
 /// priority 0, layers in order, no deadline, no profile, no lease).
@@ -33,6 +33,8 @@ pub struct TransferOptions {
     /// Post side, selective paths: how long after the last layer is written the blocks stay
     /// available for on-demand and speculative traffic. None: until the decode side releases.
     pub lease: Option<Duration>,
+    /// In-flight quantization; both sides must give the same (fp32/fp16/bf16 pools, since 0.3).
+    pub wire_quant: WireQuant,
 }
 
 /// Counters of one transfer (sg_transfer_stats_t).
@@ -54,6 +56,9 @@ pub struct TransferStats {
     pub digest_bytes: u64,
     pub fetch_requests: u64,
     pub fetch_blocks: u64,
+    /// With wire_quant: the pool bytes that travelled quantized, and their bytes on the wire.
+    pub quantized_bytes: u64,
+    pub quantized_wire_bytes: u64,
 }
 
 /// The calls on a transfer that never block: reached through a `Transfer` (by Deref) or, inside
@@ -140,6 +145,8 @@ impl TransferRef {
             digest_bytes: raw.digest_bytes,
             fetch_requests: raw.fetch_requests,
             fetch_blocks: raw.fetch_blocks,
+            quantized_bytes: raw.quantized_bytes,
+            quantized_wire_bytes: raw.quantized_wire_bytes,
         })
     }
 
@@ -251,6 +258,7 @@ impl Transfer {
         raw_opts.deadline_ns = options.deadline.map_or(0, nanos);
         raw_opts.profile = options.profile.as_ref().map_or(ptr::null_mut(), |p| p.raw());
         raw_opts.lease_ns = options.lease.map_or(0, nanos);
+        raw_opts.wire_quant = options.wire_quant.0;
         let start = if expect {
             sys::sg_transfer_expect
         } else {

@@ -81,6 +81,16 @@ value_type! {
 }
 
 value_type! {
+    /// How a transfer's KV travels (`sg_wire_quant_t`, since 0.3): as the pools hold it, or as
+    /// one-byte codes with a scale per block, plane and KV head (lossy; both sides the same).
+    WireQuant {
+        NONE = sys::SG_WIRE_QUANT_NONE,
+        INT8 = sys::SG_WIRE_QUANT_INT8,
+        FP8_E4M3 = sys::SG_WIRE_QUANT_FP8_E4M3,
+    }
+}
+
+value_type! {
     /// Order of the elements inside one K or V plane of a block (`sg_block_order_t`).
     BlockOrder {
         /// `[token][kv_head][head_dim]`, as vLLM lays it out.

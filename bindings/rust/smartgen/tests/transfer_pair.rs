@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use smartgen::{Context, Plane, Status, TransferFlags, TransferOptions};
+use smartgen::{Context, Plane, Status, TransferFlags, TransferOptions, WireQuant};
 
 const PREFILL_BLOCKS: [u32; 7] = [1, 2, 20, 21, 7, 30, 4];
 const DECODE_BLOCKS: [u32; 7] = [5, 3, 9, 0, 31, 17, 12];
@@ -109,4 +109,49 @@ fn layer_by_layer_post_and_notifications() {
     posted.wait(TIMEOUT).unwrap();
     assert_eq!(mismatches(&dst, &DECODE_BLOCKS), 0);
     assert!(expected.residency(0).unwrap().iter().all(|&resident| resident));
+}
+
+/// In-flight quantization: both sides ask for int8, every pool byte goes quantized, and the wire
+/// carries about half of fp16's (codes plus a scale per block, plane and KV head).
+#[test]
+fn quantized_transfer_halves_the_wire_bytes() {
+    let key = random_key();
+    let prefill_ctx = Context::new(&options(&key)).unwrap();
+    let decode_ctx = Context::new(&options(&key)).unwrap();
+    let (prefill, decode) = connect(&prefill_ctx, &decode_ctx);
+    let mut src = register(&prefill_ctx, SMALL);
+    fill(&mut src, &PREFILL_BLOCKS);
+    let dst = register(&decode_ctx, SMALL);
+    prefill.export_kv(&src).unwrap();
+    decode.export_kv(&dst).unwrap();
+    let quantized = TransferOptions {
+        wire_quant: WireQuant::INT8,
+        ..Default::default()
+    };
+    let expected = decode
+        .expect("req-q", &dst, &DECODE_BLOCKS, TOKENS, &quantized)
+        .unwrap();
+    let posted = prefill
+        .post(
+            "req-q",
+            &src,
+            &PREFILL_BLOCKS,
+            TOKENS,
+            &TransferOptions {
+                flags: TransferFlags::ALL_LAYERS_WRITTEN,
+                ..quantized.clone()
+            },
+        )
+        .unwrap();
+    expected.wait(TIMEOUT).unwrap();
+    posted.wait(TIMEOUT).unwrap();
+    let stats = expected.stats().unwrap();
+    let payload = 2 * u64::from(SMALL.num_layers) * 7 * dst.pool().plane_bytes() as u64;
+    assert_eq!(stats.quantized_bytes, payload);
+    assert!(
+        stats.quantized_wire_bytes * 2 >= payload && stats.quantized_wire_bytes * 100 <= payload * 51,
+        "{} wire bytes for {} pool bytes",
+        stats.quantized_wire_bytes,
+        payload
+    );
 }

@@ -1,6 +1,7 @@
 package io.smartgen;
 
 import io.smartgen.internal.sg_transfer_options_t;
+import io.smartgen.internal.sg_wire_quant;
 import io.smartgen.internal.smartgen;
 import io.smartgen.internal.smartgenConstants;
 import java.time.Duration;
@@ -21,6 +22,12 @@ public final class TransferOptions {
     public static final int PATH_SPECULATIVE = (int) smartgenConstants.SG_PATH_SPECULATIVE;
     /** Post: every layer is already written; send at once. */
     public static final int ALL_LAYERS_WRITTEN = (int) smartgenConstants.SG_TRANSFER_ALL_LAYERS_WRITTEN;
+    /** The KV travels as the pools hold it (the default). */
+    public static final int WIRE_QUANT_NONE = sg_wire_quant.SG_WIRE_QUANT_NONE;
+    /** One-byte int8 codes with a scale per block, plane and KV head (lossy; both sides the same). */
+    public static final int WIRE_QUANT_INT8 = sg_wire_quant.SG_WIRE_QUANT_INT8;
+    /** One-byte FP8 E4M3 codes with a scale per block, plane and KV head (lossy; both sides the same). */
+    public static final int WIRE_QUANT_FP8_E4M3 = sg_wire_quant.SG_WIRE_QUANT_FP8_E4M3;
 
     private int paths;
     private int flags;
@@ -28,6 +35,7 @@ public final class TransferOptions {
     private long deadlineNs;
     private long leaseNs;
     private Profile profile;
+    private int wireQuant;
 
     public static TransferOptions defaults() {
         return new TransferOptions();
@@ -63,6 +71,12 @@ public final class TransferOptions {
         return this;
     }
 
+    /** In-flight quantization, WIRE_QUANT_*: both sides must give the same (fp32/fp16/bf16 pools). */
+    public TransferOptions wireQuant(int wireQuant) {
+        this.wireQuant = wireQuant;
+        return this;
+    }
+
     /** Post side with PATH_PROACTIVE: the profile that decides each layer's essential blocks. */
     public TransferOptions profile(Profile profile) {
         this.profile = profile;
@@ -80,6 +94,7 @@ public final class TransferOptions {
                 o.setPriority(options.priority);
                 o.setDeadline_ns(options.deadlineNs);
                 o.setLease_ns(options.leaseNs);
+                o.setWire_quant(options.wireQuant);
                 o.setProfile(options.profile == null ? 0 : options.profile.handle());
             }
             call.accept(o);

@@ -70,6 +70,28 @@ class TransferPairTest {
         }
     }
 
+    // In-flight quantization: both sides ask for int8, every pool byte goes quantized, and the wire
+    // carries about half of fp16's (codes plus a scale per block, plane and KV head).
+    @Test
+    void aQuantizedTransferHalvesTheWireBytes() throws Exception {
+        try (Pair pair = new Pair()) {
+            Pair.fill(pair.src, SRC_BLOCKS);
+            TransferOptions quantized = TransferOptions.defaults().wireQuant(TransferOptions.WIRE_QUANT_INT8);
+            try (Transfer expect = pair.decode.expect("req-q", pair.dst, DST_BLOCKS, TOKENS, quantized);
+                 Transfer post = pair.prefill.post("req-q", pair.src, SRC_BLOCKS, TOKENS,
+                         TransferOptions.defaults().wireQuant(TransferOptions.WIRE_QUANT_INT8)
+                                 .flags(TransferOptions.ALL_LAYERS_WRITTEN))) {
+                assertTrue(expect.await(Pair.TIMEOUT));
+                assertTrue(post.await(Pair.TIMEOUT));
+                long payload = (long) Pair.LAYOUT.numLayers() * 2 * DST_BLOCKS.length * Pair.LAYOUT.planeBytes();
+                TransferStats stats = expect.stats();
+                assertEquals(payload, stats.quantizedBytes());
+                assertTrue(stats.quantizedWireBytes() * 2 >= payload && stats.quantizedWireBytes() * 100 <= payload * 51,
+                        stats.quantizedWireBytes() + " wire bytes for " + payload);
+            }
+        }
+    }
+
     static byte[] poll(Session session) throws InterruptedException {
         long deadline = System.nanoTime() + Pair.TIMEOUT.toNanos();
         while (System.nanoTime() < deadline) {
