@@ -10,6 +10,7 @@
 #include <vector>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #elif defined(__SSE2__)
 #include <emmintrin.h>
@@ -363,14 +364,19 @@ SG_WQ_AVX2 uint32_t decode_f16_avx2(const uint8_t *c, uint32_t dim, float scale,
 }
 #endif
 
+// AVX2 and F16C. F16C from CPUID itself: clang before 16 refuses __builtin_cpu_supports("f16c").
+bool cpu_has_avx2_f16c() {
+#if defined(__x86_64__)
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+#else
+    return false;
+#endif
+}
+
 // Which of the vector paths runs: the widest the CPU has, unless a test asked for another.
 Simd &simd_choice() {
-    static Simd choice = [] {
-#if defined(__x86_64__)
-        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return Simd::avx2;
-#endif
-        return Simd::sse2;
-    }();
+    static Simd choice = cpu_has_avx2_f16c() ? Simd::avx2 : Simd::sse2;
     return choice;
 }
 
@@ -399,7 +405,7 @@ float get_scale(const uint8_t *in) {
 
 void use_simd(Simd s) {
 #if defined(__x86_64__)
-    if (s == Simd::avx2 && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"))) s = Simd::sse2;
+    if (s == Simd::avx2 && !cpu_has_avx2_f16c()) s = Simd::sse2;
 #else
     s = Simd::sse2;
 #endif
