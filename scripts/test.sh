@@ -132,8 +132,12 @@ run_asan_phase() {
 # sides then see the other as lost (a fresh-clone run of 2026-12-02 lost
 # Session.DecodeCancelBeforeMatchReachesALaterPost that way, its phase taking 228 s against 138 s in
 # the runs before). The cost: a race that shows in only one of the two runs would pass; ctest's
-# log keeps the first run's report, so it is read there.
+# log keeps the first run's report, so it is read there. The contexts of these tests also get a
+# 10 s default peer timeout (SG_PEER_TIMEOUT_MS; the Failure tests that time peer-loss detection
+# set 2 s in their options): a later run lost sessions in six tests to the 2 s timeout, two of them
+# twice.
 run_tsan_phase() {
+  SG_PEER_TIMEOUT_MS=10000 \
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:die_after_fork=0${TSAN_OPTIONS:+:$TSAN_OPTIONS}" \
     preset_build_and_test tsan --targets "integration_tests link_peer" \
       -R '^(Concurrency|Session|Failure|Paths|Bootstrap|Reconnect|GracefulClose)\.|^KvPairTcp\.ARail' \

@@ -309,7 +309,8 @@ typedef struct sg_context_options {
     void *log_user;
     /* A session whose peer has sent nothing for this long is lost: the session and every pending
      * transfer on it fail with SG_ERR_PEER_LOST. Quiet sessions send a small keep-alive every quarter
-     * of it. Default 2000; 0 means the default. A broken connection reported by the fabric is
+     * of it. Default 2000, or the environment's SG_PEER_TIMEOUT_MS (100..3600000; since 0.3); 0
+     * means the default. A broken connection reported by the fabric is
      * detected sooner. A context without a progress thread must call sg_context_progress (or wait)
      * well within this time, or its peers will consider it lost. */
     uint32_t peer_timeout_ms;

@@ -71,7 +71,18 @@ Context::Context(const sg_context_options_t &opt) : id(random_u64()), opt_(opt) 
     spin_us_ = opt.progress_spin_us;
     if (uint64_t v; env_param("SG_PROGRESS_SPIN_US", SG_PARAM_PROGRESS_SPIN_US, v)) spin_us_ = uint32_t(v);
     budget_.max_ops = opt.max_ops_in_flight ? opt.max_ops_in_flight : 64;
-    peer_timeout_ns_ = uint64_t(opt.peer_timeout_ms ? opt.peer_timeout_ms : 2000) * 1000000;
+    // SG_PEER_TIMEOUT_MS changes the default (not an explicit option): for hosts, and for test runs
+    // under ThreadSanitizer, whose slowdown can keep a progress thread from its keep-alives for 2 s.
+    uint64_t default_timeout_ms = 2000;
+    if (const char *env = std::getenv("SG_PEER_TIMEOUT_MS"); env && *env) {
+        errno = 0;
+        char *end = nullptr;
+        const unsigned long long v = std::strtoull(env, &end, 10);
+        if (*end || errno == ERANGE || env[0] == '-' || v < 100 || v > 3600000)
+            fail(SG_ERR_INVALID_ARGUMENT, std::string("SG_PEER_TIMEOUT_MS='") + env + "' is not a number in [100, 3600000]");
+        default_timeout_ms = v;
+    }
+    peer_timeout_ns_ = uint64_t(opt.peer_timeout_ms ? opt.peer_timeout_ms : default_timeout_ms) * 1000000;
     if (opt.max_bytes_in_flight) budget_.max_bytes = opt.max_bytes_in_flight;
     if (opt.max_session_bytes_in_flight) budget_.max_session_bytes = opt.max_session_bytes_in_flight;
     if (opt.max_transfers_per_session) max_transfers_per_session_ = opt.max_transfers_per_session;

@@ -17,6 +17,9 @@
 
 namespace {
 
+// These tests time peer-loss detection: the default timeout, whatever the environment asks.
+constexpr uint32_t kDetectMs = 2000;
+
 using sgtest::kSecond;
 
 struct SmallPool {
@@ -58,7 +61,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 TEST(Failure, DeadlineFailsBothSides) {
-    sg_context_t a = sgtest::make_context("tcp"), b = sgtest::make_context("tcp");
+    sg_context_t a = sgtest::make_context("tcp", 0, kDetectMs), b = sgtest::make_context("tcp", 0, kDetectMs);
     ASSERT_TRUE(a && b);
     sg_listener_t l = nullptr;
     ASSERT_EQ(sg_listener_create(a, "127.0.0.1", 0, &l, nullptr), SG_OK);
@@ -181,7 +184,7 @@ size_t heap_in_use() {
     }
     uint16_t port = 0;
     if (read(port_fd, &port, sizeof port) != sizeof port) _exit(3);
-    sg_context_t ctx = sgtest::make_context("tcp");
+    sg_context_t ctx = sgtest::make_context("tcp", 0, kDetectMs);
     CHILD_CHECK(ctx, "context");
     sg_session_t s = nullptr;
     CHILD_CHECK(sg_session_connect(ctx, "127.0.0.1", port, nullptr, 5 * kSecond, &s, nullptr) == SG_OK, "connect");
@@ -212,7 +215,7 @@ size_t heap_in_use() {
 }
 
 void warm_up() {
-    sg_context_t a = sgtest::make_context("tcp"), b = sgtest::make_context("tcp");
+    sg_context_t a = sgtest::make_context("tcp", 0, kDetectMs), b = sgtest::make_context("tcp", 0, kDetectMs);
     size_t la = 0, lb = 0;
     sg_context_get_metadata(a, nullptr, 0, &la);
     sg_context_get_metadata(b, nullptr, 0, &lb);
@@ -277,7 +280,7 @@ TEST_P(KillAt, SurvivorSeesPeerLostWithin3sAndReturnsToBaseline) {
             killed = true;
         }
     });
-    sg_context_t ctx = sgtest::make_context("tcp");
+    sg_context_t ctx = sgtest::make_context("tcp", 0, kDetectMs);
     ASSERT_TRUE(ctx);
     sg_session_t s = nullptr;
     sg_error_info_t err;

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <csignal>
+#include <cstdlib>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -33,11 +34,14 @@ namespace sgtest {
 
 constexpr uint64_t kSecond = 1000000000ull;
 
-inline sg_context_t make_context(const char *provider, uint32_t lanes = 0) {
+// peer_timeout_ms: 0 is the library's default (2 s, or SG_PEER_TIMEOUT_MS, which scripts/test.sh
+// raises under ThreadSanitizer); tests that time peer-loss detection pass their own.
+inline sg_context_t make_context(const char *provider, uint32_t lanes = 0, uint32_t peer_timeout_ms = 0) {
     sg_context_options_t o;
     sg_context_options_init(&o);
     o.provider = provider;
     o.lanes = lanes;
+    o.peer_timeout_ms = peer_timeout_ms;
     SG_TEST_USE_KEY(o);
     sg_context_t ctx = nullptr;
     sg_error_info_t err;
