@@ -239,7 +239,7 @@ sg_context_options_t default_context_options() {
     o.progress_spin_us = kDefaultSpinUs;
     o.max_ops_in_flight = kDefaultMaxOpsInFlight;
     o.log_level = SG_LOG_WARN;
-    o.peer_timeout_ms = 2000;
+    o.peer_timeout_ms = 0;  // the core's default: 2000 ms, or SG_PEER_TIMEOUT_MS
     o.max_bytes_in_flight = 64ull << 20;
     o.max_session_bytes_in_flight = 32ull << 20;
     o.max_transfers_per_session = 1024;

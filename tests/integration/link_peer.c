@@ -41,6 +41,7 @@ int main(int argc, char **argv) {
     const int prefill = strcmp(argv[1], "prefill") == 0;
     sg_context_options_t o;
     sg_context_options_init(&o);
+    o.peer_timeout_ms = 2000; /* the test times peer-loss detection: whatever SG_PEER_TIMEOUT_MS says */
     o.provider = "tcp";
     o.local_addr = argv[2];
     SG_TEST_USE_KEY(o);
