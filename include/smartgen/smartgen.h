@@ -538,9 +538,12 @@ SG_API sg_status_t sg_kv_layout_region_bytes(const sg_kv_layout_t *layout, uint6
  * the fabric lazily, once per (pool, session), never per block.
  * SG_MEM_CUDA pools (since 0.3) need the CUDA plugin libsmartgen-cuda.so.0 (loaded on first use,
  * beside libsmartgen or SG_CUDA_PLUGIN), a driver and the device; their base pointers must be memory
- * of that device. Their bytes move through the staging path (the CUDA plugin gathers them into the
- * host's staging slots, or scatters received slots into the pool; docs/cuda.md), whatever the peer's
- * pool is, and a CPU selection (digests, SnapKV) reads a host copy of the layer's keys.
+ * of that device. Where the provider reaches device memory (FI_HMEM with CUDA: GPUDirect RDMA on
+ * verbs or EFA) and registers the pool, its bytes move by RMA like host memory; elsewhere
+ * (tcp, shm, a provider that refuses the memory, SG_FI_HMEM=0 in the environment) they move through
+ * the staging path (the CUDA plugin gathers them into the host's staging slots, or scatters received
+ * slots into the pool; docs/cuda.md), whatever the peer's pool is. A CPU selection (digests, SnapKV)
+ * reads a host copy of the layer's keys.
  * Returns SG_OK; SG_ERR_INVALID_LAYOUT (message names the field; also a CUDA device ordinal the
  * driver does not have, or a base that is not memory of that device); SG_ERR_UNSUPPORTED for
  * SG_MEM_CUDA, the message naming what is missing (the plugin, a driver, a device);

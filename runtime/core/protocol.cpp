@@ -189,6 +189,7 @@ void Context::on_handle_export(Session &s, wire::HandleExport &m) {
     for (auto &r : m.regions)
         if (r.length < rp.layout.region_bytes()) fail(SG_ERR_PROTOCOL, "HandleExport region smaller than its layout");
     rp.regions = std::move(m.regions);
+    rp.device_direct = m.device_direct;
     s.remote_pools[m.handle_id] = std::move(rp);
 }
 

@@ -151,17 +151,25 @@ void Context::export_kv(Session &s, KvPool &pool) {
     Session::LocalReg reg;
     const uint64_t bytes = pool.layout.region_bytes();
     const bool device = pool.layout.mem_kind == SG_MEM_CUDA;
+    // Device memory is registered only where the provider reaches it (FI_HMEM: GPUDirect RDMA);
+    // otherwise, or when the provider refuses it, its bytes go through the staging slots.
+    const bool register_regions = !device || s.tp->caps().hmem;
     try {
         // One region at a time with the lock let go in between: registering a large pool (pinning,
         // on some providers) must not keep the progress thread from keep-alives for that long.
-        // Device memory is not registered: no provider here reaches it (FI_HMEM), so its bytes
-        // always go through the staging slots.
-        for (uint8_t *base : device ? std::vector<uint8_t *>{} : pool.bases) {
-            reg.regions.push_back(s.tp->register_memory(base, bytes, random_u64()));
+        for (uint8_t *base : register_regions ? pool.bases : std::vector<uint8_t *>{}) {
+            reg.regions.push_back(device ? s.tp->register_device_memory(base, bytes, random_u64(), pool.layout.device)
+                                         : s.tp->register_memory(base, bytes, random_u64()));
             lock.unlock();
             lock.lock();
             if (s.closed()) fail(SG_ERR_PEER_LOST, "session is closed");
         }
+        reg.device_direct = device && register_regions;
+    } catch (const Error &e) {
+        for (auto &r : reg.regions) s.tp->deregister(r);
+        if (!device || e.status() == SG_ERR_PEER_LOST) throw;
+        reg.regions.clear();
+        log.log(SG_LOG_WARN, "device pool " + std::to_string(pool.id) + " stays staged: " + e.message());
     } catch (...) {
         for (auto &r : reg.regions) s.tp->deregister(r);
         throw;
@@ -175,7 +183,9 @@ void Context::export_kv(Session &s, KvPool &pool) {
     ex.layout = pool.layout.to_desc();
     ex.regions_per_layer = pool.layout.regions_per_layer();
     for (auto &r : reg.regions) ex.regions.push_back({r.key, r.remote_base, bytes});
-    if (device) ex.regions.assign(pool.bases.size(), wire::Region{0, 0, bytes});  // no key: never written directly
+    ex.device_direct = reg.device_direct;
+    if (device && !reg.device_direct)
+        ex.regions.assign(pool.bases.size(), wire::Region{0, 0, bytes});  // no key: never written directly
     s.local_regs[pool.id] = std::move(reg);
     std::vector<uint8_t> out;
     wire::encode(out, id, ex);

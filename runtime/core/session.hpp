@@ -53,6 +53,7 @@ struct RemotePool {
     kv::Layout layout;
     uint32_t regions_per_layer = 0;
     std::vector<wire::Region> regions;
+    bool device_direct = false;  // an SG_MEM_CUDA pool with keys: written by RMA, not staged
 };
 
 // Cookie for every posted operation; starts with the provider's context space.
@@ -110,6 +111,7 @@ class Session {
     // Our pools registered for this session (one registration per region) and exported.
     struct LocalReg {
         std::vector<transport::Registration> regions;
+        bool device_direct = false;  // an SG_MEM_CUDA pool registered with the provider (FI_HMEM)
     };
     std::map<uint64_t, LocalReg> local_regs;         // pool id -> registrations
     std::map<uint64_t, RemotePool> remote_pools;      // peer's pool id -> descriptor

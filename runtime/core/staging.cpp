@@ -128,10 +128,10 @@ void Context::record_layer_rate(Transfer &t, Transfer::Layer &L) {
 bool Context::post_staged_chunk(Transfer &t, uint32_t layer, const Vec<plan::Op> &ops, size_t &next_op, SendUnit *unit) {
     Session &s = *t.session;
     if (tx_full(*s.tp)) return false;  // the provider is full: a packed chunk would only wait
-    // Device memory cannot go as a plain write: without slots on both sides the transfer fails.
-    const bool device = t.device_side();
+    // Device memory the provider cannot reach cannot go as a plain write: without slots on both
+    // sides the transfer fails.
     if (!s.have_peer_staging || !ensure_send_staging(s)) {
-        if (!device) return post_write_op(t, layer, ops, next_op, unit);
+        if (t.rma_reaches_both_pools()) return post_write_op(t, layer, ops, next_op, unit);
         fail_transfer(t, SG_ERR_UNSUPPORTED,
                       "a pool in device memory moves through staging slots, and this session has none", true);
         return false;
@@ -163,7 +163,7 @@ bool Context::post_staged_chunk(Transfer &t, uint32_t layer, const Vec<plan::Op>
         if (quantized) wire_len = q.shape.wire_bytes();
         if (p.used + wire_len > StagingArea::kSlotBytes) {
             if (k > first) break;
-            if (!device) return post_write_op(t, layer, ops, next_op, unit);  // larger than a slot: a plain write
+            if (t.rma_reaches_both_pools()) return post_write_op(t, layer, ops, next_op, unit);  // larger than a slot
             fail_transfer(t, SG_ERR_INTERNAL, "an operation larger than a staging slot on a device transfer", true);
             return false;
         }

@@ -149,13 +149,16 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
     } prefill;
     bool matched() const { return prefill.dst != nullptr; }
     // Prefill side, once matched: every op goes through the staging slots, never as a plain write
-    // (quantized on the wire, or a pool in device memory that RMA cannot reach here).
-    bool staged_only() const {
-        return options.wire_quant || pool->layout.mem_kind == SG_MEM_CUDA ||
-               (prefill.dst && prefill.dst->layout.mem_kind == SG_MEM_CUDA);
-    }
+    // (quantized on the wire, or a pool in device memory that the provider cannot reach).
+    bool staged_only() const { return options.wire_quant || !rma_reaches_both_pools(); }
     bool device_side() const {
         return pool->layout.mem_kind == SG_MEM_CUDA || (prefill.dst && prefill.dst->layout.mem_kind == SG_MEM_CUDA);
+    }
+    // Host memory, or device memory registered with the provider (FI_HMEM), on both sides.
+    bool rma_reaches_both_pools() const {
+        const bool src = pool->layout.mem_kind != SG_MEM_CUDA || (prefill.src_reg && prefill.src_reg->device_direct);
+        const bool dst = !prefill.dst || prefill.dst->layout.mem_kind != SG_MEM_CUDA || prefill.dst->device_direct;
+        return src && dst;
     }
 
     // Prefill side, selective paths: the profile applied to this request (selection runs on the

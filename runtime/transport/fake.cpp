@@ -23,6 +23,7 @@ constexpr uint64_t kAddressTag = 0x46414b45ull << 32;  // "FAKE"
 
 struct Region {
     uint64_t addr = 0, len = 0, key = 0;
+    bool device = false;  // registered through register_device_memory
 };
 
 struct Op {
@@ -33,6 +34,7 @@ struct Op {
     std::vector<LocalIov> iov;        // a write's source, read when it lands or completes early
     std::vector<uint8_t> data;        // a send's bytes (copied at post), or a write's snapshot
     bool snapped = false;
+    bool device_src = false;          // some of the source is registered device memory
     uint64_t remote_addr = 0, key = 0, len = 0;
     void *cookie = nullptr;
     uint64_t ready_at = 0;            // the target's poll count from which it may land
@@ -136,12 +138,18 @@ struct Fabric::State {
             it = ops.erase(it);
         }
     }
+    void copy(void *dst, const void *src, uint64_t len, bool device) const {
+        if (device && knobs.device_copy)
+            knobs.device_copy(dst, src, len);
+        else
+            std::memcpy(dst, src, len);
+    }
     void snapshot(Op &op) {
         if (op.send || op.snapped) return;
         op.data.resize(op.len);
         uint64_t at = 0;
         for (const LocalIov &v : op.iov) {
-            std::memcpy(op.data.data() + at, v.addr, v.len);
+            copy(op.data.data() + at, v.addr, v.len, op.device_src);
             at += v.len;
         }
         op.snapped = true;
@@ -185,6 +193,11 @@ class FakeTransport final : public Transport {
         caps_.provider_keys = k.provider_keys;
         caps_.send_after_write = k.send_after_write;
         caps_.local_only = k.local_only;
+        caps_.hmem = k.hmem;
+        if (k.hmem) {
+            caps_.caps |= FI_HMEM;
+            caps_.mr_mode |= FI_MR_HMEM;
+        }
         id_ = f_->next_endpoint++;
         Endpoint &e = f_->endpoints[id_];
         e.recv_bytes = opt.recv_buffer_bytes ? opt.recv_buffer_bytes : 256 * 1024;
@@ -237,6 +250,21 @@ class FakeTransport final : public Transport {
     }
 
     Registration register_memory(void *addr, uint64_t len, uint64_t requested_key) override {
+        return add_region(addr, len, requested_key, false);
+    }
+
+    Registration register_device_memory(void *addr, uint64_t len, uint64_t requested_key, int32_t cuda_device) override {
+        if (!caps_.hmem) Transport::register_device_memory(addr, len, requested_key, cuda_device);
+        {
+            std::lock_guard lock(f_->mu);
+            if (f_->knobs.refuse_device_memory)
+                fail(SG_ERR_TRANSPORT, "fi_mr_regattr of " + std::to_string(len) + " bytes of CUDA device " +
+                                           std::to_string(cuda_device) + ": Function not implemented (fake)");
+        }
+        return add_region(addr, len, requested_key, true);
+    }
+
+    Registration add_region(void *addr, uint64_t len, uint64_t requested_key, bool device) {
         std::lock_guard lock(f_->mu);
         Endpoint &e = f_->endpoints[id_];
         uint64_t key = requested_key;
@@ -251,13 +279,13 @@ class FakeTransport final : public Transport {
             fail(SG_ERR_TRANSPORT, "fi_mr_reg of " + std::to_string(len) + " bytes: key in use (fake)");
         }
         const uint64_t rid = e.next_region++;
-        e.regions[rid] = Region{reinterpret_cast<uint64_t>(addr), len, key};
+        e.regions[rid] = Region{reinterpret_cast<uint64_t>(addr), len, key, device};
         Registration r;
         r.key = key;
         r.remote_base = caps_.virt_addr ? reinterpret_cast<uint64_t>(addr) : 0;
         // Opaque ids, never dereferenced: a stale descriptor is found out, not followed.
         r.mr = reinterpret_cast<void *>(uintptr_t(rid));
-        r.desc = caps_.needs_local_desc ? r.mr : nullptr;
+        r.desc = caps_.needs_local_desc || device ? r.mr : nullptr;
         return r;
     }
 
@@ -301,6 +329,14 @@ class FakeTransport final : public Transport {
         if (caps_.needs_local_desc && !local_descs_cover(e, local)) {
             f_->complete(op, -EACCES, "fake: local protection error (a local buffer without its registration)");
             return 0;
+        }
+        for (const LocalIov &v : local) {
+            if (!in_device_region(e, v)) continue;
+            if (!local_descs_cover(e, std::span(&v, 1))) {
+                f_->complete(op, -EACCES, "fake: a device buffer written without its registration's descriptor (FI_MR_HMEM)");
+                return 0;
+            }
+            op.device_src = true;
         }
         op.early = caps_.send_after_write && !delivery_complete_ && f_->rng.chance(f_->knobs.early_completion);
         enqueue(std::move(op));
@@ -353,6 +389,13 @@ class FakeTransport final : public Transport {
                                           : 0);
         f_->ops.push_back(std::move(op));
         f_->fail_cut_ops();
+    }
+
+    static bool in_device_region(const Endpoint &e, const LocalIov &v) {
+        const uint64_t a = reinterpret_cast<uint64_t>(v.addr);
+        for (auto &[id, r] : e.regions)
+            if (r.device && a + v.len > r.addr && a < r.addr + r.len) return true;
+        return false;
     }
 
     bool local_descs_cover(const Endpoint &e, std::span<const LocalIov> local) const {
@@ -447,10 +490,10 @@ size_t FakeTransport::poll(CompletionSink &sink) {
                     if (r) {
                         uint8_t *dst = reinterpret_cast<uint8_t *>(r->addr) + offset;
                         if (op.snapped) {
-                            std::memcpy(dst, op.data.data(), op.len);
+                            f_->copy(dst, op.data.data(), op.len, r->device);
                         } else {
                             for (const LocalIov &v : op.iov) {
-                                std::memcpy(dst, v.addr, v.len);
+                                f_->copy(dst, v.addr, v.len, r->device || op.device_src);
                                 dst += v.len;
                             }
                         }

@@ -42,6 +42,13 @@ struct Knobs {
     bool local_only = false;         // shm-like: no connections, operations to a dead peer never complete
     uint64_t max_msg_size = 1ull << 30;
     uint64_t rma_iov_limit = 4;
+    // FI_HMEM (CUDA): device memory registers (register_device_memory); a write from device memory
+    // must pass that registration's descriptor (FI_MR_HMEM), else it fails with EACCES.
+    bool hmem = false;
+    // How the fabric reaches device memory, as a NIC's DMA engine would: every copy of a write whose
+    // source or target is a device registration goes through it (tests hand it the emulated CUDA
+    // plugin's copy, whose memory is unmapped outside its calls). Unset: memcpy.
+    std::function<void(void *dst, const void *src, uint64_t len)> device_copy;
     // ---- schedule ----
     double delay = 0;                // chance that an operation waits max_delay_polls target polls or fewer
     uint32_t max_delay_polls = 8;    // (later ones overtake it where the ordering allows)
@@ -53,6 +60,7 @@ struct Knobs {
     double broken_posts_throw = 0.5; // chance, per broken link, that later posts throw (else they
                                      // are taken and fail at completion, as rxm does either way)
     uint32_t max_events_per_poll = 64;
+    bool refuse_device_memory = false;  // hmem: register_device_memory fails (as fi_mr_regattr may)
 };
 
 // A write as posted, in posting order (fabric-wide seq): what the scheduler asked for.

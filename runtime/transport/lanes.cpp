@@ -172,11 +172,21 @@ class StripedTransport final : public Transport {
     }
 
     Registration register_memory(void *addr, uint64_t len, uint64_t requested_key) override {
+        return register_on_every_lane([&](Transport &t) { return t.register_memory(addr, len, requested_key); }, false);
+    }
+
+    Registration register_device_memory(void *addr, uint64_t len, uint64_t requested_key, int32_t cuda_device) override {
+        return register_on_every_lane(
+            [&](Transport &t) { return t.register_device_memory(addr, len, requested_key, cuda_device); }, true);
+    }
+
+    template <class RegisterOne>
+    Registration register_on_every_lane(RegisterOne register_one, bool device) {
         auto regs = std::make_unique<LaneRegistrations>();
         try {
             for (auto &lane : lanes_) {
                 std::lock_guard lock(lane->mu);
-                regs->per_lane.push_back(lane->t->register_memory(addr, len, requested_key));
+                regs->per_lane.push_back(register_one(*lane->t));
                 if (regs->per_lane.back().key != regs->per_lane[0].key)
                     fail(SG_ERR_TRANSPORT, "lanes registered one buffer under different keys");
             }
@@ -187,7 +197,8 @@ class StripedTransport final : public Transport {
         Registration r;
         r.key = regs->per_lane[0].key;
         r.remote_base = regs->per_lane[0].remote_base;
-        r.desc = caps_.needs_local_desc ? regs.get() : nullptr;
+        // Device buffers always pass their descriptor (FI_MR_HMEM), host ones under FI_MR_LOCAL.
+        r.desc = caps_.needs_local_desc || (device && regs->per_lane[0].desc) ? regs.get() : nullptr;
         r.mr = regs.release();
         return r;
     }

@@ -24,6 +24,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <mutex>
@@ -264,6 +265,26 @@ class LibfabricTransport final : public Transport {
         const uint64_t access = FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_SEND | FI_RECV;
         int rc = fi_mr_reg(domain_, addr, len, access, 0, requested_key, 0, &mr, nullptr);
         if (rc) fi_fail("fi_mr_reg of " + std::to_string(len) + " bytes", rc);
+        return registered(mr, addr);
+    }
+
+    Registration register_device_memory(void *addr, uint64_t len, uint64_t requested_key, int32_t cuda_device) override {
+        if (!caps_.hmem) Transport::register_device_memory(addr, len, requested_key, cuda_device);
+        iovec iov{addr, len};
+        fi_mr_attr attr{};
+        attr.mr_iov = &iov;
+        attr.iov_count = 1;
+        attr.access = FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_SEND | FI_RECV;
+        attr.requested_key = requested_key;
+        attr.iface = FI_HMEM_CUDA;
+        attr.device.cuda = cuda_device;
+        fid_mr *mr = nullptr;
+        if (int rc = fi_mr_regattr(domain_, &attr, 0, &mr))
+            fi_fail("fi_mr_regattr of " + std::to_string(len) + " bytes of CUDA device " + std::to_string(cuda_device), rc);
+        return registered(mr, addr);
+    }
+
+    Registration registered(fid_mr *mr, void *addr) {
         Registration r;
         r.mr = mr;
         r.desc = fi_mr_desc(mr);
@@ -371,6 +392,11 @@ class LibfabricTransport final : public Transport {
     }
 
   private:
+    // SG_FI_HMEM=0 keeps device pools off the provider even where it offers FI_HMEM (staged instead).
+    static bool hmem_wanted() {
+        const char *env = std::getenv("SG_FI_HMEM");
+        return !env || std::strcmp(env, "0") != 0;
+    }
     // Providers report FI_LOCAL_COMM / FI_REMOTE_COMM only when asked (shm reports neither by
     // default), so ask: does the provider offer an RDM endpoint that talks to other hosts?
     static bool reaches_other_hosts(const std::string &prov, const char *node) {
@@ -390,7 +416,22 @@ class LibfabricTransport final : public Transport {
         const bool network = prov != "shm";
         const std::string node = opt.local_addr.empty() ? "127.0.0.1" : opt.local_addr;
         fi_info *list = nullptr;
-        int rc = fi_getinfo(FI_VERSION(1, 17), network ? node.c_str() : nullptr, nullptr, network ? FI_SOURCE : 0,
+        int rc = -FI_ENODATA;
+        // Device memory by RMA (GPUDirect) where the provider offers it: ask for FI_HMEM first, and
+        // open without it when the provider has none (tcp and shm as Debian builds them), so a host
+        // pool never depends on it. FI_MR_HMEM: device buffers then need their local descriptor,
+        // which every write passes anyway.
+        if (hmem_wanted()) {
+            InfoPtr hmem_hints = make_hints();
+            hmem_hints->caps |= FI_HMEM;
+            hmem_hints->domain_attr->mr_mode |= FI_MR_HMEM;
+            hmem_hints->fabric_attr->prov_name = strdup(prov.c_str());
+            rc = fi_getinfo(FI_VERSION(1, 17), network ? node.c_str() : nullptr, nullptr, network ? FI_SOURCE : 0,
+                            hmem_hints.get(), &list);
+            if (rc) list = nullptr;
+        }
+        if (!list)
+            rc = fi_getinfo(FI_VERSION(1, 17), network ? node.c_str() : nullptr, nullptr, network ? FI_SOURCE : 0,
                             hints.get(), &list);
         if (rc == -FI_ENODATA)
             fail(SG_ERR_NO_PROVIDER, "provider '" + prov + "' offers no RDM endpoint with FI_RMA|FI_MSG" +

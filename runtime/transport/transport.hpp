@@ -28,6 +28,8 @@ struct Capabilities {
     uint64_t iov_limit = 0;
     uint64_t inject_size = 0;
     uint64_t mr_key_size = 8;
+    // FI_HMEM with the CUDA interface: device memory registers and moves by RMA (GPUDirect).
+    // Asked for at open unless SG_FI_HMEM=0; a provider that does not offer it opens without.
     bool hmem = false;
     // Derived from the bits above.
     bool needs_local_desc = false;    // FI_MR_LOCAL: local buffers need a registration descriptor
@@ -99,6 +101,13 @@ class Transport {
     // Registers [addr, addr+len) for local and remote read/write. requested_key is used unless the
     // provider chooses keys. Throws Error(SG_ERR_TRANSPORT) with the provider's text.
     virtual Registration register_memory(void *addr, uint64_t len, uint64_t requested_key) = 0;
+    // The same for CUDA device memory of `cuda_device` (FI_HMEM with the CUDA interface: GPUDirect
+    // RDMA on verbs/EFA). Only where caps().hmem; otherwise, or when the provider refuses that
+    // memory, throws (SG_ERR_UNSUPPORTED / SG_ERR_TRANSPORT) and the runtime stages the pool.
+    virtual Registration register_device_memory(void *addr, uint64_t len, uint64_t requested_key, int32_t cuda_device) {
+        (void)addr, (void)len, (void)requested_key, (void)cuda_device;
+        fail(SG_ERR_UNSUPPORTED, "provider '" + caps().provider + "' cannot register CUDA memory (no FI_HMEM)");
+    }
     virtual void deregister(Registration &reg) noexcept = 0;
     // Posting returns 0, or -EAGAIN when the provider's queue is full (retry after poll), or throws.
     // cookie must point at storage of at least kCookieBytes that stays valid until completion.

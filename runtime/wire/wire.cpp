@@ -11,7 +11,8 @@
 //                  5 tokens_per_block u32, 6 num_blocks u64, 7 dtype u32, 8 packing u32,
 //                  9 block_order u32, 10 mem_kind u32, 11 block_stride_bytes u64,
 //                  12 regions_per_layer u32, 13 regions: packed 24-byte records
-//                  {u64 key, u64 base, u64 length}
+//                  {u64 key, u64 base, u64 length}; since 1.4: optional 1 device_direct u32
+//                  (0 or 1, SG_MEM_CUDA only: the regions are registered device memory)
 //   Expect         1 request_id bytes, 2 decode_xfer_id u64, 3 handle_id u64, 4 num_tokens u64,
 //                  5 block_ids: packed u32 array; since 1.3: optional 1 wire_quant u32
 //   LayerReady     1 decode_xfer_id u64, 2 layer u32, 3 bytes u64, 4 staged_chunks u32
@@ -263,6 +264,7 @@ void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const HandleExport &
             put(out, r.length);
         }
         end_field(out, at);
+        if (m.device_direct) int_field(out, kOptionalBit | 1, uint32_t(1));
     });
 }
 
@@ -503,8 +505,10 @@ DecodeError decode(std::span<const uint8_t> body, Hello &m) {
 
 DecodeError decode(std::span<const uint8_t> body, HandleExport &m) {
     LayoutDesc &l = m.layout;
-    const E e = walk(body, {13}, [&](uint16_t tag, Bytes v) {
+    uint32_t device_direct = 0;
+    const E e = walk(body, {13, 0, 1}, [&](uint16_t tag, Bytes v) {
         switch (tag) {
+        case kOptionalBit | 1: return get(v, device_direct);
         case 1: return get(v, m.handle_id);
         case 2: return get(v, l.num_layers);
         case 3: return get(v, l.num_kv_heads);
@@ -532,6 +536,8 @@ DecodeError decode(std::span<const uint8_t> body, HandleExport &m) {
     if (l.block_stride_bytes == 0 ||
         m.regions.size() != static_cast<uint64_t>(l.num_layers) * m.regions_per_layer)
         return E::BadValue;
+    if (device_direct > 1 || (device_direct && l.mem_kind == 0 /* SG_MEM_HOST */)) return E::BadValue;
+    m.device_direct = device_direct != 0;
     return E::None;
 }
 

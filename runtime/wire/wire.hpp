@@ -23,7 +23,8 @@ inline constexpr uint32_t kMagic = 0x31574753u;  // bytes "SGW1" on the wire (li
 inline constexpr uint16_t kProtoMajor = 1;
 // 1.1: AuthResult carries a MAC (role-bound bootstrap verdicts), TransferAck, Bye replies.
 // 1.2: Release. 1.3: in-flight quantization (Expect's and StagedChunk's wire_quant).
-inline constexpr uint16_t kProtoMinor = 3;
+// 1.4: device pools registered with the provider (HandleExport's device_direct).
+inline constexpr uint16_t kProtoMinor = 4;
 inline constexpr uint16_t kOptionalBit = 0x8000;
 inline constexpr size_t kFrameHeaderBytes = 4 + 2 + 2 + 2 + 2 + 8 + 4;
 // Largest frame either side sends or accepts (receive buffers are this size).
@@ -119,6 +120,10 @@ struct HandleExport {
     // Region r of layer l: regions[l * regions_per_layer + r]; r = 0 is K (or fused), 1 is V.
     uint32_t regions_per_layer = 0;
     std::vector<Region> regions;
+    // Since 1.4: an SG_MEM_CUDA pool whose regions the provider registered (FI_HMEM): written by
+    // RMA like host memory. Without it a device pool's regions carry no key and every byte for it
+    // goes through the staging slots.
+    bool device_direct = false;
 };
 
 struct Expect {

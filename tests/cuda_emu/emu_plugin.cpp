@@ -10,6 +10,7 @@
 //   void sg_cuda_emu_free(void *)
 //   void sg_cuda_emu_write(void *dev, const void *host, size_t)   host -> "device"
 //   void sg_cuda_emu_read(void *host, const void *dev, size_t)    "device" -> host
+//   void sg_cuda_emu_dma(void *dst, const void *src, size_t)      any to any, as a GPUDirect NIC
 //   void *sg_cuda_emu_stream(void)           a stream, not blocked
 //   void sg_cuda_emu_block(void *stream, int blocked)
 //   uint64_t sg_cuda_emu_staged_bytes(void)  bytes moved by stage_out + stage_in so far
@@ -181,6 +182,12 @@ EXPORT void sg_cuda_emu_read(void *host, const void *dev, size_t n) {
     std::lock_guard lock(mu);
     Open open;
     std::memcpy(host, dev, n);
+}
+
+EXPORT void sg_cuda_emu_dma(void *dst, const void *src, size_t n) {
+    std::lock_guard lock(mu);
+    Open open;
+    std::memmove(dst, src, n);
 }
 
 EXPORT void *sg_cuda_emu_stream(void) { return new Stream; }

@@ -6,6 +6,7 @@
 // SG_CUDA_PLUGIN to the emulation, which the test opens too for its hooks.
 #include "pair_harness.hpp"
 
+#include "cuda_emu/emu_hooks.hpp"
 #include "kernels.hpp"
 
 #include <dlfcn.h>
@@ -19,15 +20,7 @@ namespace {
 
 using sgtest::kSecond;
 
-struct Emu {
-    void *(*alloc)(size_t) = nullptr;
-    void (*free_)(void *) = nullptr;
-    void (*write)(void *, const void *, size_t) = nullptr;
-    void (*read)(void *, const void *, size_t) = nullptr;
-    void *(*stream)() = nullptr;
-    void (*block)(void *, int) = nullptr;
-    uint64_t (*staged)() = nullptr;
-};
+using Emu = sg_cuda_emu::Hooks;
 
 // The emulation's hooks, or, with SG_CUDA_TEST_DEVICE=1 (scripts/gpu-check.sh, on a machine with a
 // GPU and the real plugin in SG_CUDA_PLUGIN), the same operations through the CUDA runtime.
@@ -52,17 +45,7 @@ const Emu &emu() {
             x.read = [](void *h, const void *d, size_t n) { memcpy_(h, d, n, 2); };   // cudaMemcpyDeviceToHost
             return x;
         }
-        const char *path = std::getenv("SG_CUDA_PLUGIN");
-        void *h = path ? dlopen(path, RTLD_NOW | RTLD_LOCAL) : nullptr;
-        if (!h) return x;
-        x.alloc = reinterpret_cast<void *(*)(size_t)>(dlsym(h, "sg_cuda_emu_alloc"));
-        x.free_ = reinterpret_cast<void (*)(void *)>(dlsym(h, "sg_cuda_emu_free"));
-        x.write = reinterpret_cast<void (*)(void *, const void *, size_t)>(dlsym(h, "sg_cuda_emu_write"));
-        x.read = reinterpret_cast<void (*)(void *, const void *, size_t)>(dlsym(h, "sg_cuda_emu_read"));
-        x.stream = reinterpret_cast<void *(*)()>(dlsym(h, "sg_cuda_emu_stream"));
-        x.block = reinterpret_cast<void (*)(void *, int)>(dlsym(h, "sg_cuda_emu_block"));
-        x.staged = reinterpret_cast<uint64_t (*)()>(dlsym(h, "sg_cuda_emu_staged_bytes"));
-        return x;
+        return sg_cuda_emu::load_from_env();
     }();
     return e;
 }

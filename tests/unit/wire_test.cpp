@@ -26,8 +26,8 @@ static bool operator==(const Hello &a, const Hello &b) {
            std::tie(b.proto_major, b.proto_minor, b.ctx_id, b.boot_id, b.netns_inode, b.endpoints, b.auth, b.nonce);
 }
 static bool operator==(const HandleExport &a, const HandleExport &b) {
-    return std::tie(a.handle_id, a.layout, a.regions_per_layer, a.regions) ==
-           std::tie(b.handle_id, b.layout, b.regions_per_layer, b.regions);
+    return std::tie(a.handle_id, a.layout, a.regions_per_layer, a.regions, a.device_direct) ==
+           std::tie(b.handle_id, b.layout, b.regions_per_layer, b.regions, b.device_direct);
 }
 static bool operator==(const Expect &a, const Expect &b) {
     return std::tie(a.request_id, a.decode_xfer_id, a.handle_id, a.num_tokens, a.block_ids) ==
@@ -266,6 +266,10 @@ TEST(WireRoundTrip, HandleExport) {
     EXPECT_EQ(round_trip(sample_export()), sample_export());
     EXPECT_EQ(round_trip(sample_export(80, 1)), sample_export(80, 1));
     EXPECT_EQ(round_trip(sample_export(0, 2)), sample_export(0, 2));  // no regions
+    HandleExport device = sample_export();
+    device.layout.mem_kind = 1;  // SG_MEM_CUDA
+    device.device_direct = true;
+    EXPECT_EQ(round_trip(device), device);
 }
 
 TEST(WireRoundTrip, Expect) {
@@ -636,6 +640,13 @@ TEST(WireFields, InconsistentHandleExportIsBadValue) {
     EXPECT_EQ(decode_frame(buf), E::BadValue);
     m = sample_export(3, 2);
     m.layout.block_stride_bytes = 0;
+    buf.clear();
+    encode(buf, kCtx, m);
+    EXPECT_EQ(decode_frame(buf), E::BadValue);
+    // Host memory registered "as device memory" is a contradiction, not a hint to ignore.
+    m = sample_export(3, 2);
+    m.layout.mem_kind = 0;
+    m.device_direct = true;
     buf.clear();
     encode(buf, kCtx, m);
     EXPECT_EQ(decode_frame(buf), E::BadValue);
