@@ -921,9 +921,8 @@ SG_API sg_status_t sg_selector_digest(sg_selector_t h, const sg_kv_layout_t *lay
         const uint64_t need_floats = sg::kernels::digest_floats(
             sg::kernels::num_blocks(s->num_tokens, kl.tokens_per_block), kl.num_kv_heads, kl.head_dim);
         if (cap < need_floats) fail(SG_ERR_BUFFER_TOO_SMALL, "digests need " + std::to_string(need_floats) + " floats");
-        // A device pool's keys are read through a host copy (core::host_keys).
-        const core::HostKeys keys = core::host_keys(kl, k_region_of(layout, layer), std::span(ids, n));
-        core::layer_digest(keys.layout, keys.k_region, keys.table, s->num_tokens, out);
+        // A device pool's are computed on the device (core::layer_digest).
+        core::layer_digest(kl, k_region_of(layout, layer), std::span(ids, n), s->num_tokens, out);
         return SG_OK;
     });
 }

@@ -490,6 +490,17 @@ __global__ void batch_copy_kernel(const Segment *segments, uint8_t *packed) {
     }
 }
 
+// Grows a device buffer of the plugin's (the old contents are dropped).
+template <class T> int ensure_capacity(T *&buf, size_t &cap, size_t count, const char *what, char *msg, size_t msg_cap) {
+    if (count <= cap) return 0;
+    cudaFree(buf);
+    buf = nullptr;
+    cap = 0;
+    if (const cudaError_t e = cudaMalloc(&buf, count * sizeof(T)); e != cudaSuccess) return fail_with(e, what, msg, msg_cap);
+    cap = count;
+    return 0;
+}
+
 // Per device: the plugin's own stream (the engine's streams are never used for this), a device
 // buffer the pieces are packed into, and the segment table; one staged copy at a time per device.
 struct DeviceState {
@@ -500,6 +511,10 @@ struct DeviceState {
     Segment *segments = nullptr;
     size_t segments_cap = 0;
     std::vector<Segment> host_segments;
+    uint32_t *blocks = nullptr;  // digest_to_host's block list and digests
+    size_t blocks_cap = 0;
+    float *digests = nullptr;
+    size_t digests_cap = 0;
 };
 
 constexpr int kMaxDevices = 64;
@@ -509,19 +524,34 @@ DeviceState &device_state(int32_t device) {
     return states[device];
 }
 
-template <bool Gather>
-int stage(int32_t device, const sg_cuda_piece_t *pieces, uint64_t count, void *host, char *msg, size_t cap) {
+// The device's state, locked, with the device current and the plugin's stream on it made; null with
+// rc and msg set when the device cannot be used.
+DeviceState *use_device(int32_t device, std::unique_lock<std::mutex> &lock, int &rc, char *msg, size_t cap) {
     if (device < 0 || device >= kMaxDevices) {
         if (msg && cap) std::snprintf(msg, cap, "device %d is out of the plugin's range", int(device));
-        return -1;
+        rc = -1;
+        return nullptr;
     }
-    if (!count) return 0;
     DeviceState &st = device_state(device);
-    std::lock_guard lock(st.mu);
+    lock = std::unique_lock<std::mutex>(st.mu);
     cudaError_t e = cudaSetDevice(device);
-    if (e != cudaSuccess) return fail_with(e, "cudaSetDevice", msg, cap);
-    if (!st.stream && (e = cudaStreamCreateWithFlags(&st.stream, cudaStreamNonBlocking)) != cudaSuccess)
-        return fail_with(e, "cudaStreamCreateWithFlags", msg, cap);
+    if (e == cudaSuccess && !st.stream) e = cudaStreamCreateWithFlags(&st.stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        rc = fail_with(e, st.stream ? "cudaSetDevice" : "cudaSetDevice / cudaStreamCreateWithFlags", msg, cap);
+        return nullptr;
+    }
+    return &st;
+}
+
+template <bool Gather>
+int stage(int32_t device, const sg_cuda_piece_t *pieces, uint64_t count, void *host, char *msg, size_t cap) {
+    if (!count) return 0;
+    std::unique_lock<std::mutex> lock;
+    int rc = 0;
+    DeviceState *state = use_device(device, lock, rc, msg, cap);
+    if (!state) return rc;
+    DeviceState &st = *state;
+    cudaError_t e;
     st.host_segments.resize(count);
     uint64_t total = 0;
     for (uint64_t i = 0; i < count; ++i) {
@@ -535,14 +565,7 @@ int stage(int32_t device, const sg_cuda_piece_t *pieces, uint64_t count, void *h
         if ((e = cudaMalloc(&st.packed, total)) != cudaSuccess) return fail_with(e, "cudaMalloc (staging)", msg, cap);
         st.packed_bytes = total;
     }
-    if (count > st.segments_cap) {
-        cudaFree(st.segments);
-        st.segments = nullptr;
-        st.segments_cap = 0;
-        if ((e = cudaMalloc(&st.segments, count * sizeof(Segment))) != cudaSuccess)
-            return fail_with(e, "cudaMalloc (segments)", msg, cap);
-        st.segments_cap = count;
-    }
+    if (const int rc = ensure_capacity(st.segments, st.segments_cap, count, "cudaMalloc (segments)", msg, cap)) return rc;
     if ((e = cudaMemcpyAsync(st.segments, st.host_segments.data(), count * sizeof(Segment), cudaMemcpyHostToDevice,
                              st.stream)) != cudaSuccess)
         return fail_with(e, "cudaMemcpyAsync (segments)", msg, cap);
@@ -562,6 +585,32 @@ int stage_out(int32_t device, const sg_cuda_piece_t *pieces, uint64_t count, voi
 
 int stage_in(int32_t device, const sg_cuda_piece_t *pieces, uint64_t count, const void *host, char *msg, size_t cap) {
     return stage<false>(device, pieces, count, const_cast<void *>(host), msg, cap);
+}
+
+int digest_to_host(int32_t device, const sg_cuda_digest_t *d, char *msg, size_t cap) {
+    if (!d->num_blocks) return 0;
+    std::unique_lock<std::mutex> lock;
+    int rc = 0;
+    DeviceState *state = use_device(device, lock, rc, msg, cap);
+    if (!state) return rc;
+    DeviceState &st = *state;
+    cudaError_t e;
+    const size_t floats = size_t(d->num_blocks) * d->heads * 2 * d->dim;
+    if (const int rc = ensure_capacity(st.blocks, st.blocks_cap, d->num_blocks, "cudaMalloc (block list)", msg, cap))
+        return rc;
+    if (const int rc = ensure_capacity(st.digests, st.digests_cap, floats, "cudaMalloc (digests)", msg, cap)) return rc;
+    if ((e = cudaMemcpyAsync(st.blocks, d->blocks, d->num_blocks * sizeof(uint32_t), cudaMemcpyHostToDevice,
+                             st.stream)) != cudaSuccess)
+        return fail_with(e, "cudaMemcpyAsync (block list)", msg, cap);
+    sg_cuda_digest_t on_device = *d;
+    on_device.blocks = st.blocks;
+    on_device.out = st.digests;
+    if (const int rc = digest(&on_device, st.stream, msg, cap)) return rc;
+    if ((e = cudaMemcpyAsync(d->out, st.digests, floats * sizeof(float), cudaMemcpyDeviceToHost, st.stream)) !=
+        cudaSuccess)
+        return fail_with(e, "cudaMemcpyAsync (digests)", msg, cap);
+    if ((e = cudaStreamSynchronize(st.stream)) != cudaSuccess) return fail_with(e, "cudaStreamSynchronize", msg, cap);
+    return 0;
 }
 
 int device_of(const void *ptr, int32_t *device, char *msg, size_t cap) {
@@ -605,7 +654,7 @@ void event_destroy(void *event) { cudaEventDestroy(static_cast<cudaEvent_t>(even
 const sg_cuda_plugin_t kPlugin = {sizeof(sg_cuda_plugin_t), SG_CUDA_PLUGIN_ABI, 0, device_count, pack<true>,
                                   pack<false>, digest, quant<true>, quant<false>, quest,
                                   device_of, stage_out, stage_in, event_record, event_query, event_destroy, topk,
-                                  snapkv};
+                                  snapkv, digest_to_host};
 
 }  // namespace
 

@@ -158,6 +158,11 @@ typedef struct sg_cuda_plugin {
     int (*topk)(const sg_cuda_topk_t *topk, void *stream, char *msg, size_t cap);
     /* Queued on stream; allocates its scratch on the stream. */
     int (*snapkv)(const sg_cuda_snapkv_t *snapkv, void *stream, char *msg, size_t cap);
+    /* Grown within interface 2 (present when struct_size covers it): page digests into host memory,
+     * synchronous, on the plugin's own stream of `device`. Here digest->blocks and digest->out are
+     * HOST arrays (the plugin copies the block list in and the digests out); keys is the device
+     * region. So a selection reads num_blocks * heads * 2 * dim floats off the device, not the keys. */
+    int (*digest_to_host)(int32_t device, const sg_cuda_digest_t *digest, char *msg, size_t cap);
 } sg_cuda_plugin_t;
 
 /* The one symbol the plugin exports. */

@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <cstddef>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -46,7 +47,8 @@ Loaded load() {
     using Entry = const sg_cuda_plugin_t *(*)();
     auto entry = reinterpret_cast<Entry>(dlsym(handle, "sg_cuda_plugin_v1"));
     const sg_cuda_plugin_t *p = entry ? entry() : nullptr;
-    if (!p || p->abi != SG_CUDA_PLUGIN_ABI || p->struct_size < sizeof(sg_cuda_plugin_t)) {
+    // The table only grows: members past interface 2's first table are used where struct_size covers them.
+    if (!p || p->abi != SG_CUDA_PLUGIN_ABI || p->struct_size < offsetof(sg_cuda_plugin_t, digest_to_host)) {
         r.why = std::string(kPluginName) + " was loaded but is not a SmartGen CUDA plugin of interface " +
                 std::to_string(SG_CUDA_PLUGIN_ABI);
         dlclose(handle);
@@ -122,6 +124,16 @@ void cuda_stage_in(int32_t device, std::span<const std::pair<uint8_t *, uint64_t
     char msg[256] = {};
     if (loaded().stage_in(device, list.data(), list.size(), host, msg, sizeof msg) != 0)
         fail(SG_ERR_INTERNAL, std::string("copying KV onto device ") + std::to_string(device) + " failed: " + msg);
+}
+
+bool cuda_digest_to_host(int32_t device, const sg_cuda_digest_t &digest) {
+    const sg_cuda_plugin_t &p = loaded();
+    if (p.struct_size < offsetof(sg_cuda_plugin_t, digest_to_host) + sizeof p.digest_to_host || !p.digest_to_host)
+        return false;
+    char msg[256] = {};
+    if (p.digest_to_host(device, &digest, msg, sizeof msg) != 0)
+        fail(SG_ERR_INTERNAL, std::string("page digests on device ") + std::to_string(device) + " failed: " + msg);
+    return true;
 }
 
 StreamEvent::StreamEvent(int32_t device, void *stream) {

@@ -8,6 +8,8 @@
 // calls below.
 #pragma once
 
+#include "cuda/plugin_abi.h"
+
 #include <cstdint>
 #include <span>
 #include <utility>
@@ -24,6 +26,11 @@ void check_cuda_pool(int32_t device, std::span<uint8_t *const> bases);
 // `host`, or `host` into them. Throw SG_ERR_INTERNAL with CUDA's message when the device fails.
 void cuda_stage_out(int32_t device, std::span<const std::pair<const uint8_t *, uint64_t>> pieces, uint8_t *host);
 void cuda_stage_in(int32_t device, std::span<const std::pair<uint8_t *, uint64_t>> pieces, const uint8_t *host);
+
+// Page digests of a device region's listed blocks computed on the device (digest.blocks and
+// digest.out in host memory; see plugin_abi.h). false when the plugin predates the call (the caller
+// then digests a host copy of the keys); throws SG_ERR_INTERNAL with CUDA's message on failure.
+bool cuda_digest_to_host(int32_t device, const sg_cuda_digest_t &digest);
 
 // The engine's stream at sg_transfer_layer_written: an event recorded on it, which the runtime polls
 // before it reads the layer (never waiting on the engine's stream itself).

@@ -43,14 +43,30 @@ void Context::digest_proactive_blocks(Transfer &t, uint32_t layer) {
     const uint64_t per_block = floats_per_block * KL.elem_bytes;
     if (L.digests.empty()) L.digests.resize(size_t(nb) * per_block);
     if (L.digests.size() != size_t(nb) * per_block) return;  // the peer's element size: refused on arrival
-    std::vector<float> one(floats_per_block);
     const uint8_t *k_region = t.pool->region(layer, 0);
+    // One digest call for the whole blocks (a device pool's runs once on the device), one for the
+    // request's partial last block.
+    std::vector<uint32_t> index, physical;
+    uint32_t partial = nb;
     for (uint32_t b : L.in.proactive_blocks) {
         if (b >= nb) continue;
-        const uint64_t tokens = std::min<uint64_t>(KL.tokens_per_block, t.num_tokens - uint64_t(b) * KL.tokens_per_block);
-        const HostKeys keys = host_keys(KL, k_region, std::span<const uint32_t>(&t.table[b], 1));
-        layer_digest(keys.layout, keys.k_region, keys.table, tokens, one.data());
-        encode_digests(KL, one.data(), one.size(), L.digests.data() + size_t(b) * per_block);
+        if (uint64_t(b + 1) * KL.tokens_per_block > t.num_tokens) {
+            partial = b;
+            continue;
+        }
+        index.push_back(b);
+        physical.push_back(t.table[b]);
+    }
+    std::vector<float> out(index.size() * floats_per_block);
+    layer_digest(KL, k_region, physical, uint64_t(physical.size()) * KL.tokens_per_block, out.data());
+    for (size_t i = 0; i < index.size(); ++i)
+        encode_digests(KL, out.data() + i * floats_per_block, floats_per_block,
+                       L.digests.data() + size_t(index[i]) * per_block);
+    if (partial < nb) {
+        const uint64_t tokens = t.num_tokens - uint64_t(partial) * KL.tokens_per_block;
+        out.resize(floats_per_block);
+        layer_digest(KL, k_region, std::span<const uint32_t>(&t.table[partial], 1), tokens, out.data());
+        encode_digests(KL, out.data(), floats_per_block, L.digests.data() + size_t(partial) * per_block);
     }
     std::vector<uint32_t>().swap(L.in.proactive_blocks);
 }

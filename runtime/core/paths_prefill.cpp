@@ -54,6 +54,17 @@ constexpr uint64_t kSpeculativeUnitBytes = 512 * 1024;
 
 // ---- prefill: layers written, units claimed -----------------------------------------------------
 
+namespace {
+
+bool needs_keys(const select::Selector &sel, uint32_t layer, uint32_t kv_heads) {
+    if (!sel.needs_scores(layer)) return false;
+    for (uint32_t h = 0; h < kv_heads; ++h)
+        if (sel.rule(layer, h).policy == select::Policy::snapkv) return true;
+    return false;
+}
+
+}  // namespace
+
 Context::PreparedLayer Context::prepare_layer(Transfer &t, uint32_t layer, const float *queries, uint32_t num_queries,
                                               uint32_t num_q_heads) {
     PreparedLayer prep;
@@ -61,19 +72,20 @@ Context::PreparedLayer Context::prepare_layer(Transfer &t, uint32_t layer, const
     const kv::Layout &L = t.pool->layout;
     const uint32_t nb = request_blocks(t);
     std::vector<float> digest(kernels::digest_floats(nb, L.num_kv_heads, L.head_dim));
-    // A device pool's keys are read through a host copy (the device selection kernels are not wired
-    // in yet).
-    const HostKeys keys = host_keys(L, t.pool->region(layer, 0), t.table);
-    layer_digest(keys.layout, keys.k_region, keys.table, t.num_tokens, digest.data());
+    layer_digest(L, t.pool->region(layer, 0), t.table, t.num_tokens, digest.data());
     select::LayerSelection sel;
     {
         std::lock_guard lock(t.sel.select_mu);
+        // SnapKV reads the keys themselves: a device pool's through a host copy, made only then.
+        HostKeys keys;
+        if (needs_keys(t.sel.selector->selector(), layer, L.num_kv_heads))
+            keys = host_keys(L, t.pool->region(layer, 0), t.table);
         ScoreInput in;
         in.queries = queries;
         in.num_queries = num_queries;
         in.num_q_heads = num_q_heads;
         in.digests = digest.data();
-        in.keys_layout = &keys.layout;
+        in.keys_layout = keys.k_region ? &keys.layout : nullptr;
         in.k_region = keys.k_region;
         in.table = keys.table;
         t.sel.selector->select(layer, in, sel);

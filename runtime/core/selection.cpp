@@ -56,8 +56,36 @@ HostKeys host_keys(const kv::Layout &L, const uint8_t *k_region, std::span<const
     return h;
 }
 
+namespace {
+
+bool digest_on_device(const kv::Layout &L, const uint8_t *k_region, std::span<const uint32_t> table,
+                      uint64_t num_tokens, float *out) {
+    sg_cuda_digest_t d{};
+    d.keys = k_region;
+    d.blocks = table.data();
+    d.num_blocks = kernels::num_blocks(num_tokens, L.tokens_per_block);
+    d.tokens = num_tokens;
+    d.block_stride = L.block_stride;
+    d.dtype = uint32_t(kernel_dtype(L.dtype));
+    d.heads = L.num_kv_heads;
+    d.dim = L.head_dim;
+    d.tokens_per_block = L.tokens_per_block;
+    d.head_major = L.order == SG_BLOCK_HEAD_MAJOR;
+    d.out = out;
+    return cuda_digest_to_host(L.device, d);
+}
+
+}  // namespace
+
 void layer_digest(const kv::Layout &L, const uint8_t *k_region, std::span<const uint32_t> table, uint64_t num_tokens,
                   float *out) {
+    if (L.mem_kind == SG_MEM_CUDA) {
+        check_cuda_pool(L.device, {});
+        if (digest_on_device(L, k_region, table, num_tokens, out)) return;
+        const HostKeys keys = host_keys(L, k_region, table);  // a plugin without digest_to_host
+        layer_digest(keys.layout, keys.k_region, keys.table, num_tokens, out);
+        return;
+    }
     const uint64_t per_block = kernels::digest_floats(1, L.num_kv_heads, L.head_dim);
     const uint64_t blocks = kernels::num_blocks(num_tokens, L.tokens_per_block);
     for (uint64_t b = 0; b < blocks; ++b) {

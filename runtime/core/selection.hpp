@@ -26,7 +26,10 @@ struct HostKeys {
 };
 HostKeys host_keys(const kv::Layout &pool_layout, const uint8_t *k_region, std::span<const uint32_t> table);
 
-// Page digests of one layer: out[block][kv_head][2][head_dim] (min, max) for the request's blocks.
+// Page digests of one layer: out[block][kv_head][2][head_dim] (min, max) for the request's blocks
+// (the first num_tokens tokens through the table). A device pool's are computed on the device by
+// the CUDA plugin, only the digests copied off it (from a host copy of the keys with a plugin that
+// predates that call).
 void layer_digest(const kv::Layout &L, const uint8_t *k_region, std::span<const uint32_t> table, uint64_t num_tokens,
                   float *out);
 

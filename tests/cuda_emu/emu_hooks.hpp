@@ -20,6 +20,7 @@ struct Hooks {
     void *(*stream)() = nullptr;
     void (*block)(void *, int) = nullptr;
     uint64_t (*staged)() = nullptr;
+    uint64_t (*digested)() = nullptr;
 };
 
 inline Hooks load_from_env() {
@@ -35,6 +36,7 @@ inline Hooks load_from_env() {
     x.stream = reinterpret_cast<void *(*)()>(dlsym(h, "sg_cuda_emu_stream"));
     x.block = reinterpret_cast<void (*)(void *, int)>(dlsym(h, "sg_cuda_emu_block"));
     x.staged = reinterpret_cast<uint64_t (*)()>(dlsym(h, "sg_cuda_emu_staged_bytes"));
+    x.digested = reinterpret_cast<uint64_t (*)()>(dlsym(h, "sg_cuda_emu_digested_blocks"));
     return x;
 }
 

@@ -14,10 +14,13 @@
 //   void *sg_cuda_emu_stream(void)           a stream, not blocked
 //   void sg_cuda_emu_block(void *stream, int blocked)
 //   uint64_t sg_cuda_emu_staged_bytes(void)  bytes moved by stage_out + stage_in so far
+//   uint64_t sg_cuda_emu_digested_blocks(void)  blocks digest_to_host has digested so far
 #include "cuda/plugin_abi.h"
+#include "kernels.hpp"
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -34,6 +37,7 @@ struct Allocation {
 std::mutex mu;  // one call at a time: memory is readable only inside a call
 std::map<uintptr_t, Allocation> allocations;
 uint64_t staged_bytes = 0;
+uint64_t digested_blocks = 0;
 
 struct Stream {
     bool blocked = false;
@@ -129,6 +133,33 @@ int stage_in(int32_t device, const sg_cuda_piece_t *pieces, uint64_t count, cons
     return stage<false>(device, pieces, count, static_cast<uint8_t *>(const_cast<void *>(host)), msg, cap);
 }
 
+// The digests as the CPU twin computes them, over the opened "device" region (the real plugin runs
+// the digest kernel, checked against the same twin by gpu.cuda_kernels).
+int digest_to_host(int32_t device, const sg_cuda_digest_t *d, char *msg, size_t cap) {
+    std::lock_guard lock(mu);
+    const auto dtype = static_cast<sg::kernels::DType>(d->dtype);
+    for (uint64_t i = 0; i < d->num_blocks; ++i) {
+        const uintptr_t block = reinterpret_cast<uintptr_t>(d->keys) + uint64_t(d->blocks[i]) * d->block_stride;
+        const Allocation *a = find(block, 1);
+        if (!a || a->device != device) {
+            if (msg && cap) std::snprintf(msg, cap, "block %u of the digest is not memory of device %d", d->blocks[i], int(device));
+            return -1;
+        }
+    }
+    Open open;
+    const uint64_t per_block = sg::kernels::digest_floats(1, d->heads, d->dim);
+    for (uint64_t i = 0; i < d->num_blocks; ++i) {
+        const void *block = static_cast<const uint8_t *>(d->keys) + uint64_t(d->blocks[i]) * d->block_stride;
+        const uint64_t valid = std::min<uint64_t>(d->tokens_per_block, d->tokens - i * d->tokens_per_block);
+        const sg::kernels::View keys =
+            d->head_major ? sg::kernels::head_major(block, dtype, valid, d->heads, d->dim, d->tokens_per_block)
+                          : sg::kernels::token_major(block, dtype, valid, d->heads, d->dim);
+        sg::kernels::page_digest(keys, uint32_t(valid), d->out + i * per_block);
+    }
+    digested_blocks += d->num_blocks;
+    return 0;
+}
+
 int event_record(int32_t, void *stream, void **event, char *msg, size_t cap) {
     std::lock_guard lock(mu);
     if (!stream) return refuse("the legacy default stream", msg, cap);
@@ -147,7 +178,7 @@ void event_destroy(void *event) { delete static_cast<Event *>(event); }
 
 const sg_cuda_plugin_t kPlugin = {sizeof(sg_cuda_plugin_t), SG_CUDA_PLUGIN_ABI, 0, device_count, no_pack, no_pack,
                                   no_digest, no_quant, no_quant, no_quest, device_of, stage_out, stage_in,
-                                  event_record, event_query, event_destroy, no_topk, no_snapkv};
+                                  event_record, event_query, event_destroy, no_topk, no_snapkv, digest_to_host};
 
 }  // namespace
 
@@ -201,6 +232,11 @@ EXPORT void sg_cuda_emu_block(void *stream, int blocked) {
         s->completed = s->epoch++;
         s->blocked = false;
     }
+}
+
+EXPORT uint64_t sg_cuda_emu_digested_blocks(void) {
+    std::lock_guard lock(mu);
+    return digested_blocks;
 }
 
 EXPORT uint64_t sg_cuda_emu_staged_bytes(void) {

@@ -141,6 +141,14 @@ void digest_matches(const sg_cuda_plugin_t *p, sg::kernels::DType dtype, bool he
     const auto got = host_copy(d.out, want.size());
     EXPECT(!std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), "digest dtype %d %s differs from page_digest",
            int(dtype), head_major ? "head-major" : "token-major");
+    // The runtime's call: the block list and the digests in host memory, on the plugin's stream.
+    sg_cuda_digest_t h = d;
+    h.blocks = blocks.data();
+    std::vector<float> to_host(want.size(), -1.0f);
+    h.out = to_host.data();
+    EXPECT(p->digest_to_host(0, &h, msg, sizeof msg) == 0, "digest_to_host: %s", msg);
+    EXPECT(!std::memcmp(to_host.data(), want.data(), want.size() * sizeof(float)),
+           "digest_to_host dtype %d %s differs from page_digest", int(dtype), head_major ? "head-major" : "token-major");
     cudaFree(const_cast<void *>(d.keys));
     cudaFree(const_cast<uint32_t *>(d.blocks));
     cudaFree(d.out);

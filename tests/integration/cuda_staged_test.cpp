@@ -398,8 +398,9 @@ TEST(CudaStream, DeviceQueriesFeedTheProactiveSelection) {
     sg_context_destroy(ctx);
 }
 
-// The public selector reads a device pool's keys through the plugin: its digests equal those of a
-// host pool holding the same keys.
+// The public selector digests a device pool on the device (the plugin's digest_to_host; the
+// emulation runs the CPU twin there, a GPU the digest kernel): its digests equal those of a host
+// pool holding the same keys, and no key is copied off the device for them.
 TEST(CudaSelector, DigestsOfADevicePoolAreTheHostPools) {
     if (!emu().alloc) GTEST_SKIP() << "needs SG_CUDA_PLUGIN (tests/cuda_emu)";
     Pool host(false), dev(true);
@@ -415,12 +416,18 @@ TEST(CudaSelector, DigestsOfADevicePoolAreTheHostPools) {
     size_t floats = 0;
     ASSERT_EQ(sg_selector_digest_floats(sel, &floats), SG_OK);
     const auto t = table(true);
+    const uint64_t staged_before = emu().staged ? emu().staged() : 0;
+    const uint64_t digested_before = emu().digested ? emu().digested() : 0;
     for (uint32_t l = 0; l < kLayers; ++l) {
         std::vector<float> a(floats), b(floats);
         ASSERT_EQ(sg_selector_digest(sel, &host.layout, l, t.data(), t.size(), a.data(), a.size()), SG_OK);
         ASSERT_EQ(sg_selector_digest(sel, &dev.layout, l, t.data(), t.size(), b.data(), b.size()), SG_OK)
             << sg_last_error_message();
         EXPECT_EQ(a, b) << "layer " << l;
+    }
+    if (emu().digested) {
+        EXPECT_EQ(emu().digested() - digested_before, uint64_t(kLayers) * t.size());
+        EXPECT_EQ(emu().staged() - staged_before, 0u) << "keys were copied off the device";
     }
     sg_selector_destroy(sel);
     sg_profile_destroy(profile);

@@ -20,7 +20,9 @@ const sg_cuda_emu::Hooks &emu() {
     return hooks;
 }
 
-bool emu_ok() { return emu().alloc && emu().free_ && emu().write && emu().read && emu().dma && emu().staged; }
+bool emu_ok() {
+    return emu().alloc && emu().free_ && emu().write && emu().read && emu().dma && emu().staged && emu().digested;
+}
 
 // A HostPool's contents, optionally mirrored in emulated device memory: the layout then names the
 // device planes, and download() brings them back for the byte checks.
@@ -111,7 +113,7 @@ TEST_P(DeviceRma, EveryByteLandsAndOnlyAProviderWithoutHmemStages) {
     const std::vector<uint32_t> st = iota_table(63);
     std::vector<uint32_t> dt(63);
     for (size_t i = 0; i < dt.size(); ++i) dt[i] = uint32_t(62 - i);
-    const uint64_t staged_before = emu().staged();
+    const uint64_t staged_before = emu().staged(), digested_before = emu().digested();
 
     sg_transfer_options_t o = transfer_options(c.paths);
     auto expect = p.decode->expect(p.at_decode, "req", dst_kv, dt, tokens, o);
@@ -132,11 +134,13 @@ TEST_P(DeviceRma, EveryByteLandsAndOnlyAProviderWithoutHmemStages) {
         for (size_t i = 0; i < st.size(); ++i)
             ASSERT_TRUE(same_tokens(src.host, st, dst.host, dt, tokens, l, i)) << "layer " << l << " block " << i;
 
+    if (c.paths != SG_PATH_FULL && c.src_device)
+        EXPECT_GE(emu().digested() - digested_before, 3u * 63) << "every layer's digests, on the device";
     const bool rma = c.hmem || (!c.src_device && !c.dst_device);
     if (rma) {
         EXPECT_EQ(post->stats.staged_bytes, 0u) << "a pool the provider reaches is written, not staged";
-        // Selection reads host copies of the layers' keys through the plugin; the KV itself never.
-        if (c.paths == SG_PATH_FULL) EXPECT_EQ(emu().staged() - staged_before, 0u) << "nothing went through the plugin's copies";
+        // Selection's digests are computed on the device: not even the keys are copied off it.
+        EXPECT_EQ(emu().staged() - staged_before, 0u) << "nothing went through the plugin's copies";
         EXPECT_GT(post->stats.rma_ops, 0u);
         // The writes land in the decode side's device planes themselves.
         uint64_t into_device = 0;
