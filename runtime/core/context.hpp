@@ -227,6 +227,7 @@ class Context : public transport::CompletionSink {
     struct Unpack {
         std::shared_ptr<Transfer> t;  // holds the pool and the session (whose slot is read)
         wire::StagedChunk chunk;
+        std::vector<wire_quant::Shape> shapes;  // quantized chunks: each segment's, as checked on arrival
         uint64_t wire_bytes = 0;  // quantized chunks: the slot bytes their segments took
         std::string error;        // the device copy failed: the transfer fails with this
     };

@@ -375,6 +375,8 @@ void Context::on_staged_chunk(Session &s, wire::StagedChunk &m) {
         // The peer is trusted with the keys of this pool, not with our address space: every
         // segment must fall inside the slot and inside the pool's region. All are checked
         // before the first byte is copied.
+        std::vector<wire_quant::Shape> shapes;
+        if (m.wire_quant) shapes.reserve(m.segments.size());
         for (const wire::Segment &seg : m.segments) {
             const uint32_t layer = seg.region / L.regions_per_layer();
             // A quantized segment takes at least a byte per element of the slot: that bound is checked
@@ -385,7 +387,7 @@ void Context::on_staged_chunk(Session &s, wire::StagedChunk &m) {
                 fail(SG_ERR_PROTOCOL, "StagedChunk segment outside the pool or the staging slot");
             uint64_t wire_len = seg.length;
             if (m.wire_quant) {
-                wire_quant::Shape shape;
+                wire_quant::Shape &shape = shapes.emplace_back();
                 if (!wire_quant::shape_of(L, seg.region % L.regions_per_layer(), seg.offset, seg.length, shape))
                     fail(SG_ERR_PROTOCOL, "quantized StagedChunk segment is not whole head rows of the pool");
                 wire_len = shape.wire_bytes();
@@ -396,7 +398,7 @@ void Context::on_staged_chunk(Session &s, wire::StagedChunk &m) {
         }
         // The copy happens outside mu (run_unpacks); the slot stays ours until its credit goes.
         t.decode.unpacks_pending++;
-        unpacks_.push_back({t.shared_from_this(), std::move(m)});
+        unpacks_.push_back({t.shared_from_this(), std::move(m), std::move(shapes)});
         wake();
         return;
     }
@@ -450,13 +452,13 @@ void Context::unpack_from(Unpack &u) {
         decoded.resize(decoded_bytes);
         decoded_bytes = 0;
     }
-    for (const wire::Segment &seg : u.chunk.segments) {  // checked by on_staged_chunk
+    for (size_t i = 0; i < u.chunk.segments.size(); ++i) {  // checked by on_staged_chunk
+        const wire::Segment &seg = u.chunk.segments[i];
         const uint32_t layer = seg.region / L.regions_per_layer(), region = seg.region % L.regions_per_layer();
         uint8_t *dst = u.t->pool->region(layer, region) + seg.offset;
         if (device) pieces.emplace_back(dst, seg.length);
         if (quantized) {
-            wire_quant::Shape shape;
-            wire_quant::shape_of(L, region, seg.offset, seg.length, shape);
+            const wire_quant::Shape &shape = u.shapes[i];
             uint8_t *out = device ? decoded.data() + decoded_bytes : dst;
             wire_quant::decode(L, region, seg.offset, seg.length, shape, src + pos, code, out);
             decoded_bytes += seg.length;
