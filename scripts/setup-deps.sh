@@ -17,6 +17,8 @@ PACKAGES=(
   libgtest-dev
   googletest
   libssl-dev
+  libcurl4-openssl-dev
+  etcd-server
   iproute2
   jq
   nlohmann-json3-dev

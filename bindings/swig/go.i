@@ -96,6 +96,21 @@ SGO_HANDLE(sg_selector_t)
 %ignore sg_selector_budget_blocks;
 %ignore sg_attention_merge;
 %ignore sg_attention_finish;
+/* The cluster directory (0.4): C, C++ and Rust's raw layer for now; Go and Java bind it later. */
+%ignore sg_directory_s;
+%ignore sg_directory_options;
+%ignore sg_directory_options_init;
+%ignore sg_directory_open;
+%ignore sg_directory_publish;
+%ignore sg_directory_unpublish;
+%ignore sg_directory_lookup;
+%ignore sg_directory_list;
+%ignore sg_directory_wait;
+%ignore sg_directory_connect;
+%ignore sg_directory_accept;
+%ignore sg_directory_stats;
+%ignore sg_directory_stats_init;
+%ignore sg_directory_destroy;
 /* Replaced by the versions that take the strings and pointers for the call. */
 %ignore sg_context_create;
 %ignore sg_session_accept;

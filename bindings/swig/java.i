@@ -229,6 +229,21 @@ SGJ_OUT_BUFFER(float *out, size_t cap, jfloatArray, float[], jfloat, GetFloatArr
 %ignore sg_selector_input_init;
 %ignore sg_selector_select;
 %ignore sg_selector_budget_blocks;
+/* The cluster directory (0.4): C, C++ and Rust's raw layer for now; Go and Java bind it later. */
+%ignore sg_directory_s;
+%ignore sg_directory_options;
+%ignore sg_directory_options_init;
+%ignore sg_directory_open;
+%ignore sg_directory_publish;
+%ignore sg_directory_unpublish;
+%ignore sg_directory_lookup;
+%ignore sg_directory_list;
+%ignore sg_directory_wait;
+%ignore sg_directory_connect;
+%ignore sg_directory_accept;
+%ignore sg_directory_stats;
+%ignore sg_directory_stats_init;
+%ignore sg_directory_destroy;
 /* The layer-written call of device engines (queries in device memory): C and Rust only for now. */
 %ignore sg_layer_written;
 %ignore sg_layer_written_init;

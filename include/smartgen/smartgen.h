@@ -96,7 +96,7 @@ extern "C" {
  * Versions
  * ------------------------------------------------------------------------------------------- */
 #define SG_VERSION_MAJOR 0
-#define SG_VERSION_MINOR 3
+#define SG_VERSION_MINOR 4
 #define SG_VERSION_PATCH 0
 #define SG_VERSION_NUMBER (SG_VERSION_MAJOR * 10000 + SG_VERSION_MINOR * 100 + SG_VERSION_PATCH)
 /* The SONAME major: libsmartgen.so.<SG_ABI_VERSION>. */
@@ -675,6 +675,102 @@ SG_API sg_status_t sg_session_close(sg_session_t session, uint64_t timeout_ns);
 
 /* Closes a session at once; its unfinished transfers are canceled. NULL accepted. Since 0.1. */
 SG_API sg_status_t sg_session_destroy(sg_session_t session);
+
+/* ---------------------------------------------------------------------------------------------
+ * Cluster directory (since 0.4): engines publish themselves under a name in an etcd v3 cluster and
+ * open sessions to each other by name (docs/directory.md). The blobs there are the contexts'
+ * signed metadata: with a session key, an entry written by anyone without the key cannot produce a
+ * session (SG_ERR_AUTH_FAILED). Stacks with their own control plane keep using
+ * sg_context_get_metadata / sg_session_from_metadata.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct sg_directory_s *sg_directory_t;
+
+typedef struct sg_directory_options {
+    size_t struct_size;      /* set by sg_directory_options_init */
+    /* The cluster's members, comma-separated: "http://10.0.0.1:2379,http://10.0.0.2:2379" (a bare
+     * "host:port" means http). Requests go to one member and move to the next when it does not
+     * answer, so a cluster that keeps quorum is used through a member's loss. Required. */
+    const char *endpoints;
+    const char *prefix;      /* key prefix; NULL = "/smartgen/" */
+    /* The lease everything this handle writes lives under: renewed every third of it while the
+     * process lives; entries of a process that died vanish when it passes. Whole seconds (rounded
+     * up), 1000..3600000 ms; 0 = 5000. */
+    uint32_t lease_ttl_ms;
+    /* One request to one member before the next is tried; 0 = 1000. */
+    uint32_t request_timeout_ms;
+} sg_directory_options_t;
+
+/* Sets struct_size and the defaults. Since 0.4. */
+SG_API void sg_directory_options_init(sg_directory_options_t *options);
+
+/* A handle on the directory for `ctx` (NULL: lookups and lists only). Checks that a member answers
+ * before it returns: SG_OK; SG_ERR_INVALID_ARGUMENT (the message names the bad option);
+ * SG_ERR_CONNECT (no member answered: each one's reason in the message); SG_ERR_UNSUPPORTED (a
+ * library built without the directory); SG_ERR_INVALID_HANDLE. Since 0.4. */
+SG_API sg_status_t sg_directory_open(sg_context_t ctx, const sg_directory_options_t *options, sg_directory_t *out,
+                                     sg_error_info_t *err);
+
+/* Publishes the context's metadata under `name` (1-200 bytes of letters, digits, '.', '_', '-' and
+ * '/' between parts) and answers session requests to it from then on (sg_directory_accept). A name
+ * already taken by a live entry is overwritten: names are the deployment's to keep unique.
+ * SG_OK; SG_ERR_INVALID_ARGUMENT; SG_ERR_INVALID_STATE (a handle without a context); SG_ERR_CONNECT
+ * / SG_ERR_TIMEOUT / SG_ERR_REMOTE (the cluster, with its reason). Since 0.4. */
+SG_API sg_status_t sg_directory_publish(sg_directory_t dir, const char *name, uint64_t timeout_ns);
+
+/* Removes a name this handle published. SG_ERR_NOT_FOUND when it did not. Since 0.4. */
+SG_API sg_status_t sg_directory_unpublish(sg_directory_t dir, const char *name, uint64_t timeout_ns);
+
+/* The metadata blob published under `name`. Caller buffer (see Conventions). SG_OK;
+ * SG_ERR_NOT_FOUND (nobody has published it, or its lease ended); SG_ERR_BUFFER_TOO_SMALL;
+ * SG_ERR_CONNECT / SG_ERR_TIMEOUT (the directory is out of reach: sessions already open are not
+ * affected); SG_ERR_INVALID_ARGUMENT. Since 0.4. */
+SG_API sg_status_t sg_directory_lookup(sg_directory_t dir, const char *name, uint64_t timeout_ns, void *buf,
+                                       size_t cap, size_t *len);
+
+/* The names published under `name_prefix` (NULL or "" for all), sorted, each followed by a NUL,
+ * back to back; *count gets how many. Caller buffer (see Conventions): *len is the bytes needed.
+ * Since 0.4. */
+SG_API sg_status_t sg_directory_list(sg_directory_t dir, const char *name_prefix, uint64_t timeout_ns, char *buf,
+                                     size_t cap, size_t *len, size_t *count);
+
+/* Waits until `name` is published (present != 0) or gone (present == 0), watching the cluster.
+ * SG_OK; SG_ERR_TIMEOUT; SG_ERR_CONNECT. Since 0.4. */
+SG_API sg_status_t sg_directory_wait(sg_directory_t dir, const char *name, int present, uint64_t timeout_ns);
+
+/* Opens a session to the engine published as `name`, in one call: looks its blob up, leaves this
+ * context's blob in its inbox (under this handle's lease) and makes the session from the peer's
+ * blob, which the peer's directory handle answers at once (it need not be in sg_directory_accept).
+ * The session is then as one from sg_session_from_metadata: sg_session_wait_ready waits for the
+ * key's challenge-response. Statuses as sg_directory_lookup and sg_session_from_metadata
+ * (SG_ERR_AUTH_FAILED: an entry not signed with this context's key). Since 0.4. */
+SG_API sg_status_t sg_directory_connect(sg_directory_t dir, const char *name, const sg_session_options_t *options,
+                                        uint64_t timeout_ns, sg_session_t *out, sg_error_info_t *err);
+
+/* The next session a peer opened to this handle's published name (sg_directory_connect). The
+ * handle made it when the request arrived (default session options: the provider chosen
+ * automatically) and keeps it until it is taken here. SG_OK; SG_ERR_TIMEOUT; SG_ERR_INVALID_STATE
+ * (nothing published). A request whose blob is not signed with the context's key makes no session
+ * and is dropped (counted in sg_directory_stats). Since 0.4. */
+SG_API sg_status_t sg_directory_accept(sg_directory_t dir, uint64_t timeout_ns, sg_session_t *out,
+                                       sg_error_info_t *err);
+
+typedef struct sg_directory_stats {
+    size_t struct_size;          /* set by sg_directory_stats_init */
+    uint64_t requests;           /* HTTP requests to the cluster */
+    uint64_t failovers;          /* requests that moved to another member */
+    uint64_t keepalives;         /* lease renewals answered */
+    uint64_t leases_granted;     /* the first lease, and each one after a lease ended */
+    uint64_t sessions_accepted;  /* sessions made from requests to the published name */
+    uint64_t requests_refused;   /* requests whose blob did not verify (unsigned, another key, corrupt) */
+} sg_directory_stats_t;
+
+/* Sets struct_size and clears the rest. Since 0.4. */
+SG_API void sg_directory_stats_init(sg_directory_stats_t *stats);
+SG_API sg_status_t sg_directory_stats(sg_directory_t dir, sg_directory_stats_t *stats);
+
+/* Revokes the handle's lease (its names and requests vanish at once) and frees it; sessions made
+ * through it stay open. NULL accepted. Since 0.4. */
+SG_API sg_status_t sg_directory_destroy(sg_directory_t dir);
 
 /* ---------------------------------------------------------------------------------------------
  * Profiles and selectors

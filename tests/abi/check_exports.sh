@@ -48,7 +48,7 @@ in_shim=$(grep -oE '\.symver (sg_[a-z0-9_]+),' "$shim" | sed -E 's/\.symver (.*)
 # above), and its default version (the one a new program binds to) must be the newest node's.
 for sym in $(echo "$listed" | uniq -d); do
   newest=$(grep -oE '^SMARTGEN_[0-9.]+' "$map" | while read -r n; do
-    sed -n "/^$n {/,/^}/p" "$map" | grep -qE "^\s+$sym;" && echo "$n"; done | tail -1)
+    if sed -n "/^$n {/,/^}/p" "$map" | grep -qE "^\s+$sym;"; then echo "$n"; fi; done | tail -1)
   default=$(objdump -T "$lib" | awk -v s="$sym" '$NF == s && $(NF-1) !~ /^\(/ {print $(NF-1)}')
   [ "$default" = "$newest" ] && ok || bad "$sym's default version is '$default', the newest node listing it is $newest"
 done

@@ -581,7 +581,7 @@ func Swig_malloc(arg1 int) (_swig_ret uintptr) {
 }
 
 const SG_VERSION_MAJOR int = 0
-const SG_VERSION_MINOR int = 3
+const SG_VERSION_MINOR int = 4
 const SG_VERSION_PATCH int = 0
 func _swig_getSG_VERSION_NUMBER() (_swig_ret int) {
 	var swig_r int

@@ -469,7 +469,7 @@ intgo _wrap_SG_VERSION_NUMBER_raw_e2876bbee506b3ac() {
   intgo _swig_go_result;
   
   
-  result = (int)((0*10000+3*100+0));
+  result = (int)((0*10000+4*100+0));
   _swig_go_result = result; 
   return _swig_go_result;
 }

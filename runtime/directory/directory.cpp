@@ -1,0 +1,525 @@
+#include "directory/directory.hpp"
+
+#include "directory/json.hpp"
+
+#include <curl/curl.h>
+
+#include <algorithm>
+#include <chrono>
+
+namespace sg::directory {
+
+namespace {
+
+constexpr size_t kMaxNameBytes = 200;
+constexpr size_t kMaxResponseBytes = 64u << 20;
+
+void curl_once() {
+    static std::once_flag once;
+    std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+}
+
+// One easy handle per thread: libcurl keeps its connections to the members open between requests.
+struct ThreadHandle {
+    CURL *h = nullptr;
+    ~ThreadHandle() {
+        if (h) curl_easy_cleanup(h);
+    }
+};
+
+CURL *thread_handle() {
+    thread_local ThreadHandle t;
+    if (!t.h) {
+        curl_once();
+        t.h = curl_easy_init();
+        if (!t.h) fail(SG_ERR_NO_MEMORY, "curl_easy_init failed");
+    }
+    curl_easy_reset(t.h);
+    return t.h;
+}
+
+size_t collect(char *data, size_t size, size_t n, void *user) {
+    auto *out = static_cast<std::string *>(user);
+    if (out->size() + size * n > kMaxResponseBytes) return 0;  // aborts the transfer
+    out->append(data, size * n);
+    return size * n;
+}
+
+std::string b64(std::string_view s) { return json::quote(json::base64_encode(s)); }
+
+// The first key after every key that starts with `prefix` (etcd's range_end for a prefix).
+std::string prefix_end(std::string prefix) {
+    while (!prefix.empty()) {
+        if (uint8_t(prefix.back()) < 0xff) {
+            prefix.back() = char(uint8_t(prefix.back()) + 1);
+            return prefix;
+        }
+        prefix.pop_back();
+    }
+    return std::string(1, '\0');  // every key
+}
+
+std::string trim(const std::string &s) {
+    const size_t a = s.find_first_not_of(" \t");
+    const size_t b = s.find_last_not_of(" \t");
+    return a == std::string::npos ? std::string() : s.substr(a, b - a + 1);
+}
+
+json::Value parse_or_fail(const std::string &body, const char *what) {
+    std::string why;
+    auto v = json::parse(body, &why, kMaxResponseBytes);
+    if (!v || v->kind != json::Value::Kind::object)
+        fail(SG_ERR_PROTOCOL, std::string("etcd's answer to ") + what + " is not a JSON object: " + why);
+    return std::move(*v);
+}
+
+int64_t header_revision(const json::Value &v) {
+    const json::Value *h = v.get("header");
+    const json::Value *r = h ? h->get("revision") : nullptr;
+    const auto rev = r ? r->as_int() : std::nullopt;
+    if (!rev) fail(SG_ERR_PROTOCOL, "etcd's answer has no header revision");
+    return *rev;
+}
+
+// The decoded kvs of a range answer: (key, value).
+std::vector<std::pair<std::string, std::string>> kvs_of(const json::Value &v) {
+    std::vector<std::pair<std::string, std::string>> out;
+    const json::Value *kvs = v.get("kvs");
+    if (!kvs) return out;
+    if (kvs->kind != json::Value::Kind::array) fail(SG_ERR_PROTOCOL, "etcd's kvs is not an array");
+    for (const json::Value &kv : kvs->items) {
+        const json::Value *k = kv.get("key");
+        const json::Value *val = kv.get("value");
+        auto key = k && k->as_string() ? json::base64_decode(*k->as_string()) : std::nullopt;
+        auto value = val && val->as_string() ? json::base64_decode(*val->as_string()) : std::optional<std::string>("");
+        if (!key || !value) fail(SG_ERR_PROTOCOL, "etcd's kvs holds a key or value that is not base64");
+        out.emplace_back(std::move(*key), std::move(*value));
+    }
+    return out;
+}
+
+// Appends "member: what" to a call's list of failures.
+void note(std::string &errors, const std::string &member, const std::string &what) {
+    if (!errors.empty()) errors += "; ";
+    errors += member;
+    errors += ": ";
+    errors += what;
+}
+
+}  // namespace
+
+std::vector<std::string> parse_endpoints(const std::string &list) {
+    std::vector<std::string> out;
+    size_t start = 0;
+    while (start <= list.size()) {
+        size_t comma = list.find(',', start);
+        if (comma == std::string::npos) comma = list.size();
+        std::string e = trim(list.substr(start, comma - start));
+        start = comma + 1;
+        if (e.empty()) {
+            if (comma == list.size() && !out.empty()) break;
+            fail(SG_ERR_INVALID_ARGUMENT, "endpoints: an empty entry in \"" + list + "\"");
+        }
+        if (e.find("://") == std::string::npos) e = "http://" + e;
+        if (e.rfind("http://", 0) != 0 && e.rfind("https://", 0) != 0)
+            fail(SG_ERR_INVALID_ARGUMENT, "endpoints: \"" + e + "\" is not an http:// or https:// URL");
+        while (!e.empty() && e.back() == '/') e.pop_back();
+        const std::string host = e.substr(e.find("://") + 3);
+        if (host.empty() || host.find_first_of(" /?#") != std::string::npos)
+            fail(SG_ERR_INVALID_ARGUMENT, "endpoints: \"" + e + "\" is not scheme://host:port");
+        out.push_back(e);
+    }
+    if (out.empty()) fail(SG_ERR_INVALID_ARGUMENT, "endpoints: none given");
+    return out;
+}
+
+void check_name(const std::string &name) {
+    if (name.empty() || name.size() > kMaxNameBytes)
+        fail(SG_ERR_INVALID_ARGUMENT, "a directory name has 1 to " + std::to_string(kMaxNameBytes) + " bytes");
+    for (const char c : name)
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+              c == '-' || c == '/'))
+            fail(SG_ERR_INVALID_ARGUMENT, "directory name \"" + name + "\": only letters, digits, '.', '_', '-' and '/'");
+    if (name.front() == '/' || name.back() == '/' || name.find("//") != std::string::npos)
+        fail(SG_ERR_INVALID_ARGUMENT, "directory name \"" + name + "\": '/' only between parts");
+}
+
+struct Client::Response {
+    long http = 0;
+    std::string body;
+};
+
+Client::Client(Options options) : options_(std::move(options)) {
+    if (options_.endpoints.empty()) fail(SG_ERR_INVALID_ARGUMENT, "endpoints: none given");
+    if (options_.prefix.empty()) options_.prefix = "/smartgen/";
+    if (options_.prefix.back() != '/') options_.prefix += '/';
+    if (options_.lease_ttl_ms < 1000 || options_.lease_ttl_ms > 3600000)
+        fail(SG_ERR_INVALID_ARGUMENT, "lease_ttl_ms must be 1000..3600000");
+    if (!options_.request_timeout_ms) options_.request_timeout_ms = 1000;
+    curl_once();
+}
+
+Client::~Client() {
+    {
+        std::lock_guard lock(mu_);
+        stopping_ = true;
+    }
+    cv_.notify_all();
+    if (keepalive_.joinable()) keepalive_.join();
+    if (lease_) {
+        // Everything this client wrote goes at once, not when the TTL runs out. Best effort: an
+        // unreachable cluster ends the lease by its TTL instead.
+        try {
+            call("/v3/lease/revoke", "{\"ID\":" + std::to_string(lease_) + "}",
+                 now_ns() + uint64_t(options_.request_timeout_ms) * 1000000);
+        } catch (...) {
+        }
+    }
+}
+
+Client::Response Client::call(const std::string &path, const std::string &body, uint64_t deadline_ns) {
+    const size_t n = options_.endpoints.size();
+    size_t first;
+    {
+        std::lock_guard lock(mu_);
+        first = preferred_;
+    }
+    std::string errors;
+    // Members that refuse the connection are down: when all are, the call fails at once. A member
+    // that times out or answers 5xx may be in an election (a leader just died): then the members
+    // are tried again, round after round, until the deadline.
+    bool retryable = false;
+    std::string last_round;
+    for (size_t tried = 0;; ++tried) {
+        if (tried && tried % n == 0) {
+            if (!retryable) break;
+            retryable = false;
+            last_round = std::move(errors);
+            errors.clear();
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+        const size_t idx = (first + tried) % n;
+        const uint64_t now = now_ns();
+        if (now >= deadline_ns) {
+            std::string why = "the directory's deadline passed (";
+            why += !errors.empty() ? errors : !last_round.empty() ? last_round : std::string("no answer yet");
+            why += ')';
+            fail(SG_ERR_TIMEOUT, why);
+        }
+        const uint64_t budget_ms =
+            std::max<uint64_t>(1, std::min<uint64_t>((deadline_ns - now) / 1000000, options_.request_timeout_ms));
+        CURL *h = thread_handle();
+        const std::string url = options_.endpoints[idx] + path;
+        Response r;
+        curl_easy_setopt(h, CURLOPT_URL, url.c_str());
+        curl_easy_setopt(h, CURLOPT_POST, 1L);
+        curl_easy_setopt(h, CURLOPT_POSTFIELDS, body.c_str());
+        curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, long(body.size()));
+        curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, long(budget_ms));
+        curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, long(budget_ms));
+        curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+        curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, collect);
+        curl_easy_setopt(h, CURLOPT_WRITEDATA, &r.body);
+        requests_++;
+        const CURLcode rc = curl_easy_perform(h);
+        if (tried) failovers_++;
+        if (rc != CURLE_OK) {
+            note(errors, options_.endpoints[idx], curl_easy_strerror(rc));
+            retryable = retryable || rc != CURLE_COULDNT_CONNECT;
+            continue;
+        }
+        curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r.http);
+        if (r.http >= 500) {  // a member without a leader or quorum: another may have one
+            retryable = true;
+            note(errors, options_.endpoints[idx], "HTTP " + std::to_string(r.http) + " " + r.body.substr(0, 200));
+            continue;
+        }
+        {
+            std::lock_guard lock(mu_);
+            preferred_ = idx;
+        }
+        if (r.http != 200) {
+            auto v = json::parse(r.body);
+            const json::Value *m = v ? v->get("message") : nullptr;
+            if (!m && v) m = v->get("error");
+            fail(SG_ERR_REMOTE, "etcd " + options_.endpoints[idx] + path + ": HTTP " + std::to_string(r.http) + ": " +
+                                    (m && m->as_string() ? *m->as_string() : r.body.substr(0, 200)));
+        }
+        return r;
+    }
+    fail(SG_ERR_CONNECT, "no etcd member answered: " + errors);
+}
+
+void Client::ping(uint64_t deadline_ns) {
+    const Response r = call("/v3/maintenance/status", "{}", deadline_ns);
+    (void)header_revision(parse_or_fail(r.body, "status"));
+}
+
+int64_t Client::ensure_lease(uint64_t deadline_ns) {
+    {
+        std::lock_guard lock(mu_);
+        if (lease_) return lease_;
+    }
+    const int64_t ttl_s = int64_t((options_.lease_ttl_ms + 999) / 1000);
+    const Response r = call("/v3/lease/grant", "{\"TTL\":" + std::to_string(ttl_s) + ",\"ID\":0}", deadline_ns);
+    const json::Value v = parse_or_fail(r.body, "lease grant");
+    const json::Value *id = v.get("ID");
+    const auto lease = id ? id->as_int() : std::nullopt;
+    if (!lease || *lease <= 0) fail(SG_ERR_PROTOCOL, "etcd granted a lease without an ID");
+    leases_granted_++;
+    std::lock_guard lock(mu_);
+    if (lease_) {  // another thread granted one meanwhile: ours expires unused
+        return lease_;
+    }
+    lease_ = *lease;
+    if (!keepalive_.joinable()) keepalive_ = std::thread([this] { keepalive_loop(); });
+    return lease_;
+}
+
+bool Client::keepalive_once(uint64_t deadline_ns) {
+    int64_t lease;
+    {
+        std::lock_guard lock(mu_);
+        lease = lease_;
+    }
+    if (!lease) return true;
+    const Response r = call("/v3/lease/keepalive", "{\"ID\":" + std::to_string(lease) + "}", deadline_ns);
+    // One answer a line ({"result": {...}}); a lease that ended answers TTL 0 or none.
+    const std::string first = r.body.substr(0, r.body.find('\n'));
+    const json::Value v = parse_or_fail(first, "lease keep-alive");
+    const json::Value *res = v.get("result");
+    const json::Value *ttl = res ? res->get("TTL") : nullptr;
+    const auto t = ttl ? ttl->as_int() : std::nullopt;
+    if (t && *t > 0) {
+        keepalives_++;
+        return true;
+    }
+    return false;
+}
+
+void Client::keepalive_loop() {
+    const auto period = std::chrono::milliseconds(std::max<uint32_t>(200, options_.lease_ttl_ms / 3));
+    std::unique_lock lock(mu_);
+    while (!stopping_) {
+        cv_.wait_for(lock, period, [&] { return stopping_; });
+        if (stopping_) break;
+        lock.unlock();
+        const uint64_t deadline = now_ns() + uint64_t(options_.lease_ttl_ms / 3) * 1000000;
+        try {
+            if (!keepalive_once(deadline)) {
+                // The lease ended (the cluster was out of reach for longer than the TTL): a new
+                // one, and every published name again.
+                {
+                    std::lock_guard relock(mu_);
+                    lease_ = 0;
+                }
+                std::map<std::string, std::vector<uint8_t>> names;
+                {
+                    std::lock_guard relock(mu_);
+                    names = published_;
+                }
+                for (auto &[key, blob] : names) put_with_lease(key, blob, deadline);
+            }
+        } catch (const Error &) {
+            // Unreachable now: try again next period; the lease lives on for its TTL meanwhile.
+        }
+        lock.lock();
+    }
+}
+
+void Client::publish(const std::string &name, std::span<const uint8_t> blob, uint64_t deadline_ns) {
+    check_name(name);
+    const std::string key = options_.prefix + "engines/" + name;
+    put_with_lease(key, blob, deadline_ns);
+    std::lock_guard lock(mu_);
+    published_[key].assign(blob.begin(), blob.end());
+}
+
+void Client::unpublish(const std::string &name, uint64_t deadline_ns) {
+    check_name(name);
+    const std::string key = options_.prefix + "engines/" + name;
+    {
+        std::lock_guard lock(mu_);
+        if (!published_.erase(key)) fail(SG_ERR_NOT_FOUND, "\"" + name + "\" is not published by this directory handle");
+    }
+    call("/v3/kv/deleterange", "{\"key\":" + b64(key) + "}", deadline_ns);
+}
+
+std::optional<std::vector<uint8_t>> Client::lookup(const std::string &name, uint64_t deadline_ns) {
+    check_name(name);
+    const Response r = call("/v3/kv/range", "{\"key\":" + b64(options_.prefix + "engines/" + name) + "}", deadline_ns);
+    auto kvs = kvs_of(parse_or_fail(r.body, "range"));
+    if (kvs.empty()) return std::nullopt;
+    return std::vector<uint8_t>(kvs[0].second.begin(), kvs[0].second.end());
+}
+
+std::vector<std::string> Client::list(const std::string &name_prefix, uint64_t deadline_ns) {
+    const std::string base = options_.prefix + "engines/";
+    const std::string from = base + name_prefix;
+    const Response r = call("/v3/kv/range",
+                            "{\"key\":" + b64(from) + ",\"range_end\":" + b64(prefix_end(from)) + ",\"keys_only\":true}",
+                            deadline_ns);
+    std::vector<std::string> names;
+    for (auto &[key, value] : kvs_of(parse_or_fail(r.body, "range")))
+        if (key.size() > base.size() && key.compare(0, base.size(), base) == 0) names.push_back(key.substr(base.size()));
+    std::sort(names.begin(), names.end());
+    return names;
+}
+
+bool Client::wait(const std::string &name, bool present, uint64_t deadline_ns) {
+    check_name(name);
+    const std::string key = options_.prefix + "engines/" + name;
+    for (;;) {
+        const Response r = call("/v3/kv/range", "{\"key\":" + b64(key) + ",\"keys_only\":true}", deadline_ns);
+        const json::Value v = parse_or_fail(r.body, "range");
+        if (kvs_of(v).empty() != present) return true;
+        if (now_ns() >= deadline_ns) return false;
+        if (watch_once(key, "", header_revision(v) + 1, present, !present, deadline_ns)) return true;
+        if (now_ns() >= deadline_ns) return false;
+    }
+}
+
+void Client::request(const std::string &name, const std::string &from, std::span<const uint8_t> blob,
+                     uint64_t deadline_ns) {
+    check_name(name);
+    put_with_lease(options_.prefix + "inbox/" + name + "/" + from, blob, deadline_ns);
+}
+
+void Client::put_with_lease(const std::string &key, std::span<const uint8_t> blob, uint64_t deadline_ns) {
+    const std::string value = b64(std::string_view(reinterpret_cast<const char *>(blob.data()), blob.size()));
+    for (int attempt = 0;; ++attempt) {
+        const int64_t lease = ensure_lease(deadline_ns);
+        try {
+            call("/v3/kv/put", "{\"key\":" + b64(key) + ",\"value\":" + value + ",\"lease\":" + std::to_string(lease) + "}",
+                 deadline_ns);
+            return;
+        } catch (const Error &e) {
+            // The lease ended before the keep-alive thread noticed (the cluster was away longer
+            // than the TTL): a new one, once.
+            if (attempt || e.status() != SG_ERR_REMOTE || e.message().find("lease not found") == std::string::npos)
+                throw;
+            std::lock_guard lock(mu_);
+            if (lease_ == lease) lease_ = 0;
+        }
+    }
+}
+
+std::optional<InboxEntry> Client::take_request(const std::string &name, uint64_t deadline_ns) {
+    check_name(name);
+    const std::string dir = options_.prefix + "inbox/" + name + "/";
+    for (;;) {
+        // Oldest first: the request that has waited longest.
+        const Response r = call("/v3/kv/range",
+                                "{\"key\":" + b64(dir) + ",\"range_end\":" + b64(prefix_end(dir)) +
+                                    ",\"sort_order\":\"ASCEND\",\"sort_target\":\"CREATE\",\"limit\":1}",
+                                deadline_ns);
+        const json::Value v = parse_or_fail(r.body, "range");
+        auto kvs = kvs_of(v);
+        if (!kvs.empty()) {
+            // Whoever deletes it takes it: two takers of one inbox never get the same request.
+            const Response d = call("/v3/kv/deleterange", "{\"key\":" + b64(kvs[0].first) + "}", deadline_ns);
+            const json::Value *deleted = parse_or_fail(d.body, "deleterange").get("deleted");
+            if (deleted && deleted->as_int().value_or(0) > 0)
+                return InboxEntry{kvs[0].first.substr(dir.size()),
+                                  std::vector<uint8_t>(kvs[0].second.begin(), kvs[0].second.end())};
+            continue;
+        }
+        if (now_ns() >= deadline_ns) return std::nullopt;
+        watch_once(dir, prefix_end(dir), header_revision(v) + 1, true, false, deadline_ns);
+        if (now_ns() >= deadline_ns) return std::nullopt;
+    }
+}
+
+namespace {
+
+// The watch stream's state: answers arrive as JSON objects, one a line.
+struct WatchState {
+    std::string buffer;
+    bool want_put = false, want_delete = false;
+    bool matched = false;
+    bool canceled = false;
+};
+
+size_t on_watch_bytes(char *data, size_t size, size_t n, void *user) {
+    auto *w = static_cast<WatchState *>(user);
+    w->buffer.append(data, size * n);
+    if (w->buffer.size() > kMaxResponseBytes) return 0;
+    size_t nl;
+    while ((nl = w->buffer.find('\n')) != std::string::npos) {
+        const std::string line = w->buffer.substr(0, nl);
+        w->buffer.erase(0, nl + 1);
+        auto v = json::parse(line);
+        const json::Value *res = v ? v->get("result") : nullptr;
+        if (!res) continue;
+        if (const json::Value *c = res->get("canceled"); c && c->kind == json::Value::Kind::boolean && c->b) {
+            w->canceled = true;  // compacted past our revision, say: the caller reads the state again
+            return 0;
+        }
+        const json::Value *events = res->get("events");
+        if (!events || events->kind != json::Value::Kind::array) continue;
+        for (const json::Value &e : events->items) {
+            const json::Value *type = e.get("type");
+            const bool is_delete = type && type->as_string() && *type->as_string() == "DELETE";
+            if ((is_delete && w->want_delete) || (!is_delete && w->want_put)) {
+                w->matched = true;
+                return 0;  // stops the stream: curl_easy_perform returns CURLE_WRITE_ERROR
+            }
+        }
+    }
+    return size * n;
+}
+
+}  // namespace
+
+bool Client::watch_once(const std::string &key, const std::string &range_end, int64_t start_revision, bool want_put,
+                        bool want_delete, uint64_t deadline_ns) {
+    size_t idx;
+    {
+        std::lock_guard lock(mu_);
+        idx = preferred_;
+    }
+    const uint64_t now = now_ns();
+    if (now >= deadline_ns) return false;
+    std::string body = "{\"create_request\":{\"key\":" + b64(key);
+    if (!range_end.empty()) body += ",\"range_end\":" + b64(range_end);
+    body += ",\"start_revision\":" + std::to_string(start_revision) + "}}";
+    CURL *h = curl_easy_init();
+    if (!h) fail(SG_ERR_NO_MEMORY, "curl_easy_init failed");
+    WatchState w;
+    w.want_put = want_put;
+    w.want_delete = want_delete;
+    const std::string url = options_.endpoints[idx] + "/v3/watch";
+    curl_easy_setopt(h, CURLOPT_URL, url.c_str());
+    curl_easy_setopt(h, CURLOPT_POST, 1L);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, body.c_str());
+    curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, long(body.size()));
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, long(std::max<uint64_t>(1, (deadline_ns - now) / 1000000)));
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, long(options_.request_timeout_ms));
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_watch_bytes);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &w);
+    requests_++;
+    const CURLcode rc = curl_easy_perform(h);
+    curl_easy_cleanup(h);
+    if (w.matched) return true;
+    if (rc != CURLE_OK && rc != CURLE_OPERATION_TIMEDOUT && !w.canceled) {
+        // This member went away mid-watch: the next read goes to another one.
+        std::lock_guard lock(mu_);
+        if (preferred_ == idx) preferred_ = (idx + 1) % options_.endpoints.size();
+        failovers_++;
+        // A refused connection returns at once: do not spin on it.
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+}
+
+Stats Client::stats() const {
+    Stats s;
+    s.requests = requests_.load();
+    s.failovers = failovers_.load();
+    s.keepalives = keepalives_.load();
+    s.leases_granted = leases_granted_.load();
+    return s;
+}
+
+}  // namespace sg::directory

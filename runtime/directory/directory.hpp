@@ -1,0 +1,115 @@
+// runtime/directory: engines find each other by name through an etcd v3 cluster.
+//
+// Depends on common/ only (and libcurl): it stores and finds opaque blobs, knows nothing of
+// contexts or sessions (abi/ joins the two). etcd is reached through its HTTP/JSON gateway (the
+// /v3/... paths every etcd 3.4+ member serves on its client port): libcurl is in every
+// distribution, while a gRPC client would pull grpc++ and protobuf into the library that every
+// serving stack links, for four calls whose payloads are a few hundred bytes.
+//
+// Keys under a prefix P (default "/smartgen/"):
+//   P engines/<name>            a published engine's metadata blob, under the client's lease
+//   P inbox/<name>/<from>       a session request for <name>: the requester's blob, under its lease
+// A Client holds one lease, granted when first needed and kept alive by its own thread every third of
+// the TTL; everything it wrote goes with it (destroy revokes it; a killed process's lease ends
+// when the TTL passes). A lease that ended while the cluster was unreachable is granted again and
+// the names re-published once a member answers.
+#pragma once
+
+#include "common/common.hpp"
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace sg::directory {
+
+struct Options {
+    std::vector<std::string> endpoints;  // "http://host:port" of the cluster's members
+    std::string prefix = "/smartgen/";
+    uint32_t lease_ttl_ms = 5000;
+    uint32_t request_timeout_ms = 1000;  // one HTTP request to one member
+};
+
+// Parses "http://a:2379,http://b:2379" (spaces around commas allowed; "host:port" gets http://).
+// Throws SG_ERR_INVALID_ARGUMENT naming the bad entry.
+std::vector<std::string> parse_endpoints(const std::string &list);
+
+// Names: 1..200 bytes of [A-Za-z0-9._-] and '/', not starting or ending with '/', no "//".
+// Throws SG_ERR_INVALID_ARGUMENT saying what is wrong.
+void check_name(const std::string &name);
+
+// What a wait for session requests returns: the requester's key suffix and blob.
+struct InboxEntry {
+    std::string from;
+    std::vector<uint8_t> blob;
+};
+
+struct Stats {
+    uint64_t requests = 0;          // HTTP requests made
+    uint64_t failovers = 0;         // requests retried on another member
+    uint64_t keepalives = 0;        // lease keep-alives answered
+    uint64_t leases_granted = 0;    // the first one, and again after one ended
+};
+
+// Thread-safe. Every call that talks to the cluster takes a deadline (CLOCK_MONOTONIC ns) and fails
+// with SG_ERR_CONNECT (no member answered; the message names what each said) or SG_ERR_TIMEOUT
+// (the deadline passed first); a member's error answer is SG_ERR_REMOTE with its text.
+class Client {
+  public:
+    explicit Client(Options options);  // throws SG_ERR_INVALID_ARGUMENT; talks to nobody yet
+    ~Client();                         // stops the keep-alive thread and revokes the lease
+    Client(const Client &) = delete;
+    Client &operator=(const Client &) = delete;
+
+    // Asks the members for their status until one answers: the cluster is there.
+    void ping(uint64_t deadline_ns);
+
+    // Writes blob under engines/<name> with the lease (granted now if there is none) and keeps it
+    // there until unpublish or the client goes.
+    void publish(const std::string &name, std::span<const uint8_t> blob, uint64_t deadline_ns);
+    void unpublish(const std::string &name, uint64_t deadline_ns);
+    // engines/<name>'s blob; nullopt when nobody published it.
+    std::optional<std::vector<uint8_t>> lookup(const std::string &name, uint64_t deadline_ns);
+    // Names published under engines/<name_prefix> (every name when empty), sorted.
+    std::vector<std::string> list(const std::string &name_prefix, uint64_t deadline_ns);
+    // Until engines/<name> exists (present) or does not (!present): true, or false at the deadline.
+    // Watches the key from the revision it was read at, so a change in between is not missed.
+    bool wait(const std::string &name, bool present, uint64_t deadline_ns);
+
+    // A session request to `name`: inbox/<name>/<from> = blob, under the lease.
+    void request(const std::string &name, const std::string &from, std::span<const uint8_t> blob, uint64_t deadline_ns);
+    // The oldest session request to `name`, taken out of the inbox (deleted); nullopt at the deadline.
+    std::optional<InboxEntry> take_request(const std::string &name, uint64_t deadline_ns);
+
+    Stats stats() const;
+    const Options &options() const { return options_; }
+
+  private:
+    struct Response;
+    Response call(const std::string &path, const std::string &body, uint64_t deadline_ns);
+    bool watch_once(const std::string &key, const std::string &range_end, int64_t start_revision, bool want_put,
+                    bool want_delete, uint64_t deadline_ns);
+    int64_t ensure_lease(uint64_t deadline_ns);
+    void put_with_lease(const std::string &key, std::span<const uint8_t> blob, uint64_t deadline_ns);
+    void keepalive_loop();
+    bool keepalive_once(uint64_t deadline_ns);
+
+    Options options_;
+    mutable std::mutex mu_;
+    std::condition_variable cv_;
+    int64_t lease_ = 0;                                 // 0: none
+    std::map<std::string, std::vector<uint8_t>> published_;  // engines/<name> -> blob, re-put on a new lease
+    size_t preferred_ = 0;                              // the member that answered last
+    bool stopping_ = false;
+    std::thread keepalive_;
+    std::atomic<uint64_t> requests_{0}, failovers_{0}, keepalives_{0}, leases_granted_{0};
+};
+
+}  // namespace sg::directory

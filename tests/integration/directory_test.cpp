@@ -1,0 +1,433 @@
+// The cluster directory against a real three-member etcd cluster (etcd_cluster.hpp, Debian's
+// etcd-server): publish, look up, list and watch names; two processes that know only the cluster's
+// endpoints and a name complete an authenticated transfer; a forged entry produces no session; a
+// killed engine's entry vanishes within its lease; the loss of one member is survived; a cluster out
+// of reach fails lookups with a clear status and leaves open sessions alone.
+#include "etcd_cluster.hpp"
+#include "pair_harness.hpp"
+
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+using sgtest::EtcdCluster;
+using sgtest::kSecond;
+
+constexpr uint64_t kMs = 1000000ull;
+
+uint64_t mono_ns() {
+    return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        std::chrono::steady_clock::now().time_since_epoch())
+                        .count());
+}
+
+// Opens a directory handle, retrying while the cluster elects its first leader.
+sg_directory_t open_directory(const std::string &endpoints, sg_context_t ctx, uint32_t ttl_ms = 2000,
+                              const char *prefix = nullptr) {
+    sg_directory_options_t o;
+    sg_directory_options_init(&o);
+    o.endpoints = endpoints.c_str();
+    o.prefix = prefix;
+    o.lease_ttl_ms = ttl_ms;
+    o.request_timeout_ms = 500;
+    const uint64_t until = mono_ns() + 20 * kSecond;
+    for (;;) {
+        sg_directory_t d = nullptr;
+        sg_error_info_t err;
+        sg_error_info_init(&err);
+        const sg_status_t st = sg_directory_open(ctx, &o, &d, &err);
+        if (st == SG_OK) {
+            // A member answers; the first publish still needs a leader: wait for one.
+            size_t len = 0;
+            const sg_status_t l = sg_directory_list(d, nullptr, kSecond, nullptr, 0, &len, nullptr);
+            if (l == SG_OK) return d;
+            sg_directory_destroy(d);
+        }
+        if (mono_ns() > until) {
+            std::fprintf(stderr, "directory at %s: %s\n", endpoints.c_str(), err.message);
+            return nullptr;
+        }
+        usleep(100 * 1000);
+    }
+}
+
+std::vector<uint8_t> metadata_of(sg_context_t ctx) {
+    size_t len = 0;
+    sg_context_get_metadata(ctx, nullptr, 0, &len);
+    std::vector<uint8_t> blob(len);
+    sg_context_get_metadata(ctx, blob.data(), blob.size(), &len);
+    return blob;
+}
+
+std::vector<std::string> list_names(sg_directory_t d, const char *prefix) {
+    size_t len = 0, count = 0;
+    if (sg_directory_list(d, prefix, 5 * kSecond, nullptr, 0, &len, &count) != SG_OK) return {"<error>"};
+    std::string buf(len, '\0');
+    if (sg_directory_list(d, prefix, 5 * kSecond, buf.data(), buf.size(), &len, &count) != SG_OK) return {"<error>"};
+    std::vector<std::string> names;
+    for (size_t at = 0; at < buf.size();) {
+        const size_t end = buf.find('\0', at);
+        names.push_back(buf.substr(at, end - at));
+        at = end + 1;
+    }
+    return names;
+}
+
+// A small host pool: 2 layers, 1 KV head of 64, 16-token blocks, fp16, K and V separate.
+struct SmallPool {
+    static constexpr uint32_t kLayers = 2, kBlocks = 8, kTpb = 16, kDim = 64;
+    std::vector<std::vector<uint16_t>> k, v;
+    std::vector<void *> kp, vp;
+    sg_kv_layout_t layout;
+    explicit SmallPool(uint16_t seed) {
+        for (uint32_t l = 0; l < kLayers; ++l) {
+            k.emplace_back(size_t(kBlocks) * kTpb * kDim);
+            v.emplace_back(size_t(kBlocks) * kTpb * kDim);
+            for (size_t i = 0; i < k[l].size(); ++i) {
+                k[l][i] = seed ? uint16_t((i * 7 + l + seed) & 0x3bff) : 0;
+                v[l][i] = seed ? uint16_t((i * 13 + l + seed) & 0x3bff) : 0;
+            }
+            kp.push_back(k[l].data());
+            vp.push_back(v[l].data());
+        }
+        sg_kv_layout_init(&layout);
+        layout.num_layers = kLayers;
+        layout.num_kv_heads = 1;
+        layout.head_dim = kDim;
+        layout.tokens_per_block = kTpb;
+        layout.num_blocks = kBlocks;
+        layout.dtype = SG_DTYPE_FP16;
+        layout.layer_k_base = kp.data();
+        layout.layer_v_base = vp.data();
+        layout.layer_base_count = kLayers;
+    }
+    bool same(const SmallPool &o) const { return k == o.k && v == o.v; }
+};
+
+// One full transfer over an open session pair: prefill posts its pool, decode expects into its own.
+sg_status_t post_all(sg_context_t ctx, sg_session_t s, SmallPool &pool, const char *rid) {
+    sg_kv_handle_t kv = nullptr;
+    if (sg_kv_register(ctx, &pool.layout, &kv, nullptr) != SG_OK) return SG_ERR_INTERNAL;
+    if (sg_session_export_kv(s, kv) != SG_OK) return SG_ERR_INTERNAL;
+    std::vector<uint32_t> blocks(SmallPool::kBlocks);
+    for (uint32_t i = 0; i < blocks.size(); ++i) blocks[i] = i;
+    sg_transfer_options_t o;
+    sg_transfer_options_init(&o);
+    o.flags = SG_TRANSFER_ALL_LAYERS_WRITTEN;
+    sg_transfer_t x = nullptr;
+    sg_status_t st = sg_transfer_post(s, rid, kv, blocks.data(), blocks.size(), SmallPool::kBlocks * SmallPool::kTpb,
+                                      &o, &x, nullptr);
+    if (st == SG_OK) st = sg_transfer_wait(x, 30 * kSecond);
+    sg_transfer_release(x);
+    return st;
+}
+
+sg_status_t expect_all(sg_context_t ctx, sg_session_t s, SmallPool &pool, const char *rid) {
+    sg_kv_handle_t kv = nullptr;
+    if (sg_kv_register(ctx, &pool.layout, &kv, nullptr) != SG_OK) return SG_ERR_INTERNAL;
+    if (sg_session_export_kv(s, kv) != SG_OK) return SG_ERR_INTERNAL;
+    std::vector<uint32_t> blocks(SmallPool::kBlocks);
+    for (uint32_t i = 0; i < blocks.size(); ++i) blocks[i] = i;
+    sg_transfer_t x = nullptr;
+    sg_status_t st = sg_transfer_expect(s, rid, kv, blocks.data(), blocks.size(), SmallPool::kBlocks * SmallPool::kTpb,
+                                        nullptr, &x, nullptr);
+    if (st == SG_OK) st = sg_transfer_wait(x, 30 * kSecond);
+    sg_transfer_release(x);
+    return st;
+}
+
+class Directory : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        if (EtcdCluster::binary().empty())
+            GTEST_SKIP() << "needs etcd (Debian's etcd-server; scripts/setup-deps.sh installs it)";
+        cluster = std::make_unique<EtcdCluster>(3);
+    }
+    std::unique_ptr<EtcdCluster> cluster;
+};
+
+TEST_F(Directory, PublishLookupListWaitAndRevoke) {
+    sg_context_t a = sgtest::make_context("tcp");
+    sg_context_t b = sgtest::make_context("tcp");
+    ASSERT_TRUE(a && b);
+    sg_directory_t da = open_directory(cluster->endpoints(), a);
+    sg_directory_t db = open_directory(cluster->endpoints(), nullptr);  // lookups only
+    ASSERT_TRUE(da && db) << cluster->log(0);
+
+    size_t len = 0;
+    EXPECT_EQ(sg_directory_lookup(db, "prefill/node0/gpu0", kSecond, nullptr, 0, &len), SG_ERR_NOT_FOUND);
+    EXPECT_EQ(sg_directory_wait(db, "prefill/node0/gpu0", 1, 200 * kMs), SG_ERR_TIMEOUT);
+    ASSERT_EQ(sg_directory_publish(da, "prefill/node0/gpu0", 5 * kSecond), SG_OK) << sg_last_error_message();
+    ASSERT_EQ(sg_directory_publish(da, "prefill/node0/gpu1", 5 * kSecond), SG_OK) << sg_last_error_message();
+    EXPECT_EQ(sg_directory_wait(db, "prefill/node0/gpu0", 1, 5 * kSecond), SG_OK);
+
+    ASSERT_EQ(sg_directory_lookup(db, "prefill/node0/gpu0", kSecond, nullptr, 0, &len), SG_OK);
+    std::vector<uint8_t> blob(len);
+    ASSERT_EQ(sg_directory_lookup(db, "prefill/node0/gpu0", kSecond, blob.data(), blob.size(), &len), SG_OK);
+    // The entry is a's signed metadata: it makes a session to a (and a blob of the same size).
+    EXPECT_EQ(blob.size(), metadata_of(a).size());
+    sg_session_t to_a = nullptr;
+    EXPECT_EQ(sg_session_from_metadata(b, blob.data(), blob.size(), nullptr, &to_a, nullptr), SG_OK)
+        << sg_last_error_message();
+    sg_session_destroy(to_a);
+    std::vector<uint8_t> small(len - 1);
+    EXPECT_EQ(sg_directory_lookup(db, "prefill/node0/gpu0", kSecond, small.data(), small.size(), &len),
+              SG_ERR_BUFFER_TOO_SMALL);
+
+    EXPECT_EQ(list_names(db, nullptr), (std::vector<std::string>{"prefill/node0/gpu0", "prefill/node0/gpu1"}));
+    EXPECT_EQ(list_names(db, "prefill/node0/gpu1"), (std::vector<std::string>{"prefill/node0/gpu1"}));
+    EXPECT_TRUE(list_names(db, "decode/").empty());
+
+    EXPECT_EQ(sg_directory_unpublish(da, "prefill/node0/gpu1", kSecond), SG_OK);
+    EXPECT_EQ(sg_directory_unpublish(da, "prefill/node0/gpu1", kSecond), SG_ERR_NOT_FOUND);
+    EXPECT_EQ(list_names(db, nullptr), (std::vector<std::string>{"prefill/node0/gpu0"}));
+
+    // Destroying the handle revokes its lease: the name goes at once, not at the TTL.
+    const uint64_t t0 = mono_ns();
+    sg_directory_destroy(da);
+    EXPECT_EQ(sg_directory_wait(db, "prefill/node0/gpu0", 0, 5 * kSecond), SG_OK);
+    EXPECT_LT(mono_ns() - t0, 1500 * kMs) << "the lease was not revoked (the TTL is 2 s)";
+
+    sg_directory_stats_t st;
+    sg_directory_stats_init(&st);
+    ASSERT_EQ(sg_directory_stats(db, &st), SG_OK);
+    EXPECT_GT(st.requests, 5u);
+    sg_directory_destroy(db);
+    sg_context_destroy(a);
+    sg_context_destroy(b);
+}
+
+TEST_F(Directory, TwoProcessesThatKnowOnlyTheEndpointsAndANameCompleteAnAuthenticatedTransfer) {
+    const std::string endpoints = cluster->endpoints();
+    const pid_t child = fork();
+    if (child == 0) {  // the prefill engine: publishes itself, takes the session, sends its KV
+        sg_context_t ctx = sgtest::make_context("tcp");
+        CHILD_CHECK(ctx, "context");
+        sg_directory_t d = open_directory(endpoints, ctx);
+        CHILD_CHECK(d, "directory");
+        CHILD_CHECK(sg_directory_publish(d, "prefill-0", 5 * kSecond) == SG_OK, "publish");
+        sg_session_t s = nullptr;
+        CHILD_CHECK(sg_directory_accept(d, 30 * kSecond, &s, nullptr) == SG_OK, "accept");
+        CHILD_CHECK(sg_session_wait_ready(s, 10 * kSecond) == SG_OK, "ready");
+        SmallPool src(11);
+        CHILD_CHECK(post_all(ctx, s, src, "req-1") == SG_OK, "post");
+        sg_session_close(s, 5 * kSecond);
+        sg_directory_destroy(d);
+        sg_context_destroy(ctx);
+        _exit(0);
+    }
+    sg_context_t ctx = sgtest::make_context("tcp");
+    ASSERT_TRUE(ctx);
+    sg_directory_t d = open_directory(endpoints, ctx);
+    ASSERT_TRUE(d);
+    ASSERT_EQ(sg_directory_wait(d, "prefill-0", 1, 30 * kSecond), SG_OK);
+    sg_session_t s = nullptr;
+    sg_error_info_t err;
+    sg_error_info_init(&err);
+    ASSERT_EQ(sg_directory_connect(d, "prefill-0", nullptr, 10 * kSecond, &s, &err), SG_OK) << err.message;
+    ASSERT_EQ(sg_session_wait_ready(s, 10 * kSecond), SG_OK) << sg_last_error_message();
+    SmallPool dst(0), want(11);
+    EXPECT_EQ(expect_all(ctx, s, dst, "req-1"), SG_OK) << sg_last_error_message();
+    EXPECT_TRUE(dst.same(want)) << "the KV arrived altered";
+    int status = 0;
+    waitpid(child, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the prefill process failed";
+    sg_session_close(s, 5 * kSecond);
+    sg_directory_destroy(d);
+    sg_context_destroy(ctx);
+}
+
+TEST_F(Directory, AnEntryWrittenWithoutTheKeyProducesNoSession) {
+    // The attacker's context has another key: it can write to the cluster, not sign as the fleet.
+    sg_context_options_t o;
+    sg_context_options_init(&o);
+    o.provider = "tcp";
+    static const char other_key[] = "not-the-fleet-key-0123456789abcdef";
+    o.auth_key = other_key;
+    o.auth_key_len = sizeof other_key - 1;
+    sg_context_t attacker = nullptr;
+    ASSERT_EQ(sg_context_create(&o, &attacker, nullptr), SG_OK);
+    sg_context_t victim = sgtest::make_context("tcp");
+    sg_context_t engine = sgtest::make_context("tcp");
+    ASSERT_TRUE(victim && engine);
+    sg_directory_t dattacker = open_directory(cluster->endpoints(), attacker);
+    sg_directory_t dvictim = open_directory(cluster->endpoints(), victim);
+    sg_directory_t dengine = open_directory(cluster->endpoints(), engine);
+    ASSERT_TRUE(dattacker && dvictim && dengine);
+
+    // A forged entry under a name the victim will look for.
+    ASSERT_EQ(sg_directory_publish(dattacker, "prefill-7", 5 * kSecond), SG_OK);
+    sg_session_t s = nullptr;
+    sg_error_info_t err;
+    sg_error_info_init(&err);
+    EXPECT_EQ(sg_directory_connect(dvictim, "prefill-7", nullptr, 5 * kSecond, &s, &err), SG_ERR_AUTH_FAILED)
+        << err.message;
+    EXPECT_EQ(s, nullptr);
+    size_t len = 0;
+    // The victim's blob was never left for the forger: the signature is checked before the request.
+    const std::vector<std::string> none;
+    EXPECT_EQ(sg_directory_accept(dattacker, 300 * kMs, &s, nullptr), SG_ERR_TIMEOUT);
+
+    // The forger asking a real engine for a session: refused there, no session made.
+    ASSERT_EQ(sg_directory_publish(dengine, "prefill-8", 5 * kSecond), SG_OK);
+    sg_error_info_init(&err);
+    sg_session_t forged = nullptr;
+    EXPECT_EQ(sg_directory_connect(dattacker, "prefill-8", nullptr, 5 * kSecond, &forged, &err), SG_ERR_AUTH_FAILED)
+        << "the engine's entry does not verify under the attacker's key either: " << err.message;
+    (void)len;
+    sg_directory_stats_t st;
+    sg_directory_stats_init(&st);
+    EXPECT_EQ(sg_directory_accept(dengine, 300 * kMs, &s, nullptr), SG_ERR_TIMEOUT);
+    ASSERT_EQ(sg_directory_stats(dengine, &st), SG_OK);
+    EXPECT_EQ(st.sessions_accepted, 0u);
+
+    sg_directory_destroy(dattacker);
+    sg_directory_destroy(dvictim);
+    sg_directory_destroy(dengine);
+    sg_context_destroy(attacker);
+    sg_context_destroy(victim);
+    sg_context_destroy(engine);
+}
+
+TEST_F(Directory, AKilledEngineVanishesWhenItsLeaseEnds) {
+    const std::string endpoints = cluster->endpoints();
+    int ready[2];
+    ASSERT_EQ(pipe(ready), 0);
+    const pid_t child = fork();
+    if (child == 0) {
+        close(ready[0]);
+        sg_context_t ctx = sgtest::make_context("tcp");
+        sg_directory_t d = open_directory(endpoints, ctx, 2000);
+        CHILD_CHECK(d && sg_directory_publish(d, "prefill-doomed", 5 * kSecond) == SG_OK, "publish");
+        (void)!write(ready[1], "x", 1);
+        pause();  // until SIGKILL: no destroy, no revoke
+        _exit(0);
+    }
+    close(ready[1]);
+    char c;
+    ASSERT_EQ(read(ready[0], &c, 1), 1);
+    close(ready[0]);
+    sg_directory_t d = open_directory(endpoints, nullptr);
+    ASSERT_TRUE(d);
+    // Alive, it stays published past its TTL: the keep-alive renews it.
+    usleep(3000 * 1000);
+    size_t len = 0;
+    EXPECT_EQ(sg_directory_lookup(d, "prefill-doomed", kSecond, nullptr, 0, &len), SG_OK) << "the lease was not kept alive";
+    kill(child, SIGKILL);
+    waitpid(child, nullptr, 0);
+    const uint64_t t0 = mono_ns();
+    EXPECT_EQ(sg_directory_wait(d, "prefill-doomed", 0, 6 * kSecond), SG_OK);
+    const double gone_ms = double(mono_ns() - t0) / 1e6;
+    std::printf("[ figures ] killed engine's entry gone after %.0f ms (TTL 2000 ms)\n", gone_ms);
+    EXPECT_LE(gone_ms, 3500) << "TTL 2 s, plus the cluster's lease checkpoint";
+    sg_directory_destroy(d);
+}
+
+TEST_F(Directory, TheLossOfOneMemberIsSurvived) {
+    sg_context_t a = sgtest::make_context("tcp");
+    ASSERT_TRUE(a);
+    sg_directory_t da = open_directory(cluster->endpoints(), a);
+    sg_directory_t db = open_directory(cluster->endpoints(), nullptr);
+    ASSERT_TRUE(da && db);
+    ASSERT_EQ(sg_directory_publish(da, "decode-0", 5 * kSecond), SG_OK);
+    cluster->kill(0);  // the member every handle talks to first
+    size_t len = 0;
+    EXPECT_EQ(sg_directory_lookup(db, "decode-0", 5 * kSecond, nullptr, 0, &len), SG_OK) << sg_last_error_message();
+    EXPECT_EQ(sg_directory_publish(da, "decode-1", 5 * kSecond), SG_OK) << sg_last_error_message();
+    EXPECT_EQ(list_names(db, "decode-"), (std::vector<std::string>{"decode-0", "decode-1"}));
+    // The lease is kept alive through the other members: still there after more than a TTL.
+    usleep(2500 * 1000);
+    EXPECT_EQ(sg_directory_lookup(db, "decode-0", 5 * kSecond, nullptr, 0, &len), SG_OK);
+    sg_directory_stats_t st;
+    sg_directory_stats_init(&st);
+    ASSERT_EQ(sg_directory_stats(db, &st), SG_OK);
+    EXPECT_GT(st.failovers, 0u);
+    cluster->start(0);  // it rejoins
+    sg_directory_destroy(da);
+    sg_directory_destroy(db);
+    sg_context_destroy(a);
+}
+
+TEST_F(Directory, AClusterOutOfReachFailsLookupsAndLeavesOpenSessionsAlone) {
+    sg_context_t prefill = sgtest::make_context("tcp");
+    sg_context_t decode = sgtest::make_context("tcp");
+    ASSERT_TRUE(prefill && decode);
+    sg_directory_t dp = open_directory(cluster->endpoints(), prefill);
+    sg_directory_t dd = open_directory(cluster->endpoints(), decode);
+    ASSERT_TRUE(dp && dd);
+    ASSERT_EQ(sg_directory_publish(dp, "prefill-0", 5 * kSecond), SG_OK);
+    sg_session_t sd = nullptr, sp = nullptr;
+    ASSERT_EQ(sg_directory_connect(dd, "prefill-0", nullptr, 5 * kSecond, &sd, nullptr), SG_OK) << sg_last_error_message();
+    ASSERT_EQ(sg_directory_accept(dp, 5 * kSecond, &sp, nullptr), SG_OK) << sg_last_error_message();
+    ASSERT_EQ(sg_session_wait_ready(sd, 10 * kSecond), SG_OK);
+
+    for (size_t i = 0; i < cluster->size(); ++i) cluster->kill(int(i));
+    size_t len = 0;
+    const uint64_t t0 = mono_ns();
+    EXPECT_EQ(sg_directory_lookup(dd, "prefill-0", 10 * kSecond, nullptr, 0, &len), SG_ERR_CONNECT);
+    EXPECT_NE(std::strstr(sg_last_error_message(), "no etcd member answered"), nullptr) << sg_last_error_message();
+    EXPECT_LT(mono_ns() - t0, 3 * kSecond) << "a refused connection should not wait out the deadline";
+    sg_session_t none = nullptr;
+    EXPECT_EQ(sg_directory_connect(dd, "prefill-1", nullptr, kSecond, &none, nullptr), SG_ERR_CONNECT);
+
+    // The session opened through the directory does not need it any more.
+    SmallPool src(5), dst(0), want(5);
+    sg_status_t posted = SG_ERR_INTERNAL;
+    std::thread sender([&] { posted = post_all(prefill, sp, src, "while-down"); });
+    EXPECT_EQ(expect_all(decode, sd, dst, "while-down"), SG_OK) << sg_last_error_message();
+    sender.join();
+    EXPECT_EQ(posted, SG_OK);
+    EXPECT_TRUE(dst.same(want));
+
+    sg_session_close(sd, 5 * kSecond);
+    sg_directory_destroy(dp);  // revoking fails quietly: the cluster is gone
+    sg_directory_destroy(dd);
+    sg_context_destroy(prefill);
+    sg_context_destroy(decode);
+}
+
+TEST(DirectoryArguments, AreCheckedBeforeAnythingIsSent) {
+    sg_directory_options_t o;
+    sg_directory_options_init(&o);
+    EXPECT_EQ(o.lease_ttl_ms, 5000u);
+    sg_directory_t d = nullptr;
+    sg_error_info_t err;
+    sg_error_info_init(&err);
+    EXPECT_EQ(sg_directory_open(nullptr, &o, &d, &err), SG_ERR_INVALID_ARGUMENT) << "no endpoints";
+    o.endpoints = "ftp://127.0.0.1:1";
+    EXPECT_EQ(sg_directory_open(nullptr, &o, &d, &err), SG_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::strstr(err.message, "ftp://"), nullptr) << err.message;
+    o.endpoints = "127.0.0.1:1,,127.0.0.1:2";
+    EXPECT_EQ(sg_directory_open(nullptr, &o, &d, &err), SG_ERR_INVALID_ARGUMENT);
+    o.endpoints = "127.0.0.1:1";
+    o.lease_ttl_ms = 10;
+    EXPECT_EQ(sg_directory_open(nullptr, &o, &d, &err), SG_ERR_INVALID_ARGUMENT);
+    o.lease_ttl_ms = 0;
+    o.request_timeout_ms = 200;
+    // Port 1 on loopback: nobody listens, so the open fails at once with the member's reason.
+    EXPECT_EQ(sg_directory_open(nullptr, &o, &d, &err), SG_ERR_CONNECT);
+    EXPECT_NE(std::strstr(err.message, "127.0.0.1:1"), nullptr) << err.message;
+    EXPECT_EQ(d, nullptr);
+    EXPECT_EQ(sg_directory_publish(nullptr, "x", kSecond), SG_ERR_INVALID_HANDLE);
+    EXPECT_EQ(sg_directory_destroy(nullptr), SG_OK);
+}
+
+TEST_F(Directory, NamesAndStateAreChecked) {
+    sg_directory_t ro = open_directory(cluster->endpoints(), nullptr);
+    ASSERT_TRUE(ro);
+    EXPECT_EQ(sg_directory_publish(ro, "a", kSecond), SG_ERR_INVALID_STATE) << "no context to publish";
+    sg_session_t s = nullptr;
+    EXPECT_EQ(sg_directory_accept(ro, 0, &s, nullptr), SG_ERR_INVALID_STATE);
+    size_t len = 0;
+    for (const char *bad : {"", "/a", "a/", "a//b", "a b", "a\nb", "ä"})
+        EXPECT_EQ(sg_directory_lookup(ro, bad, kSecond, nullptr, 0, &len), SG_ERR_INVALID_ARGUMENT) << "\"" << bad << "\"";
+    EXPECT_EQ(sg_directory_lookup(ro, std::string(201, 'a').c_str(), kSecond, nullptr, 0, &len), SG_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(sg_directory_lookup(ro, nullptr, kSecond, nullptr, 0, &len), SG_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(sg_directory_lookup(ro, "a", kSecond, nullptr, 0, nullptr), SG_ERR_INVALID_ARGUMENT);
+    sg_directory_destroy(ro);
+}
+
+}  // namespace

@@ -1,0 +1,147 @@
+// A real etcd cluster for the directory's tests: N members of Debian's etcd-server on loopback ports
+// chosen free at start, data in a fresh temporary directory, fast elections (50 ms heartbeats) so a
+// member's loss is survived in well under a second. Members are processes a test may kill and
+// restart; the destructor stops them all and removes the data. Never a mock.
+#pragma once
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace sgtest {
+
+class EtcdCluster {
+  public:
+    // The etcd binary (ETCD_BIN, or etcd on the PATH); "" when there is none.
+    static std::string binary() {
+        if (const char *e = std::getenv("ETCD_BIN"); e && *e) return e;
+        for (const char *dir : {"/usr/bin", "/usr/local/bin", "/usr/sbin"}) {
+            const std::string p = std::string(dir) + "/etcd";
+            if (access(p.c_str(), X_OK) == 0) return p;
+        }
+        return "";
+    }
+
+    explicit EtcdCluster(int members = 3) {
+        char tmpl[] = "/tmp/smartgen-etcd-XXXXXX";
+        if (!mkdtemp(tmpl)) return;
+        dir_ = tmpl;
+        for (int i = 0; i < members; ++i) members_.push_back({free_port(), free_port(), -1});
+        std::string initial;
+        for (int i = 0; i < members; ++i) {
+            if (i) initial += ',';
+            initial += name(i);
+            initial += "=http://127.0.0.1:";
+            initial += std::to_string(members_[size_t(i)].peer_port);
+        }
+        initial_cluster_ = initial;
+        for (int i = 0; i < members; ++i) start(i);
+    }
+
+    ~EtcdCluster() {
+        for (size_t i = 0; i < members_.size(); ++i) kill(int(i));
+        if (!dir_.empty()) {
+            const std::string cmd = "rm -rf '" + dir_ + "'";
+            (void)!std::system(cmd.c_str());
+        }
+    }
+
+    EtcdCluster(const EtcdCluster &) = delete;
+    EtcdCluster &operator=(const EtcdCluster &) = delete;
+
+    // "http://127.0.0.1:p0,http://127.0.0.1:p1,..."
+    std::string endpoints() const {
+        std::string e;
+        for (size_t i = 0; i < members_.size(); ++i) {
+            if (i) e += ',';
+            e += endpoint(int(i));
+        }
+        return e;
+    }
+    std::string endpoint(int i) const { return "http://127.0.0.1:" + std::to_string(members_[size_t(i)].client_port); }
+    size_t size() const { return members_.size(); }
+
+    void kill(int i) {
+        Member &m = members_[size_t(i)];
+        if (m.pid <= 0) return;
+        ::kill(m.pid, SIGKILL);
+        waitpid(m.pid, nullptr, 0);
+        m.pid = -1;
+    }
+
+    // Starts member i (again: it rejoins with its data).
+    void start(int i) {
+        Member &m = members_[size_t(i)];
+        const std::string bin = binary();
+        const std::string data = dir_ + "/" + name(i);
+        const std::string log = dir_ + "/" + name(i) + ".log";
+        const std::string client = "http://127.0.0.1:" + std::to_string(m.client_port);
+        const std::string peer = "http://127.0.0.1:" + std::to_string(m.peer_port);
+        const bool existing = access(data.c_str(), F_OK) == 0;
+        const pid_t pid = fork();
+        if (pid == 0) {
+            FILE *f = std::freopen(log.c_str(), "a", stderr);
+            (void)f;
+            (void)!dup2(2, 1);
+            setpgid(0, 0);
+            execl(bin.c_str(), bin.c_str(), "--name", name(i).c_str(), "--data-dir", data.c_str(),
+                  "--listen-client-urls", client.c_str(), "--advertise-client-urls", client.c_str(),
+                  "--listen-peer-urls", peer.c_str(), "--initial-advertise-peer-urls", peer.c_str(),
+                  "--initial-cluster", initial_cluster_.c_str(), "--initial-cluster-state",
+                  existing ? "existing" : "new", "--initial-cluster-token", dir_.c_str(), "--heartbeat-interval", "50",
+                  "--election-timeout", "500", "--log-level", "error", "--logger", "zap", (char *)nullptr);
+            _exit(127);
+        }
+        m.pid = pid;
+    }
+
+    // The log of member i (for a failing test's message).
+    std::string log(int i) const {
+        std::string out;
+        if (FILE *f = std::fopen((dir_ + "/" + name(i) + ".log").c_str(), "r")) {
+            char buf[4096];
+            size_t n;
+            while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+            std::fclose(f);
+        }
+        return out.size() > 2000 ? out.substr(out.size() - 2000) : out;
+    }
+
+  private:
+    struct Member {
+        int client_port, peer_port;
+        pid_t pid;
+    };
+
+    static std::string name(int i) { return "m" + std::to_string(i); }
+
+    static int free_port() {
+        const int fd = socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        socklen_t len = sizeof a;
+        int port = 0;
+        if (bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0 &&
+            getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len) == 0)
+            port = ntohs(a.sin_port);
+        close(fd);
+        return port;
+    }
+
+    std::string dir_, initial_cluster_;
+    std::vector<Member> members_;
+};
+
+}  // namespace sgtest
