@@ -1373,6 +1373,7 @@ struct DirectoryObj {
             stopping = true;
         }
         cv.notify_all();
+        if (client) client->interrupt();  // ends the inbox thread's watch now
         if (inbox.joinable()) inbox.join();
         client.reset();  // revokes the lease: the names go at once
     }
@@ -1382,14 +1383,16 @@ struct DirectoryObj {
         while (!stopping) {
             const std::string name = served;
             lock.unlock();
+            bool out_of_reach = false;
             try {
-                // Short rounds, so that destroy is not kept waiting on a watch.
-                auto req = client->take_request(name, sg::now_ns() + 200 * 1000000ull);
+                // One watch stream a handle, idle until a request comes (destroy interrupts it).
+                auto req = client->take_request(name, sg::now_ns() + 30 * 1000000000ull);
                 if (req) answer(*req);
             } catch (const sg::Error &) {
-                std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the cluster is out of reach
+                out_of_reach = true;
             }
             lock.lock();
+            if (out_of_reach) cv.wait_for(lock, std::chrono::milliseconds(500), [&] { return stopping; });
         }
     }
 

@@ -23,7 +23,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$(pwd)
 BUILD="$ROOT/build/fuzz"
-ALL=(wire handlers metadata profile bootstrap)
+ALL=(wire handlers metadata profile bootstrap directory_json)
 
 regen=0
 if [[ ${1:-} == --seeds ]]; then

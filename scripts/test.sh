@@ -104,7 +104,7 @@ run_release_phase() {
   SMARTGEN_INTEROP_REQUIRE_ALL=1 preset_build_and_test release
 }
 
-# Five fuzzers x 9 s (scripts/fuzz.sh, docs/fuzzing.md; about 55 s once built): any crash, leak or
+# Six fuzzers x 9 s (scripts/fuzz.sh, docs/fuzzing.md; about 55 s once built): any crash, leak or
 # sanitizer report fails.
 run_fuzz_phase() {
   SG_FUZZ_FRESH=1 SG_FUZZ_SEED=1 bash "$ROOT/scripts/fuzz.sh" 9

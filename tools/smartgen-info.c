@@ -5,12 +5,15 @@
  * ranks them (sg_provider_query): which are usable, which one a context picks for a peer on another
  * host and which one a session picks for a peer on this host, and why the others were rejected.
  *
- * usage: smartgen-info [--addr ADDR] [--json] [--help]
+ * usage: smartgen-info [--addr ADDR] [--json] [--directory ENDPOINTS [--prefix P]] [--help]
  *   --addr ADDR  local address the data endpoint would bind to (default: the library's, 127.0.0.1);
  *                name the NIC address to see what a cross-host context would use
  *   --json       one JSON object per provider per line, nothing else on stdout
+ *   --directory ENDPOINTS  instead: the engines published in the etcd cluster at ENDPOINTS
+ *                (sg_directory_list), one name a line (with --json, {"name": ...} lines)
  *
- * Exit status: 0 when at least one provider is usable, 2 when none is, 1 on error.
+ * Exit status: 0 when at least one provider is usable, 2 when none is, 1 on error; with
+ * --directory 0 when the cluster answered, 1 when it did not.
  *
  * Written against <smartgen/smartgen.h> only: the libfabric FI_MR_* bits are restated below.
  */
@@ -282,13 +285,15 @@ static void print_text(const char *addr, const sg_provider_info_t *ps, size_t n)
 
 static void usage(FILE *out)
 {
-    fputs("usage: smartgen-info [--addr ADDR] [--json] [--help]\n"
+    fputs("usage: smartgen-info [--addr ADDR] [--json] [--directory ENDPOINTS [--prefix P]] [--help]\n"
           "  Shows the SmartGen version and the fabric providers it can use, ranked.\n"
           "  --addr ADDR  local address the data endpoint would bind to (default 127.0.0.1);\n"
           "               name the NIC address to see what a cross-host context would use\n"
           "  --json       one JSON object per provider per line\n"
+          "  --directory ENDPOINTS  list the engines published in that etcd cluster instead\n"
+          "               (\"http://h1:2379,http://h2:2379\"); --prefix its key prefix (/smartgen/)\n"
           "  --help       this text\n"
-          "exit status: 0 a provider is usable, 2 none is, 1 error\n",
+          "exit status: 0 a provider is usable (or the directory answered), 2 none is, 1 error\n",
           out);
 }
 
@@ -338,9 +343,63 @@ static sg_status_t query_all(const char *addr, sg_provider_info_t **out, size_t 
     return SG_OK;
 }
 
+/* The names published in the directory at `endpoints`, one a line. */
+static int list_directory(const char *endpoints, const char *prefix, int json)
+{
+    sg_directory_options_t o;
+    sg_directory_t dir = NULL;
+    sg_error_info_t err;
+    size_t len = 0, count = 0, at;
+    char *names;
+    sg_status_t st;
+
+    sg_directory_options_init(&o);
+    o.endpoints = endpoints;
+    o.prefix = prefix;
+    sg_error_info_init(&err);
+    st = sg_directory_open(NULL, &o, &dir, &err);
+    if (st != SG_OK) {
+        fprintf(stderr, "smartgen-info: directory %s: %s (%s)\n", endpoints, err.message, sg_status_str(st));
+        return 1;
+    }
+    /* The set can grow between the sizing call and the filling one: retry a few times. */
+    names = NULL;
+    for (int attempt = 0; attempt < 5; attempt++) {
+        st = sg_directory_list(dir, NULL, 5000000000ull, NULL, 0, &len, &count);
+        if (st != SG_OK)
+            break;
+        free(names);
+        names = malloc(len ? len : 1);
+        if (names == NULL) {
+            st = SG_ERR_NO_MEMORY;
+            break;
+        }
+        st = sg_directory_list(dir, NULL, 5000000000ull, names, len, &len, &count);
+        if (st != SG_ERR_BUFFER_TOO_SMALL)
+            break;
+    }
+    if (st != SG_OK) {
+        fprintf(stderr, "smartgen-info: directory %s: %s (%s)\n", endpoints, sg_last_error_message(), sg_status_str(st));
+        free(names);
+        sg_directory_destroy(dir);
+        return 1;
+    }
+    if (!json)
+        printf("%zu engine%s published at %s\n", count, count == 1 ? "" : "s", endpoints);
+    for (at = 0; at < len; at += strlen(names + at) + 1) {
+        if (json) /* names are letters, digits, '.', '_', '-' and '/': nothing to escape */
+            printf("{\"name\": \"%s\"}\n", names + at);
+        else
+            printf("  %s\n", names + at);
+    }
+    free(names);
+    sg_directory_destroy(dir);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    const char *addr = NULL;
+    const char *addr = NULL, *directory = NULL, *prefix = NULL;
     int json = 0, i;
     sg_provider_info_t *ps = NULL;
     size_t n = 0, k;
@@ -350,6 +409,10 @@ int main(int argc, char **argv)
     for (i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--addr") == 0 && i + 1 < argc) {
             addr = argv[++i];
+        } else if (strcmp(argv[i], "--directory") == 0 && i + 1 < argc) {
+            directory = argv[++i];
+        } else if (strcmp(argv[i], "--prefix") == 0 && i + 1 < argc) {
+            prefix = argv[++i];
         } else if (strcmp(argv[i], "--json") == 0) {
             json = 1;
         } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -361,6 +424,9 @@ int main(int argc, char **argv)
             return 1;
         }
     }
+
+    if (directory)
+        return list_directory(directory, prefix, json);
 
     st = query_all(addr, &ps, &n);
     if (st == SG_ERR_NO_PROVIDER) {

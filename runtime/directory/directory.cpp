@@ -123,8 +123,9 @@ std::vector<std::string> parse_endpoints(const std::string &list) {
         if (e.find("://") == std::string::npos) e = "http://" + e;
         if (e.rfind("http://", 0) != 0 && e.rfind("https://", 0) != 0)
             fail(SG_ERR_INVALID_ARGUMENT, "endpoints: \"" + e + "\" is not an http:// or https:// URL");
-        while (!e.empty() && e.back() == '/') e.pop_back();
-        const std::string host = e.substr(e.find("://") + 3);
+        const size_t host_at = e.find("://") + 3;
+        while (e.size() > host_at && e.back() == '/') e.pop_back();
+        const std::string host = e.substr(host_at);
         if (host.empty() || host.find_first_of(" /?#") != std::string::npos)
             fail(SG_ERR_INVALID_ARGUMENT, "endpoints: \"" + e + "\" is not scheme://host:port");
         out.push_back(e);
@@ -304,7 +305,9 @@ void Client::keepalive_loop() {
         cv_.wait_for(lock, period, [&] { return stopping_; });
         if (stopping_) break;
         lock.unlock();
-        const uint64_t deadline = now_ns() + uint64_t(options_.lease_ttl_ms / 3) * 1000000;
+        // Up to two thirds of the TTL for this renewal: on a loaded host a late answer still
+        // counts, and one more try fits before the lease would end.
+        const uint64_t deadline = now_ns() + uint64_t(options_.lease_ttl_ms * 2 / 3) * 1000000;
         try {
             if (!keepalive_once(deadline)) {
                 // The lease ended (the cluster was out of reach for longer than the TTL): a new
@@ -373,7 +376,7 @@ bool Client::wait(const std::string &name, bool present, uint64_t deadline_ns) {
         const Response r = call("/v3/kv/range", "{\"key\":" + b64(key) + ",\"keys_only\":true}", deadline_ns);
         const json::Value v = parse_or_fail(r.body, "range");
         if (kvs_of(v).empty() != present) return true;
-        if (now_ns() >= deadline_ns) return false;
+        if (now_ns() >= deadline_ns || interrupted_) return false;
         if (watch_once(key, "", header_revision(v) + 1, present, !present, deadline_ns)) return true;
         if (now_ns() >= deadline_ns) return false;
     }
@@ -408,25 +411,29 @@ std::optional<InboxEntry> Client::take_request(const std::string &name, uint64_t
     check_name(name);
     const std::string dir = options_.prefix + "inbox/" + name + "/";
     for (;;) {
+        // The deadline bounds the wait for a request, not the calls that take one: a request found
+        // just before it must not be deleted by a call that then times out, and so be lost.
+        const uint64_t call_deadline = std::max(deadline_ns, now_ns() + uint64_t(options_.request_timeout_ms) * 1000000);
         // Oldest first: the request that has waited longest.
         const Response r = call("/v3/kv/range",
                                 "{\"key\":" + b64(dir) + ",\"range_end\":" + b64(prefix_end(dir)) +
                                     ",\"sort_order\":\"ASCEND\",\"sort_target\":\"CREATE\",\"limit\":1}",
-                                deadline_ns);
+                                call_deadline);
         const json::Value v = parse_or_fail(r.body, "range");
         auto kvs = kvs_of(v);
         if (!kvs.empty()) {
             // Whoever deletes it takes it: two takers of one inbox never get the same request.
-            const Response d = call("/v3/kv/deleterange", "{\"key\":" + b64(kvs[0].first) + "}", deadline_ns);
+            const Response d = call("/v3/kv/deleterange", "{\"key\":" + b64(kvs[0].first) + "}",
+                                    now_ns() + uint64_t(options_.request_timeout_ms) * 1000000);
             const json::Value *deleted = parse_or_fail(d.body, "deleterange").get("deleted");
             if (deleted && deleted->as_int().value_or(0) > 0)
                 return InboxEntry{kvs[0].first.substr(dir.size()),
                                   std::vector<uint8_t>(kvs[0].second.begin(), kvs[0].second.end())};
             continue;
         }
-        if (now_ns() >= deadline_ns) return std::nullopt;
+        if (now_ns() >= deadline_ns || interrupted_) return std::nullopt;
         watch_once(dir, prefix_end(dir), header_revision(v) + 1, true, false, deadline_ns);
-        if (now_ns() >= deadline_ns) return std::nullopt;
+        if (now_ns() >= deadline_ns || interrupted_) return std::nullopt;
     }
 }
 
@@ -434,6 +441,7 @@ namespace {
 
 // The watch stream's state: answers arrive as JSON objects, one a line.
 struct WatchState {
+    const std::atomic<bool> *interrupted = nullptr;
     std::string buffer;
     bool want_put = false, want_delete = false;
     bool matched = false;
@@ -469,7 +477,18 @@ size_t on_watch_bytes(char *data, size_t size, size_t n, void *user) {
     return size * n;
 }
 
+// libcurl's progress callback, called about once a second and on every chunk: a non-zero answer
+// aborts the transfer, so an interrupt ends an idle watch at once.
+int on_watch_progress(void *user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
+    return static_cast<WatchState *>(user)->interrupted->load() ? 1 : 0;
+}
+
 }  // namespace
+
+void Client::interrupt() {
+    interrupted_ = true;
+    cv_.notify_all();
+}
 
 bool Client::watch_once(const std::string &key, const std::string &range_end, int64_t start_revision, bool want_put,
                         bool want_delete, uint64_t deadline_ns) {
@@ -486,6 +505,7 @@ bool Client::watch_once(const std::string &key, const std::string &range_end, in
     CURL *h = curl_easy_init();
     if (!h) fail(SG_ERR_NO_MEMORY, "curl_easy_init failed");
     WatchState w;
+    w.interrupted = &interrupted_;
     w.want_put = want_put;
     w.want_delete = want_delete;
     const std::string url = options_.endpoints[idx] + "/v3/watch";
@@ -498,10 +518,14 @@ bool Client::watch_once(const std::string &key, const std::string &range_end, in
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_watch_bytes);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, &w);
+    curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_watch_progress);
+    curl_easy_setopt(h, CURLOPT_XFERINFODATA, &w);
     requests_++;
     const CURLcode rc = curl_easy_perform(h);
     curl_easy_cleanup(h);
     if (w.matched) return true;
+    if (interrupted_) return false;
     if (rc != CURLE_OK && rc != CURLE_OPERATION_TIMEDOUT && !w.canceled) {
         // This member went away mid-watch: the next read goes to another one.
         std::lock_guard lock(mu_);

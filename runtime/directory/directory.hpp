@@ -88,6 +88,10 @@ class Client {
     // The oldest session request to `name`, taken out of the inbox (deleted); nullopt at the deadline.
     std::optional<InboxEntry> take_request(const std::string &name, uint64_t deadline_ns);
 
+    // Ends the waits in progress (wait, take_request) and every later one at once, as at their
+    // deadline: for the owner that is about to destroy the client from another thread.
+    void interrupt();
+
     Stats stats() const;
     const Options &options() const { return options_; }
 
@@ -108,6 +112,7 @@ class Client {
     std::map<std::string, std::vector<uint8_t>> published_;  // engines/<name> -> blob, re-put on a new lease
     size_t preferred_ = 0;                              // the member that answered last
     bool stopping_ = false;
+    std::atomic<bool> interrupted_{false};
     std::thread keepalive_;
     std::atomic<uint64_t> requests_{0}, failovers_{0}, keepalives_{0}, leases_granted_{0};
 };

@@ -3,6 +3,7 @@
 //   OUT_DIR/handlers   raw-mode inputs (length-prefixed frames a prefill or decode peer sends, named
 //                      after fuzz_handlers' fixture) and structured-mode starters
 //   OUT_DIR/metadata   real metadata blobs of a keyed and a keyless context, and a Hello to be signed
+//   OUT_DIR/directory_json  answers of etcd's gateway, as the directory reads them
 //   OUT_DIR/profile    the shipped profiles (REPO_ROOT/examples/disagg/data/profile-*.json), the
 //                      example of docs/profiles.md and the canonical default
 //   OUT_DIR/bootstrap  real handshake transcripts, recorded between two contexts through a relay
@@ -344,6 +345,30 @@ void profile_seeds(const fs::path &root) {
                       R"("heads":[{"head":0,"policy":"sinks_recent"}]}]})"));
 }
 
+// ---- etcd answers ----------------------------------------------------------------------------------
+
+// What etcd 3.4's gateway answered the directory's calls (captured from a real member): a lease
+// grant and keep-alive, a range with and without kvs, a watch stream with a put and a delete, and
+// an error.
+void directory_json_seeds() {
+    const std::string header = R"("header":{"cluster_id":"324952591200643719","member_id":"3319814642761637952",)"
+                               R"("revision":"3","raft_term":"2"})";
+    write("directory_json", "lease-grant.json", "{" + header + R"(,"ID":"2324035766029560581","TTL":"2"})");
+    write("directory_json", "keepalive.json", R"({"result":{)" + header + R"(,"ID":"2324035766029560583","TTL":"2"}})");
+    write("directory_json", "range-empty.json", "{" + header + "}");
+    write("directory_json", "range.json",
+          "{" + header +
+              R"(,"kvs":[{"key":"L3NtYXJ0Z2VuL2VuZ2luZXMvcHJlZmlsbC0w","create_revision":"2","mod_revision":"2",)"
+              R"("version":"1","value":"U0dXMQEAAwAB","lease":"2324035766029560581"}],"count":"1"})");
+    write("directory_json", "watch.json",
+          R"({"result":{)" + header + R"(,"created":true}})" "\n" R"({"result":{)" + header +
+              R"(,"events":[{"kv":{"key":"Zm9v","create_revision":"2","mod_revision":"2","version":"1","value":"YmFy"}}]}})"
+              "\n" R"({"result":{)" + header + R"(,"events":[{"type":"DELETE","kv":{"key":"Zm9v","mod_revision":"3"}}]}})");
+    write("directory_json", "error.json",
+          R"({"error":"etcdserver: requested lease not found","message":"etcdserver: requested lease not found","code":5})");
+    write("directory_json", "escapes.json", R"({"a":"\u00e9\ud83d\ude00\n\"","b":[1,-2.5e3,true,false,null,{}]})");
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -361,6 +386,7 @@ int main(int argc, char **argv) {
     metadata_seeds(*keyed, *open);
     profile_seeds(root);
     bootstrap_seeds();
-    std::printf("fuzz_seeds: wrote %s/{wire,handlers,metadata,profile,bootstrap}\n", g_out.c_str());
+    directory_json_seeds();
+    std::printf("fuzz_seeds: wrote %s/{wire,handlers,metadata,profile,bootstrap,directory_json}\n", g_out.c_str());
     return 0;
 }

@@ -7,6 +7,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -91,6 +92,9 @@ class EtcdCluster {
         const bool existing = access(data.c_str(), F_OK) == 0;
         const pid_t pid = fork();
         if (pid == 0) {
+            // A test killed by its timeout must not leave members running (they would load every
+            // later test): they die with the test process.
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
             FILE *f = std::freopen(log.c_str(), "a", stderr);
             (void)f;
             (void)!dup2(2, 1);
