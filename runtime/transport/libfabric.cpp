@@ -392,10 +392,16 @@ class LibfabricTransport final : public Transport {
     }
 
   private:
-    // SG_FI_HMEM=0 keeps device pools off the provider even where it offers FI_HMEM (staged instead).
-    static bool hmem_wanted() {
+    // FI_HMEM is asked of the GPUDirect RDMA providers (verbs, EFA) only: shm and tcp report it
+    // too, for host memory alone where libfabric is built without CUDA (Debian's), and opening them
+    // with it changes their protocols for host pools (shm's then held sockets a soak counted as
+    // leaked, and slowed scattered writes until transfers timed out). SG_FI_HMEM=0 asks no provider,
+    // SG_FI_HMEM=1 every one.
+    static bool hmem_wanted(const std::string &prov) {
         const char *env = std::getenv("SG_FI_HMEM");
-        return !env || std::strcmp(env, "0") != 0;
+        if (env && std::strcmp(env, "0") == 0) return false;
+        if (env && std::strcmp(env, "1") == 0) return true;
+        return prov.rfind("verbs", 0) == 0 || prov.rfind("efa", 0) == 0;
     }
     // Providers report FI_LOCAL_COMM / FI_REMOTE_COMM only when asked (shm reports neither by
     // default), so ask: does the provider offer an RDM endpoint that talks to other hosts?
@@ -418,10 +424,9 @@ class LibfabricTransport final : public Transport {
         fi_info *list = nullptr;
         int rc = -FI_ENODATA;
         // Device memory by RMA (GPUDirect) where the provider offers it: ask for FI_HMEM first, and
-        // open without it when the provider has none (tcp and shm as Debian builds them), so a host
-        // pool never depends on it. FI_MR_HMEM: device buffers then need their local descriptor,
-        // which every write passes anyway.
-        if (hmem_wanted()) {
+        // open without it when the provider has none, so a host pool never depends on it.
+        // FI_MR_HMEM: device buffers then need their local descriptor, which every write passes.
+        if (hmem_wanted(prov)) {
             InfoPtr hmem_hints = make_hints();
             hmem_hints->caps |= FI_HMEM;
             hmem_hints->domain_attr->mr_mode |= FI_MR_HMEM;
