@@ -425,7 +425,8 @@ std::optional<InboxEntry> Client::take_request(const std::string &name, uint64_t
             // Whoever deletes it takes it: two takers of one inbox never get the same request.
             const Response d = call("/v3/kv/deleterange", "{\"key\":" + b64(kvs[0].first) + "}",
                                     now_ns() + uint64_t(options_.request_timeout_ms) * 1000000);
-            const json::Value *deleted = parse_or_fail(d.body, "deleterange").get("deleted");
+            const json::Value answer = parse_or_fail(d.body, "deleterange");
+            const json::Value *deleted = answer.get("deleted");
             if (deleted && deleted->as_int().value_or(0) > 0)
                 return InboxEntry{kvs[0].first.substr(dir.size()),
                                   std::vector<uint8_t>(kvs[0].second.begin(), kvs[0].second.end())};
