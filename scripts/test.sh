@@ -9,7 +9,7 @@
 #            bootstrap and recovery tests) carry RUN_SERIAL and run alone.
 #   fuzz     scripts/fuzz.sh builds the libFuzzer fuzzers (clang, ASan + UBSan) and runs each for
 #            9 s from its committed seeds (fixed -seed, corpus in a temporary copy)
-#   asan     asan preset: AddressSanitizer + LeakSanitizer, every test but bench and layering (the
+#   asan     asan preset: AddressSanitizer + LeakSanitizer, every test but bench, layering and scale (the
 #            benches measure nothing useful under ASan; the layering is the same include graph),
 #            in parallel; then smartgen-soak --short (several processes, cancels, SIGKILL + restart,
 #            LeakSanitizer at every worker's exit) with the RSS bound raised for ASan's quarantine
@@ -115,7 +115,9 @@ run_asan_phase() {
   # test with a core-less abort instead of a plain exit code that a harness might ignore.
   ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:check_initialization_order=1${ASAN_OPTIONS:+:$ASAN_OPTIONS}" \
   LSAN_OPTIONS="print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}" \
-    preset_build_and_test asan -LE 'bench|layering|soak' &&
+    # The directory's fleet test (label scale: 32 contexts and three etcd members) runs in the
+    # release phase; here the directory_tests put its code under the sanitizers.
+    preset_build_and_test asan -LE 'bench|layering|soak|scale' &&
     # The soak's short form with LeakSanitizer in every worker; ASan's quarantine keeps freed memory,
     # so the RSS growth bound is raised as docs/soak.md says (everything else is checked as in release).
     "$ROOT/${BUILD_PREFIX}asan/tools/soak/smartgen-soak" --short --rss-bound-mib 512
