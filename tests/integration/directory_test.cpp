@@ -107,36 +107,30 @@ struct SmallPool {
     bool same(const SmallPool &o) const { return k == o.k && v == o.v; }
 };
 
-// One full transfer over an open session pair: prefill posts its pool, decode expects into its own.
-sg_status_t post_all(sg_context_t ctx, sg_session_t s, SmallPool &pool, const char *rid) {
+// One full transfer over an open session pair: prefill posts its pool (post), decode expects into its
+// own; either side registers and exports its pool first and waits for the transfer to end.
+sg_status_t transfer_all(sg_context_t ctx, sg_session_t s, SmallPool &pool, const char *rid, bool post) {
     sg_kv_handle_t kv = nullptr;
     if (sg_kv_register(ctx, &pool.layout, &kv, nullptr) != SG_OK) return SG_ERR_INTERNAL;
     if (sg_session_export_kv(s, kv) != SG_OK) return SG_ERR_INTERNAL;
     std::vector<uint32_t> blocks(SmallPool::kBlocks);
     for (uint32_t i = 0; i < blocks.size(); ++i) blocks[i] = i;
+    const uint64_t tokens = SmallPool::kBlocks * SmallPool::kTpb;
     sg_transfer_options_t o;
     sg_transfer_options_init(&o);
     o.flags = SG_TRANSFER_ALL_LAYERS_WRITTEN;
     sg_transfer_t x = nullptr;
-    sg_status_t st = sg_transfer_post(s, rid, kv, blocks.data(), blocks.size(), SmallPool::kBlocks * SmallPool::kTpb,
-                                      &o, &x, nullptr);
+    sg_status_t st = post ? sg_transfer_post(s, rid, kv, blocks.data(), blocks.size(), tokens, &o, &x, nullptr)
+                          : sg_transfer_expect(s, rid, kv, blocks.data(), blocks.size(), tokens, nullptr, &x, nullptr);
     if (st == SG_OK) st = sg_transfer_wait(x, 30 * kSecond);
     sg_transfer_release(x);
     return st;
 }
-
+sg_status_t post_all(sg_context_t ctx, sg_session_t s, SmallPool &pool, const char *rid) {
+    return transfer_all(ctx, s, pool, rid, true);
+}
 sg_status_t expect_all(sg_context_t ctx, sg_session_t s, SmallPool &pool, const char *rid) {
-    sg_kv_handle_t kv = nullptr;
-    if (sg_kv_register(ctx, &pool.layout, &kv, nullptr) != SG_OK) return SG_ERR_INTERNAL;
-    if (sg_session_export_kv(s, kv) != SG_OK) return SG_ERR_INTERNAL;
-    std::vector<uint32_t> blocks(SmallPool::kBlocks);
-    for (uint32_t i = 0; i < blocks.size(); ++i) blocks[i] = i;
-    sg_transfer_t x = nullptr;
-    sg_status_t st = sg_transfer_expect(s, rid, kv, blocks.data(), blocks.size(), SmallPool::kBlocks * SmallPool::kTpb,
-                                        nullptr, &x, nullptr);
-    if (st == SG_OK) st = sg_transfer_wait(x, 30 * kSecond);
-    sg_transfer_release(x);
-    return st;
+    return transfer_all(ctx, s, pool, rid, false);
 }
 
 class Directory : public ::testing::Test {
