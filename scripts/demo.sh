@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# SmartGen demo for a fresh Debian 12. Installs what it needs (scripts/setup-deps.sh: apt-get, root or
-# sudo), builds the release preset (quietly: the build log is shown only when the build fails), runs
+# SmartGen demo for a fresh Debian 12, from a clone with nothing beside it. Installs what it needs
+# (scripts/setup-deps.sh --for demo: the build's packages, jq, iproute2; apt-get, root or sudo), builds
+# smartgen-disagg with the demo preset (release, no tests or bindings; quietly: the build log is shown
+# only when the build fails), runs
 # smartgen-disagg (examples/disagg/README.md) in nine configurations and prints two tables of what
 # each run measured, every value parsed from that run's --json output:
 #
-#   stories260K (the real model, 100-token prompt, 64 new tokens; ../shared/models/stories260K.bin):
+#   stories260K (the real model, 100-token prompt, 64 new tokens; examples/models/stories260K.bin):
 #     colocated                 one process, no transfer: the reference tokens
 #     full, after prefill       --mode full --full-stream off: the whole KV moves once prefill is done
 #     full, streamed            --mode full --full-stream on: the whole KV moves layer by layer
@@ -48,8 +50,8 @@
 #                            selective-sparse, emu-full-after, emu-full-streamed, emu-selective,
 #                            emu-selective-sparse, link-full-streamed, link-selective (default: all;
 #                            the colocated run is always made, as the token reference)
-#       --no-build           skip set-up and build; run smartgen-disagg as it is in build/release (or
-#                            in $SMARTGEN_BUILD_DIR)
+#       --no-build           skip set-up and build; run smartgen-disagg as it is in build/demo (or
+#                            in $SMARTGEN_BUILD_DIR, e.g. build/release)
 #   scripts/demo.sh kv [ARGS...]
 #       the previous demo, smartgen-kv-demo: a Llama-3-8B-shaped KV cache moved between two processes,
 #       next to a plain TCP stream (ARGS: --tokens N, --layers N, --iters N, --provider NAME,
@@ -57,33 +59,37 @@
 #   scripts/demo.sh --help
 #
 # Environment: SMARTGEN_BUILD_JOBS (parallel build jobs, default nproc); SMARTGEN_BUILD_DIR (with
-# --no-build: an already built build directory instead of build/release).
+# --no-build: an already built build directory instead of build/demo).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; }
 
-# build TARGET: configures and builds the release preset's TARGET; the log is printed only on failure.
+# build TARGET: configures and builds the demo preset's TARGET; the log is printed only on failure.
 build() {
-  local target=$1 log
-  bash scripts/setup-deps.sh >/dev/null
+  local target=$1 log t0
+  t0=$(date +%s)
+  echo "demo.sh: installing what the demo needs (scripts/setup-deps.sh --for demo)" >&2
+  bash scripts/setup-deps.sh --for demo >/dev/null
+  echo "demo.sh: building $target (cmake --preset demo; about 3 minutes on 2 cores the first time)" >&2
   log=$(mktemp)
-  if ! { cmake --preset release &&
-         cmake --build --preset release --parallel "${SMARTGEN_BUILD_JOBS:-$(nproc)}" --target "$target"; } \
+  if ! { cmake --preset demo &&
+         cmake --build --preset demo --parallel "${SMARTGEN_BUILD_JOBS:-$(nproc)}" --target "$target"; } \
       >"$log" 2>&1; then
     cat "$log" >&2
     rm -f "$log"
-    echo "demo.sh: building $target (release preset) failed" >&2
+    echo "demo.sh: building $target (demo preset) failed" >&2
     exit 1
   fi
   rm -f "$log"
+  echo "demo.sh: set-up and build took $(( $(date +%s) - t0 )) s" >&2
 }
 
 if [[ ${1:-} == kv ]]; then
   shift
   build smartgen-kv-demo
-  exec build/release/examples/smartgen-kv-demo "$@"
+  exec build/demo/examples/smartgen-kv-demo "$@"
 fi
 
 provider=() budget=0.125 emu_tokens=8192 do_build=1
@@ -162,7 +168,7 @@ if [[ " ${selected[*]} " == *" link-"* ]]; then
   fi
 fi
 
-BIN=build/release/examples/disagg/smartgen-disagg
+BIN=build/demo/examples/disagg/smartgen-disagg
 [[ $do_build -eq 0 && -n ${SMARTGEN_BUILD_DIR:-} ]] && BIN=$SMARTGEN_BUILD_DIR/examples/disagg/smartgen-disagg
 if [[ $do_build -eq 1 ]]; then
   build smartgen-disagg

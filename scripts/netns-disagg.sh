@@ -184,8 +184,22 @@ SG_AUTH_KEY_FILE=$key ip netns exec sg-decode "$BIN" --role decode --peer "$ADDR
 decode_pid=$!
 pids+=("$decode_pid")
 prc=0 drc=0
+# A decode side that fails before it connects cannot tell the prefill side (one that fails later sends
+# FAIL with its reason): stop the prefill side at once instead of letting it wait out its timeout.
+while kill -0 "$prefill_pid" 2>/dev/null; do
+  if ! kill -0 "$decode_pid" 2>/dev/null; then
+    wait "$decode_pid" || drc=$?
+    decode_pid=
+    if [[ $drc -ne 0 ]]; then
+      sleep 1  # a FAIL just sent is read and reported by the prefill side itself
+      kill "$prefill_pid" 2>/dev/null || true
+    fi
+    break
+  fi
+  sleep 0.1
+done
 wait "$prefill_pid" || prc=$?
-wait "$decode_pid" || drc=$?
+[[ -n $decode_pid ]] && { wait "$decode_pid" || drc=$?; }
 pids=()
 read -r b1 p1 d1 o1 < <(qdisc_counters)
 if [[ $prc -ne 0 || $drc -ne 0 ]]; then

@@ -9,7 +9,8 @@
 #   --no-build     use the binary already built
 #   --output FILE  write there instead of docs/quality.md ("-" = stdout)
 # Environment:
-#   SMARTGEN_MODEL       the checkpoint (default: ../shared/models/stories260K.bin beside the repository)
+#   SMARTGEN_MODEL       the checkpoint (default: examples/models/stories260K.bin in the repository,
+#                        or $SMARTGEN_MODEL_DIR/stories260K.bin)
 #   SMARTGEN_BUILD_DIR   an already configured build directory to build and run from, instead of the
 #                        release preset's build/release
 #   CMAKE_BUILD_PARALLEL_LEVEL  build jobs (CMake's own variable)
@@ -32,9 +33,10 @@ while [ $# -gt 0 ]; do
     shift
 done
 
-model=${SMARTGEN_MODEL:-$root/../shared/models/stories260K.bin}
+model=${SMARTGEN_MODEL:-${SMARTGEN_MODEL_DIR:-$root/examples/models}/stories260K.bin}
 if [ ! -f "$model" ]; then
-    echo "quality.sh: skipped: no checkpoint at $model (set SMARTGEN_MODEL)" >&2
+    echo "quality.sh: no checkpoint at $model (set SMARTGEN_MODEL or SMARTGEN_MODEL_DIR)" >&2
+    [ "${SMARTGEN_REQUIRE_DATA:-0}" = 1 ] && exit 1
     exit 77
 fi
 model=$(cd "$(dirname "$model")" && pwd)/$(basename "$model")
@@ -81,7 +83,7 @@ if [ -f "$models/retrieval2k.bin" ] && [ -f "$models/retrieval2k-cases.json" ]; 
 ## Supplement: retrieval2k
 
 retrieval2k.bin (4 layers, 4 query heads sharing 2 KV heads of dimension 32, 2048 positions;
-../shared/models/retrieval2k.md) answers a key→value query whose answer depends on a few specific
+examples/models/retrieval2k.md) answers a key→value query whose answer depends on a few specific
 KV entries, so its attention is concentrated. Same sets, oracle and metrics; ${r2k_line#*: }. The
 answer is tokens 1–4; later tokens continue the filler. Command:
 \`smartgen-quality ${r2k_args[*]//$models/$shown_models} --markdown\`.

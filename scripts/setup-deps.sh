@@ -1,27 +1,35 @@
 #!/usr/bin/env bash
-# Installs the Debian packages SmartGen's build and tests need. Idempotent: when every package is
+# Installs the Debian packages SmartGen needs, sized to the job. Idempotent: when every package is
 # already installed (checked with dpkg-query) it does nothing, unless --force is given.
 #
-# Usage: scripts/setup-deps.sh [--force]
+# Usage: scripts/setup-deps.sh [--for demo|test] [--force]
+#   --for demo   what scripts/demo.sh needs: the library's build (compiler, CMake, Ninja, libfabric,
+#                mimalloc, OpenSSL, libcurl, nlohmann-json), jq for its tables, and iproute2 for the
+#                10 Gbit/s rows (network namespaces, tc)
+#   --for test   (default) everything scripts/test.sh runs: the above, GoogleTest, etcd, clang and
+#                libFuzzer, the bindings' languages, the ABI and packaging tools
 set -euo pipefail
 
-PACKAGES=(
+DEMO_PACKAGES=(
   cmake
   ninja-build
   g++
   gcc
   pkg-config
   libfabric-dev
-  libfabric-bin
   libmimalloc-dev
-  libgtest-dev
-  googletest
   libssl-dev
   libcurl4-openssl-dev
-  etcd-server
+  nlohmann-json3-dev
   iproute2
   jq
-  nlohmann-json3-dev
+)
+
+TEST_PACKAGES=(
+  libfabric-bin
+  libgtest-dev
+  googletest
+  etcd-server
   clang-14
   libclang-rt-14-dev
   llvm-14
@@ -45,22 +53,31 @@ PACKAGES=(
   debootstrap
 )
 
-# Rust: a toolchain already on PATH (or rustup's in ~/.cargo/bin) is used as it is; otherwise
-# Debian's (rustc 1.63, the bindings' minimum).
-if ! command -v cargo >/dev/null 2>&1 && [[ ! -x "$HOME/.cargo/bin/cargo" ]]; then
-  PACKAGES+=(cargo rustc)
-fi
-
-force=0
-for arg in "$@"; do
-  case "$arg" in
-    --force) force=1 ;;
+force=0 job=test
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --force) force=1; shift ;;
+    --for)
+      [[ $# -ge 2 && ( $2 == demo || $2 == test ) ]] || { echo "$0: --for needs demo or test" >&2; exit 2; }
+      job=$2; shift 2 ;;
     -h|--help)
-      echo "usage: $0 [--force]   (installs: ${PACKAGES[*]})"
+      echo "usage: $0 [--for demo|test] [--force]"
+      echo "  demo installs: ${DEMO_PACKAGES[*]}"
+      echo "  test installs those and: ${TEST_PACKAGES[*]} (and cargo rustc without a Rust toolchain)"
       exit 0 ;;
-    *) echo "$0: unknown argument '$arg'" >&2; exit 2 ;;
+    *) echo "$0: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
+
+PACKAGES=("${DEMO_PACKAGES[@]}")
+if [[ $job == test ]]; then
+  PACKAGES+=("${TEST_PACKAGES[@]}")
+  # Rust: a toolchain already on PATH (or rustup's in ~/.cargo/bin) is used as it is; otherwise
+  # Debian's (rustc 1.63, the bindings' minimum).
+  if ! command -v cargo >/dev/null 2>&1 && [[ ! -x "$HOME/.cargo/bin/cargo" ]]; then
+    PACKAGES+=(cargo rustc)
+  fi
+fi
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do
@@ -71,7 +88,7 @@ for pkg in "${PACKAGES[@]}"; do
 done
 
 if [[ $force -eq 0 && ${#missing[@]} -eq 0 ]]; then
-  echo "setup-deps: all ${#PACKAGES[@]} packages already installed"
+  echo "setup-deps: all ${#PACKAGES[@]} packages for the $job already installed"
   exit 0
 fi
 

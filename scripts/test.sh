@@ -6,7 +6,9 @@
 #            by the build, tests/layering), soak (smartgen-soak --short) and bench (the --quick runs
 #            of smartgen-bench xfer|ttst|cold and smartgen-microbench select|plan: the only place
 #            the benches run). Tests that measure time (bench, soak, deadlines, the timed failure,
-#            bootstrap and recovery tests) carry RUN_SERIAL and run alone.
+#            bootstrap and recovery tests) carry RUN_SERIAL and run alone. Then the model and
+#            quality tests (MODEL_TESTS below) and scripts/demo.sh, from a view in which the repository
+#            has nothing beside it (scripts/isolated.sh): what they read must be in the clone.
 #   fuzz     scripts/fuzz.sh builds the libFuzzer fuzzers (clang, ASan + UBSan) and runs each for
 #            9 s from its committed seeds (fixed -seed, corpus in a temporary copy)
 #   asan     asan preset: AddressSanitizer + LeakSanitizer, every test but bench, layering and scale (the
@@ -30,6 +32,7 @@
 #   SMARTGEN_BUILD_PREFIX build trees go to <prefix><preset> (default build/, the presets' own
 #                         binaryDir; e.g. build/mine- for a tree of one's own)
 #   SMARTGEN_PHASES       the phases to run, in order (default "deps release fuzz asan tsan package")
+# Every phase runs with SMARTGEN_REQUIRE_DATA=1: a test whose checkpoint or cases are missing fails.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -100,8 +103,31 @@ run_deps_phase() {
 
 run_release_phase() {
   # The interop matrix fails, instead of skipping, when a language's launcher is missing: this
-  # script installed every language's tools.
-  SMARTGEN_INTEROP_REQUIRE_ALL=1 preset_build_and_test release
+  # script installed every language's tools. The model tests run next, apart.
+  SMARTGEN_INTEROP_REQUIRE_ALL=1 preset_build_and_test release -E "$MODEL_TESTS" &&
+    run_out_of_the_box
+}
+
+# The tests that read the checkpoints (examples/models) or run smartgen-disagg: the engine, quality,
+# calibration and selective-run tests (disagg.*), the two-process comparisons (example.disagg.*) and
+# the checksums (models.*). A regular expression, not a label: labels given to gtest_discover_tests
+# cannot hold a list.
+MODEL_TESTS='^(disagg|example\.disagg|models)\.'
+
+# The model and quality tests and the demo, from a view of the repository with nothing beside it
+# (scripts/isolated.sh: a private mount namespace; needs root, which CI has): a default path that
+# leads outside the repository fails here. Without root (a developer's own run) they run in place.
+run_out_of_the_box() {
+  local dir="$ROOT/${BUILD_PREFIX}release" wrap=()
+  if [[ $(id -u) -eq 0 ]] && command -v unshare >/dev/null; then
+    wrap=(bash "$ROOT/scripts/isolated.sh")
+  else
+    echo "test.sh: not root: the model tests and the demo run beside whatever is next to this clone" >&2
+  fi
+  # shellcheck disable=SC2086 # word splitting of SMARTGEN_CTEST_ARGS is intended
+  "${wrap[@]}" ctest --test-dir "$dir" --output-on-failure --no-tests=error -j "$CTEST_JOBS" \
+    ${SMARTGEN_CTEST_ARGS:-} -R "$MODEL_TESTS" &&
+    SMARTGEN_BUILD_DIR=$dir "${wrap[@]}" bash scripts/demo.sh --no-build
 }
 
 # Six fuzzers x 9 s (scripts/fuzz.sh, docs/fuzzing.md; about 55 s once built): any crash, leak or
@@ -110,14 +136,15 @@ run_fuzz_phase() {
   SG_FUZZ_FRESH=1 SG_FUZZ_SEED=1 bash "$ROOT/scripts/fuzz.sh" 9
 }
 
+# The sanitizers' options come from scripts/sanitizer-env.sh (sourced in the phase's subshell), the one
+# place they are set; the test sanitizer.options_reach_tests fails the phase when they do not reach
+# the test processes (a comment line inside a backslash-continued command once dropped them).
 run_asan_phase() {
-  # detect_leaks: LeakSanitizer at exit of every test process; abort_on_error: a report fails the
-  # test with a core-less abort instead of a plain exit code that a harness might ignore.
-  ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:check_initialization_order=1${ASAN_OPTIONS:+:$ASAN_OPTIONS}" \
-  LSAN_OPTIONS="print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}" \
-    # The directory's fleet test (label scale: 32 contexts and three etcd members) runs in the
-    # release phase; here the directory_tests put its code under the sanitizers.
-    preset_build_and_test asan -LE 'bench|layering|soak|scale' &&
+  # shellcheck source=scripts/sanitizer-env.sh
+  . "$ROOT/scripts/sanitizer-env.sh"
+  # The directory's fleet test (label scale: 32 contexts and three etcd members) runs in the release
+  # phase; here the directory_tests put its code under the sanitizers.
+  preset_build_and_test asan -LE 'bench|layering|soak|scale' &&
     # The soak's short form with LeakSanitizer in every worker; ASan's quarantine keeps freed memory,
     # so the RSS growth bound is raised as docs/soak.md says (everything else is checked as in release).
     "$ROOT/${BUILD_PREFIX}asan/tools/soak/smartgen-soak" --short --rss-bound-mib 512
@@ -139,10 +166,11 @@ run_asan_phase() {
 # set 2 s in their options): a later run lost sessions in six tests to the 2 s timeout, two of them
 # twice.
 run_tsan_phase() {
+  # shellcheck source=scripts/sanitizer-env.sh
+  . "$ROOT/scripts/sanitizer-env.sh"
   SG_PEER_TIMEOUT_MS=10000 \
-  TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:die_after_fork=0${TSAN_OPTIONS:+:$TSAN_OPTIONS}" \
     preset_build_and_test tsan --targets "integration_tests link_peer" \
-      -R '^(Concurrency|Session|Failure|Paths|Bootstrap|Reconnect|GracefulClose)\.|^KvPairTcp\.ARail' \
+      -R '^(Concurrency|Session|Failure|Paths|Bootstrap|Reconnect|GracefulClose)\.|^KvPairTcp\.ARail|^sanitizer\.' \
       --repeat until-pass:2
 }
 
@@ -162,6 +190,10 @@ run_package_phase() {
     fi
   done
 }
+
+# A test that needs a checkpoint or case file fails, instead of skipping, when it is missing
+# (examples/models/README.md): the repository carries them, so a missing one is a defect.
+export SMARTGEN_REQUIRE_DATA=1
 
 TOTAL_START=$(now_ms)
 for phase in ${SMARTGEN_PHASES:-deps release fuzz asan tsan package}; do

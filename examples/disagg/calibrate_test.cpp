@@ -1,10 +1,12 @@
 // Tests of examples/disagg/calibrate (attention statistics), of tools/smartgen-profile (statistics ->
 // selection profile) and of the data shipped in examples/disagg/data.
 //
-// Checkpoints come from $SMARTGEN_MODEL_DIR, else SMARTGEN_DEFAULT_MODEL_DIR (../shared/models); tests
-// that need one are skipped, with the reason, when it is missing. The tool tests run the built
+// Checkpoints come from $SMARTGEN_MODEL_DIR, else the repository's examples/models (model_files.hpp);
+// tests that need one are skipped, with the reason, when it is missing (a failure under
+// SMARTGEN_REQUIRE_DATA=1). The tool tests run the built
 // smartgen-profile (SMARTGEN_PROFILE_TOOL) and are skipped when tools are not built.
 #include "calibrate.hpp"
+#include "model_files.hpp"
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -26,17 +28,11 @@ using namespace sg::disagg;
 
 namespace {
 
-std::string model_dir() {
-    const char* env = std::getenv("SMARTGEN_MODEL_DIR");
-    return env && *env ? env : SMARTGEN_DEFAULT_MODEL_DIR;
-}
-std::string model_path(const char* name) { return (fs::path(model_dir()) / name).string(); }
+std::string model_path(const char* name) { return model_files::path(name); }
 std::string data_path(const char* name) { return (fs::path(SMARTGEN_DISAGG_DATA_DIR) / name).string(); }
 
-#define LOAD_MODEL_OR_SKIP(var, name)                                                                  \
-    if (!fs::exists(model_path(name)))                                                                 \
-        GTEST_SKIP() << name << " not found at " << model_path(name)                                   \
-                     << " (set SMARTGEN_MODEL_DIR to the directory holding the llama2.c checkpoints)"; \
+#define LOAD_MODEL_OR_SKIP(var, name)    \
+    SG_NEED_DATA_FILE(model_path(name)); \
     const Model var = Model::load(model_path(name))
 
 std::string read_file(const std::string& path) {
@@ -238,7 +234,7 @@ TEST(Data, PromptsFileIsWellFormed) {
 }
 
 TEST(Data, SamplerReproducesThePromptsFile) {
-    if (!fs::exists(model_path("stories260K.bin"))) GTEST_SKIP() << "stories260K.bin not found in " << model_dir();
+    SG_NEED_DATA_FILE(model_path("stories260K.bin"));
     TempDir tmp;
     const auto r = run(std::string(SMARTGEN_SAMPLE_TOOL) + " --model " + model_path("stories260K.bin") +
                            " --count 12 --min 128 --max 480 --seed-base 1 --out " + (tmp / "p.json"),

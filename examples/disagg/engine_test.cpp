@@ -4,9 +4,11 @@
 // itself (prefill vs decode, paged vs contiguous, dtypes, attend sets, hooks, parallel on-demand
 // attention against the unsplit step).
 //
-// Checkpoints come from $SMARTGEN_MODEL_DIR, else SMARTGEN_DEFAULT_MODEL_DIR (../shared/models);
-// a test whose checkpoint is missing is skipped with the path it looked at.
+// Checkpoints come from $SMARTGEN_MODEL_DIR, else the repository's examples/models (model_files.hpp);
+// a test whose checkpoint is missing is skipped with the path it looked at, or fails under
+// SMARTGEN_REQUIRE_DATA=1 (scripts/test.sh, CI).
 #include "engine.hpp"
+#include "model_files.hpp"
 
 #include <gtest/gtest.h>
 #include <smartgen/smartgen.h>
@@ -33,17 +35,10 @@ namespace {
 using namespace sg::disagg;
 namespace fs = std::filesystem;
 
-std::string model_dir() {
-    const char* env = std::getenv("SMARTGEN_MODEL_DIR");
-    return env && *env ? env : SMARTGEN_DEFAULT_MODEL_DIR;
-}
+std::string model_path(const char* name) { return model_files::path(name); }
 
-std::string model_path(const char* name) { return (fs::path(model_dir()) / name).string(); }
-
-#define LOAD_OR_SKIP(var, name)                                                                        \
-    if (!fs::exists(model_path(name)))                                                                 \
-        GTEST_SKIP() << name << " not found at " << model_path(name)                                   \
-                     << " (set SMARTGEN_MODEL_DIR to the directory holding the llama2.c checkpoints)"; \
+#define LOAD_OR_SKIP(var, name)              \
+    SG_NEED_DATA_FILE(model_path(name));     \
     const Model var = Model::load(model_path(name))
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -431,8 +426,9 @@ TEST(Reference, Stories260KMatchesRunC) {
 
 TEST(Reference, Retrieval2kMatchesRunC) {
     LOAD_OR_SKIP(m, "retrieval2k.bin");
+    SG_NEED_DATA_FILE(model_path("retrieval2k-cases.json"));
     std::ifstream in(model_path("retrieval2k-cases.json"));
-    if (!in) GTEST_SKIP() << "retrieval2k-cases.json not found in " << model_dir();
+    ASSERT_TRUE(in) << "cannot read " << model_path("retrieval2k-cases.json");
     const auto cases = nlohmann::json::parse(in);
     // The shortest case keeps the scalar reference quick.
     size_t best = 0;
@@ -1194,8 +1190,9 @@ std::vector<int> reference_answer(const Model& m, const std::vector<int>& prompt
 
 TEST(Retrieval2k, GreedyAnswersOnAllCases) {
     LOAD_OR_SKIP(m, "retrieval2k.bin");
+    SG_NEED_DATA_FILE(model_path("retrieval2k-cases.json"));
     std::ifstream in(model_path("retrieval2k-cases.json"));
-    if (!in) GTEST_SKIP() << "retrieval2k-cases.json not found in " << model_dir();
+    ASSERT_TRUE(in) << "cannot read " << model_path("retrieval2k-cases.json");
     const auto cases = nlohmann::json::parse(in);
     ASSERT_EQ(cases.size(), 64u);
     // All 64 in optimised builds (about 10 s on one core); every 8th in an unoptimised Debug build

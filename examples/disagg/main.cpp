@@ -49,6 +49,7 @@
 #include "cli.hpp"
 #include "emulate.hpp"
 #include "engine.hpp"
+#include "model_files.hpp"
 #include "pool_layout.hpp"
 #include "proactive_set.hpp"
 
@@ -125,7 +126,14 @@ void progress(const std::string& s) {
     if (!g_quiet) std::fprintf(stderr, "[%s] %s\n", g_role, s.c_str());
 }
 
-[[noreturn]] void fatal(const std::string& s) { throw Fatal(s); }
+// The last fatal error's text: a side that fails after its session is up tells its peer why (FAIL), so the
+// peer stops at once with the reason instead of waiting out its timeout.
+std::string g_last_fatal;
+
+[[noreturn]] void fatal(const std::string& s) {
+    g_last_fatal = s;
+    throw Fatal(s);
+}
 
 void check(sg_status_t st, const char* what, const sg_error_info_t* err = nullptr) {
     if (st == SG_OK) return;
@@ -178,7 +186,7 @@ Msg parse_msg(const std::string& text) {
     const size_t sp = text.find(' ');
     m.kind = text.substr(0, sp);
     m.body = sp == std::string::npos ? "" : text.substr(sp + 1);
-    if (m.kind == "PRF" || m.kind == "TOK") return m;
+    if (m.kind == "PRF" || m.kind == "TOK" || m.kind == "FAIL") return m;
     std::istringstream in(m.body);
     std::string kv;
     while (in >> kv) {
@@ -222,9 +230,34 @@ struct Link {
     int evfd = -1;
     int timeout_s = 120;
 
+  private:
+    const int uncaught_at_start_ = std::uncaught_exceptions();
+
+  public:
+
     uint64_t timeout_ns() const { return uint64_t(timeout_s) * 1000000000ull; }
 
+    Link() = default;
+    Link(const Link&) = delete;
+    Link& operator=(const Link&) = delete;
+
     ~Link() {
+        // Unwinding from a failure: the peer learns why before the session goes (best effort; a
+        // session that is already lost drops it).
+        if (session && std::uncaught_exceptions() > uncaught_at_start_) {
+            // The peer may have failed first and said why: its reason explains this side's error
+            // (a wait that saw the session end, say), so it is shown beside it.
+            std::vector<char> buf(SG_NOTIFY_MAX + 1);
+            size_t len = 0;
+            while (sg_session_next_notification(session, buf.data(), buf.size(), &len) == SG_OK)
+                if (len > 5 && std::memcmp(buf.data(), "FAIL ", 5) == 0)
+                    std::fprintf(stderr, "smartgen-disagg [%s]: the peer stopped first: %.*s\n", g_role,
+                                 int(len - 5), buf.data() + 5);
+            const std::string why =
+                "FAIL " + std::string(g_role) + " side: " + (g_last_fatal.empty() ? "failed" : g_last_fatal);
+            sg_session_notify(session, why.data(), std::min<size_t>(why.size(), SG_NOTIFY_MAX));
+            sg_session_close(session, 1000000000ull);
+        }
         // Reverse order of creation: a handle goes before what it uses. Errors are ignored here:
         // the orderly path (finish()) already reported them.
         sg_transfer_release(xfer);
@@ -251,7 +284,7 @@ struct Link {
         for (;;) {
             size_t len = 0;
             const sg_status_t st = sg_session_next_notification(session, buf.data(), buf.size(), &len);
-            if (st == SG_OK) return parse_msg(std::string(buf.data(), len));
+            if (st == SG_OK) return checked_msg(std::string(buf.data(), len), waiting_for);
             if (st != SG_ERR_AGAIN) check(st, "sg_session_next_notification");
             sg_status_t health = SG_OK;
             char msg[256] = "";
@@ -259,7 +292,7 @@ struct Link {
             // The peer's last message can become readable after its close is seen (the prefill side
             // closes right after BYE): read once more before calling the session failed.
             if (health != SG_OK && sg_session_next_notification(session, buf.data(), buf.size(), &len) == SG_OK)
-                return parse_msg(std::string(buf.data(), len));
+                return checked_msg(std::string(buf.data(), len), waiting_for);
             if (health != SG_OK)
                 fatal(fmt("waiting for %s: the session failed: %s%s%s", waiting_for, sg_status_str(health),
                           msg[0] ? ": " : "", msg));
@@ -284,6 +317,13 @@ struct Link {
                 }
             }
         }
+    }
+
+    // A message, unless it is the peer's FAIL: then this side stops with the peer's reason.
+    static Msg checked_msg(const std::string& text, const char* waiting_for) {
+        Msg m = parse_msg(text);
+        if (m.kind == "FAIL") fatal(fmt("waiting for %s: the peer stopped: %s", waiting_for, m.body.c_str()));
+        return m;
     }
 
     Msg expect_msg(const char* kind, const std::function<bool()>& idle = {}) {
@@ -1279,28 +1319,37 @@ std::vector<int> sample_prompt(const Model& m, int n, uint64_t seed) {
     return p;
 }
 
-// $SMARTGEN_MODEL, else the source tree's ../shared/models, else ../shared/models from the working
-// directory. Returns "" with `tried` filled when none exists.
+// --model, else $SMARTGEN_MODEL, else $SMARTGEN_MODEL_DIR or the source tree's examples/models, else
+// examples/models from the working directory (an installed binary run in a clone). Returns "" with
+// `tried` filled when none exists.
 std::string resolve_model(const Options& o, std::string& tried) {
-    namespace fs = std::filesystem;
     std::vector<std::string> c;
     if (!o.model.empty()) {
         c.push_back(o.model);
     } else {
-        const char* env = std::getenv("SMARTGEN_MODEL");
-        if (env && *env) {
-            c.push_back(env);
-        } else {
-            c.push_back(SMARTGEN_DEFAULT_MODEL);
-            c.push_back("../shared/models/stories260K.bin");
-        }
+        c.push_back(model_files::stories());
+        if (!std::getenv("SMARTGEN_MODEL")) c.push_back("examples/models/stories260K.bin");
     }
     for (const std::string& p : c) {
-        std::error_code ec;
-        if (fs::is_regular_file(p, ec)) return p;
+        if (model_files::exists(p)) return p;
         tried += (tried.empty() ? "" : ", ") + p;
     }
     return "";
+}
+
+// Thrown when the checkpoint is missing; main_impl turns it into exit 77 (1 under SMARTGEN_REQUIRE_DATA=1).
+struct ModelMissing : Fatal {
+    using Fatal::Fatal;
+};
+
+// The checkpoint resolve_model finds, loaded, or ModelMissing with every path tried.
+std::unique_ptr<Model> load_model(const Options& o) {
+    std::string tried;
+    const std::string path = resolve_model(o, tried);
+    if (path.empty())
+        throw ModelMissing(fmt("model file not found (tried %s); give --model PATH, or %s", tried.c_str(),
+                               model_files::how_to_point()));
+    return std::make_unique<Model>(Model::load(path));
 }
 
 // ---- colocated --------------------------------------------------------------------------------------
@@ -1718,10 +1767,19 @@ int run_decode(const Options& o, const Model* model, const std::string& host, ui
     const RunSpec spec = decode_req(req);
 
     std::unique_ptr<Compute> comp;
+    std::unique_ptr<Model> own_model;
     if (!spec.emu.name.empty()) {
         comp = std::make_unique<EmuCompute>(spec.emu);
     } else {
-        if (!model) fatal("the prefill side runs a real model: give this side --model");
+        if (!model) {  // a decode side started on its own loads the checkpoint only for a real model
+            try {
+                own_model = load_model(o);
+            } catch (const ModelMissing& e) {
+                g_last_fatal = e.what();
+                throw;
+            }
+            model = own_model.get();
+        }
         const Config& c = model->config();
         if (c.n_layers != spec.layers || c.n_kv_heads != spec.kv_heads || c.head_size() != spec.head_dim ||
             c.dim != spec.dim || c.vocab_size != spec.vocab)
@@ -1986,22 +2044,15 @@ int main_impl(int argc, char** argv) {
     prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);  // modelled compute sleeps to the microsecond
 
     try {
-        // The model (not with --emulate, and optional for a decode side whose prefill side emulates).
+        // The model: not with --emulate, and not yet on a decode side started on its own, which learns
+        // from the prefill side's REQ whether it needs one (an emulated run opens no checkpoint).
         std::unique_ptr<Model> model;
         std::string label;
         std::vector<int> prompt;
-        if (o.emulate.empty()) {
+        if (o.emulate.empty() && o.role != Role::kDecode) {
             std::string tried;
             const std::string path = resolve_model(o, tried);
-            if (path.empty()) {
-                std::fprintf(stderr,
-                             "smartgen-disagg: model file not found (tried %s); give --model PATH or set "
-                             "SMARTGEN_MODEL\n",
-                             tried.c_str());
-                return 77;
-            }
-            model = std::make_unique<Model>(Model::load(path));
-            label = path;
+            model = load_model(o);
             const Config& c = model->config();
             label = fmt("%s (dim %d, %d layers, %d heads, %d KV heads, vocab %d)",
                         std::filesystem::path(path).filename().c_str(), c.dim, c.n_layers, c.n_heads, c.n_kv_heads,
@@ -2165,6 +2216,11 @@ int main_impl(int argc, char** argv) {
     } catch (const UsageError& e) {
         std::fprintf(stderr, "smartgen-disagg: %s\n", e.what());
         return 2;
+    } catch (const ModelMissing& e) {
+        const int status = model_files::missing_exit_status();
+        std::fprintf(stderr, "smartgen-disagg [%s]: %s%s\n", g_role, e.what(),
+                     status == 77 ? "" : " (SMARTGEN_REQUIRE_DATA=1: a failure)");
+        return status;
     } catch (const std::exception& e) {
         std::fprintf(stderr, "smartgen-disagg [%s]: %s\n", g_role, e.what());
         return 1;

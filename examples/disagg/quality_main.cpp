@@ -7,7 +7,8 @@
 //                         [--proactive-policy snapkv|quest] [--wire-quant none|int8|fp8]
 //                         [--json | --markdown] [--quiet]
 //   --model PATH       default: $SMARTGEN_MODEL, else $SMARTGEN_MODEL_DIR/stories260K.bin, else the
-//                      build's SMARTGEN_MODEL_DIR/stories260K.bin. Missing: a message and exit 77.
+//                      repository's examples/models/stories260K.bin. Missing: a message and exit 77
+//                      (exit 1 under SMARTGEN_REQUIRE_DATA=1).
 //   --name NAME        model name in the output and the profile (default: the file name without .bin)
 //   --prompts FILE     default: the committed data/prompts-tinystories.json
 //   --limit K          only the first K prompts;  --new-tokens N: 64;  --window W: 8
@@ -25,6 +26,7 @@
 #include <string>
 
 #include "calibrate.hpp"
+#include "model_files.hpp"
 #include "pool_layout.hpp"
 #include "quality.hpp"
 
@@ -78,12 +80,7 @@ std::vector<T> parse_list(const std::string& flag, const std::string& v, Parse p
     return out;
 }
 
-std::string default_model() {
-    if (const char* m = std::getenv("SMARTGEN_MODEL"); m && *m) return m;
-    if (const char* d = std::getenv("SMARTGEN_MODEL_DIR"); d && *d)
-        return (std::filesystem::path(d) / "stories260K.bin").string();
-    return SMARTGEN_DEFAULT_MODEL;
-}
+std::string default_model() { return sg::disagg::model_files::stories(); }
 
 }  // namespace
 
@@ -140,11 +137,11 @@ int main(int argc, char** argv) {
     if (json && markdown) usage("--json and --markdown exclude each other");
     if (!named) opt.model_name = std::filesystem::path(model_path).stem().string();
     if (!std::filesystem::exists(model_path)) {
-        std::fprintf(stderr,
-                     "smartgen-quality: skipped: no checkpoint at %s (pass --model, or set SMARTGEN_MODEL or "
-                     "SMARTGEN_MODEL_DIR)\n",
-                     model_path.c_str());
-        return 77;
+        const int status = sg::disagg::model_files::missing_exit_status();
+        std::fprintf(stderr, "smartgen-quality: %s: no checkpoint at %s (pass --model, or set SMARTGEN_MODEL or %s)\n",
+                     status == 77 ? "skipped" : "failed (SMARTGEN_REQUIRE_DATA=1)", model_path.c_str(),
+                     sg::disagg::model_files::how_to_point());
+        return status;
     }
     if (!quiet)
         opt.progress = [](const std::string& line) { std::fprintf(stderr, "smartgen-quality: %s\n", line.c_str()); };

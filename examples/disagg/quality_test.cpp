@@ -2,7 +2,8 @@
 // budget is full attention, and the selection-quality thresholds on stories260K (docs/quality.md).
 //
 // The checkpoint comes from $SMARTGEN_MODEL, else $SMARTGEN_MODEL_DIR/stories260K.bin, else
-// SMARTGEN_DEFAULT_MODEL_DIR; tests that need it are skipped, with the reason, when it is missing.
+// the repository's examples/models (model_files.hpp); tests that need it are skipped, with the reason,
+// when it is missing, and fail under SMARTGEN_REQUIRE_DATA=1.
 #include "quality.hpp"
 
 #include <gtest/gtest.h>
@@ -13,22 +14,17 @@
 #include <vector>
 
 #include "calibrate.hpp"
+#include "model_files.hpp"
 
 namespace fs = std::filesystem;
 using namespace sg::disagg;
 
 namespace {
 
-std::string model_path() {
-    if (const char* m = std::getenv("SMARTGEN_MODEL"); m && *m) return m;
-    const char* d = std::getenv("SMARTGEN_MODEL_DIR");
-    return (fs::path(d && *d ? d : SMARTGEN_DEFAULT_MODEL_DIR) / "stories260K.bin").string();
-}
+std::string model_path() { return model_files::stories(); }
 
-#define LOAD_MODEL_OR_SKIP(var)                                                                     \
-    if (!fs::exists(model_path()))                                                                  \
-        GTEST_SKIP() << "stories260K.bin not found at " << model_path()                             \
-                     << " (set SMARTGEN_MODEL, or SMARTGEN_MODEL_DIR to the directory holding it)"; \
+#define LOAD_MODEL_OR_SKIP(var)        \
+    SG_NEED_DATA_FILE(model_path());   \
     const Model var = Model::load(model_path())
 
 std::vector<std::vector<int>> committed_prompts() {
@@ -140,10 +136,9 @@ TEST(Quality, OnStories260KTheTargetHoldsAtHalfBudgetAndOnDemandAddsAgreementEve
 }
 
 TEST(Quality, OnRetrieval2kProactivePlusOnDemandIsWithinTenPercentOfTheOracle) {
-    const fs::path dir = fs::path(model_path()).parent_path();
-    const fs::path r2k = dir / "retrieval2k.bin", cases = dir / "retrieval2k-cases.json";
-    if (!fs::exists(r2k) || !fs::exists(cases))
-        GTEST_SKIP() << "retrieval2k.bin and retrieval2k-cases.json not found in " << dir;
+    const fs::path r2k = model_files::path("retrieval2k.bin"), cases = model_files::path("retrieval2k-cases.json");
+    SG_NEED_DATA_FILE(r2k.string());
+    SG_NEED_DATA_FILE(cases.string());
     const Model model = Model::load(r2k.string());
     auto prompts = load_prompts(cases.string());
     prompts.resize(std::min<size_t>(prompts.size(), 8));  // 16 in docs/quality.md; 8 keep the ASan run short

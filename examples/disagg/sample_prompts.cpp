@@ -22,7 +22,7 @@
 // Output: a JSON array, one prompt per line: [{"seed": 1, "tokens": [1, ...]}, ...].
 //
 // Usage: smartgen-sample-prompts [--model PATH] [--count N] [--min T] [--max T] [--seed-base S] [--out FILE]
-// Defaults: --model $SMARTGEN_MODEL_DIR/stories260K.bin (else the build's model dir), --count 12,
+// Defaults: --model $SMARTGEN_MODEL_DIR/stories260K.bin (else the repository's examples/models), --count 12,
 // --min 128, --max 480, --seed-base 1, output to stdout.
 #include <cmath>
 #include <cstdio>
@@ -36,9 +36,7 @@
 
 #include "engine.hpp"
 
-#ifndef SMARTGEN_DEFAULT_MODEL_DIR
-#define SMARTGEN_DEFAULT_MODEL_DIR "../shared/models"
-#endif
+#include "model_files.hpp"
 
 namespace {
 
@@ -102,8 +100,7 @@ long parse_int(const char* flag, const char* v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    const char* dir = std::getenv("SMARTGEN_MODEL_DIR");
-    std::string model_path = std::string(dir && *dir ? dir : SMARTGEN_DEFAULT_MODEL_DIR) + "/stories260K.bin";
+    std::string model_path = sg::disagg::model_files::path("stories260K.bin");
     std::string out_path;
     long count = 12, min_len = 128, max_len = 480, seed_base = 1;
     for (int i = 1; i < argc; ++i) {

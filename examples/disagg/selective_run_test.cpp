@@ -5,7 +5,8 @@
 // path and the page digests. Also the PSET encoding (proactive_set.hpp) on its own.
 //
 // The checkpoint comes from $SMARTGEN_MODEL, else $SMARTGEN_MODEL_DIR/stories260K.bin, else
-// SMARTGEN_DEFAULT_MODEL_DIR; the runs are skipped, with the reason, when it is missing.
+// the repository's examples/models (model_files.hpp); the runs are skipped, with the reason, when it
+// is missing, and fail under SMARTGEN_REQUIRE_DATA=1.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -18,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "model_files.hpp"
 #include "proactive_set.hpp"
 
 namespace fs = std::filesystem;
@@ -26,11 +28,7 @@ using namespace sg::disagg;
 
 namespace {
 
-std::string model_path() {
-    if (const char* m = std::getenv("SMARTGEN_MODEL"); m && *m) return m;
-    const char* d = std::getenv("SMARTGEN_MODEL_DIR");
-    return (fs::path(d && *d ? d : SMARTGEN_DEFAULT_MODEL_DIR) / "stories260K.bin").string();
-}
+std::string model_path() { return model_files::stories(); }
 
 // The committed 448-token prompt (28 blocks of 16 tokens), written to a file for --prompt-tokens.
 std::string long_prompt_file() {
@@ -67,9 +65,7 @@ DisaggRun run_disagg(const std::string& args) {
 }
 
 #define RUN_OR_SKIP(var, args)                                                                            \
-    if (!fs::exists(model_path()))                                                                        \
-        GTEST_SKIP() << "stories260K.bin not found at " << model_path()                                   \
-                     << " (set SMARTGEN_MODEL, or SMARTGEN_MODEL_DIR to the directory holding it)";       \
+    SG_NEED_DATA_FILE(model_path());                                                                      \
     const DisaggRun var = run_disagg(args);                                                               \
     if (var.rc == 77) GTEST_SKIP() << "smartgen-disagg exited 77: the library lacks the selective paths"; \
     ASSERT_EQ(var.rc, 0) << "smartgen-disagg " << (args)

@@ -1,0 +1,19 @@
+# Sourced, not run: the one place that sets the sanitizers' run-time options for SmartGen's tests
+# (scripts/test.sh's asan and tsan phases, and a developer's own ctest run of an
+# asan or tsan tree: `. scripts/sanitizer-env.sh; ctest --test-dir build/asan`). Options the caller
+# already set are kept after ours, so they win.
+#   ASAN_OPTIONS  detect_leaks: LeakSanitizer at exit of every test process; abort_on_error: a report
+#                 ends the process with SIGABRT, which no harness can mistake for a normal exit code;
+#                 check_initialization_order: static initialisers that read another file's globals.
+#   LSAN_OPTIONS  print_suppressions=0: a clean report is one line.
+#   TSAN_OPTIONS  halt_on_error: the first race fails the test; second_deadlock_stack: both stacks of
+#                 a lock-order inversion; die_after_fork=0: the failure tests fork a peer that starts
+#                 its own threads, which SmartGen's fork rule allows (the child makes its own context).
+# The ctest test sanitizer.options_reach_tests (asan and tsan trees) fails when these did not reach
+# the processes ctest starts.
+SMARTGEN_ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:check_initialization_order=1"
+SMARTGEN_TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:die_after_fork=0"
+export ASAN_OPTIONS="${SMARTGEN_ASAN_OPTIONS}${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
+export LSAN_OPTIONS="print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
+export TSAN_OPTIONS="${SMARTGEN_TSAN_OPTIONS}${TSAN_OPTIONS:+:$TSAN_OPTIONS}"
+export SMARTGEN_ASAN_OPTIONS SMARTGEN_TSAN_OPTIONS
