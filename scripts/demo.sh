@@ -151,6 +151,16 @@ done
 for id in "${ROW_IDS[@]:1}"; do
   for w in "${wanted[@]}"; do [[ $w == "$id" ]] && { selected+=("$id"); break; }; done
 done
+# Set-up and build first: they install iproute2, which the check of the shaped-link rows below needs
+# (a fresh Debian 12 has no ip or tc).
+BIN=build/demo/examples/disagg/smartgen-disagg
+[[ $do_build -eq 0 && -n ${SMARTGEN_BUILD_DIR:-} ]] && BIN=$SMARTGEN_BUILD_DIR/examples/disagg/smartgen-disagg
+if [[ $do_build -eq 1 ]]; then
+  build smartgen-disagg
+elif [[ ! -x $BIN ]]; then
+  echo "demo.sh: --no-build: $BIN is not built" >&2
+  exit 1
+fi
 # The shaped-link rows need network namespaces and tc: root, and iproute2 (setup-deps.sh installs it).
 link_note=""
 if [[ " ${selected[*]} " == *" link-"* ]]; then
@@ -168,14 +178,6 @@ if [[ " ${selected[*]} " == *" link-"* ]]; then
   fi
 fi
 
-BIN=build/demo/examples/disagg/smartgen-disagg
-[[ $do_build -eq 0 && -n ${SMARTGEN_BUILD_DIR:-} ]] && BIN=$SMARTGEN_BUILD_DIR/examples/disagg/smartgen-disagg
-if [[ $do_build -eq 1 ]]; then
-  build smartgen-disagg
-elif [[ ! -x $BIN ]]; then
-  echo "demo.sh: --no-build: $BIN is not built" >&2
-  exit 1
-fi
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -206,7 +208,8 @@ JQ_ROW='
    bytes("digest_bytes"), bytes("bytes"), bytes("bytes_of_kv"),
    sel("sparse_steps"), need("new_tokens"),
    (if .mode == "selective" and .proactive_fraction != null then .proactive_fraction else "-" end),
-   (if .mode == "selective" and .sparse_steps > 0 then need("attended_fraction") else "-" end)] | @tsv'
+   (if .mode == "selective" and .sparse_steps > 0 then need("attended_fraction") else "-" end),
+   need("e2e_ms")] | @tsv'
 
 ok_rows=() failed=()
 start=$(date +%s)
@@ -264,16 +267,16 @@ declare -A MEASURES=(
 
 # The tables, from the rows that succeeded.
 print_table() {
-  local id mode prov ttft ttst stall tpot bf bp bo bs toks emulated dg total ofkv sparse newt pfrac att
+  local id mode prov ttft ttst stall tpot bf bp bo bs toks emulated dg total ofkv sparse newt pfrac att e2e
   local same ref_tokens="" kind
-  local fmt1='%-44s %8s %8s %8s %8s  %9s %6s %8s  %s\n'
+  local fmt1='%-44s %8s %8s %8s %8s %8s  %9s %6s %8s  %s\n'
   local fmt2='%-44s %10s %10s %10s %11s %10s %10s %7s\n'
   [[ -f $work/colocated.tsv ]] && ref_tokens=$(cut -f11 "$work/colocated.tsv")
   # shellcheck disable=SC2059 # fmt1 and fmt2 are this function's own formats
-  printf "$fmt1" run "TTFT ms" "TTST ms" "stall ms" "TPOT ms" sparse P attended "tokens = colocated"
+  printf "$fmt1" run "TTFT ms" "TTST ms" "stall ms" "TPOT ms" "E2E ms" sparse P attended "tokens = colocated"
   local providers=() kinds=()
   for id in "${ok_rows[@]}"; do
-    IFS=$'\t' read -r mode prov ttft ttst stall tpot bf bp bo bs toks emulated dg total ofkv sparse newt pfrac att \
+    IFS=$'\t' read -r mode prov ttft ttst stall tpot bf bp bo bs toks emulated dg total ofkv sparse newt pfrac att e2e \
       <"$work/$id.tsv"
     if [[ $id == colocated ]]; then
       same="(reference)"
@@ -294,14 +297,14 @@ print_table() {
     if [[ $sparse == - ]]; then sparse=n/a; else sparse="$sparse of $((newt - 1))"; fi
     # shellcheck disable=SC2059
     printf "$fmt1" "${LABEL[$id]}" "$(printf %.2f "$ttft")" "$(printf %.2f "$ttst")" "$(printf %.2f "$stall")" \
-      "$(printf %.3f "$tpot")" "$sparse" "$(percent "$pfrac")" "$(percent "$att")" "$same"
+      "$(printf %.3f "$tpot")" "$(printf %.1f "$e2e")" "$sparse" "$(percent "$pfrac")" "$(percent "$att")" "$same"
   done
   echo
   # shellcheck disable=SC2059
   printf "$fmt2" "bytes moved" full proactive on-demand speculative digests total "of KV"
   for id in "${ok_rows[@]}"; do
     [[ $id == colocated ]] && continue
-    IFS=$'\t' read -r mode prov ttft ttst stall tpot bf bp bo bs toks emulated dg total ofkv sparse newt pfrac att \
+    IFS=$'\t' read -r mode prov ttft ttst stall tpot bf bp bo bs toks emulated dg total ofkv sparse newt pfrac att e2e \
       <"$work/$id.tsv"
     # shellcheck disable=SC2059
     printf "$fmt2" "${LABEL[$id]}" "$(hbytes "$bf")" "$(hbytes "$bp")" "$(hbytes "$bo")" "$(hbytes "$bs")" \
@@ -309,7 +312,8 @@ print_table() {
   done
   echo
   echo "TTFT = t0 -> first token (prefill); TTST = t0 -> second token (decode); stall = TTST - TTFT;"
-  echo "TPOT = mean time per token after the second. sparse = decode steps that attended to P u S_t u G"
+  echo "TPOT = mean time per token after the second; E2E = t0 -> the last token (the whole response)."
+  echo "sparse = decode steps that attended to P u S_t u G"
   echo "(the rest attended to the whole prompt); P = the proactive set's mean share of the prompt's blocks;"
   echo "attended = the mean share of them a sparse step attended to (per layer). Both are unions over the"
   echo "KV heads of per-head choices rounded up to whole blocks, sink and recent blocks included, so on a"

@@ -52,6 +52,7 @@
 #include "model_files.hpp"
 #include "pool_layout.hpp"
 #include "proactive_set.hpp"
+#include "select_ahead.hpp"
 
 // The selective-path functions (profiles, selectors, digests, fetches) are referenced weakly: this
 // program links and runs its colocated and full modes against a libsmartgen that does not have them
@@ -458,6 +459,12 @@ class EmuCompute : public Compute {
     const EmuShape& shape() const { return *shape_; }
     const ComputeModel& model() const { return cm_; }
     const SyntheticKeys* keys() const { return keys_.get(); }
+    // The modelled device's time for one layer's selection: the step's query against the layer's page
+    // digests (fp32: min and max per block, KV head and dimension), then top-k.
+    double select_s() const {
+        const double digest_bytes = double(pool.num_blocks) * n_kv_heads * 2.0 * head_dim * 4.0;
+        return SelectionCost().select_s(digest_bytes, cm_.decode_bw);
+    }
     int patterns() const { return patterns_; }
     double measured_mass() const { return measured_mass_; }
     uint64_t region_bytes() const { return region_bytes_; }
@@ -476,14 +483,16 @@ class EmuCompute : public Compute {
         pool.num_blocks = nb;
         pool.dtype = KvDtype::kF16;
         region_bytes_ = pool.region_bytes();
-        // Up to 8 distinct key patterns, within 2 GiB of K regions; the decode side never reads its
-        // keys (selection uses the digests that come with the transfer), so one K region does there.
+        // Up to 8 distinct key patterns, within 2 GiB of K regions, on both sides: layers of one
+        // pattern share a region and receive the same bytes into it, so the digests the decode side
+        // computes of received blocks are the same for every layer of a pattern, whatever order the
+        // layers arrive in (select_ahead.hpp relies on it; one shared region would mix patterns).
         // Both sides make the same patterns (the decode side needs them for its queries); only the
-        // prefill side holds their keys.
+        // prefill side fills its keys.
         const uint64_t budget = 2ull << 30;
         patterns_ = std::min(int(std::clamp<uint64_t>(budget / region_bytes_, 1, 8)), n_layers);
         keys_ = std::make_unique<SyntheticKeys>(*shape_, n, B, patterns_, p_.mass, p_.overlap, p_.seed);
-        const int k_regions = decode_side ? 1 : patterns_;
+        const int k_regions = patterns_;
         for (int r = 0; r < k_regions + 1; ++r) {
             void* mem = std::aligned_alloc(4096, (region_bytes_ + 4095) / 4096 * 4096);
             if (!mem) fatal("out of memory for the emulated pool");
@@ -521,21 +530,27 @@ class EmuCompute : public Compute {
         return 0;
     }
 
+    // One decode step on the modelled device. The device's clock is an absolute deadline that every
+    // modelled cost moves on; the host thread runs ahead of it and sleeps only where the world could
+    // see the difference: before the transfer is asked for something (settle(), which the selective
+    // decoder calls before each fetch, so no fetch leaves earlier than the device would send it), and
+    // at the end of the step. A wait for data moves the deadline to when the data was there. One
+    // sleep a step instead of one a layer also spares the step the timer's overshoot per sleep.
     int step(int pos, int token, const AttendSet* attend) override {
         (void)token;
         const int B = pool.tokens_per_block;
         std::vector<float> q(size_t(n_heads) * head_dim);
         const uint64_t generated = uint64_t(pos) + 1 - prompt_len;
-        // Modelled time is slept in one go where nothing else happens in between (fewer timer
-        // overshoots); a per-layer hook (which may wait for the transfer) first pays what is owed.
-        double owed_s = 0;
+        deadline_ns_ = now_ns();
         for (int l = 0; l < n_layers; ++l) {
             keys_->decode_query(keys_->pattern_of(l), steps_, q.data());
             const std::vector<uint32_t>* blocks = nullptr;
             if (attend && attend->select) {
-                sleep_until_ns(now_ns() + uint64_t(owed_s * 1e9));
-                owed_s = 0;
                 blocks = attend->select(l, q.data());
+                after_wait();
+                // A layer attended to in part was selected: the selection's kernels run on the
+                // modelled device (a whole layer needs none: the residency test is the host's).
+                if (blocks) charge(select_s());
             } else if (attend) {
                 blocks = &attend->layer_blocks[size_t(l)];
             }
@@ -548,23 +563,26 @@ class EmuCompute : public Compute {
             if (arriving && !arriving->empty()) {
                 // Parallel on-demand attention: the accelerator attends to the resident part while the
                 // arriving blocks travel, then to them, then merges (the same bytes read: the merge
-                // itself is a few vector operations per head). What is owed and the resident part's
-                // reads run during the fetch; the rest of the layer after it.
+                // itself is a few vector operations per head).
                 uint64_t late = 0;
                 for (uint32_t b : *arriving) late += std::min<uint64_t>(B, prompt_len - uint64_t(b) * B);
                 const double kv = shape_->kv_bytes_per_token_layer() / cm_.decode_bw;
-                sleep_until_ns(now_ns() + uint64_t((owed_s + double(attended - late + generated) * kv) * 1e9));
+                charge(double(attended - late + generated) * kv);
                 attend->wait_arriving(l);
-                owed_s = cm_.decode_layer_s(*shape_, late);
+                after_wait();
+                charge(cm_.decode_layer_s(*shape_, late) + SelectionCost().merge_s());
                 continue;
             }
-            owed_s += cm_.decode_layer_s(*shape_, attended + generated);
+            charge(cm_.decode_layer_s(*shape_, attended + generated));
         }
-        owed_s += cm_.decode_classifier_s(*shape_);
-        sleep_until_ns(now_ns() + uint64_t(owed_s * 1e9));
+        charge(cm_.decode_classifier_s(*shape_));
+        settle();
         ++steps_;
         return 0;
     }
+
+    // The host waits for the modelled device to reach its deadline (see step()).
+    void settle() const { sleep_until_ns(deadline_ns_); }
 
   private:
     struct Free {
@@ -579,6 +597,11 @@ class EmuCompute : public Compute {
     uint64_t region_bytes_ = 0;
     double measured_mass_ = 0;
     uint64_t steps_ = 0;
+    uint64_t deadline_ns_ = 0;  // the modelled device's clock during step() (absolute)
+
+    void charge(double seconds) { deadline_ns_ += uint64_t(seconds * 1e9); }
+    // A wait for the transfer may have outlasted the device's work so far: it resumes from then.
+    void after_wait() { deadline_ns_ = std::max(deadline_ns_, now_ns()); }
 };
 
 // ---- selective decode: P u S_t u G --------------------------------------------------------------------
@@ -603,6 +626,14 @@ class EmuCompute : public Compute {
 struct SparsePolicies {
     bool on_demand = true, seamless = true, parallel = true, prefetch = true;
     sg_selector_t wide = nullptr;  // the prefetch predictor's selector (a larger budget); may be null
+    // Emulated runs: the selections computed ahead on their own thread (select_ahead.hpp), and the
+    // modelled accelerator's time for one layer's selection, which the seamless choice weighs instead
+    // of this CPU's. Both empty for a real model, whose selection runs here for real.
+    SelectionAhead* ahead = nullptr;
+    uint64_t modelled_select_ns = 0;
+    // Called before every fetch: an emulated run's host thread, which runs ahead of the modelled
+    // device, waits for it there (EmuCompute::settle), so no fetch leaves before the device asks.
+    std::function<void()> before_fetch;
     uint64_t block_bytes = 0;      // K + V of one block, every layer's the same
     int head_dim = 0;
 };
@@ -632,6 +663,7 @@ class SparseDecoder {
           arriving_(size_t(layers)),
           predicted_(size_t(layers), 0) {
         check(sg_selector_digest_floats(sel_, &digest_floats_), "sg_selector_digest_floats");
+        layer_select_ns_ = pol_.modelled_select_ns;
         // Keep every layer's digests when they fit in 1 GiB; else read them again at each use. The
         // memory is taken and touched now, before the clock starts: a layer's first read then copies
         // its digests and nothing else (fresh pages cost as much as the copy).
@@ -691,6 +723,7 @@ class SparseDecoder {
             for (size_t i = 0; i < count; ++i)
                 if (!resident(W_[i])) pf.push_back(W_[i]);
             if (pf.empty()) continue;
+            if (pol_.before_fetch) pol_.before_fetch();
             check(sg_transfer_fetch(x_, uint32_t(l), pf.data(), pf.size()), "sg_transfer_fetch (prefetch)");
             prefetch_calls += 1;
             prefetch_blocks += pf.size();
@@ -726,13 +759,29 @@ class SparseDecoder {
         in.num_q_heads = uint32_t(H_);
         in.digests = dig;
         size_t count = 0;
-        const uint64_t t0 = now_ns();
-        check(sg_selector_select(sel_, uint32_t(l), &in, S_.data(), S_.size(), &count),
-              "sg_selector_select (decode-side selection has the step's query and the digests only: "
-              "quest, sinks_recent and dense rules)");
-        const uint64_t took = now_ns() - t0;
-        selector_ns += took;
-        layer_select_ns_ = layer_select_ns_ ? (3 * layer_select_ns_ + took) / 4 : took;
+        const bool from_ahead = pol_.ahead && pol_.ahead->take(l, ahead_blocks_);
+        if (from_ahead) {
+            count = ahead_blocks_.size();
+            std::copy(ahead_blocks_.begin(), ahead_blocks_.end(), S_.begin());
+            ahead_taken += 1;
+        } else if (pol_.ahead) {
+            ahead_late += 1;
+        }
+        if (!from_ahead || check_ahead_) {
+            std::vector<uint32_t>& into = from_ahead ? check_blocks_ : S_;
+            into.resize(std::max<size_t>(into.size(), nb_));
+            const uint64_t t0 = now_ns();
+            check(sg_selector_select(sel_, uint32_t(l), &in, into.data(), into.size(), &count),
+                  "sg_selector_select (decode-side selection has the step's query and the digests only: "
+                  "quest, sinks_recent and dense rules)");
+            const uint64_t took = now_ns() - t0;
+            selector_ns += took;
+            if (!pol_.modelled_select_ns) layer_select_ns_ = layer_select_ns_ ? (3 * layer_select_ns_ + took) / 4 : took;
+            if (from_ahead &&
+                (count != ahead_blocks_.size() || !std::equal(ahead_blocks_.begin(), ahead_blocks_.end(), into.begin())))
+                fatal(fmt("layer %d: the selection computed ahead differs from the inline one", l));
+        }
+        if (pol_.modelled_select_ns) layer_select_ns_ = pol_.modelled_select_ns;
 
         read_residency(l);
         missing_.clear();
@@ -758,6 +807,7 @@ class SparseDecoder {
                 for (uint32_t b : missing_)
                     if (!std::binary_search(pf.begin(), pf.end(), b)) need_.push_back(b);
                 if (!need_.empty()) {
+                    if (pol_.before_fetch) pol_.before_fetch();
                     check(sg_transfer_fetch(x_, uint32_t(l), need_.data(), need_.size()), "sg_transfer_fetch");
                     fetched_blocks += need_.size();
                     fetch_calls += 1;
@@ -812,6 +862,7 @@ class SparseDecoder {
                 for (uint32_t b = 0; b < nb_; ++b)
                     if (!resident(b)) missing_.push_back(b);
                 if (missing_.empty()) continue;
+                if (pol_.before_fetch) pol_.before_fetch();
                 check(sg_transfer_fetch(x_, uint32_t(l), missing_.data(), missing_.size()), "sg_transfer_fetch");
                 check_wait(sg_transfer_wait_blocks(x_, uint32_t(l), missing_.data(), missing_.size(), timeout_ns_),
                            "sg_transfer_wait_blocks", timeout_s_);
@@ -821,6 +872,9 @@ class SparseDecoder {
     }
 
     size_t digest_floats() const { return digest_floats_; }
+    // Emulated runs: selections taken from SelectionAhead, and those it had not computed in time
+    // (computed here instead, their CPU time in selector_ns and in the step).
+    uint64_t ahead_taken = 0, ahead_late = 0;
     uint64_t essential_wait_ns = 0, selector_ns = 0, fetch_wait_ns = 0, complete_wait_ns = 0, pset_wait_ns = 0;
     uint64_t fetch_calls = 0, fetched_blocks = 0, dropped_blocks = 0, attended_blocks = 0, layer_steps = 0;
     uint64_t selected = 0, selected_in_p = 0;
@@ -857,10 +911,11 @@ class SparseDecoder {
         // layer that misses blocks, a fetch (the recent fetches' mean wait).
         const double due_ns = double(missing * pol_.block_bytes) / rate;
         if (due_ns >= double(layer_select_ns_ + layer_fetch_ns_)) return false;
-        // Twice the estimate at most: a pause of the background path (a fetch of another request)
-        // must not turn the wait into a stall.
+        // Never longer than selecting and fetching would take: the estimate can be wrong (a pause of
+        // the background path, a rate measured before the link filled), and a wait that overruns it
+        // then costs at most twice what the selection would have.
         const uint64_t t = now_ns();
-        const sg_status_t st = sg_transfer_wait_layer(x_, uint32_t(l), uint64_t(2 * due_ns) + 100000);
+        const sg_status_t st = sg_transfer_wait_layer(x_, uint32_t(l), layer_select_ns_ + layer_fetch_ns_);
         seamless_wait_ns += now_ns() - t;
         if (st != SG_OK) {
             if (st != SG_ERR_TIMEOUT) check(st, "sg_transfer_wait_layer");
@@ -914,6 +969,7 @@ class SparseDecoder {
                 if (!resident(b)) missing_.push_back(b);
             proactive_missing += missing_.size();
             if (!missing_.empty() && pol_.on_demand) {
+                if (pol_.before_fetch) pol_.before_fetch();
                 check(sg_transfer_fetch(x_, uint32_t(l), missing_.data(), missing_.size()), "sg_transfer_fetch");
                 check_wait(sg_transfer_wait_blocks(x_, uint32_t(l), missing_.data(), missing_.size(), timeout_ns_),
                            "sg_transfer_wait_blocks", timeout_s_);
@@ -926,7 +982,10 @@ class SparseDecoder {
         }
         proactive_blocks += P.size();
         proactive_layers += 1;
-        digests(l);
+        // A layer already whole is attended whole (seamless), so its digests are read only if a
+        // selection asks for them (select() loads them then): the runtime computes a whole layer's
+        // digests only on demand.
+        if (!pol_.seamless || !layer_ready(l)) digests(l);
         have_[size_t(l)] = 1;
     }
     void read_residency(int l) {
@@ -956,7 +1015,9 @@ class SparseDecoder {
     std::function<void()> pump_;
     size_t digest_floats_ = 0;
     bool cache_digests_ = true;
-    uint64_t layer_select_ns_ = 0;  // recent selection time of one layer (moving average)
+    uint64_t layer_select_ns_ = 0;  // recent selection time of one layer (moving average, or modelled)
+    const bool check_ahead_ = SelectionAhead::check_requested();
+    std::vector<uint32_t> ahead_blocks_, check_blocks_;
     uint64_t layer_fetch_ns_ = 0;   // recent wait for one layer's fetched blocks (moving average)
     std::deque<std::pair<uint64_t, uint64_t>> samples_;  // (time, bytes received)
     std::vector<uint8_t> have_;
@@ -997,6 +1058,9 @@ struct Results {
     uint32_t kv_dtype = 0;
     std::vector<int> tokens;
     uint64_t t0 = 0, t1 = 0, t2 = 0, tlast = 0;
+    uint64_t ahead_cpu_ns = 0, ahead_taken = 0, ahead_late = 0;  // emulated selective runs (select_ahead.hpp)
+    // Decode's steps after step 2, sparse and dense (their time and count), and the 64th token's time.
+    uint64_t t64 = 0, sparse_later_ns = 0, sparse_later_n = 0, dense_later_ns = 0, dense_later_n = 0;
     uint64_t cold_ns = 0, decode_cold_ns = 0, prefill_ns = 0;
     // decode side
     uint64_t first_wait_ns = 0, step1_ns = 0, selector_ns = 0, fetch_wait_ns = 0, essential_wait_ns = 0,
@@ -1027,13 +1091,21 @@ struct Results {
     double emu_alpha = 0, emu_sigma = 0, emu_mass_measured = 0, emu_prefill_layer_ms = 0, emu_decode_weights_ms = 0;
 };
 
-// Step 2's selection charged to the accelerator of an emulated run, as the GPU kernels will do it:
-// one scan of every layer's digests (fp32, as the selector reads them) at decode_tbps. A model,
-// reported beside the measured CPU selector time, never in its place.
+// What an emulated step 2 is charged for selection when every layer is selected: per layer one scan of
+// its digests (fp32, as the selector reads them) at decode_tbps plus the kernels' launches
+// (SelectionCost, the same figure EmuCompute::step charges). The CPU's own time is reported beside.
 double modelled_selection_ms(const Results& r) {
     const EmuShape* shape = find_emu_shape(r.emu.name);
     if (!shape || !r.digest_floats || !(r.emu.tbps > 0)) return NAN;
-    return 1e3 * double(r.digest_floats) * 4.0 * double(shape->layers) / (r.emu.tbps * 1e12);
+    return 1e3 * double(shape->layers) * SelectionCost().select_s(double(r.digest_floats) * 4.0, r.emu.tbps * 1e12);
+}
+
+// The one device model of an emulated run, as the JSON and the text report name it.
+std::string device_model_label(const Results& r) {
+    return fmt("modelled accelerator: prefill %.0f TFLOP/s, decode %.1f TB/s, %.0f us a kernel launch; "
+               "attention, selection (digest scan, scores, top-k) and merge charged to it, this CPU's "
+               "selection time reported beside (selector_cpu_ms); transfers real",
+               r.emu.tflops, r.emu.tbps, SelectionCost::kLaunchS * 1e6);
 }
 
 std::string json_str(const std::string& s) {
@@ -1086,6 +1158,13 @@ void print_results(const Results& r, bool json) {
         f.emplace_back("ttst_ms", num(ttst));
         f.emplace_back("stall_ms", num(stall));
         f.emplace_back("tpot_ms", num(tpot));
+        // The whole response: t0 -> the last of new_tokens tokens, and -> the 64th; the time per token
+        // after the second, of the steps that attended sparse and of those that attended whole.
+        f.emplace_back("e2e_ms", num(r.new_tokens >= 2 && r.tlast ? ms(r.tlast - r.t0) : NAN));
+        f.emplace_back("e2e_64_ms", num(r.t64 ? ms(r.t64 - r.t0) : NAN));
+        f.emplace_back("tpot_sparse_ms",
+                       num(r.sparse_later_n ? ms(r.sparse_later_ns) / double(r.sparse_later_n) : NAN));
+        f.emplace_back("tpot_dense_ms", num(r.dense_later_n ? ms(r.dense_later_ns) / double(r.dense_later_n) : NAN));
         f.emplace_back("prefill_ms", num(ms(r.prefill_ns)));
         if (r.mode != "colocated") {
             f.emplace_back("paths", std::to_string(r.paths));
@@ -1171,10 +1250,16 @@ void print_results(const Results& r, bool json) {
             f.emplace_back("key_sigma", num(r.emu_sigma));
             f.emplace_back("model_prefill_layer_ms", num(r.emu_prefill_layer_ms));
             f.emplace_back("model_decode_weights_ms", num(r.emu_decode_weights_ms));
+            f.emplace_back("device_model", json_str(device_model_label(r)));
             if (r.mode == "selective" && r.digest_floats) {
-                const double sel_model_ms = modelled_selection_ms(r);
-                f.emplace_back("stall_selector_modelled_ms", num(sel_model_ms));
-                f.emplace_back("stall_modelled_selection_ms", num(stall - ms(r.step2_selector_ns) + sel_model_ms));
+                // Step 2's selection as charged to the modelled device (every layer selected), and
+                // the CPU's: the selections computed ahead on their own thread (select_ahead.hpp),
+                // and those computed inline because they were not ready (their time is in the step).
+                f.emplace_back("stall_selector_modelled_ms", num(modelled_selection_ms(r)));
+                f.emplace_back("selector_cpu_ms", num(ms(r.selector_ns + r.ahead_cpu_ns)));
+                f.emplace_back("selector_ahead_cpu_ms", num(ms(r.ahead_cpu_ns)));
+                f.emplace_back("selections_ahead", std::to_string(r.ahead_taken));
+                f.emplace_back("selections_late", std::to_string(r.ahead_late));
             }
             f.emplace_back("compute_model",
                            json_str("prefill layer = (2*params_per_layer*N + 2*n_heads*head_dim*N^2)/prefill_rate; "
@@ -1229,9 +1314,10 @@ void print_results(const Results& r, bool json) {
             std::printf("  %-30s %12.3f\n", "  token 1 reached decode", ms(r.first_recv - std::min(r.first_recv, r.t1)));
             std::printf("  %-30s %12.3f\n", "  step 2's selector", ms(r.step2_selector_ns));
             std::printf("  %-30s %12.3f\n", "  step 2's on-demand waits", ms(r.step2_fetch_wait_ns));
-            if (r.emulated && std::isfinite(modelled_selection_ms(r)))
-                std::printf("  %-30s %12.3f\n", "stall, selection modelled",
-                            stall - ms(r.step2_selector_ns) + modelled_selection_ms(r));
+            if (r.emulated)
+                std::printf("  %-30s %12.3f  (%llu taken ahead, %llu late)\n", "selector CPU, ahead thread",
+                            ms(r.ahead_cpu_ns), (unsigned long long)r.ahead_taken,
+                            (unsigned long long)r.ahead_late);
             std::printf("  %-30s %12.3f\n", "selector (all steps)", ms(r.selector_ns));
             std::printf("  %-30s %12.3f\n", "on-demand waits", ms(r.fetch_wait_ns));
             if (r.attend == Attend::kBudget)
@@ -1664,6 +1750,11 @@ Results run_prefill(const Options& o, Compute& comp, const RunSpec& spec, const 
     const Msg res = L.expect_msg("RES");
     r.t2 = res.u("t2");
     r.tlast = res.u("tlast");
+    r.t64 = res.has("t64") ? res.u("t64") : 0;
+    r.sparse_later_ns = res.has("sp_ns") ? res.u("sp_ns") : 0;
+    r.sparse_later_n = res.has("sp_n") ? res.u("sp_n") : 0;
+    r.dense_later_ns = res.has("dn_ns") ? res.u("dn_ns") : 0;
+    r.dense_later_n = res.has("dn_n") ? res.u("dn_n") : 0;
     r.first_wait_ns = res.u("first_wait");
     r.first_recv = res.u("first_recv");
     r.step2_selector_ns = res.u("sel2");
@@ -1683,6 +1774,9 @@ Results run_prefill(const Options& o, Compute& comp, const RunSpec& spec, const 
         r.prefetch_ns = res.u("pf_ns");
     }
     r.selector_ns = res.u("sel");
+    r.ahead_cpu_ns = res.has("ah_cpu") ? res.u("ah_cpu") : 0;
+    r.ahead_taken = res.has("ah_taken") ? res.u("ah_taken") : 0;
+    r.ahead_late = res.has("ah_late") ? res.u("ah_late") : 0;
     r.fetch_wait_ns = res.u("fetch_wait");
     r.essential_wait_ns = res.u("ess_wait");
     r.pset_wait_ns = res.u("pset_wait");
@@ -1817,6 +1911,7 @@ int run_decode(const Options& o, const Model* model, const std::string& host, ui
           "sg_transfer_expect", &err);
 
     std::unique_ptr<ProactiveSets> psets;  // --attend budget: P of each layer, from the prefill side
+    std::unique_ptr<SelectionAhead> ahead;  // emulated runs: before sparse, which points at it
     std::unique_ptr<SparseDecoder> sparse;
     sg_profile_t wide_profile = nullptr;  // prefetch: the predictor's profile and selector
     sg_selector_t wide_selector = nullptr;
@@ -1861,6 +1956,17 @@ int run_decode(const Options& o, const Model* model, const std::string& host, ui
                   "sg_selector_create (prefetch)", &err);
             pol.wide = wide_selector;
         }
+        if (auto* emu = dynamic_cast<EmuCompute*>(comp.get())) {
+            // One device model: the selection's kernels are charged to the modelled accelerator and
+            // computed ahead on a thread of their own (select_ahead.hpp). Two steps ahead keep the
+            // thread's work off the step's time while the transfer is sparse.
+            const bool uniform = profile_json.find("\"layers\"") == std::string::npos;
+            ahead = std::make_unique<SelectionAhead>(L.xfer, profile_json, layout, spec.prompt_len, *emu->keys(),
+                                                     comp->n_layers, comp->n_heads, comp->head_dim, uniform, 2);
+            pol.ahead = ahead.get();
+            pol.modelled_select_ns = uint64_t(emu->select_s() * 1e9);
+            pol.before_fetch = [emu] { emu->settle(); };
+        }
         sparse = std::make_unique<SparseDecoder>(L.xfer, L.selector, comp->n_layers, comp->n_heads, nb, pol,
                                                  L.timeout_ns(), o.timeout_s, psets.get(), pump);
     }
@@ -1880,6 +1986,9 @@ int run_decode(const Options& o, const Model* model, const std::string& host, ui
     const uint64_t first_recv = now_ns();
     std::vector<int> toks{int(first.i("token"))};
     uint64_t t2 = 0, first_wait = 0, sparse_steps = 0, sel2 = 0, fetch2 = 0, calls2 = 0, whole2 = 0;
+    // The steps after step 2, split by how they attended (sparse, or dense once the transfer was
+    // complete), and when the 64th token was there (the end-to-end time of a 64-token response).
+    uint64_t sparse_later_ns = 0, sparse_later_n = 0, dense_later_ns = 0, dense_later_n = 0, t64 = 0;
     bool dense = spec.mode == Mode::kFull;
     const int P = int(spec.prompt_len);
     for (int i = 1; i < spec.n_new; ++i) {
@@ -1907,6 +2016,10 @@ int run_decode(const Options& o, const Model* model, const std::string& host, ui
                 sparse_now = st == SG_IN_PROGRESS;
             }
             if (sparse_now) {
+                if (ahead) {
+                    if (const std::string e = ahead->error(); !e.empty()) fatal("selection ahead: " + e);
+                    ahead->at_step(uint64_t(i - 1));
+                }
                 if (sparse_steps > 0) sparse->prefetch_step();  // step 2 has no previous query
                 as.select = [&](int l, const float* q) { return sparse->select(l, q); };
                 if (spec.parallel) {
@@ -1916,11 +2029,19 @@ int run_decode(const Options& o, const Model* model, const std::string& host, ui
                 ap = &as;
                 ++sparse_steps;
             } else {
+                if (ahead) ahead->stop();
                 sparse->complete(spec.paths & SG_PATH_SPECULATIVE);
                 dense = true;
             }
         }
+        const uint64_t step_start = now_ns();
+        const bool step_sparse = ap && spec.mode == Mode::kSelective;
         toks.push_back(comp->step(P + i - 1, toks.back(), ap));
+        if (i >= 2) {
+            (step_sparse ? sparse_later_ns : dense_later_ns) += now_ns() - step_start;
+            (step_sparse ? sparse_later_n : dense_later_n) += 1;
+        }
+        if (toks.size() == 64) t64 = now_ns();
         if (i == 1) {
             t2 = now_ns();
             if (sparse) {
@@ -1945,6 +2066,8 @@ int run_decode(const Options& o, const Model* model, const std::string& host, ui
     check(sg_transfer_stats(L.xfer, &st), "sg_transfer_stats");
     Fields res("RES");
     res.add("t2", t2).add("tlast", tlast).add("first_wait", first_wait).add("sparse_steps", sparse_steps);
+    res.add("t64", t64).add("sp_ns", sparse_later_ns).add("sp_n", sparse_later_n).add("dn_ns", dense_later_ns);
+    res.add("dn_n", dense_later_n);
     res.add("first_recv", first_recv).add("sel2", sel2).add("fetch2", fetch2).add("calls2", calls2);
     res.add("dig_floats", sparse ? uint64_t(sparse->digest_floats()) : 0).add("whole2", whole2);
     if (sparse) {
@@ -1977,6 +2100,10 @@ int run_decode(const Options& o, const Model* model, const std::string& host, ui
         budget = sparse->budget_blocks;
     }
     res.add("sel", sel).add("fetch_wait", fetch_wait).add("ess_wait", ess).add("pset_wait", pset_wait);
+    if (ahead) {
+        ahead->stop();
+        res.add("ah_cpu", ahead->cpu_ns()).add("ah_taken", sparse->ahead_taken).add("ah_late", sparse->ahead_late);
+    }
     res.add("complete_wait", comp_wait);
     res.add("attended", attended).add("layer_steps", layer_steps).add("fetch_calls", calls).add("fetched", fetched);
     res.add("dropped", dropped).add("selected", selected).add("selected_in_p", in_p);
@@ -2136,17 +2263,19 @@ int main_impl(int argc, char** argv) {
                 spec.head_dim = sh.head_dim;
                 spec.dim = sh.dim;
                 spec.vocab = sh.vocab;
-                // Memory bound: each side keeps one layer's K and V regions (the prefill side up to 8 K
-                // patterns within 2 GiB); the decode side also holds the digests (the runtime's copy and
-                // this program's cache, up to 1 GiB).
+                // Memory bound: each side keeps up to 8 K regions (key patterns) within 2 GiB and one V
+                // region; the decode side also holds the digests (the runtime's copy, this program's
+                // cache up to 1 GiB, and the selection-ahead thread's copy of one layer per pattern).
                 const uint64_t region = uint64_t(blocks_for(int(spec.prompt_len), spec.block)) * spec.block *
                                         uint64_t(sh.n_kv_heads) * uint64_t(sh.head_dim) * 2;
                 const double digests = o.mode == Mode::kSelective
                                            ? double(blocks_for(int(spec.prompt_len), spec.block)) * sh.n_kv_heads * 2 *
                                                  sh.head_dim * 4 * sh.layers
                                            : 0.0;
-                const double decode_bytes = 2.0 * double(region) + digests + std::min(digests, double(1ull << 30));
-                const double prefill_bytes = double(region) * (1 + std::clamp<uint64_t>((2ull << 30) / region, 1, 8));
+                const double patterns = double(std::clamp<uint64_t>((2ull << 30) / region, 1, 8));
+                const double decode_bytes = double(region) * (1 + patterns) + digests +
+                                            std::min(digests, double(1ull << 30)) + digests * patterns / sh.layers;
+                const double prefill_bytes = double(region) * (1 + patterns);
                 if (decode_bytes > 3.5 * double(1ull << 30) || prefill_bytes > 3.5 * double(1ull << 30))
                     throw UsageError(
                         fmt("--emulate-tokens: %llu tokens need about %.1f GiB on the decode side and "

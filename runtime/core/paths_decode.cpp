@@ -25,7 +25,11 @@ constexpr size_t kMaxHeldNotices = 4096;
 void Context::maybe_essential(Transfer &t, uint32_t layer) {
     Transfer::Layer &L = t.layers[layer];
     if (L.essential || !L.in.essential_notice || L.in.digest_chunks_received < L.in.digest_chunks_announced) return;
-    digest_proactive_blocks(t, layer);
+    // A layer that came whole is attended whole; its digests wait until asked for (digests()).
+    if (L.in.proactive_blocks.size() == request_blocks(t))
+        L.in.digests_deferred = true;
+    else
+        digest_proactive_blocks(t, layer);
     L.essential = true;
     emit(t, SG_EVENT_ESSENTIAL_READY, layer, SG_OK);
     complete_if_done(t);  // the last digests may be what the transfer waited for
@@ -245,7 +249,11 @@ void Context::fetch(Transfer &t, uint32_t layer, std::span<const uint32_t> block
 
 bool Context::digests(Transfer &t, uint32_t layer, std::span<float> out, size_t &floats) {
     std::lock_guard lock(mu);
-    const Transfer::Layer &L = t.layers[layer];
+    Transfer::Layer &L = t.layers[layer];
+    if (!t.post_side && L.essential && L.in.digests_deferred) {
+        L.in.digests_deferred = false;
+        digest_proactive_blocks(t, layer);
+    }
     if (t.post_side || !L.essential || L.digests.empty()) return false;
     const kv::Layout &KL = t.pool->layout;
     floats = kernels::digest_floats(request_blocks(t), KL.num_kv_heads, KL.head_dim);

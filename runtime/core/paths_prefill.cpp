@@ -49,6 +49,25 @@ constexpr uint64_t kProactiveFetchFriendlyBytes = 256 * 1024;
 // Size of one speculative unit: small enough that the path yields often, large enough that its
 // notices cost little.
 constexpr uint64_t kSpeculativeUnitBytes = 512 * 1024;
+// Where the transport keeps bulk apart (lanes: speculative writes on lanes > 0, fetch replies and
+// every message on lane 0), the speculative bytes in flight are not what a fetch finds ahead of it in
+// its socket buffer: they wait in their own. Writes there complete when delivered, so this bound is
+// what may be between the two processes, kernel buffers included, and it must cover the delivery
+// acknowledgement's round trip at the link's rate: at 64 KiB (the bound above) the path carried
+// about 170 MB/s over a 10 Gbit/s link, at 16 MiB the link's rate. The pause after a fetch stays: the
+// bulk still shares the link's queue with the fetches, and a drop-tail queue that bulk keeps full
+// makes a fetch wait behind it and lose packets with it (measured: step 2's 32 fetches waited
+// 250-280 ms without the pause, 68-98 ms with it).
+constexpr uint64_t kApartSpeculativeInflightBytes = 16ull << 20;
+// Larger writes where the bulk is apart: a connection of small writes carries less (one iperf3
+// stream over the shaped link: 64 KiB writes 5.2 Gbit/s, 1 MB 9.5).
+constexpr uint64_t kApartSpeculativeOpBytes = 256 * 1024;
+// A provider for peers on this host (shm) has no socket buffer: what a fetch finds ahead of it is
+// what is in flight, copied at memory speed. 2 MiB is about 0.5 ms of it, and lets the path keep
+// up with a prefill that writes a layer every 10 ms (the 64 KiB bound held it near 2.5 GB/s, below
+// the 3.2 GB/s an emulated 8K-token Llama-3-8B's layers arrive at, so step 2 selected and fetched
+// where streaming had every layer in place).
+constexpr uint64_t kLocalSpeculativeInflightBytes = 2ull << 20;
 
 }  // namespace
 
@@ -222,17 +241,87 @@ std::unique_ptr<SendUnit> Context::claim(Transfer &t, uint32_t layer, uint32_t p
     return u;
 }
 
+// Whether a selective transfer's layer goes whole, every block as proactive, instead of its essential
+// blocks first: when streaming cannot be beaten. That is where the link carries a whole layer in the
+// time the engine takes to write one (the measured delivery rate of this session's bulk times the
+// interval since the last layer was written), and where the peer is on this host (a provider for
+// local peers moves memory, faster than any prefill writes it). Then the decode side holds each layer
+// whole as soon as streaming would, and attends to it whole (seamless): the selective paths cost what
+// streaming costs. Only with the speculative path on: without it the host asked for the essential
+// blocks alone. The margin (1.25) keeps a link that only just keeps up on the selective side: there a
+// whole layer would delay the next layers' essential blocks.
+bool Context::stream_whole(const Transfer &t, uint64_t interval_ns) const {
+    if (!(t.paths & SG_PATH_SPECULATIVE)) return false;
+    const Session &s = *t.session;
+    if (s.tp->caps().local_only) return true;
+    if (!(s.bulk_rate > 0) || !interval_ns) return false;
+    const double layer_bytes = double(block_bytes(t.pool->layout)) * request_blocks(t);
+    return s.bulk_rate * double(interval_ns) >= 1.25 * layer_bytes;
+}
+
+// A speculative unit delivered: the session's bulk rate over windows of at least 5 ms of deliveries.
+// Gaps (the path paused for fetches, or waiting for essential blocks) count as time: the rate is a
+// lower bound, which errs on the selective side.
+void Context::note_bulk_delivered(Session &s, uint64_t bytes) {
+    constexpr uint64_t kRateWindowNs = 5000000;
+    const uint64_t now = now_ns();
+    if (!s.rate_window_ns) {
+        s.rate_window_ns = now;
+        s.rate_window_bytes = 0;
+        return;  // the first unit's delivery starts the window: its own time is unknown
+    }
+    s.rate_window_bytes += bytes;
+    if (now - s.rate_window_ns < kRateWindowNs) return;
+    const double rate = double(s.rate_window_bytes) / double(now - s.rate_window_ns);
+    s.bulk_rate = s.bulk_rate > 0 ? 0.5 * s.bulk_rate + 0.5 * rate : rate;
+    s.rate_window_ns = now;
+    s.rate_window_bytes = 0;
+}
+
+// A written layer of a selective transfer that goes whole (stream_whole): committed at once, with no
+// selection and no digests (the decode side holds every block, so no selection needs them), and
+// sent as one proactive unit. False when the layer takes the selective way (the caller queues its
+// selection).
+bool Context::commit_whole_layer(Transfer &t, uint32_t layer) {
+    if (!(t.paths & SG_PATH_PROACTIVE)) return false;
+    std::lock_guard lock(mu);
+    Transfer::Layer &L = t.layers[layer];
+    if (L.out.written) return false;
+    const uint64_t now = now_ns();
+    if (!stream_whole(t, t.sel.last_written_ns ? now - t.sel.last_written_ns : 0)) return false;
+    L.out.written = true;
+    L.out.written_ns = now;
+    t.sel.last_written_ns = now;
+    t.sel.layers_written++;
+    std::vector<uint32_t> every(L.out.claimed.size());
+    for (uint32_t b = 0; b < every.size(); ++b) every[b] = b;
+    t.sel.proactive_queue.push_back(claim(t, layer, SG_PATH_PROACTIVE, every));
+    t.sel.layers_whole++;
+    if (t.matched() && !t.finished()) pump_selective(t, 1, plan::kTurnQuota);
+    wake();
+    return true;
+}
+
 void Context::commit_layer(Transfer &t, uint32_t layer, PreparedLayer &&prep) {
     Transfer::Layer &L = t.layers[layer];
     if (L.out.written) return;
     L.out.written = true;
     L.out.written_ns = now_ns();
+    const uint64_t interval = t.sel.last_written_ns ? L.out.written_ns - t.sel.last_written_ns : 0;
+    t.sel.last_written_ns = L.out.written_ns;
     t.sel.layers_written++;
     if (t.paths & SG_PATH_PROACTIVE) {
         L.out.selected = std::move(prep.selected);
         L.digests = std::move(prep.digests);
         // The proactive unit goes even when empty: its notice is what makes the layer essential.
-        t.sel.proactive_queue.push_back(claim(t, layer, SG_PATH_PROACTIVE, L.out.selected));
+        if (stream_whole(t, interval)) {
+            std::vector<uint32_t> every(L.out.claimed.size());
+            for (uint32_t b = 0; b < every.size(); ++b) every[b] = b;
+            t.sel.proactive_queue.push_back(claim(t, layer, SG_PATH_PROACTIVE, every));
+            t.sel.layers_whole++;
+        } else {
+            t.sel.proactive_queue.push_back(claim(t, layer, SG_PATH_PROACTIVE, L.out.selected));
+        }
     }
     if (!L.out.demand_waiting.empty()) {
         auto u = claim(t, layer, SG_PATH_ON_DEMAND, L.out.demand_waiting);
@@ -352,7 +441,9 @@ void Context::compile_unit(Transfer &t, SendUnit &u) {
     plan::Side dst{&t.prefill.dst->layout, dst_ids};
     plan::Limits limits;
     const uint64_t max_op = std::min(max_op_bytes_, t.session->tp->caps().max_msg_size);
-    limits.max_op_bytes = u.path == SG_PATH_SPECULATIVE ? std::min(max_op, kSpeculativeOpBytes) : max_op;
+    const transport::Capabilities &caps = t.session->tp->caps();
+    const uint64_t spec_op = caps.bulk_apart || caps.local_only ? kApartSpeculativeOpBytes : kSpeculativeOpBytes;
+    limits.max_op_bytes = u.path == SG_PATH_SPECULATIVE ? std::min(max_op, spec_op) : max_op;
     if (t.staged_only()) limits.max_op_bytes = std::min<uint64_t>(limits.max_op_bytes, StagingArea::kSlotBytes);
     limits.max_iov = uint32_t(std::min<uint64_t>(plan::kMaxIov, std::max<uint64_t>(1, t.session->tp->caps().rma_iov_limit)));
     const plan::LayerPlanStats ps = plan::compile_layer(src, bases, dst, tokens, limits, u.ops);
@@ -365,7 +456,7 @@ void Context::compile_unit(Transfer &t, SendUnit &u) {
     // Gbit/s); shm pays a round trip per write, so it packs everything.
     const uint64_t mean = u.ops.empty() ? 0 : ps.bytes / u.ops.size();
     const bool pack_bulk = t.session->tp->caps().local_only;
-    u.staged = t.staged_only() ||  // quantized or copied off the device while packing
+    u.staged = t.staged_only() || // quantized or copied off the device while packing
                (t.session->have_peer_staging &&
                 ((u.path != SG_PATH_SPECULATIVE || pack_bulk) && staging_policy_ != SG_STAGING_NEVER &&
                  (staging_policy_ == SG_STAGING_ALWAYS || (staging_threshold_ && mean < staging_threshold_))));
@@ -395,9 +486,15 @@ bool Context::pump_selective(Transfer &t, int pass, uint32_t quota) {
     auto &queue = pass == 0 ? t.sel.demand_queue : pass == 1 ? t.sel.proactive_queue : t.sel.speculative_queue;
     // Proactive writes' bound for this call (the context's mutex is held: neither a written layer nor
     // a fetch can come in meanwhile).
-    const bool decode_may_fetch = t.sel.layers_written == t.layers.size() ||
-                                  (s.last_fetch_ns && now_ns() - s.last_fetch_ns < kSpeculativeYieldNs);
+    const bool apart = s.tp->caps().bulk_apart;
+    // (A transfer whose every layer went whole gives decode nothing to fetch.)
+    const bool decode_may_fetch =
+        (t.sel.layers_written == t.layers.size() && t.sel.layers_whole < t.layers.size()) ||
+        (s.last_fetch_ns && now_ns() - s.last_fetch_ns < kSpeculativeYieldNs);
     const uint64_t proactive_bound = decode_may_fetch ? kProactiveFetchFriendlyBytes : kProactiveInflightBytes;
+    const uint64_t speculative_bound = apart                      ? kApartSpeculativeInflightBytes
+                                       : s.tp->caps().local_only ? kLocalSpeculativeInflightBytes
+                                                                 : kSpeculativeInflightBytes;
     while (posted < quota) {
         SendUnit *u = next_unit(t, pass);
         if (!u) break;
@@ -407,7 +504,7 @@ bool Context::pump_selective(Transfer &t, int pass, uint32_t quota) {
             // On-demand writes only wait for operation slots; bulk respects the byte bounds, and
             // speculative bulk its own small bound on top.
             if (pass >= 1 && !may_post_bytes(s, len)) break;
-            if (pass == 2 && s.speculative_inflight && s.speculative_inflight + len > kSpeculativeInflightBytes) break;
+            if (pass == 2 && s.speculative_inflight && s.speculative_inflight + len > speculative_bound) break;
             if (pass == 1 && s.proactive_inflight && s.proactive_inflight + len > proactive_bound) break;
             if (!(u->staged ? post_staged_chunk(t, u->layer, u->ops, u->next_op, u)
                              : post_write_op(t, u->layer, u->ops, u->next_op, u)))
@@ -457,6 +554,7 @@ void Context::selective_notices(Transfer &t) {
         Transfer::Layer &L = t.layers[u.layer];
         for (uint32_t b : u.blocks) t.residency.set(u.layer, b);
         L.out.delivered_count += uint32_t(u.blocks.size());
+        if (u.path == SG_PATH_SPECULATIVE) note_bulk_delivered(*t.session, u.bytes);
         if (u.path == SG_PATH_PROACTIVE) {
             L.essential = true;
             emit(t, SG_EVENT_ESSENTIAL_READY, u.layer, SG_OK);

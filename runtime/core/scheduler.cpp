@@ -101,7 +101,8 @@ bool Context::post_write_op(Transfer &t, uint32_t layer, const Vec<plan::Op> &op
     c->unit = unit;
     int rc;
     try {
-        rc = s.tp->post_write(s.peer, std::span(iov, op.niov), dr.base + op.dst_offset, dr.key, c);
+        rc = s.tp->post_write_as(write_class(unit), s.peer, std::span(iov, op.niov), dr.base + op.dst_offset, dr.key,
+                                 c);
     } catch (const Error &e) {
         give_cookie(c);
         lose_session(s, SG_ERR_PEER_LOST, "writing to the peer failed: " + e.message());

@@ -165,7 +165,12 @@ class Session {
     uint64_t bytes_inflight = 0;
     uint64_t speculative_inflight = 0;
     uint64_t proactive_inflight = 0;  // bytes of proactive writes in flight (bounded once decode may fetch)
-    uint64_t last_fetch_ns = 0;  // the peer's last on-demand fetch (the speculative path yields after it)  // bytes of speculative writes in flight (bounded, so a fetch waits little)
+    uint64_t last_fetch_ns = 0;  // the peer's last on-demand fetch (the speculative path yields after it)
+    // The rate at which the speculative path's units were delivered (bytes per ns, smoothed; 0 while
+    // unmeasured), over windows of at least kRateWindowNs: a lower bound of what the link carries,
+    // which decides whether a selective transfer's next layer goes whole (paths_prefill.cpp).
+    double bulk_rate = 0;
+    uint64_t rate_window_ns = 0, rate_window_bytes = 0;
     bool regs_dropped = false;  // registrations closed after the session was lost
     uint64_t lost_ns = 0;       // when the session was lost (CLOCK_MONOTONIC), 0 while it lives
     // Unfinished transfers of the session, against max_transfers_per_session.

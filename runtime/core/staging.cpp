@@ -301,8 +301,8 @@ bool Context::post_pack(Pack &p) {
     transport::LocalIov iov{s.send_staging.base + size_t(p.lslot) * StagingArea::kSlotBytes, p.used, s.send_staging.reg.desc};
     int rc;
     try {
-        rc = s.tp->post_write(s.peer, std::span(&iov, 1), peer_area.base + p.rslot * StagingArea::kSlotBytes,
-                              peer_area.key, c);
+        rc = s.tp->post_write_as(write_class(p.unit), s.peer, std::span(&iov, 1),
+                                 peer_area.base + p.rslot * StagingArea::kSlotBytes, peer_area.key, c);
     } catch (const Error &e) {
         give_cookie(c);
         lose_session(s, SG_ERR_PEER_LOST, "writing to the peer failed: " + e.message());

@@ -234,6 +234,7 @@ void Context::layer_written(Transfer &t, uint32_t layer, const float *queries, u
     }
     if (device_queries && num_queries && t.pool->layout.mem_kind != SG_MEM_CUDA)
         fail(SG_ERR_INVALID_ARGUMENT, "device queries are for SG_MEM_CUDA pools (this one is host memory)");
+    if (t.selective() && !written && commit_whole_layer(t, layer)) return;
     if (t.selective()) {
         check_selection_inputs(t, layer, queries, num_queries, num_q_heads);
         SelectJob job{t.shared_from_this(), layer, {}, num_queries, num_q_heads, std::move(written), true};

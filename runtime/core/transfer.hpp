@@ -43,6 +43,20 @@ struct SendUnit {
     bool fully_posted() const { return compiled && next_op == ops.size(); }
 };
 
+// What a unit's writes are to the transport: a fetch's reply (or a speculative unit a fetch now waits
+// for) is urgent; the speculative path is background bulk, kept apart from the fetches; the proactive
+// path goes as the full path does. Proactive writes are scattered blocks, small, and a lane apart must
+// ask for delivery completion (lanes.cpp), which halved their rate (a layer's essential blocks took
+// 11-14 ms to post against a layer written every 10 ms on loopback, 4-7 layers queued behind them);
+// they are sent while prefill runs, before decode fetches anything, and their bound shrinks once it
+// may (paths_prefill.cpp).
+inline transport::WriteClass write_class(const SendUnit *u) {
+    if (!u) return transport::WriteClass::Default;
+    if (u->path == SG_PATH_ON_DEMAND || u->urgent) return transport::WriteClass::Urgent;
+    if (u->path == SG_PATH_SPECULATIVE) return transport::WriteClass::Bulk;
+    return transport::WriteClass::Default;
+}
+
 class Transfer : public std::enable_shared_from_this<Transfer> {
   public:
     Transfer(Context *ctx, std::shared_ptr<Session> s, bool post_side, std::string request_id,
@@ -108,6 +122,9 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
             uint32_t chunks_announced = 0; // staged_chunks from LayerReady
             // Selective paths.
             std::vector<uint32_t> proactive_blocks;  // blocks the proactive notices named (digested here)
+            // Every block came proactive (a layer streamed whole): its digests are computed only if
+            // someone asks for them (sg_transfer_digests), since no selection needs them.
+            bool digests_deferred = false;
             uint32_t resident_count = 0;
             std::vector<uint8_t> requested;   // fetched and not yet resident
             bool essential_notice = false;    // the proactive BlocksReady arrived
@@ -170,6 +187,8 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
         std::vector<std::unique_ptr<SendUnit>> posted_units;  // posted; notice or completions pending
         uint32_t layers_written = 0;
         uint32_t spec_order_pos = 0;  // first entry of `order` the speculative path has not exhausted
+        uint64_t last_written_ns = 0;  // when the last layer was written (the layer interval)
+        uint32_t layers_whole = 0;     // layers whose proactive unit took every block (stream_whole)
     } sel;
 
     // Decode side.

@@ -79,6 +79,7 @@ class StripedTransport final : public Transport {
                                               "striping over lanes needs application-chosen keys");
         caps_.send_after_write = false;
         caps_.lanes = n;
+        caps_.bulk_apart = n > 1;
         event_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (event_fd_ < 0) fail(SG_ERR_INTERNAL, std::string("eventfd: ") + std::strerror(errno));
         // The caller's wait descriptor: our events, and lane 0's endpoint, which poll() drives.
@@ -218,6 +219,14 @@ class StripedTransport final : public Transport {
 
     int post_write(PeerAddr id, std::span<const LocalIov> local, uint64_t remote_addr, uint64_t key,
                    void *cookie) override {
+        return post_write_as(WriteClass::Default, id, local, remote_addr, key, cookie);
+    }
+
+    // Urgent writes go on lane 0 with the messages, whatever their size; bulk goes on the other lanes
+    // (lane 0 only when every other lane to the peer has failed), so a fetch's reply and the notices
+    // that follow it never wait in lane 0's socket buffer behind bulk bytes.
+    int post_write_as(WriteClass cls, PeerAddr id, std::span<const LocalIov> local, uint64_t remote_addr,
+                      uint64_t key, void *cookie) override {
         Peer *p = peer(id);
         Op op;
         op.peer = id;
@@ -228,9 +237,9 @@ class StripedTransport final : public Transport {
         for (const LocalIov &v : local) op.bytes += v.len;
         // Small writes stay on lane 0, posted in this call like a plain endpoint's: striping them buys
         // nothing and a handover to another lane's thread costs more than the write.
-        const bool small = op.bytes < small_write_bytes_;
-        const int lane = small ? 0 : pick_lane(*p, op.bytes);
-        if (small) add_outstanding(*p, 0, op.bytes);
+        const bool on_lane0 = cls == WriteClass::Urgent || (cls == WriteClass::Default && op.bytes < small_write_bytes_);
+        const int lane = on_lane0 ? 0 : pick_lane(*p, op.bytes, cls == WriteClass::Bulk ? 1 : 0);
+        if (on_lane0) add_outstanding(*p, 0, op.bytes);
         if (lane < 0) fail(SG_ERR_TRANSPORT, "every lane to this peer has failed");
         enqueue(size_t(lane), std::move(op));
         post_now_if_inline(size_t(lane));
@@ -393,12 +402,16 @@ class StripedTransport final : public Transport {
         p.outstanding[lane] += bytes;
     }
 
-    // The live lane with the fewest bytes outstanding to this peer; -1 when none is left.
-    int pick_lane(Peer &p, uint64_t bytes) {
+    // The live lane from `first` on with the fewest bytes outstanding to this peer, else any live lane
+    // (lane 0 included); -1 when none is left.
+    int pick_lane(Peer &p, uint64_t bytes, size_t first = 0) {
         std::lock_guard lock(peers_mu_);
         int best = -1;
-        for (size_t i = 0; i < p.addr.size(); ++i)
-            if (!p.failed[i] && (best < 0 || p.outstanding[i] < p.outstanding[size_t(best)])) best = int(i);
+        for (size_t from = std::min(first, p.addr.size());; from = 0) {
+            for (size_t i = from; i < p.addr.size(); ++i)
+                if (!p.failed[i] && (best < 0 || p.outstanding[i] < p.outstanding[size_t(best)])) best = int(i);
+            if (best >= 0 || from == 0) break;
+        }
         if (best >= 0) p.outstanding[size_t(best)] += bytes;
         return best;
     }

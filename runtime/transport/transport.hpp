@@ -42,6 +42,16 @@ struct Capabilities {
     bool local_only = false;
     // Lanes a transport stripes writes over (lanes.cpp); 1 for a plain endpoint.
     uint32_t lanes = 1;
+    // post_write_as keeps background bulk off the connection that carries the messages and urgent
+    // writes (lanes.cpp: lanes > 1), so neither queues behind bulk in a socket buffer.
+    bool bulk_apart = false;
+};
+
+// What a write is to the session, for transports that can keep classes apart (post_write_as).
+enum class WriteClass {
+    Default,  // the full path: striped over every lane as throughput asks
+    Urgent,   // an on-demand fetch's reply: with the session's messages, ahead of any bulk
+    Bulk,     // background bulk (proactive, speculative): apart from the messages and urgent writes
 };
 
 // A candidate as ranked for the runtime, with the reason it was kept or rejected.
@@ -113,6 +123,12 @@ class Transport {
     // cookie must point at storage of at least kCookieBytes that stays valid until completion.
     virtual int post_write(PeerAddr peer, std::span<const LocalIov> local, uint64_t remote_addr, uint64_t key,
                            void *cookie) = 0;
+    // The same, saying what the write is; a transport with one connection treats every class alike.
+    virtual int post_write_as(WriteClass cls, PeerAddr peer, std::span<const LocalIov> local, uint64_t remote_addr,
+                              uint64_t key, void *cookie) {
+        (void)cls;
+        return post_write(peer, local, remote_addr, key, cookie);
+    }
     virtual int post_send(PeerAddr peer, const void *buf, uint64_t len, void *desc, void *cookie) = 0;
     // Reaps completions and arrived messages without blocking; returns how many events were handled.
     virtual size_t poll(CompletionSink &sink) = 0;

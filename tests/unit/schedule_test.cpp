@@ -159,6 +159,14 @@ TEST(Schedule, ALeaseExpiresWhenTheDecodeSideNeverTakesTheRest) {
     r.finish();
 }
 
+// Three layers of one KV head, 4-token blocks: sinks and recent window of two blocks each, so a
+// 64-block request's proactive blocks are 0, 1, 62 and 63.
+select::Profile sinks_and_recent_profile() {
+    return select::parse_profile(
+        R"({"version": 1, "model": "t", "num_layers": 3, "num_kv_heads": 1, "block_tokens": 4,
+            "defaults": {"policy": "sinks_recent", "budget": {"tokens": 16}, "sinks": 8, "recent": 8}})");
+}
+
 // The scheduler's order, seen in what the prefill side posts: every proactive block before any
 // speculative one, and a fetch's blocks before anything posted after the fetch arrived.
 TEST(Schedule, OnDemandGoesBeforeProactiveBeforeSpeculative) {
@@ -170,9 +178,7 @@ TEST(Schedule, OnDemandGoesBeforeProactiveBeforeSpeculative) {
     Request r(p, layers, blocks, uint64_t(blocks) * tpb);
     r.dt = iota_table(blocks);  // decode block i holds request block i
     // Sinks and recent window of two blocks each: the proactive blocks are 0, 1, 62 and 63.
-    const select::Profile profile = select::parse_profile(
-        R"({"version": 1, "model": "t", "num_layers": 3, "num_kv_heads": 1, "block_tokens": 4,
-            "defaults": {"policy": "sinks_recent", "budget": {"tokens": 16}, "sinks": 8, "recent": 8}})");
+    const select::Profile profile = sinks_and_recent_profile();
     r.do_expect();
     r.do_post(transfer_options(SG_PATH_PROACTIVE | SG_PATH_ON_DEMAND | SG_PATH_SPECULATIVE), &profile);
     auto proactive = [&](uint32_t b) { return b < 2 || b >= blocks - 2; };
@@ -505,6 +511,99 @@ TEST(Lanes, SmallWritesStayOnLaneZeroAndLargeOnesAreStriped) {
             EXPECT_EQ(writers.size(), 1u) << "writes of at most " << largest << " bytes";
         else
             EXPECT_EQ(writers.size(), 2u) << "writes of up to " << largest << " bytes";
+        r.finish();
+    }
+}
+
+}  // namespace
+
+namespace {
+
+// With lanes, the speculative path's bulk travels apart from the fetches (ARCHITECTURE: on-demand
+// traffic never queues behind bulk in a socket buffer): every speculative write leaves from a lane
+// other than lane 0, and a fetch's reply from lane 0, with the session's messages, whatever its size.
+TEST(Lanes, SpeculativeBulkTravelsApartFromFetchReplies) {
+    NoStaging direct;
+    PairConfig cfg;
+    cfg.lanes = 2;
+    cfg.max_ops_in_flight = 2;  // so that the speculative path has not reached the fetched blocks
+    FakePair p(0x1a520, cfg);
+    const uint32_t layers = 3, blocks = 64, tpb = 4;
+    Request r(p, layers, blocks, uint64_t(blocks) * tpb);
+    r.dt = iota_table(blocks);
+    const select::Profile profile = sinks_and_recent_profile();
+    r.do_expect();
+    r.do_post(transfer_options(SG_PATH_PROACTIVE | SG_PATH_ON_DEMAND | SG_PATH_SPECULATIVE), &profile);
+    auto proactive = [&](uint32_t b) { return b < 2 || b >= blocks - 2; };
+    const std::vector<uint32_t> wanted = {40, 41, 50};
+    auto fetched = [&](uint32_t layer, uint32_t b) {
+        return layer == layers - 1 && std::find(wanted.begin(), wanted.end(), b) != wanted.end();
+    };
+    // The fetch goes as soon as the decode side may ask (the last layer's essential blocks are here).
+    ASSERT_TRUE(p.run_until([&] { return r.expect->layers[layers - 1].essential; }));
+    p.decode->fetch(*r.expect, layers - 1, wanted);
+    p.decode->progress_once();  // the fetch leaves; writes logged from here on were posted after it
+    const size_t fetch_arrives = p.fabric.writes().size();
+    ASSERT_TRUE(r.run_to_quiesce());
+    EXPECT_EQ(r.post->status, SG_OK);
+    EXPECT_TRUE(r.exact());
+    const uint32_t lane0 = p.prefill_ep;  // the endpoint of lane 0 (the metadata's first)
+    size_t speculative = 0, replies = 0;
+    const auto log = p.fabric.writes();
+    for (size_t i = 0; i < log.size(); ++i) {
+        const auto &w = log[i];
+        uint32_t layer = 0, first = 0;
+        ASSERT_TRUE(r.dst.locate(w.target_addr, layer, first));
+        const uint32_t count = uint32_t(w.len / (r.dst.block_elems() * 2));
+        if (proactive(first) && proactive(first + count - 1)) continue;
+        bool any_fetched = false;
+        for (uint32_t b = first; b < first + count; ++b) any_fetched = any_fetched || fetched(layer, b);
+        // (A speculative write posted before the fetch arrived may hold fetched blocks: it stays bulk.)
+        if (any_fetched && i >= fetch_arrives) {
+            EXPECT_EQ(w.from, lane0) << "a fetch's reply (layer " << layer << " block " << first << ") left from lane "
+                                     << w.from - lane0;
+            ++replies;
+        } else {
+            EXPECT_NE(w.from, lane0) << "speculative bulk (layer " << layer << " block " << first << ") on lane 0";
+            ++speculative;
+        }
+    }
+    EXPECT_GT(speculative, 0u);
+    EXPECT_GT(replies, 0u) << "the fetch found every block already sent: the test proves nothing";
+    r.finish();
+}
+
+}  // namespace
+
+namespace {
+
+// Where streaming cannot be beaten (a provider for peers on this host), a selective transfer with the
+// speculative path sends every layer whole as it is written: one proactive unit of every block, no
+// selection, no digests, and the decode side holds each layer whole with its essential blocks.
+// Without the speculative path the host asked for the essential blocks alone, and gets them.
+TEST(Schedule, OnALocalProviderSelectiveLayersGoWholeWithTheSpeculativePathOn) {
+    NoStaging direct;
+    const select::Profile profile = sinks_and_recent_profile();
+    for (const bool speculative : {true, false}) {
+        PairConfig cfg;
+        cfg.knobs.local_only = true;
+        FakePair p(0x1a530 + speculative, cfg);
+        const uint32_t layers = 3, blocks = 64, tpb = 4;
+        Request r(p, layers, blocks, uint64_t(blocks) * tpb);
+        r.do_expect();
+        const uint32_t paths = SG_PATH_PROACTIVE | SG_PATH_ON_DEMAND | (speculative ? SG_PATH_SPECULATIVE : 0u);
+        r.do_post(transfer_options(paths), &profile);
+        ASSERT_TRUE(p.run_until([&] { return r.expect->layers[layers - 1].essential; }));
+        for (uint32_t l = 0; l < layers; ++l)
+            EXPECT_EQ(r.expect->layers[l].ready, speculative) << "layer " << l << (speculative ? " not" : "")
+                                                               << " whole at its essential notice";
+        EXPECT_EQ(r.post->sel.layers_whole, speculative ? layers : 0u);
+        EXPECT_EQ(r.post->stats.digest_bytes > 0, !speculative) << "digests go only for blocks left behind";
+        if (speculative) {
+            EXPECT_EQ(r.post->stats.bytes_proactive, r.post->stats.bytes) << "every byte proactive";
+            ASSERT_TRUE(r.run_to_quiesce());
+            EXPECT_TRUE(r.exact());
+        }
         r.finish();
     }
 }

@@ -20,10 +20,13 @@
 // for the rest, an estimate), bytes per path, the digests, their total (`bytes`) and that total over the
 // whole KV (`bytes_of_kv`), and on-demand waits in `extra`; a "P4" line per prompt
 // length (Llama-3-8B, budget 1/8) with value = SmartGen's stall, baseline = full streamed's stall; one
-// "P7" line with value = median fetch latency during the bulk, baseline = the idle median.
+// "P7" line with value = median fetch latency during the bulk, baseline = the idle median. Every run
+// generates 256 tokens; beside P4, "P10" lines compare the whole response (t0 -> token 64, t0 -> token
+// 256) and a "P11" line the time per token with full streamed's, each with the median of the runs and
+// the worst run's ratio (the slowest SmartGen run against the fastest streamed one).
 //
 // Flags: --link loopback|10gbit|5gbit|1gbit (tbf, latency 1 ms; root), --models LIST (llama3-8b,
-// qwen3-8b, llama3-70b), --tokens LIST, --budgets LIST (1/4,1/8,1/16), --runs N (3; --quick 1),
+// qwen3-8b, llama3-70b), --tokens LIST, --budgets LIST (1/4,1/8,1/16), --runs N (8; --quick 1),
 // --provider NAME (loopback only; tcp), --disagg PATH (or SMARTGEN_DISAGG), --iperf-seconds S (2),
 // --p7-bytes B (1G; --quick 512M), --p7-reps N (5; --quick 2), --p7-gap-us US (15000),
 // --p7-session-inflight B and --p7-max-op B (prefill-side experiment knobs), --no-p7, --p7-only,
@@ -211,6 +214,10 @@ struct Run {
     double stall_first_message_ms = NAN, stall_selector_ms = NAN, stall_fetch_wait_ms = NAN, stall_fetch_calls = NAN,
            stall_modelled_sel_ms = NAN;
     double tcp_bps = NAN, nominal_bps = NAN, qdisc_bytes = NAN;
+    // The whole response (smartgen-disagg runs 256 new tokens here): t0 -> the 64th and -> the 256th
+    // token, and the time per token after the second of the steps that attended sparse and of those
+    // that attended whole.
+    double e2e64 = NAN, e2e256 = NAN, tpot_sparse = NAN, tpot_dense = NAN;
     std::string provider;
 };
 
@@ -238,6 +245,10 @@ Run parse_run(const std::string &out) {
     r.bytes_speculative = num_or_nan(j, "bytes_speculative");
     r.digest = num_or_nan(j, "digest_bytes");
     r.first_wait_ms = num_or_nan(j, "first_step_wait_ms");
+    r.e2e64 = num_or_nan(j, "e2e_64_ms");
+    r.e2e256 = num_or_nan(j, "e2e_ms");
+    r.tpot_sparse = num_or_nan(j, "tpot_sparse_ms");
+    r.tpot_dense = num_or_nan(j, "tpot_dense_ms");
     r.provider = j.value("provider", "");
     if (j.value("mode", "") == "selective") {
         r.fetch_calls = num_or_nan(j, "fetch_calls");
@@ -755,7 +766,8 @@ int run_ttst(const Common &c) {
             budgets.push_back(v);
         }
     }
-    int runs = c.quick ? 1 : 3;
+    // At least 8 runs a latency claim (docs/benchmarks.md): min, median and max of each figure.
+    int runs = c.quick ? 1 : 8;
     if (runs_flag) {
         runs = std::atoi(runs_flag->c_str());
         if (runs < 1 || runs > 100) bad_flag("--runs", "give 1..100");
@@ -851,7 +863,8 @@ int run_ttst(const Common &c) {
                     const auto &cf = configs[ci];
                     std::vector<std::string> args = cf.args;
                     for (const auto &a : {std::string("--emulate"), pt.model, std::string("--emulate-tokens"),
-                                          std::to_string(pt.tokens), std::string("--timeout"), std::string("60"),
+                                          std::to_string(pt.tokens), std::string("--max-new-tokens"),
+                                          std::string("256"), std::string("--timeout"), std::string("60"),
                                           std::string("--json")})
                         args.push_back(a);
                     std::vector<std::string> argv, env;
@@ -1020,6 +1033,50 @@ int run_ttst(const Common &c) {
                              "% of the KV in all, digests (" +
                              fmt("%.1f", 100.0 * p.extra["digest_bytes"] / p.extra["bytes"]) + "% of it) included";
                     report.add(p);
+
+                    // P10 and P11: the whole response against full streamed, in the median and in
+                    // the worst run of each (the slowest SmartGen run against the fastest streamed
+                    // one: a claim must hold there too).
+                    struct Whole {
+                        const char *figure, *what;
+                        double Run::*field;
+                    };
+                    for (const Whole &w : {Whole{"P10", "end to end, 64 tokens", &Run::e2e64},
+                                           Whole{"P10", "end to end, 256 tokens", &Run::e2e256},
+                                           Whole{"P11", "TPOT", &Run::tpot}}) {
+                        const double sg = med(rs, w.field), full = med(streamed, w.field);
+                        if (!std::isfinite(sg) || !std::isfinite(full)) continue;
+                        Line q = l;
+                        q.figure = w.figure;
+                        q.op = cf.label + ", " + w.what;
+                        q.value = sg;
+                        q.baseline_name = "full streamed";
+                        q.baseline_value = full;
+                        q.ratio = full / sg;  // > 1: SmartGen faster
+                        q.extra = {};
+                        q.extra_text = {};
+                        q.extra["tokens"] = double(pt.tokens);
+                        q.extra["runs"] = double(rs.size());
+                        q.extra["min_ms"] = lo(rs, w.field);
+                        q.extra["max_ms"] = hi(rs, w.field);
+                        q.extra["full_min_ms"] = lo(streamed, w.field);
+                        q.extra["full_max_ms"] = hi(streamed, w.field);
+                        q.extra["worst_ratio"] = lo(streamed, w.field) / hi(rs, w.field);
+                        if (w.field == &Run::tpot) {
+                            q.extra["tpot_sparse_ms"] = med(rs, &Run::tpot_sparse);
+                            q.extra["tpot_dense_ms"] = med(rs, &Run::tpot_dense);
+                            q.extra["tpot_dense_full_ms"] = med(streamed, &Run::tpot_dense);
+                            q.extra["sparse_over_dense"] = med(rs, &Run::tpot_sparse) / med(streamed, &Run::tpot_dense);
+                        }
+                        q.note = std::string(w.figure) + " " + std::to_string(pt.tokens / 1024) + "K over " + link +
+                                 ", " + w.what + ": full streamed " + fmt("%.1f", full) + " / SmartGen " +
+                                 fmt("%.1f", sg) + " ms = " + fmt("%.3f", q.ratio) + "x (median of " +
+                                 std::to_string(rs.size()) + "); worst run " + fmt("%.3f", q.extra["worst_ratio"]) +
+                                 "x; SmartGen " + fmt("%.1f", q.extra["min_ms"]) + "-" + fmt("%.1f", q.extra["max_ms"]) +
+                                 " ms, streamed " + fmt("%.1f", q.extra["full_min_ms"]) + "-" +
+                                 fmt("%.1f", q.extra["full_max_ms"]) + " ms";
+                        report.add(q);
+                    }
                 }
             }
         }
