@@ -3,7 +3,7 @@
 # (scripts/setup-deps.sh --for demo: the build's packages, jq, iproute2; apt-get, root or sudo), builds
 # smartgen-disagg with the demo preset (release, no tests or bindings; quietly: the build log is shown
 # only when the build fails), runs
-# smartgen-disagg (examples/disagg/README.md) in nine configurations and prints two tables of what
+# smartgen-disagg (examples/disagg/README.md) in eleven configurations and prints two tables of what
 # each run measured, every value parsed from that run's --json output:
 #
 #   stories260K (the real model, 100-token prompt, 64 new tokens; examples/models/stories260K.bin):
