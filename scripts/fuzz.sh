@@ -4,7 +4,7 @@
 #
 # Usage: scripts/fuzz.sh [--seeds] [SECONDS_PER_FUZZER] [FUZZER...]
 #   SECONDS_PER_FUZZER  default 300
-#   FUZZER              wire handlers metadata profile bootstrap (default: all six)
+#   FUZZER              wire handlers metadata profile bootstrap directory_json (default: all six)
 #   --seeds             first regenerate the committed seed corpora (tests/fuzz/corpus) with fuzz_seeds
 #
 # Each fuzzer starts from its committed seeds (tests/fuzz/corpus/NAME, only read) and a working corpus
