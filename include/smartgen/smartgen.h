@@ -65,9 +65,12 @@
  *     A call that races with the destroy/release of the handle it uses either completes or returns
  *     SG_ERR_INVALID_HANDLE; it never touches freed memory. The one exception is
  *     sg_context_destroy, which must not run concurrently with any call on the context's objects.
- *   - fork(): a context belongs to the process that created it. A child process must not use any
- *     handle inherited across fork() (the progress thread and fabric state do not follow); it may
- *     create its own context. Descriptors the library opens are close-on-exec.
+ *   - fork(): a context belongs to the process that created it. In a child, every handle inherited
+ *     across fork() is invalid (SG_ERR_INVALID_HANDLE: the progress thread and fabric state do not
+ *     follow), and the parent's objects are neither used nor destroyed there: their memory and
+ *     descriptors are left to the child's exit. A child may create its own context, and exits
+ *     normally (exit() or returning from main) with or without one. Descriptors the library opens
+ *     are close-on-exec.
  *   - "Since" gives the library version that introduced the function.
  *   - Not provided in this version: confidentiality and integrity of data on the wire once a
  *     session is authenticated (see auth_key); run sessions on a private network.

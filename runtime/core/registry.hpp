@@ -1,7 +1,17 @@
 // Handle registry: public handles are (kind, slot, generation) packed into an integer, so the library
 // never dereferences a value it did not look up. Destroy-then-use, double destroy and made-up values
 // all miss the lookup and are answered SG_ERR_INVALID_HANDLE.
+//
+// fork(): a handle belongs to the process that made it. In a child the parent's objects are not
+// destroyed — their threads did not follow and their locks may have been held at the fork, so a
+// destructor could abort (joining a thread that is not there) or hang (locking such a lock), in the
+// child's exit as much as in a call — and not reachable: every registry forgets them in the child
+// (their handles answer SG_ERR_INVALID_HANDLE there) and leaves their memory to the child's exit,
+// as glibc-safe libraries do with state inherited across fork. Each registry's lock is taken around
+// the fork (pthread_atfork), so the child finds it free and its slots consistent.
 #pragma once
+
+#include <pthread.h>
 
 #include <cstdint>
 #include <memory>
@@ -10,10 +20,83 @@
 
 namespace sg::core {
 
-template <class T>
-class Registry {
+// What the fork handlers need of a registry, whatever it holds.
+class ForkAware {
   public:
-    explicit Registry(uint8_t kind) : kind_(kind) {}
+    virtual void lock_for_fork() = 0;
+    virtual void unlock_after_fork() = 0;
+    virtual void forget_inherited() = 0;  // in the child, with the lock released
+
+  protected:
+    ~ForkAware() = default;
+    static void enroll(ForkAware *r);
+    static void withdraw(ForkAware *r);
+
+  private:
+    struct List {
+        std::mutex mu;
+        std::vector<ForkAware *> all;
+    };
+    // Never destroyed: a fork during the host's exit still finds it.
+    static List &list() {
+        static List *l = new List;
+        return *l;
+    }
+    static void prepare() {
+        list().mu.lock();
+        for (ForkAware *r : list().all) r->lock_for_fork();
+    }
+    static void parent() {
+        for (auto it = list().all.rbegin(); it != list().all.rend(); ++it) (*it)->unlock_after_fork();
+        list().mu.unlock();
+    }
+    static void child() {
+        for (auto it = list().all.rbegin(); it != list().all.rend(); ++it) {
+            (*it)->unlock_after_fork();
+            (*it)->forget_inherited();
+        }
+        list().mu.unlock();
+    }
+};
+
+inline void ForkAware::enroll(ForkAware *r) {
+    static const int registered = pthread_atfork(&ForkAware::prepare, &ForkAware::parent, &ForkAware::child);
+    (void)registered;
+    std::lock_guard lock(list().mu);
+    list().all.push_back(r);
+}
+
+inline void ForkAware::withdraw(ForkAware *r) {
+    std::lock_guard lock(list().mu);
+    for (size_t i = 0; i < list().all.size(); ++i)
+        if (list().all[i] == r) {
+            list().all.erase(list().all.begin() + ptrdiff_t(i));
+            break;
+        }
+}
+
+template <class T>
+class Registry final : public ForkAware {
+  public:
+    explicit Registry(uint8_t kind) : kind_(kind) { enroll(this); }
+    ~Registry() { withdraw(this); }
+    Registry(const Registry &) = delete;
+    Registry &operator=(const Registry &) = delete;
+
+    void lock_for_fork() override { mu_.lock(); }
+    void unlock_after_fork() override { mu_.unlock(); }
+    // In a child: every object is the parent's. Each is kept alive for ever (never destroyed here)
+    // and its slot freed with a new generation, so the parent's handles miss every lookup.
+    void forget_inherited() override {
+        for (size_t i = 0; i < slots_.size(); ++i) {
+            Slot &s = slots_[i];
+            if (!s.obj) continue;
+            new std::shared_ptr<T>(std::move(s.obj));  // deliberately leaked (see the file comment)
+            s.obj.reset();
+            s.generation = s.generation + 1 ? s.generation + 1 : 1;
+            free_.push_back(uint32_t(i));
+        }
+    }
 
     uint64_t add(std::shared_ptr<T> obj) {
         std::lock_guard lock(mu_);

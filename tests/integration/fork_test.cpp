@@ -1,0 +1,123 @@
+// fork(): a child of a process that holds live contexts exits normally — by exit() or by returning
+// from main, so the library's static destructors run in it — with or without a context of its own,
+// however busy the parent's contexts are at the fork; the parent's handles are invalid in the child.
+// Before the registries forgot inherited objects in the child (runtime/core/registry.hpp), a child
+// that made its own context and called exit(0) died of SIGABRT ("No such process": a destructor
+// joined a thread the child does not have), and one that made no call at all could hang in exit on a
+// lock held at the fork.
+#include <smartgen/smartgen.h>
+
+#include "../test_key.h"
+
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+sg_context_t make_context(const char* provider) {
+    sg_context_options_t o;
+    sg_context_options_init(&o);
+    o.provider = provider;
+    o.log_level = SG_LOG_OFF;
+    SG_TEST_USE_KEY(o);
+    sg_context_t c = nullptr;
+    EXPECT_EQ(sg_context_create(&o, &c, nullptr), SG_OK) << sg_last_error_message();
+    return c;
+}
+
+// What a child does before it exits; its exit status says whether it went as expected.
+enum class Child { NoCall, OwnContext, ParentHandle };
+
+[[noreturn]] void run_child(Child what, sg_context_t parent, const char* provider) {
+    int status = 0;
+    if (what == Child::OwnContext) {
+        sg_context_t own = make_context(provider);
+        status = own ? 0 : 10;
+        if (own && sg_context_destroy(own) != SG_OK) status = 11;
+    } else if (what == Child::ParentHandle) {
+        // The parent's context is not the child's: refused, never used or destroyed here.
+        sg_context_stats_t st;
+        sg_context_stats_init(&st);
+        if (sg_context_stats(parent, &st) != SG_ERR_INVALID_HANDLE) status = 20;
+        if (sg_context_destroy(parent) != SG_ERR_INVALID_HANDLE) status = 21;
+    }
+    std::exit(status);  // not _exit: the library's static destructors run in the child
+}
+
+// Waits for pid for up to timeout; its wait status, or -1 (killed) when it did not end in time.
+int wait_for(pid_t pid, std::chrono::seconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+        int ws = 0;
+        const pid_t r = waitpid(pid, &ws, WNOHANG);
+        if (r == pid) return ws;
+        if (std::chrono::steady_clock::now() > deadline) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &ws, 0);
+            return -1;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+}
+
+class Fork : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(Fork, ChildrenExitNormallyWithOrWithoutAContextOfTheirOwn) {
+    const char* provider = GetParam();
+    // Two contexts, one with a listener, and threads calling into the library all the while, so
+    // forks land while registry and context locks are taken.
+    sg_context_t a = make_context(provider), b = make_context(provider);
+    ASSERT_TRUE(a && b);
+    sg_listener_t listener = nullptr;
+    ASSERT_EQ(sg_listener_create(a, "127.0.0.1", 0, &listener, nullptr), SG_OK) << sg_last_error_message();
+    std::atomic<bool> stop{false};
+    std::vector<std::thread> busy;
+    for (sg_context_t c : {a, b})
+        busy.emplace_back([c, &stop] {
+            while (!stop.load()) {
+                sg_context_stats_t st;
+                sg_context_stats_init(&st);
+                sg_context_stats(c, &st);
+                sg_context_progress(c);
+            }
+        });
+    constexpr int kForks = 30;
+    std::string failures;
+    for (int i = 0; i < kForks; ++i) {
+        const Child what = Child(i % 3);
+        const pid_t pid = fork();
+        ASSERT_GE(pid, 0);
+        if (pid == 0) run_child(what, a, provider);
+        const int ws = wait_for(pid, std::chrono::seconds(20));
+        if (ws == -1)
+            failures += " child " + std::to_string(i) + " hung in exit;";
+        else if (WIFSIGNALED(ws))
+            failures += " child " + std::to_string(i) + " died of signal " + std::to_string(WTERMSIG(ws)) + ";";
+        else if (WEXITSTATUS(ws) != 0)
+            failures += " child " + std::to_string(i) + " exited " + std::to_string(WEXITSTATUS(ws)) + ";";
+    }
+    stop = true;
+    for (auto& t : busy) t.join();
+    EXPECT_EQ(failures, "") << "of " << kForks << " children (modes: no call, own context, parent's handle)";
+    // The parent's objects are untouched by their children.
+    sg_context_stats_t st;
+    sg_context_stats_init(&st);
+    EXPECT_EQ(sg_context_stats(a, &st), SG_OK);
+    EXPECT_EQ(sg_listener_destroy(listener), SG_OK);
+    EXPECT_EQ(sg_context_destroy(b), SG_OK);
+    EXPECT_EQ(sg_context_destroy(a), SG_OK);
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, Fork, ::testing::Values("tcp", "shm"),
+                         [](const auto& info) { return std::string(info.param); });
+
+}  // namespace
