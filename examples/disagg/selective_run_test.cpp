@@ -276,6 +276,8 @@ TEST(SelectiveRun, EmulatedSelectionsAheadAreTheInlineOnes) {
     // e2e is t0 -> the last token; TPOT's steps are all sparse here.
     EXPECT_NEAR(j.at("e2e_ms").get<double>(),
                 j.at("ttst_ms").get<double>() + 6 * j.at("tpot_ms").get<double>(), 0.5);
-    EXPECT_NEAR(j.at("tpot_sparse_ms").get<double>(), j.at("tpot_ms").get<double>(), 0.5);
+    // (A step's own time, without what the decode loop does between steps: no more than TPOT.)
+    EXPECT_LE(j.at("tpot_sparse_ms").get<double>(), j.at("tpot_ms").get<double>() * 1.0001);
+    EXPECT_GT(j.at("tpot_sparse_ms").get<double>(), 0.5 * j.at("tpot_ms").get<double>());
     EXPECT_TRUE(j.at("tpot_dense_ms").is_null());
 }
