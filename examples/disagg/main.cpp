@@ -1428,10 +1428,11 @@ struct ModelMissing : Fatal {
     using Fatal::Fatal;
 };
 
-// The checkpoint resolve_model finds, loaded, or ModelMissing with every path tried.
-std::unique_ptr<Model> load_model(const Options& o) {
+// The checkpoint resolve_model finds, loaded (its path in *path), or ModelMissing with every path tried.
+std::unique_ptr<Model> load_model(const Options& o, std::string* loaded_path = nullptr) {
     std::string tried;
     const std::string path = resolve_model(o, tried);
+    if (loaded_path) *loaded_path = path;
     if (path.empty())
         throw ModelMissing(fmt("model file not found (tried %s); give --model PATH, or %s", tried.c_str(),
                                model_files::how_to_point()));
@@ -2177,9 +2178,8 @@ int main_impl(int argc, char** argv) {
         std::string label;
         std::vector<int> prompt;
         if (o.emulate.empty() && o.role != Role::kDecode) {
-            std::string tried;
-            const std::string path = resolve_model(o, tried);
-            model = load_model(o);
+            std::string path;
+            model = load_model(o, &path);
             const Config& c = model->config();
             label = fmt("%s (dim %d, %d layers, %d heads, %d KV heads, vocab %d)",
                         std::filesystem::path(path).filename().c_str(), c.dim, c.n_layers, c.n_heads, c.n_kv_heads,

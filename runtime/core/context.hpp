@@ -188,6 +188,7 @@ class Context : public transport::CompletionSink {
     void commit_layer(Transfer &t, uint32_t layer, PreparedLayer &&prep);
     bool stream_whole(const Transfer &t, uint64_t interval_ns) const;
     bool commit_whole_layer(Transfer &t, uint32_t layer);
+    void queue_whole_layer(Transfer &t, uint32_t layer);
     void note_bulk_delivered(Session &s, uint64_t bytes);
     void release_unposted_speculative(Transfer &t, uint32_t layer, std::span<const uint32_t> wanted);
     void check_selection_inputs(Transfer &t, uint32_t layer, const float *queries, uint32_t num_queries,

@@ -278,6 +278,14 @@ void Context::note_bulk_delivered(Session &s, uint64_t bytes) {
     s.rate_window_bytes = 0;
 }
 
+// The layer's proactive unit claims every block (the layer goes whole).
+void Context::queue_whole_layer(Transfer &t, uint32_t layer) {
+    std::vector<uint32_t> every(t.layers[layer].out.claimed.size());
+    for (uint32_t b = 0; b < every.size(); ++b) every[b] = b;
+    t.sel.proactive_queue.push_back(claim(t, layer, SG_PATH_PROACTIVE, every));
+    t.sel.layers_whole++;
+}
+
 // A written layer of a selective transfer that goes whole (stream_whole): committed at once, with no
 // selection and no digests (the decode side holds every block, so no selection needs them), and
 // sent as one proactive unit. False when the layer takes the selective way (the caller queues its
@@ -293,10 +301,7 @@ bool Context::commit_whole_layer(Transfer &t, uint32_t layer) {
     L.out.written_ns = now;
     t.sel.last_written_ns = now;
     t.sel.layers_written++;
-    std::vector<uint32_t> every(L.out.claimed.size());
-    for (uint32_t b = 0; b < every.size(); ++b) every[b] = b;
-    t.sel.proactive_queue.push_back(claim(t, layer, SG_PATH_PROACTIVE, every));
-    t.sel.layers_whole++;
+    queue_whole_layer(t, layer);
     if (t.matched() && !t.finished()) pump_selective(t, 1, plan::kTurnQuota);
     wake();
     return true;
@@ -315,10 +320,7 @@ void Context::commit_layer(Transfer &t, uint32_t layer, PreparedLayer &&prep) {
         L.digests = std::move(prep.digests);
         // The proactive unit goes even when empty: its notice is what makes the layer essential.
         if (stream_whole(t, interval)) {
-            std::vector<uint32_t> every(L.out.claimed.size());
-            for (uint32_t b = 0; b < every.size(); ++b) every[b] = b;
-            t.sel.proactive_queue.push_back(claim(t, layer, SG_PATH_PROACTIVE, every));
-            t.sel.layers_whole++;
+            queue_whole_layer(t, layer);
         } else {
             t.sel.proactive_queue.push_back(claim(t, layer, SG_PATH_PROACTIVE, L.out.selected));
         }

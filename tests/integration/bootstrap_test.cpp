@@ -5,6 +5,7 @@
 #include <smartgen/smartgen.h>
 
 #include "../test_key.h"
+#include "test_context.hpp"
 
 #include <gtest/gtest.h>
 
@@ -24,16 +25,7 @@ namespace {
 constexpr uint64_t kSecond = 1000000000ull;
 using Clock = std::chrono::steady_clock;
 
-sg_context_t make(const char *provider = "tcp") {
-    sg_context_options_t o;
-    sg_context_options_init(&o);
-    o.provider = provider;
-    o.log_level = SG_LOG_OFF;
-    SG_TEST_USE_KEY(o);
-    sg_context_t c = nullptr;
-    EXPECT_EQ(sg_context_create(&o, &c, nullptr), SG_OK) << sg_last_error_message();
-    return c;
-}
+sg_context_t make(const char *provider = "tcp") { return make_test_context(provider); }
 
 int connect_to(uint16_t port) {
     const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);

@@ -7,7 +7,7 @@
 // lock held at the fork.
 #include <smartgen/smartgen.h>
 
-#include "../test_key.h"
+#include "test_context.hpp"
 
 #include <gtest/gtest.h>
 
@@ -31,16 +31,7 @@ extern "C" __attribute__((visibility("default"), used)) int __lsan_is_turned_off
 
 namespace {
 
-sg_context_t make_context(const char* provider) {
-    sg_context_options_t o;
-    sg_context_options_init(&o);
-    o.provider = provider;
-    o.log_level = SG_LOG_OFF;
-    SG_TEST_USE_KEY(o);
-    sg_context_t c = nullptr;
-    EXPECT_EQ(sg_context_create(&o, &c, nullptr), SG_OK) << sg_last_error_message();
-    return c;
-}
+sg_context_t make_context(const char* provider) { return make_test_context(provider); }
 
 // What a child does before it exits; its exit status says whether it went as expected.
 enum class Child { NoCall, OwnContext, ParentHandle };
