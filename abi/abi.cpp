@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cfloat>
 #include <cmath>
 #include <condition_variable>
 #include <deque>
@@ -145,6 +146,36 @@ T read_sized(const T *in, const T &defaults, const char *what) {
     std::memcpy(static_cast<void *>(&out), in, std::min(in->struct_size, sizeof(T)));
     out.struct_size = sizeof(T);
     return out;
+}
+
+// sg_X_init_sized: the caller's `size` bytes are zeroed, the defaults its struct has room for copied in,
+// and its size recorded, so no _init writes past what the caller compiled (older or newer header).
+template <class T>
+void init_sized(T *p, size_t size, const T &defaults) {
+    if (!p || size < sizeof(size_t)) return;
+    std::memset(static_cast<void *>(p), 0, size);
+    std::memcpy(static_cast<void *>(p), &defaults, std::min(size, sizeof(T)));
+    p->struct_size = size;
+}
+
+// The plain sg_X_init functions (for programs built against headers before 0.5) write their struct's
+// first layout in this SONAME and never more, or a vendored older header would be overrun. These are
+// the structs' sizes now; one that grows trips its assert, and its plain function must then pass its
+// old size (sg_directory_stats_init in 0.5) — under a new default version only if a released version
+// already wrote more (sg_transfer_options_init). docs/abi.md, "Growing a struct".
+static_assert(sizeof(sg_error_info_t) == 528 && sizeof(sg_context_options_t) == 144 &&
+                  sizeof(sg_context_stats_t) == 160 && sizeof(sg_kv_layout_t) == 88 &&
+                  sizeof(sg_session_options_t) == 16 && sizeof(sg_selector_input_t) == 64 &&
+                  sizeof(sg_directory_options_t) == 32 && sizeof(sg_directory_stats_t) == 72 &&
+                  sizeof(sg_layer_written_t) == 40,
+              "a struct with a plain _init grew: freeze that _init's size (docs/abi.md, Growing a struct)");
+
+template <class T>
+T zeroed_with_size() {
+    T t;
+    std::memset(static_cast<void *>(&t), 0, sizeof t);
+    t.struct_size = sizeof t;
+    return t;
 }
 
 // A blocking call inside a transfer event callback would stall the progress thread it runs on.
@@ -319,17 +350,17 @@ SG_API const char *sg_status_str(sg_status_t s) {
 
 SG_API const char *sg_last_error_message(void) { return t_last_error.c_str(); }
 
-SG_API void sg_error_info_init(sg_error_info_t *err) {
-    if (!err) return;
-    std::memset(err, 0, sizeof *err);
-    err->struct_size = sizeof *err;
+SG_API void(sg_error_info_init)(sg_error_info_t *err) { sg_error_info_init_sized(err, sizeof *err); }
+SG_API void sg_error_info_init_sized(sg_error_info_t *err, size_t size) {
+    init_sized(err, size, zeroed_with_size<sg_error_info_t>());
 }
 
 SG_API size_t sg_dtype_size(sg_dtype_t d) { return size_t(sg::kv::dtype_bytes(d)); }
 
 // ---- context ----
-SG_API void sg_context_options_init(sg_context_options_t *o) {
-    if (o) *o = default_context_options();
+SG_API void(sg_context_options_init)(sg_context_options_t *o) { sg_context_options_init_sized(o, sizeof *o); }
+SG_API void sg_context_options_init_sized(sg_context_options_t *o, size_t size) {
+    init_sized(o, size, default_context_options());
 }
 
 SG_API sg_status_t sg_context_create(const sg_context_options_t *options, sg_context_t *out, sg_error_info_t *err) {
@@ -358,12 +389,18 @@ SG_API sg_status_t sg_context_create(const sg_context_options_t *options, sg_con
     });
 }
 
+namespace {
+void destroy_directories_of(uint64_t ctx_handle);
+}
+
 SG_API sg_status_t sg_context_destroy(sg_context_t h) {
     return guard(nullptr, [&] {
         not_in_callback("sg_context_destroy");
         if (!h) return SG_OK;
         auto ctx = contexts().remove(raw(h));
         if (!ctx) fail(SG_ERR_INVALID_HANDLE, "context handle is not live");
+        // Its names first: an entry left published would send peers to a context that is gone.
+        destroy_directories_of(raw(h));
         core::Context *c = ctx.get();
         for (auto &t : transfers().remove_if([c](const core::Transfer &t) { return t.ctx == c; })) c->release(*t);
         for (auto &s : sessions().remove_if([c](const core::Session &s) { return s.ctx == c; })) c->close_session(*s);
@@ -429,10 +466,9 @@ SG_API sg_status_t sg_context_get_param(sg_context_t h, sg_param_t p, uint64_t *
     });
 }
 
-SG_API void sg_context_stats_init(sg_context_stats_t *s) {
-    if (!s) return;
-    std::memset(s, 0, sizeof *s);
-    s->struct_size = sizeof *s;
+SG_API void(sg_context_stats_init)(sg_context_stats_t *s) { sg_context_stats_init_sized(s, sizeof *s); }
+SG_API void sg_context_stats_init_sized(sg_context_stats_t *s, size_t size) {
+    init_sized(s, size, zeroed_with_size<sg_context_stats_t>());
 }
 
 namespace {
@@ -550,22 +586,24 @@ SG_API sg_status_t sg_provider_query(const char *local_addr, sg_provider_info_t 
 }
 
 // ---- KV ----
-SG_API void sg_kv_layout_init(sg_kv_layout_t *l) {
-    if (!l) return;
-    std::memset(l, 0, sizeof *l);
-    l->struct_size = sizeof *l;
-    l->dtype = SG_DTYPE_FP16;
-    l->packing = SG_KV_SEPARATE;
-    l->block_order = SG_BLOCK_TOKEN_MAJOR;
-    l->mem_kind = SG_MEM_HOST;
+namespace {
+sg_kv_layout_t default_kv_layout() {
+    auto l = zeroed_with_size<sg_kv_layout_t>();
+    l.dtype = SG_DTYPE_FP16;
+    l.packing = SG_KV_SEPARATE;
+    l.block_order = SG_BLOCK_TOKEN_MAJOR;
+    l.mem_kind = SG_MEM_HOST;
+    return l;
 }
+}  // namespace
+
+SG_API void(sg_kv_layout_init)(sg_kv_layout_t *l) { sg_kv_layout_init_sized(l, sizeof *l); }
+SG_API void sg_kv_layout_init_sized(sg_kv_layout_t *l, size_t size) { init_sized(l, size, default_kv_layout()); }
 
 namespace {
 sg_kv_layout_t read_layout(const sg_kv_layout_t *in) {
     need(in, "layout");
-    sg_kv_layout_t d;
-    sg_kv_layout_init(&d);
-    return read_sized(in, d, "layout");
+    return read_sized(in, default_kv_layout(), "layout");
 }
 }  // namespace
 
@@ -615,8 +653,9 @@ SG_API sg_status_t sg_kv_deregister(sg_kv_handle_t h) {
 }
 
 // ---- sessions ----
-SG_API void sg_session_options_init(sg_session_options_t *o) {
-    if (o) *o = default_session_options();
+SG_API void(sg_session_options_init)(sg_session_options_t *o) { sg_session_options_init_sized(o, sizeof *o); }
+SG_API void sg_session_options_init_sized(sg_session_options_t *o, size_t size) {
+    init_sized(o, size, default_session_options());
 }
 
 SG_API sg_status_t sg_listener_create(sg_context_t h, const char *addr, uint16_t port, sg_listener_t *out,
@@ -934,10 +973,9 @@ SG_API sg_status_t sg_selector_digest(sg_selector_t h, const sg_kv_layout_t *lay
     });
 }
 
-SG_API void sg_selector_input_init(sg_selector_input_t *in) {
-    if (!in) return;
-    std::memset(in, 0, sizeof *in);
-    in->struct_size = sizeof *in;
+SG_API void(sg_selector_input_init)(sg_selector_input_t *in) { sg_selector_input_init_sized(in, sizeof *in); }
+SG_API void sg_selector_input_init_sized(sg_selector_input_t *in, size_t size) {
+    init_sized(in, size, zeroed_with_size<sg_selector_input_t>());
 }
 
 SG_API sg_status_t sg_selector_select(sg_selector_t h, uint32_t layer, const sg_selector_input_t *input, uint32_t *blocks,
@@ -946,9 +984,7 @@ SG_API sg_status_t sg_selector_select(sg_selector_t h, uint32_t layer, const sg_
         auto s = lookup(selectors(), raw(h), "selector");
         need(count, "count");
         const bool query = size_query(blocks, cap, "blocks");
-        sg_selector_input_t zero;
-        sg_selector_input_init(&zero);
-        const sg_selector_input_t in = read_sized(input, zero, "input");
+        const sg_selector_input_t in = read_sized(input, zeroed_with_size<sg_selector_input_t>(), "input");
         core::ScoreInput si;
         si.queries = in.queries;
         si.num_queries = in.num_queries;
@@ -1006,6 +1042,36 @@ void check_part_row(const float *max, const float *sum, uint32_t r, const char *
                                           std::to_string(max[r]) + " is not finite while sum is " +
                                           std::to_string(sum[r]));
 }
+// Whether the float merge of two valid rows would overflow: their sums (or accumulators) add past
+// what a float holds. Decided in double, where the same sums cannot overflow.
+constexpr double kMergeHeadroom = 0x1p120;  // below FLT_MAX (~2^128), with room for rounding
+bool merge_overflows(float ma, float sa, const float *acc_a, float mb, float sb, const float *acc_b, uint32_t dim) {
+    if (sa == 0 || sb == 0) return false;  // an empty side: the other is copied or kept
+    const double m = std::max(ma, mb), ea = std::exp(double(ma) - m), eb = std::exp(double(mb) - m);
+    if (double(sa) * ea + double(sb) * eb > kMergeHeadroom) return true;
+    for (uint32_t i = 0; i < dim; ++i)
+        if (std::fabs(double(acc_a[i]) * ea) + std::fabs(double(acc_b[i]) * eb) > kMergeHeadroom) return true;
+    return false;
+}
+
+// The merge of such a row in double, rescaled into float range: a part stands for exp(max) * sum
+// (and exp(max) * acc), so dividing sum and acc by 2^k and adding k ln 2 to max is the same part.
+void merge_rescaled(float *max, float *sum, float *acc, float mb, float sb, const float *acc_b, uint32_t dim,
+                    std::vector<double> &wide) {
+    const double m = std::max(*max, mb), ea = std::exp(double(*max) - m), eb = std::exp(double(mb) - m);
+    const double s = double(*sum) * ea + double(sb) * eb;
+    wide.resize(dim);  // acc_b may be acc: read both before writing either
+    double peak = s;
+    for (uint32_t i = 0; i < dim; ++i) {
+        wide[i] = double(acc[i]) * ea + double(acc_b[i]) * eb;
+        peak = std::max(peak, std::fabs(wide[i]));
+    }
+    const int k = std::max(0, std::ilogb(peak) - 100);
+    const double scale = std::ldexp(1.0, -k);
+    *max = float(m + k * std::log(2.0));
+    *sum = float(s * scale);
+    for (uint32_t i = 0; i < dim; ++i) acc[i] = float(wide[i] * scale);
+}
 }  // namespace
 
 SG_API sg_status_t sg_attention_merge(uint32_t rows, uint32_t head_dim, float *max, float *sum, float *acc,
@@ -1023,10 +1089,15 @@ SG_API sg_status_t sg_attention_merge(uint32_t rows, uint32_t head_dim, float *m
             check_part_row(max, sum, r, "part a");
             check_part_row(max_b, sum_b, r, "part b");
         }
+        std::vector<double> wide;
         for (uint32_t r = 0; r < rows; ++r) {
             const size_t off = size_t(r) * head_dim;
-            // b's max and sum go by value and acc is combined element by element, so b may be a.
-            sg::kernels::merge_parts({max + r, sum + r, acc + off}, max_b[r], sum_b[r], acc_b + off, head_dim);
+            if (!merge_overflows(max[r], sum[r], acc + off, max_b[r], sum_b[r], acc_b + off, head_dim)) {
+                // b's max and sum go by value and acc is combined element by element, so b may be a.
+                sg::kernels::merge_parts({max + r, sum + r, acc + off}, max_b[r], sum_b[r], acc_b + off, head_dim);
+                continue;
+            }
+            merge_rescaled(max + r, sum + r, acc + off, max_b[r], sum_b[r], acc_b + off, head_dim, wide);
         }
         return SG_OK;
     });
@@ -1039,12 +1110,28 @@ SG_API sg_status_t sg_attention_finish(uint32_t rows, uint32_t head_dim, const f
         need(acc, "acc");
         need(out, "out");
         check_part_shape(rows, head_dim);
-        for (uint32_t r = 0; r < rows; ++r)
+        for (uint32_t r = 0; r < rows; ++r) {
             if (!(sum[r] >= 0) || std::isinf(sum[r]))
                 fail(SG_ERR_INVALID_ARGUMENT,
                      "row " + std::to_string(r) + ": sum " + std::to_string(sum[r]) + " is not a finite value >= 0");
+            // acc / sum of a real part is a weighted mean of values and stays in float range; one
+            // that does not (acc far larger than sum: a tiny or subnormal sum) is refused, never Inf.
+            if (sum[r] == 0) continue;
+            const size_t off = size_t(r) * head_dim;
+            for (uint32_t i = 0; i < head_dim; ++i)
+                if (!(std::fabs(double(acc[off + i]) / double(sum[r])) <= double(FLT_MAX)))
+                    fail(SG_ERR_OUT_OF_RANGE, "row " + std::to_string(r) + ": acc[" + std::to_string(i) + "] / sum = " +
+                                                  std::to_string(acc[off + i]) + " / " + std::to_string(sum[r]) +
+                                                  " is beyond float range (not a part: acc is at most sum * max |v|)");
+        }
         for (uint32_t r = 0; r < rows; ++r) {
             const size_t off = size_t(r) * head_dim;
+            if (sum[r] > 0 && !std::isfinite(1.0f / sum[r])) {
+                // A sum so small its reciprocal is no float (the kernel multiplies by it): divide in
+                // double; the checks above keep every quotient in float range.
+                for (uint32_t i = 0; i < head_dim; ++i) out[off + i] = float(double(acc[off + i]) / double(sum[r]));
+                continue;
+            }
             sg::kernels::finish_part(sum[r], acc + off, head_dim, out + off);
         }
         return SG_OK;
@@ -1052,27 +1139,33 @@ SG_API sg_status_t sg_attention_finish(uint32_t rows, uint32_t head_dim, const f
 }
 
 // ---- transfers ----
-// 0.3 appended fields to sg_transfer_options_t and sg_transfer_stats_t. Their _init functions write
-// the whole struct with no size to go by, so a program built against an older header, whose struct
-// is smaller, must get an _init that writes only the older struct: that one keeps the 0.1 version
-// (sg_transfer_options_init@SMARTGEN_0.1) and says the older size in struct_size, which the calls
-// then read as such; programs built against this header bind to the @@SMARTGEN_0.3 ones
-// (docs/abi.md, "Growing a struct that has an _init").
+// 0.3 appended fields to sg_transfer_options_t and sg_transfer_stats_t, and their plain _init
+// functions have no size to go by. The 0.1 versions write the 0.1/0.2 struct; the 0.3 versions, for
+// programs linked against 0.3 and 0.4, write the whole 0.3 struct; the default (0.5) versions, which a
+// program compiled against a vendored older header binds when linked today, write the 0.2 struct
+// again: the smallest this SONAME shipped, so no header's struct is overrun. Programs compiled
+// against this header call the _sized ones through the macros (docs/abi.md, "Growing a struct").
 constexpr size_t kTransferOptionsSize01 = offsetof(sg_transfer_options_t, wire_quant);
 constexpr size_t kTransferStatsSize01 = offsetof(sg_transfer_stats_t, quantized_bytes);
 
+SG_API void sg_transfer_options_init_sized(sg_transfer_options_t *o, size_t size) {
+    init_sized(o, size, default_transfer_options());
+}
+
 extern "C" SG_API void sg_transfer_options_init_v01(sg_transfer_options_t *o) {
-    if (!o) return;
-    const sg_transfer_options_t d = default_transfer_options();
-    std::memcpy(static_cast<void *>(o), &d, kTransferOptionsSize01);
-    o->struct_size = kTransferOptionsSize01;
+    sg_transfer_options_init_sized(o, kTransferOptionsSize01);
 }
 __asm__(".symver sg_transfer_options_init_v01, sg_transfer_options_init@SMARTGEN_0.1");
 
 extern "C" SG_API void sg_transfer_options_init_v03(sg_transfer_options_t *o) {
-    if (o) *o = default_transfer_options();
+    sg_transfer_options_init_sized(o, sizeof *o);
 }
-__asm__(".symver sg_transfer_options_init_v03, sg_transfer_options_init@@SMARTGEN_0.3");
+__asm__(".symver sg_transfer_options_init_v03, sg_transfer_options_init@SMARTGEN_0.3");
+
+extern "C" SG_API void sg_transfer_options_init_v05(sg_transfer_options_t *o) {
+    sg_transfer_options_init_sized(o, kTransferOptionsSize01);
+}
+__asm__(".symver sg_transfer_options_init_v05, sg_transfer_options_init@@SMARTGEN_0.5");
 
 namespace {
 sg_status_t start_transfer(bool post_side, sg_session_t sh, const char *rid, sg_kv_handle_t kh, const uint32_t *ids,
@@ -1185,19 +1278,16 @@ SG_API sg_status_t sg_transfer_layer_written_q(sg_transfer_t h, uint32_t layer, 
     });
 }
 
-SG_API void sg_layer_written_init(sg_layer_written_t *args) {
-    if (!args) return;
-    std::memset(static_cast<void *>(args), 0, sizeof *args);
-    args->struct_size = sizeof *args;
+SG_API void(sg_layer_written_init)(sg_layer_written_t *args) { sg_layer_written_init_sized(args, sizeof *args); }
+SG_API void sg_layer_written_init_sized(sg_layer_written_t *args, size_t size) {
+    init_sized(args, size, zeroed_with_size<sg_layer_written_t>());
 }
 
 SG_API sg_status_t sg_transfer_layer_written_ex(sg_transfer_t h, uint32_t layer, const sg_layer_written_t *args) {
     return guard(nullptr, [&] {
         auto t = lookup(transfers(), raw(h), "transfer");
         if (!args) fail(SG_ERR_INVALID_ARGUMENT, "args is NULL");
-        sg_layer_written_t defaults;
-        sg_layer_written_init(&defaults);
-        const sg_layer_written_t a = read_sized(args, defaults, "args");
+        const sg_layer_written_t a = read_sized(args, zeroed_with_size<sg_layer_written_t>(), "args");
         if (a.reserved) fail(SG_ERR_INVALID_ARGUMENT, "args.reserved must be 0");
         if (a.queries_mem_kind != SG_MEM_HOST && a.queries_mem_kind != SG_MEM_CUDA)
             fail(SG_ERR_INVALID_ARGUMENT, "args.queries_mem_kind is not SG_MEM_HOST or SG_MEM_CUDA");
@@ -1282,19 +1372,22 @@ SG_API sg_status_t sg_transfer_status(sg_transfer_t h, sg_status_t *status, char
     });
 }
 
+SG_API void sg_transfer_stats_init_sized(sg_transfer_stats_t *s, size_t size) {
+    init_sized(s, size, zeroed_with_size<sg_transfer_stats_t>());
+}
+
 extern "C" SG_API void sg_transfer_stats_init_v01(sg_transfer_stats_t *s) {
-    if (!s) return;
-    std::memset(static_cast<void *>(s), 0, kTransferStatsSize01);
-    s->struct_size = kTransferStatsSize01;
+    sg_transfer_stats_init_sized(s, kTransferStatsSize01);
 }
 __asm__(".symver sg_transfer_stats_init_v01, sg_transfer_stats_init@SMARTGEN_0.1");
 
-extern "C" SG_API void sg_transfer_stats_init_v03(sg_transfer_stats_t *s) {
-    if (!s) return;
-    std::memset(s, 0, sizeof *s);
-    s->struct_size = sizeof *s;
+extern "C" SG_API void sg_transfer_stats_init_v03(sg_transfer_stats_t *s) { sg_transfer_stats_init_sized(s, sizeof *s); }
+__asm__(".symver sg_transfer_stats_init_v03, sg_transfer_stats_init@SMARTGEN_0.3");
+
+extern "C" SG_API void sg_transfer_stats_init_v05(sg_transfer_stats_t *s) {
+    sg_transfer_stats_init_sized(s, kTransferStatsSize01);
 }
-__asm__(".symver sg_transfer_stats_init_v03, sg_transfer_stats_init@@SMARTGEN_0.3");
+__asm__(".symver sg_transfer_stats_init_v05, sg_transfer_stats_init@@SMARTGEN_0.5");
 
 SG_API sg_status_t sg_transfer_stats(sg_transfer_t h, sg_transfer_stats_t *out) {
     return guard(nullptr, [&] {
@@ -1431,6 +1524,11 @@ std::string name_arg(const char *name) {
     return n;
 }
 
+void destroy_directories_of(uint64_t ctx_handle) {
+    // Each handle's destructor revokes its lease, which withdraws its names at once.
+    directories().remove_if([ctx_handle](const DirectoryObj &d) { return d.ctx_handle == ctx_handle; });
+}
+
 std::shared_ptr<core::Context> directory_context(const DirectoryObj &d) {
     if (!d.ctx_handle) fail(SG_ERR_INVALID_STATE, "this directory handle was opened without a context");
     return lookup(contexts(), d.ctx_handle, "the directory's context");
@@ -1447,14 +1545,20 @@ sg_directory_options_t default_directory_options() {
 
 }  // namespace
 
-SG_API void sg_directory_options_init(sg_directory_options_t *options) {
-    if (options) *options = default_directory_options();
+SG_API void(sg_directory_options_init)(sg_directory_options_t *options) {
+    sg_directory_options_init_sized(options, sizeof *options);
+}
+SG_API void sg_directory_options_init_sized(sg_directory_options_t *options, size_t size) {
+    init_sized(options, size, default_directory_options());
 }
 
-SG_API void sg_directory_stats_init(sg_directory_stats_t *stats) {
-    if (!stats) return;
-    std::memset(stats, 0, sizeof *stats);
-    stats->struct_size = sizeof *stats;
+// 0.5 appended two counters; the plain function keeps writing the 0.4 struct (see the assert above).
+constexpr size_t kDirectoryStatsSize04 = offsetof(sg_directory_stats_t, names_taken_over);
+SG_API void(sg_directory_stats_init)(sg_directory_stats_t *stats) {
+    sg_directory_stats_init_sized(stats, kDirectoryStatsSize04);
+}
+SG_API void sg_directory_stats_init_sized(sg_directory_stats_t *stats, size_t size) {
+    init_sized(stats, size, zeroed_with_size<sg_directory_stats_t>());
 }
 
 #ifdef SMARTGEN_WITH_DIRECTORY
@@ -1475,9 +1579,9 @@ SG_API sg_status_t sg_directory_open(sg_context_t ctx, const sg_directory_option
         auto obj = std::make_shared<DirectoryObj>();
         obj->ctx_handle = ctx ? raw(ctx) : 0;
         obj->client = std::make_unique<sg::directory::Client>(std::move(d));
-        // Every member once, within the request timeout each: the cluster is there now.
-        obj->client->ping(deadline_after(uint64_t(obj->client->options().request_timeout_ms) * 1000000ull *
-                                         obj->client->options().endpoints.size()));
+        // The cluster is there now: one member answered within twice the request timeout, however
+        // many members are listed (members that refuse connections are passed at once).
+        obj->client->ping(deadline_after(2ull * obj->client->options().request_timeout_ms * 1000000ull));
         *out = wrap<sg_directory_t>(directories().add(std::move(obj)));
         return SG_OK;
     });
@@ -1488,7 +1592,17 @@ SG_API sg_status_t sg_directory_publish(sg_directory_t h, const char *name, uint
         auto d = lookup(directories(), raw(h), "directory");
         const std::string n = name_arg(name);
         auto ctx = directory_context(*d);
-        d->client->publish(n, ctx->metadata(), deadline_after(timeout_ns));
+        // An entry under the name that verifies under this context's key is this fleet's (a restarted
+        // engine taking its name back); one that does not is another key's, and stays.
+        const auto same_key = [&ctx](std::span<const uint8_t> held) {
+            try {
+                (void)core::parse_metadata(*ctx, held);
+                return true;
+            } catch (const Error &) {
+                return false;
+            }
+        };
+        d->client->publish(n, ctx->metadata(), deadline_after(timeout_ns), same_key);
         std::lock_guard lock(d->mu);
         if (d->served.empty()) {
             d->served = n;
@@ -1605,6 +1719,8 @@ SG_API sg_status_t sg_directory_stats(sg_directory_t h, sg_directory_stats_t *st
         s.leases_granted = c.leases_granted;
         s.sessions_accepted = d->sessions_accepted.load();
         s.requests_refused = d->requests_refused.load();
+        s.names_taken_over = c.names_taken_over;
+        s.names_restored = c.names_restored;
         const size_t keep = stats->struct_size;
         std::memcpy(stats, &s, std::min(keep, sizeof s));
         stats->struct_size = std::min(keep, sizeof s);
@@ -1624,6 +1740,8 @@ SG_API sg_status_t sg_directory_destroy(sg_directory_t h) {
 #else  // built without the directory (SMARTGEN_DIRECTORY=OFF)
 
 namespace {
+void destroy_directories_of(uint64_t) {}
+
 sg_status_t no_directory(sg_error_info_t *err) {
     return guard(err, []() -> sg_status_t {
         fail(SG_ERR_UNSUPPORTED, "this libsmartgen was built without the cluster directory (SMARTGEN_DIRECTORY=OFF)");

@@ -176,9 +176,11 @@ void h2o_scores(const float *acc, uint32_t heads, uint64_t tokens, uint64_t head
 // ---- in-flight quantization: one byte per element, a scale per block and KV head ----
 //
 // A block's plane is sent as codes plus, per KV head, one fp32 scale: scale = max |x| over the
-// head's valid tokens and elements ÷ the code's largest magnitude, code = x ÷ scale rounded to the
-// nearest code (ties to even); the decode side multiplies back. A head whose elements are all 0 has
-// scale 0 and codes 0. Codes are laid out as the plane's elements are ([token][head][dim] or
+// head's valid tokens and finite elements ÷ the code's largest magnitude, code = x ÷ scale rounded to
+// the nearest code (ties to even); the decode side multiplies back. A head whose elements are all 0
+// has scale 0 and codes 0. A non-finite element (±Inf, NaN) travels as the code's NaN (int8: -128,
+// which no finite value uses; E4M3: S.1111.111) and arrives as NaN, while the rest of its head keep
+// the scale of their own finite values: one bad element never spreads, for either code. Codes are laid out as the plane's elements are ([token][head][dim] or
 // [head][token][dim]: the View's strides), scales as [head].
 
 enum class QuantCode : uint8_t { int8, fp8_e4m3 };
@@ -194,17 +196,18 @@ SG_HD inline float round_half_even(float v) {
 }
 
 // OCP FP8 E4M3 (FN: 1 sign, 4 exponent bits with bias 7, 3 mantissa bits; no infinities; S.1111.111
-// is NaN): round to nearest even, saturating at ±448 (as CUDA's __NV_SATFINITE), NaN to 0x7f.
+// is NaN): round to nearest even, finite values saturating at ±448 (as CUDA's __NV_SATFINITE);
+// infinities and NaN to NaN (0x7f with the sign), the code having no infinity.
 SG_HD inline uint8_t float_to_e4m3(float f) {
     uint32_t x = std::bit_cast<uint32_t>(f);
     const uint8_t sign = uint8_t((x >> 24) & 0x80u);
     x &= 0x7fffffffu;
-    if (x > 0x7f800000u) return uint8_t(sign | 0x7fu);
+    if (x >= 0x7f800000u) return uint8_t(sign | 0x7fu);
     if (x < 0x3c800000u) {  // below 2^-6, the smallest normal: multiples of 2^-9
         const float m = round_half_even(std::bit_cast<float>(x) * 512.0f);
         return uint8_t(sign | uint8_t(m));  // 8 is 2^-6 itself, encoded as exponent 1, mantissa 0
     }
-    if (x >= 0x43e00000u) return uint8_t(sign | 0x7eu);  // >= 448 (and infinity) saturates
+    if (x >= 0x43e00000u) return uint8_t(sign | 0x7eu);  // >= 448 saturates
     const uint32_t exponent = (x >> 23) - 127 + 7;
     const uint32_t mantissa = x & 0x7fffffu;
     uint32_t q = (exponent << 3) | (mantissa >> 20);
@@ -221,16 +224,23 @@ SG_HD inline float e4m3_to_float(uint8_t q) {
     return std::bit_cast<float>(sign | ((exponent - 7 + 127) << 23) | (mantissa << 20));
 }
 
+// The int8 code a non-finite element travels as: -128, outside the symmetric range of finite ones.
+constexpr uint8_t kInt8NonFinite = 0x80;
+
+// Whether x is ±Inf or NaN, by its bits (no libm on the device, and fast-math cannot fold it away).
+SG_HD inline bool non_finite(float x) { return (std::bit_cast<uint32_t>(x) & 0x7fffffffu) >= 0x7f800000u; }
+
 // One element: x scaled by inv_scale (quant_inv_scale of the head's scale), to a code.
 SG_HD inline uint8_t quantize_value(float x, float inv_scale, QuantCode c) {
+    if (non_finite(x)) return c == QuantCode::int8 ? kInt8NonFinite : uint8_t((std::bit_cast<uint32_t>(x) >> 24 & 0x80u) | 0x7fu);
     const float v = x * inv_scale;
     if (c == QuantCode::fp8_e4m3) return float_to_e4m3(v);
-    if (v != v) return 0;  // a NaN key: no integer stands for it
     const float r = round_half_even(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
     return uint8_t(int8_t(r));
 }
 
 SG_HD inline float dequantize_value(uint8_t q, float scale, QuantCode c) {
+    if (c == QuantCode::int8 && q == kInt8NonFinite) return std::bit_cast<float>(0x7fc00000u);
     return (c == QuantCode::fp8_e4m3 ? e4m3_to_float(q) : float(int8_t(q))) * scale;
 }
 

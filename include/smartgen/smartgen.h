@@ -44,6 +44,15 @@
  *     value (e.g. SG_PROGRESS_SPIN_NONE, manual_progress = 1). The KV layout is a description of
  *     memory, not options: each of its fields means the value written, 0 included. Tunables
  *     (sg_context_set_param) also take the value itself, within sg_param_bounds.
+ *   - Structs that start with struct_size are initialised by their sg_X_init(p), a macro (since
+ *     0.5) calling sg_X_init_sized(p, sizeof *(p)): the library writes exactly the bytes the caller
+ *     compiled (its defaults for the fields it knows, zeros past them) and records that size, and
+ *     reads and writes such a struct only up to min(struct_size, its own size). So a program built
+ *     against an older or newer header than the library's never has a byte written past its
+ *     struct. The functions of the plain names stay for programs built against headers before 0.5
+ *     and write no more than their struct's first layout in this SONAME (0.2's; fields appended
+ *     since keep their defaults: rebuild with this header to set them). Binding generators that
+ *     skip macros call the _sized functions with the struct size they bind.
  *   - Public structs hold only fixed-width integers, size_t, pointers and char arrays: no enum and
  *     no bool (their size is the compiler's choice and they bind poorly through SWIG and JNI).
  *     The enums below only name constants; the typedefs that carry them are fixed-width integers.
@@ -99,7 +108,7 @@ extern "C" {
  * Versions
  * ------------------------------------------------------------------------------------------- */
 #define SG_VERSION_MAJOR 0
-#define SG_VERSION_MINOR 4
+#define SG_VERSION_MINOR 5
 #define SG_VERSION_PATCH 0
 #define SG_VERSION_NUMBER (SG_VERSION_MAJOR * 10000 + SG_VERSION_MINOR * 100 + SG_VERSION_PATCH)
 /* The SONAME major: libsmartgen.so.<SG_ABI_VERSION>. */
@@ -176,6 +185,8 @@ typedef struct sg_error_info {
 
 /* Sets struct_size and clears the rest. Since 0.1. */
 SG_API void sg_error_info_init(sg_error_info_t *err);
+SG_API void sg_error_info_init_sized(sg_error_info_t *err, size_t size); /* Since 0.5. */
+#define sg_error_info_init(err) sg_error_info_init_sized((err), sizeof *(err))
 
 /* ---------------------------------------------------------------------------------------------
  * Enumerations used in layouts and options. Values pinned.
@@ -362,6 +373,8 @@ typedef struct sg_context_options {
 
 /* Fills defaults, struct_size and header_version. Since 0.1. */
 SG_API void sg_context_options_init(sg_context_options_t *options);
+SG_API void sg_context_options_init_sized(sg_context_options_t *options, size_t size); /* Since 0.5. */
+#define sg_context_options_init(options) sg_context_options_init_sized((options), sizeof *(options))
 
 /* Creates a context: opens the fabric, its endpoint and, unless disabled, the progress thread.
  * options: borrowed, may be NULL for defaults. out: receives the context.
@@ -373,8 +386,10 @@ SG_API void sg_context_options_init(sg_context_options_t *options);
 SG_API sg_status_t sg_context_create(const sg_context_options_t *options, sg_context_t *out,
                                      sg_error_info_t *err);
 
-/* Destroys a context. Sessions, listeners, KV handles and transfers still open are closed first
- * (transfers canceled). NULL is accepted. Returns SG_OK or SG_ERR_INVALID_HANDLE. Must not run
+/* Destroys a context. Its directory handles are destroyed first (their names withdrawn at once, so
+ * no peer is sent to a context that is gone), then sessions, listeners, KV handles and transfers
+ * still open are closed (transfers canceled); their handles answer SG_ERR_INVALID_HANDLE after.
+ * NULL is accepted. Returns SG_OK or SG_ERR_INVALID_HANDLE. Must not run
  * concurrently with other calls on the same context's objects. Since 0.1. */
 SG_API sg_status_t sg_context_destroy(sg_context_t ctx);
 
@@ -457,6 +472,8 @@ typedef struct sg_context_stats {
 
 /* Sets struct_size and clears the rest. Since 0.1. */
 SG_API void sg_context_stats_init(sg_context_stats_t *stats);
+SG_API void sg_context_stats_init_sized(sg_context_stats_t *stats, size_t size); /* Since 0.5. */
+#define sg_context_stats_init(stats) sg_context_stats_init_sized((stats), sizeof *(stats))
 
 /* Snapshot of the context's counters into *out. Thread-safe; takes the context's lock briefly.
  * Returns SG_OK, SG_ERR_INVALID_HANDLE, SG_ERR_INVALID_ARGUMENT (out NULL or struct_size unset).
@@ -524,6 +541,8 @@ typedef struct sg_kv_layout {
 
 /* Fills struct_size and defaults (fp16, separate, token-major, host, packed). Since 0.1. */
 SG_API void sg_kv_layout_init(sg_kv_layout_t *layout);
+SG_API void sg_kv_layout_init_sized(sg_kv_layout_t *layout, size_t size); /* Since 0.5. */
+#define sg_kv_layout_init(layout) sg_kv_layout_init_sized((layout), sizeof *(layout))
 
 /* Checks a layout; SG_ERR_INVALID_LAYOUT with a message naming the bad field. Since 0.1. */
 SG_API sg_status_t sg_kv_layout_validate(const sg_kv_layout_t *layout, sg_error_info_t *err);
@@ -570,6 +589,8 @@ typedef struct sg_session_options {
 
 /* Fills struct_size and defaults. Since 0.1. */
 SG_API void sg_session_options_init(sg_session_options_t *options);
+SG_API void sg_session_options_init_sized(sg_session_options_t *options, size_t size); /* Since 0.5. */
+#define sg_session_options_init(options) sg_session_options_init_sized((options), sizeof *(options))
 
 /* Listens for bootstrap connections on addr:port (addr an IPv4/IPv6 literal the caller names; port 0
  * picks a free one, read it with sg_listener_port). The socket is close-on-exec.
@@ -619,7 +640,7 @@ SG_API sg_status_t sg_context_get_metadata(sg_context_t ctx, void *buf, size_t c
  * delivered to the session. With a key, the blob must carry a valid signature, and the session then
  * runs the challenge-response over the fabric before anything else: until both sides have proven
  * the key, no memory key leaves either side and transfers wait (sg_session_wait_ready waits for
- * it). Returns SG_OK; SG_ERR_PROTOCOL (truncated or corrupt blob); SG_ERR_VERSION_MISMATCH;
+ * it). Returns SG_OK; SG_ERR_PROTOCOL (truncated or corrupt blob, bytes past its signature); SG_ERR_VERSION_MISMATCH;
  * SG_ERR_AUTH_FAILED (unsigned blob or signed with another key); SG_ERR_AUTH_REQUIRED (one side
  * has no key); SG_ERR_DUPLICATE (a session with that peer context exists: one session per pair of
  * contexts; several streams between two engines share it). Since 0.1. */
@@ -685,6 +706,12 @@ SG_API sg_status_t sg_session_destroy(sg_session_t session);
  * signed metadata: with a session key, an entry written by anyone without the key cannot produce a
  * session (SG_ERR_AUTH_FAILED). Stacks with their own control plane keep using
  * sg_context_get_metadata / sg_session_from_metadata.
+ * Timeouts: a call tries the members in turn, each within request_timeout_ms, round after round
+ * while they time out or answer 5xx (an election), until its timeout; members that refuse the
+ * connection, do not resolve or speak TLS where the URL says http (or the reverse) are passed at
+ * once, and when every member failed so the call fails at once with SG_ERR_CONNECT naming each.
+ * Timeout 0 polls: each member at most once. An answer over 16 MiB is refused at once
+ * (SG_ERR_PROTOCOL), its memory returned.
  * ------------------------------------------------------------------------------------------- */
 typedef struct sg_directory_s *sg_directory_t;
 
@@ -705,22 +732,34 @@ typedef struct sg_directory_options {
 
 /* Sets struct_size and the defaults. Since 0.4. */
 SG_API void sg_directory_options_init(sg_directory_options_t *options);
+SG_API void sg_directory_options_init_sized(sg_directory_options_t *options, size_t size); /* Since 0.5. */
+#define sg_directory_options_init(options) sg_directory_options_init_sized((options), sizeof *(options))
 
-/* A handle on the directory for `ctx` (NULL: lookups and lists only). Checks that a member answers
- * before it returns: SG_OK; SG_ERR_INVALID_ARGUMENT (the message names the bad option);
- * SG_ERR_CONNECT (no member answered: each one's reason in the message); SG_ERR_UNSUPPORTED (a
- * library built without the directory); SG_ERR_INVALID_HANDLE. Since 0.4. */
+/* A handle on the directory for `ctx` (NULL: lookups and lists only); destroying ctx destroys it
+ * too (sg_context_destroy). Checks that a member answers before it returns, within twice
+ * request_timeout_ms however many members are listed. SG_OK; SG_ERR_INVALID_ARGUMENT (the
+ * message names the bad option; a malformed endpoint: a scheme other than http/https, an unclosed
+ * [IPv6] host, a port outside 1..65535); SG_ERR_CONNECT (no member answered: each one's reason in
+ * the message); SG_ERR_TIMEOUT; SG_ERR_UNSUPPORTED (a library built without the directory);
+ * SG_ERR_INVALID_HANDLE. Since 0.4. */
 SG_API sg_status_t sg_directory_open(sg_context_t ctx, const sg_directory_options_t *options, sg_directory_t *out,
                                      sg_error_info_t *err);
 
 /* Publishes the context's metadata under `name` (1-200 bytes of letters, digits, '.', '_', '-' and
  * '/' between parts) and answers session requests to it from then on (sg_directory_accept). A name
- * already taken by a live entry is overwritten: names are the deployment's to keep unique.
- * SG_OK; SG_ERR_INVALID_ARGUMENT; SG_ERR_INVALID_STATE (a handle without a context); SG_ERR_CONNECT
- * / SG_ERR_TIMEOUT / SG_ERR_REMOTE (the cluster, with its reason). Since 0.4. */
+ * held by another handle is taken over only if that entry verifies under this context's key (the
+ * same fleet: a restarted engine takes its name back at once); an entry of another key (or none)
+ * stays, and the call fails with SG_ERR_AUTH_FAILED until that engine unpublishes it or its lease
+ * ends. The handle reads its names back every third of the lease TTL: a name found gone is written
+ * again, one found taken over is counted (sg_directory_stats_t.names_taken_over) and written again
+ * once it is free, so a name is never lost while its handle lives.
+ * SG_OK; SG_ERR_INVALID_ARGUMENT; SG_ERR_INVALID_STATE (a handle without a context);
+ * SG_ERR_AUTH_FAILED (above); SG_ERR_CONNECT / SG_ERR_TIMEOUT / SG_ERR_REMOTE (the cluster, with its
+ * reason). Since 0.4. */
 SG_API sg_status_t sg_directory_publish(sg_directory_t dir, const char *name, uint64_t timeout_ns);
 
-/* Removes a name this handle published. SG_ERR_NOT_FOUND when it did not. Since 0.4. */
+/* Removes a name this handle published (an entry another handle has taken over stays).
+ * SG_ERR_NOT_FOUND when it did not publish it. Since 0.4. */
 SG_API sg_status_t sg_directory_unpublish(sg_directory_t dir, const char *name, uint64_t timeout_ns);
 
 /* The metadata blob published under `name`. Caller buffer (see Conventions). SG_OK;
@@ -765,10 +804,15 @@ typedef struct sg_directory_stats {
     uint64_t leases_granted;     /* the first lease, and each one after a lease ended */
     uint64_t sessions_accepted;  /* sessions made from requests to the published name */
     uint64_t requests_refused;   /* requests whose blob did not verify (unsigned, another key, corrupt) */
+    /* Since 0.5: the handle reads its names back every third of the lease TTL. */
+    uint64_t names_taken_over;   /* a published name found held by another handle (same key) */
+    uint64_t names_restored;     /* a published name found gone or free again, and written back */
 } sg_directory_stats_t;
 
 /* Sets struct_size and clears the rest. Since 0.4. */
 SG_API void sg_directory_stats_init(sg_directory_stats_t *stats);
+SG_API void sg_directory_stats_init_sized(sg_directory_stats_t *stats, size_t size); /* Since 0.5. */
+#define sg_directory_stats_init(stats) sg_directory_stats_init_sized((stats), sizeof *(stats))
 SG_API sg_status_t sg_directory_stats(sg_directory_t dir, sg_directory_stats_t *stats);
 
 /* Revokes the handle's lease (its names and requests vanish at once) and frees it; sessions made
@@ -853,6 +897,8 @@ typedef struct sg_selector_input {
 } sg_selector_input_t;
 
 SG_API void sg_selector_input_init(sg_selector_input_t *input);
+SG_API void sg_selector_input_init_sized(sg_selector_input_t *input, size_t size); /* Since 0.5. */
+#define sg_selector_input_init(input) sg_selector_input_init_sized((input), sizeof *(input))
 
 /* Selects the essential blocks of one layer under its budget: sinks and recent window always, the
  * rest by the layer's policy, per KV head; the union over heads, sorted, as logical block indices
@@ -883,14 +929,18 @@ SG_API sg_status_t sg_selector_budget_blocks(sg_selector_t selector, uint32_t la
 /* Merges part b (max_b, sum_b, acc_b) into part a (max, sum, acc, in/out) row by row. b may be a
  * itself (the rows then count twice). Every row of both parts must be a part: sum finite and >= 0,
  * and max finite where sum > 0; otherwise, as for a NULL array or rows or head_dim 0,
- * SG_ERR_INVALID_ARGUMENT naming the row, with a left untouched. Returns SG_OK or
+ * SG_ERR_INVALID_ARGUMENT naming the row, with a left untouched. Two valid rows whose sums (or
+ * accumulators) would add past float range are merged in double and rescaled: sum and acc divided
+ * by 2^k and k ln 2 added to max, the same part (never an infinite sum). Returns SG_OK or
  * SG_ERR_INVALID_ARGUMENT. Since 0.2. */
 SG_API sg_status_t sg_attention_merge(uint32_t rows, uint32_t head_dim, float *max, float *sum, float *acc,
                                       const float *max_b, const float *sum_b, const float *acc_b);
 
 /* The attention output of each row: out[r][i] = acc[r][i] / sum[r]; a row with sum 0 (empty) gives
  * zeros. out (rows * head_dim floats) may be acc itself. SG_ERR_INVALID_ARGUMENT for a NULL array,
- * rows or head_dim 0, or a sum that is negative, infinite or NaN (out untouched). Since 0.2. */
+ * rows or head_dim 0, or a sum that is negative, infinite or NaN; SG_ERR_OUT_OF_RANGE for an
+ * acc[r][i] / sum[r] beyond float range or NaN (a tiny sum under a large acc is not a part: never
+ * an infinite output); out untouched on either. Since 0.2. */
 SG_API sg_status_t sg_attention_finish(uint32_t rows, uint32_t head_dim, const float *sum, const float *acc,
                                        float *out);
 
@@ -931,9 +981,11 @@ SG_API sg_status_t sg_attention_finish(uint32_t rows, uint32_t head_dim, const f
 /* In-flight quantization (sg_transfer_options_t.wire_quant): KV travels as one-byte codes with a
  * float scale per (block, K or V plane, KV head): scale = max |x| / 127 (int8, codes -127..127) or
  * / 448 (FP8 E4M3, OCP "FN", saturating), each element the nearest code (ties to even); the decode
- * side multiplies back into its pool's dtype. Lossy: both sides must name the same value (the
- * expect consents), else the transfer fails with SG_ERR_LAYOUT_MISMATCH at the match. Pools of
- * fp32, fp16 or bf16 only. Values pinned; since 0.3. */
+ * side multiplies back into its pool's dtype. The maximum is over finite elements: a non-finite
+ * element (±Inf, NaN) arrives as NaN, for both codes, and the rest of its head arrive as they would
+ * without it (since 0.5; 0.4's int8 sent the whole head back non-finite). Lossy: both sides must
+ * name the same value (the expect consents), else the transfer fails with SG_ERR_LAYOUT_MISMATCH
+ * at the match. Pools of fp32, fp16 or bf16 only. Values pinned; since 0.3. */
 typedef uint32_t sg_wire_quant_t;
 enum sg_wire_quant {
     SG_WIRE_QUANT_NONE = 0,
@@ -976,6 +1028,8 @@ typedef struct sg_transfer_options {
 
 /* Fills struct_size and defaults. Since 0.1. */
 SG_API void sg_transfer_options_init(sg_transfer_options_t *options);
+SG_API void sg_transfer_options_init_sized(sg_transfer_options_t *options, size_t size); /* Since 0.5. */
+#define sg_transfer_options_init(options) sg_transfer_options_init_sized((options), sizeof *(options))
 
 /* Decode side: expect the KV of request_id (NUL-terminated, at most SG_REQUEST_ID_MAX bytes) from the
  * session's peer into dst, at the blocks block_ids[0..num_blocks) covering num_tokens tokens (the
@@ -1048,6 +1102,8 @@ typedef struct sg_layer_written {
 
 /* Sets struct_size and clears the rest. Since 0.3. */
 SG_API void sg_layer_written_init(sg_layer_written_t *args);
+SG_API void sg_layer_written_init_sized(sg_layer_written_t *args, size_t size); /* Since 0.5. */
+#define sg_layer_written_init(args) sg_layer_written_init_sized((args), sizeof *(args))
 
 /* Returns as sg_transfer_layer_written_q, and SG_ERR_INVALID_ARGUMENT for args NULL or without
  * struct_size, reserved not 0, an unknown queries_mem_kind, device queries without a stream or with
@@ -1145,6 +1201,8 @@ typedef struct sg_transfer_stats {
 
 /* Sets struct_size and clears the rest. Since 0.1. */
 SG_API void sg_transfer_stats_init(sg_transfer_stats_t *stats);
+SG_API void sg_transfer_stats_init_sized(sg_transfer_stats_t *stats, size_t size); /* Since 0.5. */
+#define sg_transfer_stats_init(stats) sg_transfer_stats_init_sized((stats), sizeof *(stats))
 
 /* Statistics of a transfer, into *out (initialised with sg_transfer_stats_init). Since 0.1. */
 SG_API sg_status_t sg_transfer_stats(sg_transfer_t xfer, sg_transfer_stats_t *out);

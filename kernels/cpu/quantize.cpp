@@ -52,18 +52,16 @@ void quantize_block(const View &block, QuantCode code, uint8_t *codes, float *sc
     for (uint32_t h = 0; h < block.heads; ++h) {
         float absmax = 0.0f;
         for (uint64_t t = 0; t < block.tokens; ++t)
-            for (uint32_t d = 0; d < block.dim; ++d) absmax = std::fmax(absmax, std::fabs(load(block, element_index(block, t, h, d))));
+            for (uint32_t d = 0; d < block.dim; ++d) {
+                const float x = load(block, element_index(block, t, h, d));
+                if (!non_finite(x)) absmax = std::fmax(absmax, std::fabs(x));
+            }
         scales[h] = quant_scale(absmax, code);
         const float inv = quant_inv_scale(scales[h]);
         for (uint64_t t = 0; t < block.tokens; ++t)
             for (uint32_t d = 0; d < block.dim; ++d) {
                 const uint64_t i = element_index(block, t, h, d);
-                const float v = load(block, i) * inv;
-                if (code == QuantCode::fp8_e4m3) {
-                    codes[i] = float_to_e4m3(v);
-                } else {
-                    codes[i] = std::isnan(v) ? 0 : uint8_t(int8_t(std::nearbyint(std::fmin(127.0f, std::fmax(-127.0f, v)))));
-                }
+                codes[i] = quantize_value(load(block, i), inv, code);
             }
     }
 }
@@ -73,8 +71,7 @@ void dequantize_block(const uint8_t *codes, const float *scales, QuantCode code,
         for (uint64_t t = 0; t < out.tokens; ++t)
             for (uint32_t d = 0; d < out.dim; ++d) {
                 const uint64_t i = element_index(out, t, h, d);
-                const float q = code == QuantCode::fp8_e4m3 ? e4m3_to_float(codes[i]) : float(int8_t(codes[i]));
-                store(out, i, q * scales[h]);
+                store(out, i, dequantize_value(codes[i], scales[h], code));
             }
 }
 

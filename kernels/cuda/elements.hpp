@@ -81,6 +81,7 @@ SG_HD inline float head_absmax(const View &block, uint64_t tokens, uint32_t head
     for (uint64_t t = 0; t < tokens; ++t)
         for (uint32_t d = 0; d < block.dim; ++d) {
             const float v = key_element(block, t, head, d);
+            if (non_finite(v)) continue;  // travels as the code's NaN; the scale is the finite ones'
             const float a = v < 0.0f ? -v : v;
             m = a > m ? a : m;
         }

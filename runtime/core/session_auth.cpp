@@ -39,8 +39,15 @@ wire::Hello parse_metadata(const Context &ctx, std::span<const uint8_t> blob) {
     if (ctx.key().empty()) return peer;
     const size_t frame_len = wire::kFrameHeaderBytes + (size_t(blob[20]) | size_t(blob[21]) << 8 |
                                                         size_t(blob[22]) << 16 | size_t(blob[23]) << 24);
+    if (blob.size() == frame_len) fail(SG_ERR_AUTH_FAILED, "the metadata blob carries no signature");
+    // Anything but exactly one MAC after the frame is a malformed blob (cut or padded in transit or
+    // storage), not a question of keys.
     if (blob.size() != frame_len + wire::kMacBytes)
-        fail(SG_ERR_AUTH_FAILED, "the metadata blob carries no signature");
+        fail(SG_ERR_PROTOCOL, "the metadata blob has " + std::to_string(blob.size() - frame_len) +
+                                  " bytes after its frame, where a signature has " + std::to_string(wire::kMacBytes) +
+                                  (blob.size() > frame_len + wire::kMacBytes
+                                       ? " (" + std::to_string(blob.size() - frame_len - wire::kMacBytes) + " trailing)"
+                                       : std::string(" (cut short)")));
     if (!auth::mac_equal(blob.subspan(frame_len), auth::blob_mac(ctx.key(), blob.first(frame_len))))
         fail(SG_ERR_AUTH_FAILED, "the metadata blob is not signed with this context's key");
     return peer;

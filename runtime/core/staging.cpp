@@ -82,12 +82,18 @@ bool Context::ensure_send_staging(Session &s) {
 }
 
 // Per-operation cost differs by provider and machine (tcp: kernel copies dominate, staging adds
-// two memcpys; shm: every operation is a round trip, staging wins by far), so the path is chosen by
-// the throughput each achieved on this session. Each unmeasured path is tried first, and the slower
-// one is retried every 8th candidate layer (every 32nd when it lost by 25% or more) so a change in
-// conditions is noticed.
+// two memcpys; shm: every operation is a round trip, staging wins by far). A same-host provider
+// stages every candidate layer; elsewhere the path is chosen by the throughput each achieved on this
+// session: each unmeasured path is tried first, and the slower one is retried every 8th candidate
+// layer (every 32nd when it lost by 25% or more) so a change in conditions is noticed.
 bool Context::choose_staging(Session &s) {
     const uint32_t n = s.candidate_layers++;
+    // A same-host provider with no connection to share (shm) pays a round trip through the peer for
+    // every plain write, so for a candidate layer (small operations) staging wins by far, and a
+    // probe of plain writes is only cost: measured rates under concurrency do not say so reliably
+    // (a staged layer's time includes waiting for a slot), and an outside user's 16 threads on one
+    // shm session moved 3.4x less under the measuring policy than with staging forced.
+    if (s.tp->caps().local_only) return true;
     if (s.path_rate[0] == 0 || s.path_rate[1] == 0) {
         // One probe at a time per unmeasured path: when many transfers start at once they must not
         // all go down a path nobody has measured (16 threads on one shm session all went direct,
@@ -99,9 +105,8 @@ bool Context::choose_staging(Session &s) {
                 s.probe_ns[path] = now;
                 return path == 1;
             }
-        // A same-host provider with no connection to share pays a round trip per operation, so
-        // packing small operations is the better guess there; elsewhere plain writes avoid copies.
-        return s.tp->caps().local_only;
+        // Plain writes avoid copies: the better guess until the probes report.
+        return false;
     }
     const bool faster = s.path_rate[1] > s.path_rate[0];
     // A close call is questioned every 8th layer. A clear winner is questioned less often the

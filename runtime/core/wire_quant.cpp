@@ -153,8 +153,8 @@ template <class F> void dispatch(sg_dtype_t dtype, F &&f) {
     else f(BF16{});
 }
 
-// Pass 1: the segment's elements as floats (out) and each group's largest magnitude. A NaN never
-// wins the maximum, as with fmax in the CPU twin. Magnitudes compare as their bit patterns (sign
+// Pass 1: the segment's elements as floats (out) and each group's largest finite magnitude: an
+// infinity or NaN never sets the scale (it travels as the code's NaN), as in the CPU twin. Magnitudes compare as their bit patterns (sign
 // cleared), an integer maximum the compiler vectorises where a float one would need fast-math.
 template <class T>
 void widen(const Rows &rows, uint64_t offset, uint64_t length, uint64_t row, uint32_t dim, const uint8_t *raw,
@@ -172,8 +172,9 @@ void widen(const Rows &rows, uint64_t offset, uint64_t length, uint64_t row, uin
             for (; d + 4 <= dim; d += 4) {
                 const __m128 f = T::load4(p + sizeof(uint16_t) * (std::is_same_v<T, F32> ? 2 : 1) * d);
                 _mm_storeu_ps(out + d, f);
-                const __m128 a = _mm_and_ps(_mm_and_ps(f, abs_mask), _mm_cmpord_ps(f, f));  // NaN -> 0
-                vm = _mm_max_ps(vm, a);
+                const __m128 fa = _mm_and_ps(f, abs_mask);
+                const __m128 finite = _mm_castsi128_ps(_mm_cmplt_epi32(_mm_castps_si128(fa), _mm_set1_epi32(0x7f800000)));
+                vm = _mm_max_ps(vm, _mm_and_ps(fa, finite));  // Inf, NaN -> 0
             }
             alignas(16) float lanes[4];
             _mm_store_ps(lanes, vm);
@@ -184,7 +185,7 @@ void widen(const Rows &rows, uint64_t offset, uint64_t length, uint64_t row, uin
             const float f = T::load(p, d);
             out[d] = f;
             uint32_t a = std::bit_cast<uint32_t>(f) & 0x7fffffffu;
-            a = a > 0x7f800000u ? 0u : a;  // NaN
+            a = a >= 0x7f800000u ? 0u : a;  // Inf, NaN
             m = a > m ? a : m;
         }
         absmax[g] = std::bit_cast<float>(m);
@@ -192,8 +193,9 @@ void widen(const Rows &rows, uint64_t offset, uint64_t length, uint64_t row, uin
     }
 }
 
-// Pass 2, int8: quantize_value's arithmetic (clamp to +-127, nearest with ties to even, NaN to 0).
-// On x86-64 four at a time with SSE2 (cvtps2dq rounds to nearest even, the default mode).
+// Pass 2, int8: quantize_value's arithmetic (clamp to +-127, nearest with ties to even; a non-finite
+// element to -128). On x86-64 four at a time with SSE2 (cvtps2dq rounds to nearest even, the default
+// mode).
 void int8_row(const float *x, uint32_t dim, float inv, uint8_t *codes) {
     uint32_t d = 0;
 #if defined(__SSE2__)
@@ -201,10 +203,13 @@ void int8_row(const float *x, uint32_t dim, float inv, uint8_t *codes) {
     for (; d + 16 <= dim; d += 16) {
         __m128i q[4];
         for (int k = 0; k < 4; ++k) {
-            __m128 v = _mm_mul_ps(_mm_loadu_ps(x + d + 4 * k), vinv);
-            v = _mm_and_ps(v, _mm_cmpord_ps(v, v));  // NaN -> 0
+            const __m128 f = _mm_loadu_ps(x + d + 4 * k);
+            const __m128i ax = _mm_and_si128(_mm_castps_si128(f), _mm_set1_epi32(0x7fffffff));
+            const __m128i bad = _mm_cmpgt_epi32(ax, _mm_set1_epi32(0x7f7fffff));  // Inf, NaN
+            __m128 v = _mm_mul_ps(f, vinv);
+            v = _mm_andnot_ps(_mm_castsi128_ps(bad), v);
             v = _mm_max_ps(_mm_min_ps(v, hi), lo);
-            q[k] = _mm_cvtps_epi32(v);
+            q[k] = _mm_or_si128(_mm_and_si128(bad, _mm_set1_epi32(-128)), _mm_andnot_si128(bad, _mm_cvtps_epi32(v)));
         }
         const __m128i w = _mm_packs_epi16(_mm_packs_epi32(q[0], q[1]), _mm_packs_epi32(q[2], q[3]));
         _mm_storeu_si128(reinterpret_cast<__m128i *>(codes + d), w);
@@ -214,7 +219,8 @@ void int8_row(const float *x, uint32_t dim, float inv, uint8_t *codes) {
 }
 
 // Pass 2, FP8 E4M3: kernels::float_to_e4m3 of x * inv (nearest, ties to even; below 2^-6 in steps of
-// 2^-9; saturating at 448; NaN to 0x7f), four lanes at a time with SSE2, bit for bit the scalar code.
+// 2^-9; finite values saturating at 448; Inf and NaN to 0x7f), four lanes at a time with SSE2, bit for
+// bit the scalar code.
 void fp8_row(const float *x, uint32_t dim, float inv, uint8_t *codes) {
     uint32_t d = 0;
 #if defined(__SSE2__)
@@ -241,7 +247,7 @@ void fp8_row(const float *x, uint32_t dim, float inv, uint8_t *codes) {
             __m128i r = _mm_or_si128(_mm_and_si128(is_small, small), _mm_andnot_si128(is_small, n));
             const __m128i saturate = _mm_cmpgt_epi32(ax, _mm_set1_epi32(0x43dfffff));
             r = _mm_or_si128(_mm_and_si128(saturate, _mm_set1_epi32(0x7e)), _mm_andnot_si128(saturate, r));
-            const __m128i nan = _mm_cmpgt_epi32(ax, _mm_set1_epi32(0x7f800000));
+            const __m128i nan = _mm_cmpgt_epi32(ax, _mm_set1_epi32(0x7f7fffff));  // Inf, NaN
             r = _mm_or_si128(_mm_and_si128(nan, _mm_set1_epi32(0x7f)), _mm_andnot_si128(nan, r));
             q[k] = _mm_or_si128(r, sign);
         }
@@ -270,7 +276,10 @@ SG_WQ_AVX2 void widen_f16_avx2(const Rows &rows, uint64_t offset, uint64_t lengt
         for (; d + 8 <= dim; d += 8) {
             const __m256 f = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p + 2 * d)));
             _mm256_storeu_ps(out + d, f);
-            vm = _mm256_max_ps(vm, _mm256_and_ps(_mm256_and_ps(f, abs_mask), _mm256_cmp_ps(f, f, _CMP_ORD_Q)));
+            const __m256 fa = _mm256_and_ps(f, abs_mask);
+            const __m256 finite =
+                _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(0x7f800000), _mm256_castps_si256(fa)));
+            vm = _mm256_max_ps(vm, _mm256_and_ps(fa, finite));
         }
         alignas(32) float lanes[8];
         _mm256_store_ps(lanes, vm);
@@ -280,7 +289,7 @@ SG_WQ_AVX2 void widen_f16_avx2(const Rows &rows, uint64_t offset, uint64_t lengt
             const float f = F16::load(p, d);
             out[d] = f;
             uint32_t a = std::bit_cast<uint32_t>(f) & 0x7fffffffu;
-            a = a > 0x7f800000u ? 0u : a;
+            a = a >= 0x7f800000u ? 0u : a;
             m = a > m ? a : m;
         }
         absmax[g] = std::bit_cast<float>(m);
@@ -302,9 +311,12 @@ SG_WQ_AVX2 void int8_row_avx2(const float *x, uint32_t dim, float inv, uint8_t *
     for (; d + 32 <= dim; d += 32) {
         __m256i q[4];
         for (int k = 0; k < 4; ++k) {
-            __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + d + 8 * k), vinv);
-            v = _mm256_and_ps(v, _mm256_cmp_ps(v, v, _CMP_ORD_Q));
-            q[k] = _mm256_cvtps_epi32(_mm256_max_ps(_mm256_min_ps(v, hi), lo));
+            const __m256 f = _mm256_loadu_ps(x + d + 8 * k);
+            const __m256i ax = _mm256_and_si256(_mm256_castps_si256(f), _mm256_set1_epi32(0x7fffffff));
+            const __m256i bad = _mm256_cmpgt_epi32(ax, _mm256_set1_epi32(0x7f7fffff));  // Inf, NaN
+            __m256 v = _mm256_andnot_ps(_mm256_castsi256_ps(bad), _mm256_mul_ps(f, vinv));
+            const __m256i c = _mm256_cvtps_epi32(_mm256_max_ps(_mm256_min_ps(v, hi), lo));
+            q[k] = _mm256_blendv_epi8(c, _mm256_set1_epi32(-128), bad);
         }
         store_codes_avx2(codes + d, q[0], q[1], q[2], q[3], true);
     }
@@ -335,7 +347,7 @@ SG_WQ_AVX2 void fp8_row_avx2(const float *x, uint32_t dim, float inv, uint8_t *c
             const __m256i is_small = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x3c800000), ax);
             __m256i r = _mm256_blendv_epi8(n, small, is_small);
             r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7e), _mm256_cmpgt_epi32(ax, _mm256_set1_epi32(0x43dfffff)));
-            r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7f), _mm256_cmpgt_epi32(ax, _mm256_set1_epi32(0x7f800000)));
+            r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7f), _mm256_cmpgt_epi32(ax, _mm256_set1_epi32(0x7f7fffff)));
             q[k] = _mm256_or_si256(r, sign);
         }
         store_codes_avx2(codes + d, q[0], q[1], q[2], q[3], false);
@@ -354,11 +366,17 @@ SG_WQ_AVX2 uint32_t decode_f16_avx2(const uint8_t *c, uint32_t dim, float scale,
     uint32_t d = 0;
     for (; d + 8 <= dim; d += 8) {
         const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(c + d));
-        const __m256 v = code == kernels::QuantCode::int8
-                             ? _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes))
-                             : _mm256_i32gather_ps(e4m3, _mm256_cvtepu8_epi32(bytes), 4);
-        _mm_storeu_si128(reinterpret_cast<__m128i *>(p + 2 * d),
-                         _mm256_cvtps_ph(_mm256_mul_ps(v, vs), _MM_FROUND_TO_NEAREST_INT));
+        __m256 v;
+        if (code == kernels::QuantCode::int8) {
+            const __m256i i = _mm256_cvtepi8_epi32(bytes);
+            // -128 is a non-finite element: the quiet NaN dequantize_value gives, whatever the scale.
+            const __m256 bad = _mm256_castsi256_ps(_mm256_cmpeq_epi32(i, _mm256_set1_epi32(-128)));
+            v = _mm256_blendv_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(i), vs),
+                                 _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)), bad);
+        } else {
+            v = _mm256_mul_ps(_mm256_i32gather_ps(e4m3, _mm256_cvtepu8_epi32(bytes), 4), vs);
+        }
+        _mm_storeu_si128(reinterpret_cast<__m128i *>(p + 2 * d), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
     }
     return d;
 }
@@ -534,16 +552,19 @@ void decode(const kv::Layout &dst, uint32_t, uint64_t offset, uint64_t length, c
                         std::memcpy(&q, c + d, 4);
                         __m128i w = _mm_cvtsi32_si128(q);
                         w = _mm_srai_epi32(_mm_unpacklo_epi16(_mm_unpacklo_epi8(w, w), _mm_unpacklo_epi8(w, w)), 24);
-                        v = _mm_cvtepi32_ps(w);
+                        // -128 is a non-finite element: the quiet NaN dequantize_value gives.
+                        const __m128 bad = _mm_castsi128_ps(_mm_cmpeq_epi32(w, _mm_set1_epi32(-128)));
+                        v = _mm_or_ps(_mm_andnot_ps(bad, _mm_mul_ps(_mm_cvtepi32_ps(w), vs)),
+                                      _mm_and_ps(bad, _mm_castsi128_ps(_mm_set1_epi32(0x7fc00000))));
                     } else {
-                        v = _mm_setr_ps(e4m3[c[d]], e4m3[c[d + 1]], e4m3[c[d + 2]], e4m3[c[d + 3]]);
+                        v = _mm_mul_ps(_mm_setr_ps(e4m3[c[d]], e4m3[c[d + 1]], e4m3[c[d + 2]], e4m3[c[d + 3]]), vs);
                     }
-                    T::store4(p + sizeof(uint16_t) * (std::is_same_v<T, F32> ? 2 : 1) * d, _mm_mul_ps(v, vs));
+                    T::store4(p + sizeof(uint16_t) * (std::is_same_v<T, F32> ? 2 : 1) * d, v);
                 }
             }
 #endif
             if (code == kernels::QuantCode::int8) {
-                for (; d < dim; ++d) T::store(p, d, float(int8_t(c[d])) * scale);
+                for (; d < dim; ++d) T::store(p, d, kernels::dequantize_value(c[d], scale, code));
             } else {
                 for (; d < dim; ++d) T::store(p, d, e4m3[c[d]] * scale);
             }

@@ -4,6 +4,8 @@
 
 #include <curl/curl.h>
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <chrono>
 
@@ -12,7 +14,9 @@ namespace sg::directory {
 namespace {
 
 constexpr size_t kMaxNameBytes = 200;
-constexpr size_t kMaxResponseBytes = 64u << 20;
+// An answer larger than this is refused at once (a list of 10,000 engines' names is ~1 MiB; a
+// member that sends more is broken or hostile).
+constexpr size_t kMaxResponseBytes = 16u << 20;
 
 void curl_once() {
     static std::once_flag once;
@@ -38,11 +42,42 @@ CURL *thread_handle() {
     return t.h;
 }
 
+struct Collected {
+    std::string body;
+    bool too_large = false;
+};
+
 size_t collect(char *data, size_t size, size_t n, void *user) {
-    auto *out = static_cast<std::string *>(user);
-    if (out->size() + size * n > kMaxResponseBytes) return 0;  // aborts the transfer
-    out->append(data, size * n);
+    auto *out = static_cast<Collected *>(user);
+    if (out->body.size() + size * n > kMaxResponseBytes) {
+        out->too_large = true;
+        return 0;  // aborts the transfer
+    }
+    out->body.append(data, size * n);
     return size * n;
+}
+
+// Failures that say the member is not there for us at all (nothing listens, no such host, TLS
+// spoken to a plain member or the reverse, a URL curl cannot use): trying it again within this
+// call cannot help, so once every member failed so the call fails at once. Timeouts and broken
+// answers may be an election in progress and are retried until the deadline.
+bool member_absent(CURLcode rc) {
+    switch (rc) {
+        case CURLE_COULDNT_CONNECT:
+        case CURLE_COULDNT_RESOLVE_HOST:
+        case CURLE_UNSUPPORTED_PROTOCOL:
+        case CURLE_URL_MALFORMAT:
+        case CURLE_SSL_CONNECT_ERROR:
+        case CURLE_PEER_FAILED_VERIFICATION:
+        case CURLE_SSL_CERTPROBLEM:
+        case CURLE_SSL_CIPHER:
+        case CURLE_SSL_CACERT_BADFILE:
+        case CURLE_USE_SSL_FAILED:
+        case CURLE_SSL_ENGINE_INITFAILED:
+            return true;
+        default:
+            return false;
+    }
 }
 
 std::string b64(std::string_view s) { return json::quote(json::base64_encode(s)); }
@@ -126,8 +161,34 @@ std::vector<std::string> parse_endpoints(const std::string &list) {
         const size_t host_at = e.find("://") + 3;
         while (e.size() > host_at && e.back() == '/') e.pop_back();
         const std::string host = e.substr(host_at);
-        if (host.empty() || host.find_first_of(" /?#") != std::string::npos)
+        if (host.empty() || host.find_first_of(" /?#@") != std::string::npos)
             fail(SG_ERR_INVALID_ARGUMENT, "endpoints: \"" + e + "\" is not scheme://host:port");
+        // host is a name, an IPv4 address or a bracketed IPv6 one, then an optional :port in 1..65535.
+        size_t port_at = std::string::npos;
+        if (host[0] == '[') {
+            const size_t close = host.find(']');
+            if (close == std::string::npos || close == 1)
+                fail(SG_ERR_INVALID_ARGUMENT, "endpoints: \"" + e + "\" has an unclosed or empty [IPv6] host");
+            if (close + 1 < host.size()) {
+                if (host[close + 1] != ':')
+                    fail(SG_ERR_INVALID_ARGUMENT, "endpoints: \"" + e + "\": only :port may follow the [IPv6] host");
+                port_at = close + 2;
+            }
+        } else {
+            const size_t colon = host.find(':');
+            if (colon == 0) fail(SG_ERR_INVALID_ARGUMENT, "endpoints: \"" + e + "\" has no host");
+            if (colon != std::string::npos) {
+                if (host.find(':', colon + 1) != std::string::npos)
+                    fail(SG_ERR_INVALID_ARGUMENT, "endpoints: \"" + e + "\": an IPv6 host goes in brackets");
+                port_at = colon + 1;
+            }
+        }
+        if (port_at != std::string::npos) {
+            const std::string port = host.substr(port_at);
+            if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
+                std::stoul(port) == 0 || std::stoul(port) > 65535)
+                fail(SG_ERR_INVALID_ARGUMENT, "endpoints: \"" + e + "\": the port must be 1..65535");
+        }
         out.push_back(e);
     }
     if (out.empty()) fail(SG_ERR_INVALID_ARGUMENT, "endpoints: none given");
@@ -191,9 +252,12 @@ Client::Response Client::call(const std::string &path, const std::string &body, 
     // are tried again, round after round, until the deadline.
     bool retryable = false;
     std::string last_round;
+    // A deadline already passed when the call starts (timeout 0) polls: each member at most once,
+    // within the request timeout, and no further round.
+    const bool poll = now_ns() >= deadline_ns;
     for (size_t tried = 0;; ++tried) {
         if (tried && tried % n == 0) {
-            if (!retryable) break;
+            if (!retryable || poll) break;
             retryable = false;
             last_round = std::move(errors);
             errors.clear();
@@ -201,14 +265,16 @@ Client::Response Client::call(const std::string &path, const std::string &body, 
         }
         const size_t idx = (first + tried) % n;
         const uint64_t now = now_ns();
-        if (now >= deadline_ns) {
+        if (now >= deadline_ns && !(poll && tried < n)) {
             std::string why = "the directory's deadline passed (";
             why += !errors.empty() ? errors : !last_round.empty() ? last_round : std::string("no answer yet");
             why += ')';
             fail(SG_ERR_TIMEOUT, why);
         }
         const uint64_t budget_ms =
-            std::max<uint64_t>(1, std::min<uint64_t>((deadline_ns - now) / 1000000, options_.request_timeout_ms));
+            now >= deadline_ns
+                ? options_.request_timeout_ms
+                : std::max<uint64_t>(1, std::min<uint64_t>((deadline_ns - now) / 1000000, options_.request_timeout_ms));
         CURL *h = thread_handle();
         const std::string url = options_.endpoints[idx] + path;
         Response r;
@@ -220,13 +286,23 @@ Client::Response Client::call(const std::string &path, const std::string &body, 
         curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, long(budget_ms));
         curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
         curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, collect);
-        curl_easy_setopt(h, CURLOPT_WRITEDATA, &r.body);
+        Collected got;
+        curl_easy_setopt(h, CURLOPT_WRITEDATA, &got);
         requests_++;
         const CURLcode rc = curl_easy_perform(h);
         if (tried) failovers_++;
+        if (got.too_large) {
+            got = Collected{};
+#ifdef __GLIBC__
+            malloc_trim(0);  // the partial answer's pages go back now, not at some later free
+#endif
+            fail(SG_ERR_PROTOCOL, "etcd " + options_.endpoints[idx] + path + ": the answer is larger than " +
+                                      std::to_string(kMaxResponseBytes >> 20) + " MiB; refused");
+        }
+        r.body = std::move(got.body);
         if (rc != CURLE_OK) {
             note(errors, options_.endpoints[idx], curl_easy_strerror(rc));
-            retryable = retryable || rc != CURLE_COULDNT_CONNECT;
+            retryable = retryable || !member_absent(rc);
             continue;
         }
         curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r.http);
@@ -316,13 +392,8 @@ void Client::keepalive_loop() {
                     std::lock_guard relock(mu_);
                     lease_ = 0;
                 }
-                std::map<std::string, std::vector<uint8_t>> names;
-                {
-                    std::lock_guard relock(mu_);
-                    names = published_;
-                }
-                for (auto &[key, blob] : names) put_with_lease(key, blob, deadline);
             }
+            check_names(deadline);
         } catch (const Error &) {
             // Unreachable now: try again next period; the lease lives on for its TTL meanwhile.
         }
@@ -330,22 +401,146 @@ void Client::keepalive_loop() {
     }
 }
 
-void Client::publish(const std::string &name, std::span<const uint8_t> blob, uint64_t deadline_ns) {
+void Client::publish(const std::string &name, std::span<const uint8_t> blob, uint64_t deadline_ns,
+                     const MayReplace &may_replace) {
     check_name(name);
     const std::string key = options_.prefix + "engines/" + name;
-    put_with_lease(key, blob, deadline_ns);
+    int64_t seen = 0;  // absent
+    for (;;) {
+        const auto held = put_if(key, blob, seen, deadline_ns);
+        if (!held) break;
+        const int64_t ours = ensure_lease(deadline_ns);
+        if (held->lease != ours &&
+            !may_replace(std::span(reinterpret_cast<const uint8_t *>(held->value.data()), held->value.size())))
+            fail(SG_ERR_AUTH_FAILED, "\"" + name + "\" is held by another engine whose entry does not verify under this "
+                                     "context's key (etcd lease " + std::to_string(held->lease) +
+                                     "); it can be published here once that engine unpublishes it or its lease ends");
+        seen = held->mod_revision;  // replace exactly what was read; a change meanwhile is read again
+    }
     std::lock_guard lock(mu_);
     published_[key].assign(blob.begin(), blob.end());
+    taken_.erase(key);
 }
 
 void Client::unpublish(const std::string &name, uint64_t deadline_ns) {
     check_name(name);
     const std::string key = options_.prefix + "engines/" + name;
+    int64_t lease;
     {
         std::lock_guard lock(mu_);
         if (!published_.erase(key)) fail(SG_ERR_NOT_FOUND, "\"" + name + "\" is not published by this directory handle");
+        taken_.erase(key);
+        lease = lease_;
     }
-    call("/v3/kv/deleterange", "{\"key\":" + b64(key) + "}", deadline_ns);
+    // Only this handle's entry: one another handle took over stays.
+    const auto held = holder(key, deadline_ns);
+    if (!held || held->lease != lease) return;
+    call("/v3/kv/txn",
+         "{\"compare\":[{\"key\":" + b64(key) + ",\"target\":\"MOD\",\"result\":\"EQUAL\",\"mod_revision\":" +
+             std::to_string(held->mod_revision) + "}],\"success\":[{\"request_delete_range\":{\"key\":" + b64(key) +
+             "}}]}",
+         deadline_ns);
+}
+
+namespace {
+int64_t int_field(const json::Value &v, const char *name) {
+    const json::Value *f = v.get(name);
+    const auto i = f ? f->as_int() : std::nullopt;
+    return i ? *i : 0;  // etcd leaves zero values out
+}
+}  // namespace
+
+std::optional<Client::Held> Client::holder(const std::string &key, uint64_t deadline_ns) {
+    const Response r = call("/v3/kv/range", "{\"key\":" + b64(key) + "}", deadline_ns);
+    const json::Value v = parse_or_fail(r.body, "range");
+    const json::Value *kvs = v.get("kvs");
+    if (!kvs || kvs->kind != json::Value::Kind::array || kvs->items.empty()) return std::nullopt;
+    const json::Value &kv = kvs->items[0];
+    Held h;
+    h.lease = int_field(kv, "lease");
+    h.mod_revision = int_field(kv, "mod_revision");
+    h.value = kvs_of(v)[0].second;
+    if (h.mod_revision <= 0) fail(SG_ERR_PROTOCOL, "etcd's range answer has no mod_revision");
+    return h;
+}
+
+std::optional<Client::Held> Client::put_if(const std::string &key, std::span<const uint8_t> blob, int64_t mod_revision,
+                                           uint64_t deadline_ns) {
+    const std::string value = b64(std::string_view(reinterpret_cast<const char *>(blob.data()), blob.size()));
+    for (int attempt = 0;; ++attempt) {
+        const int64_t lease = ensure_lease(deadline_ns);
+        const std::string compare = mod_revision ? "{\"key\":" + b64(key) +
+                                                       ",\"target\":\"MOD\",\"result\":\"EQUAL\",\"mod_revision\":" +
+                                                       std::to_string(mod_revision) + "}"
+                                                 : "{\"key\":" + b64(key) +
+                                                       ",\"target\":\"CREATE\",\"result\":\"EQUAL\",\"create_revision\":0}";
+        Response r;
+        try {
+            r = call("/v3/kv/txn",
+                     "{\"compare\":[" + compare + "],\"success\":[{\"request_put\":{\"key\":" + b64(key) +
+                         ",\"value\":" + value + ",\"lease\":" + std::to_string(lease) +
+                         "}}],\"failure\":[{\"request_range\":{\"key\":" + b64(key) + "}}]}",
+                     deadline_ns);
+        } catch (const Error &e) {
+            // The lease ended before the keep-alive thread noticed: a new one, once (put_with_lease).
+            if (attempt || e.status() != SG_ERR_REMOTE || e.message().find("lease not found") == std::string::npos)
+                throw;
+            std::lock_guard lock(mu_);
+            if (lease_ == lease) lease_ = 0;
+            continue;
+        }
+        const json::Value v = parse_or_fail(r.body, "txn");
+        const json::Value *ok = v.get("succeeded");
+        if (ok && ok->kind == json::Value::Kind::boolean && ok->b) return std::nullopt;
+        // The failure branch's range: who holds the key now (gone again meanwhile: try to create it).
+        const json::Value *resps = v.get("responses");
+        const json::Value *range = resps && resps->kind == json::Value::Kind::array && !resps->items.empty()
+                                       ? resps->items[0].get("response_range")
+                                       : nullptr;
+        if (!range) fail(SG_ERR_PROTOCOL, "etcd's failed transaction carries no range answer");
+        const json::Value *kvs = range->get("kvs");
+        if (!kvs || kvs->kind != json::Value::Kind::array || kvs->items.empty()) {
+            if (!mod_revision) fail(SG_ERR_PROTOCOL, "etcd refused to create a key it says is absent");
+            mod_revision = 0;
+            continue;
+        }
+        Held h;
+        h.lease = int_field(kvs->items[0], "lease");
+        h.mod_revision = int_field(kvs->items[0], "mod_revision");
+        h.value = kvs_of(*range)[0].second;
+        if (h.mod_revision <= 0) fail(SG_ERR_PROTOCOL, "etcd's range answer has no mod_revision");
+        return h;
+    }
+}
+
+// Each keep-alive period: every published name is read back. Gone (deleted by hand, or a lease that
+// ended): written again. Held under another lease: counted once, left alone, and written again when
+// it is free, so the name is never lost while this handle lives and never fought over.
+void Client::check_names(uint64_t deadline_ns) {
+    std::map<std::string, std::vector<uint8_t>> names;
+    {
+        std::lock_guard lock(mu_);
+        names = published_;
+    }
+    if (names.empty()) return;
+    const int64_t ours = ensure_lease(deadline_ns);
+    for (auto &[key, blob] : names) {
+        auto held = holder(key, deadline_ns);
+        if (held && held->lease == ours) {
+            std::lock_guard lock(mu_);
+            taken_.erase(key);
+            continue;
+        }
+        if (!held) held = put_if(key, blob, 0, deadline_ns);
+        std::lock_guard lock(mu_);
+        if (!published_.count(key)) continue;  // unpublished meanwhile
+        if (held) {
+            if (taken_.insert(key).second) names_taken_over_++;
+        } else {
+            taken_.erase(key);
+            names_restored_++;
+        }
+    }
 }
 
 std::optional<std::vector<uint8_t>> Client::lookup(const std::string &name, uint64_t deadline_ns) {
@@ -544,6 +739,8 @@ Stats Client::stats() const {
     s.failovers = failovers_.load();
     s.keepalives = keepalives_.load();
     s.leases_granted = leases_granted_.load();
+    s.names_taken_over = names_taken_over_.load();
+    s.names_restored = names_restored_.load();
     return s;
 }
 

@@ -13,6 +13,12 @@
 // the TTL; everything it wrote goes with it (destroy revokes it; a killed process's lease ends
 // when the TTL passes). A lease that ended while the cluster was unreachable is granted again and
 // the names re-published once a member answers.
+// A name is held by the lease it was written under. Publishing a name another handle holds replaces
+// that entry only when the caller's check of the held blob allows it (abi/: it verifies under the
+// context's key, so a restarted engine takes its name back at once and another key's engine is
+// refused); every replace and delete is conditional on the revision read, so a race cannot lose a
+// name. The keep-alive thread also reads each published name back: one found gone is written again,
+// one found held elsewhere is counted and written again once it is free.
 #pragma once
 
 #include "common/common.hpp"
@@ -20,6 +26,8 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
+#include <set>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -56,7 +64,12 @@ struct Stats {
     uint64_t failovers = 0;         // requests retried on another member
     uint64_t keepalives = 0;        // lease keep-alives answered
     uint64_t leases_granted = 0;    // the first one, and again after one ended
+    uint64_t names_taken_over = 0;  // a published name found held under another handle's lease
+    uint64_t names_restored = 0;    // a published name found gone (or free again) and written back
 };
+
+// Decides whether publish may replace the entry another handle holds under the name, from its blob.
+using MayReplace = std::function<bool(std::span<const uint8_t> held_blob)>;
 
 // Thread-safe. Every call that talks to the cluster takes a deadline (CLOCK_MONOTONIC ns) and fails
 // with SG_ERR_CONNECT (no member answered; the message names what each said) or SG_ERR_TIMEOUT
@@ -72,8 +85,11 @@ class Client {
     void ping(uint64_t deadline_ns);
 
     // Writes blob under engines/<name> with the lease (granted now if there is none) and keeps it
-    // there until unpublish or the client goes.
-    void publish(const std::string &name, std::span<const uint8_t> blob, uint64_t deadline_ns);
+    // there until unpublish or the client goes. A name another handle holds is replaced only when
+    // may_replace(its blob) says so; otherwise SG_ERR_AUTH_FAILED naming the holder's lease.
+    void publish(const std::string &name, std::span<const uint8_t> blob, uint64_t deadline_ns,
+                 const MayReplace &may_replace);
+    // Deletes the name if this handle still holds it (another holder's entry is left alone).
     void unpublish(const std::string &name, uint64_t deadline_ns);
     // engines/<name>'s blob; nullopt when nobody published it.
     std::optional<std::vector<uint8_t>> lookup(const std::string &name, uint64_t deadline_ns);
@@ -102,6 +118,18 @@ class Client {
                     bool want_delete, uint64_t deadline_ns);
     int64_t ensure_lease(uint64_t deadline_ns);
     void put_with_lease(const std::string &key, std::span<const uint8_t> blob, uint64_t deadline_ns);
+    // The holder of a key as a transaction read it.
+    struct Held {
+        int64_t lease = 0;
+        int64_t mod_revision = 0;
+        std::string value;
+    };
+    // Writes key = blob under the lease if the key is absent (mod_revision 0) or still at
+    // mod_revision; otherwise returns who holds it now (nullopt: written).
+    std::optional<Held> put_if(const std::string &key, std::span<const uint8_t> blob, int64_t mod_revision,
+                               uint64_t deadline_ns);
+    std::optional<Held> holder(const std::string &key, uint64_t deadline_ns);
+    void check_names(uint64_t deadline_ns);
     void keepalive_loop();
     bool keepalive_once(uint64_t deadline_ns);
 
@@ -110,11 +138,13 @@ class Client {
     std::condition_variable cv_;
     int64_t lease_ = 0;                                 // 0: none
     std::map<std::string, std::vector<uint8_t>> published_;  // engines/<name> -> blob, re-put on a new lease
+    std::set<std::string> taken_;                            // published keys last seen held elsewhere
     size_t preferred_ = 0;                              // the member that answered last
     bool stopping_ = false;
     std::atomic<bool> interrupted_{false};
     std::thread keepalive_;
     std::atomic<uint64_t> requests_{0}, failovers_{0}, keepalives_{0}, leases_granted_{0};
+    std::atomic<uint64_t> names_taken_over_{0}, names_restored_{0};
 };
 
 }  // namespace sg::directory

@@ -59,6 +59,13 @@ int main(void) {
 #else
     CHECK(!saw_mimalloc, "mimalloc is not loaded in a build without it");
 #endif
+    /* This C host has no libstdc++ of its own: the library's operator new must still be libstdc++'s
+     * (std::bad_alloc when memory runs out, turned into SG_ERR_NO_MEMORY), not mimalloc's, which
+     * aborts the process (0.4: sg_profile_load under ulimit -v died with SIGABRT). */
+    void *libstdcxx = dlopen("libstdc++.so.6", RTLD_NOW | RTLD_NOLOAD);
+    CHECK(libstdcxx != NULL, "libstdc++.so.6 is loaded");
+    void *new_default = dlsym(RTLD_DEFAULT, "_Znwm");
+    CHECK(libstdcxx && new_default == dlsym(libstdcxx, "_Znwm"), "operator new resolves to libstdc++'s");
     CHECK(sg_context_destroy(ctx) == SG_OK, "context destroyed");
     printf("%d passed, %d failed\n", passes, failures);
     return failures ? 1 : 0;

@@ -162,6 +162,18 @@ TEST(Auth, MetadataSessionsProveTheKeyOverTheFabric) {
     sg_error_info_t err;
     sg_error_info_init(&err);
     EXPECT_EQ(sg_session_from_metadata(c, bad.data(), bad.size(), nullptr, &sc, &err), SG_ERR_AUTH_FAILED) << err.message;
+    // A blob cut or padded in transit is malformed, not a question of keys: SG_ERR_PROTOCOL naming
+    // the bytes (0.4 answered AUTH_FAILED "carries no signature" for 1,000 trailing bytes).
+    std::vector<uint8_t> padded = mb;
+    padded.resize(mb.size() + 1000, 0xAB);
+    sg_error_info_init(&err);
+    EXPECT_EQ(sg_session_from_metadata(c, padded.data(), padded.size(), nullptr, &sc, &err), SG_ERR_PROTOCOL);
+    EXPECT_NE(std::string(err.message).find("1000 trailing"), std::string::npos) << err.message;
+    std::vector<uint8_t> cut(mb.begin(), mb.end() - 5);
+    sg_error_info_init(&err);
+    EXPECT_EQ(sg_session_from_metadata(c, cut.data(), cut.size(), nullptr, &sc, &err), SG_ERR_PROTOCOL);
+    EXPECT_NE(std::string(err.message).find("cut short"), std::string::npos) << err.message;
+    EXPECT_EQ(sc, nullptr);
     sg_session_destroy(sa);
     sg_session_destroy(sb);
     sg_context_destroy(a);

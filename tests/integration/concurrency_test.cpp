@@ -166,7 +166,7 @@ namespace {
 // full provider queue must not be retried in a spin.
 struct ShmRun {
     double mib_per_s = 0;
-    uint64_t retries = 0, rma_ops = 0;
+    uint64_t retries = 0, rma_ops = 0, staged_bytes = 0, direct_bytes = 0;
 };
 
 ShmRun sixteen_threads_on_one_shm_session(uint64_t staging_policy) {
@@ -266,6 +266,8 @@ ShmRun sixteen_threads_on_one_shm_session(uint64_t staging_policy) {
     sg_context_stats(a, &cs);
     run.retries = cs.retries;
     run.rma_ops = cs.rma_ops;
+    run.staged_bytes = cs.bytes_staged;
+    run.direct_bytes = cs.bytes_direct;
     run.mib_per_s = double(kWorkers) * kEach * kBlocksEach * 2 * kL * 4096 / secs / (1 << 20);
     sg_session_destroy(sa);
     sg_session_destroy(sb);
@@ -283,9 +285,15 @@ TEST(StagingPolicy, SixteenThreadsOnOneShmSessionNeitherSpinNorCollapse) {
                 "staging forced %.1f MiB/s (%llu retries, %llu RMA ops)\n",
                 automatic.mib_per_s, (unsigned long long)automatic.retries, (unsigned long long)automatic.rma_ops,
                 forced.mib_per_s, (unsigned long long)forced.retries, (unsigned long long)forced.rma_ops);
-    // Generous bounds (both runs in the same process, back to back): the defect was 27-60x slower
-    // with ~400 retries per operation; now one probe layer of direct writes is most of the gap.
-    EXPECT_GT(automatic.mib_per_s, forced.mib_per_s / 10);
+    // The policy's choice, not a timing (the throughputs above are for the reader; docs/benchmarks.md
+    // has the measured ratio): on a same-host provider the automatic policy stages every candidate
+    // layer, so it posts the operations staging forced posts and no plain write that shm answers
+    // with a round trip each (0.4 probed them: 3.4x below forced in an outside user's soak, 27x
+    // before that).
+    EXPECT_LE(automatic.rma_ops, forced.rma_ops + forced.rma_ops / 10);
+    EXPECT_EQ(automatic.staged_bytes, forced.staged_bytes);
+    EXPECT_GT(forced.staged_bytes, 0u);
+    EXPECT_EQ(automatic.direct_bytes, 0u) << "plain writes of small operations over shm";
     EXPECT_LT(automatic.retries, 20 * (automatic.rma_ops + 1000));
 }
 

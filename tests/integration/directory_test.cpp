@@ -6,8 +6,16 @@
 #include "etcd_cluster.hpp"
 #include "pair_harness.hpp"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <chrono>
 #include <cstring>
+#include <memory>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -407,6 +415,257 @@ TEST(DirectoryArguments, AreCheckedBeforeAnythingIsSent) {
     EXPECT_EQ(d, nullptr);
     EXPECT_EQ(sg_directory_publish(nullptr, "x", kSecond), SG_ERR_INVALID_HANDLE);
     EXPECT_EQ(sg_directory_destroy(nullptr), SG_OK);
+}
+
+// A member that is not etcd: answers every request with `status` and `body_bytes` of 'x' (0: a
+// short JSON error), or, with `silent`, accepts connections and never answers.
+class FakeMember {
+  public:
+    FakeMember(int status, size_t body_bytes, bool silent = false)
+        : status_(status), body_bytes_(body_bytes), silent_(silent) {
+        fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        socklen_t len = sizeof a;
+        if (bind(fd_, reinterpret_cast<sockaddr *>(&a), sizeof a) != 0 || listen(fd_, 64) != 0 ||
+            getsockname(fd_, reinterpret_cast<sockaddr *>(&a), &len) != 0)
+            std::abort();
+        port_ = ntohs(a.sin_port);
+        if (!silent_) thread_ = std::thread([this] { serve(); });
+    }
+    ~FakeMember() {
+        stop_ = true;
+        shutdown(fd_, SHUT_RDWR);
+        if (thread_.joinable()) thread_.join();
+        close(fd_);
+    }
+    std::string endpoint() const { return "127.0.0.1:" + std::to_string(port_); }
+
+  private:
+    void serve() {
+        while (!stop_) {
+            const int c = accept(fd_, nullptr, nullptr);
+            if (c < 0) return;
+            char buf[4096];
+            (void)!recv(c, buf, sizeof buf, 0);  // the request (small: headers and a short body)
+            const std::string body = body_bytes_ ? std::string() : std::string("{\"error\":\"fake member\"}");
+            const size_t length = body_bytes_ ? body_bytes_ : body.size();
+            const std::string head = "HTTP/1.1 " + std::to_string(status_) + " X\r\nContent-Type: application/json\r\n" +
+                                     "Content-Length: " + std::to_string(length) + "\r\nConnection: close\r\n\r\n";
+            bool ok = ::send(c, head.data(), head.size(), MSG_NOSIGNAL) > 0;
+            if (!body_bytes_) ok = ok && ::send(c, body.data(), body.size(), MSG_NOSIGNAL) > 0;
+            const std::string chunk(1 << 20, 'x');
+            for (size_t sent = 0; ok && sent < body_bytes_ && !stop_; sent += chunk.size())
+                ok = ::send(c, chunk.data(), std::min(chunk.size(), body_bytes_ - sent), MSG_NOSIGNAL) > 0;
+            close(c);
+        }
+    }
+    int fd_ = -1;
+    uint16_t port_ = 0;
+    int status_;
+    size_t body_bytes_;
+    bool silent_;
+    std::atomic<bool> stop_{false};
+    std::thread thread_;
+};
+
+long rss_kib() {
+    long kib = -1;
+    if (FILE *f = std::fopen("/proc/self/status", "r")) {
+        char line[256];
+        while (std::fgets(line, sizeof line, f))
+            if (std::sscanf(line, "VmRSS: %ld kB", &kib) == 1) break;
+        std::fclose(f);
+    }
+    return kib;
+}
+
+sg_status_t open_with(const std::string &endpoints, uint32_t request_timeout_ms, sg_directory_t *d,
+                      sg_error_info_t *err) {
+    sg_directory_options_t o;
+    sg_directory_options_init(&o);
+    o.endpoints = endpoints.c_str();
+    o.request_timeout_ms = request_timeout_ms;
+    sg_error_info_init(err);
+    return sg_directory_open(nullptr, &o, d, err);
+}
+
+TEST(DirectoryHostile, OpenIsBoundedByTwiceTheRequestTimeoutHoweverManyMembers) {
+    // One member in an election (503 to everything) and ten that accept and never answer.
+    FakeMember electing(503, 0);
+    std::vector<std::unique_ptr<FakeMember>> silent;
+    std::string endpoints = electing.endpoint();
+    for (int i = 0; i < 10; ++i) {
+        silent.push_back(std::make_unique<FakeMember>(200, 0, true));
+        endpoints += "," + silent.back()->endpoint();
+    }
+    sg_directory_t d = nullptr;
+    sg_error_info_t err;
+    const uint64_t t0 = mono_ns();
+    const sg_status_t st = open_with(endpoints, 200, &d, &err);
+    const uint64_t took = mono_ns() - t0;
+    EXPECT_EQ(st, SG_ERR_TIMEOUT) << err.message;
+    EXPECT_NE(std::strstr(err.message, "503"), nullptr) << err.message;
+    EXPECT_LT(took, 700 * kMs) << "0.4 took a request timeout per member (2.2 s here)";
+    EXPECT_EQ(d, nullptr);
+}
+
+TEST(DirectoryHostile, AnAnswerTooLargeIsRefusedAtOnceAndItsMemoryReturned) {
+    FakeMember huge(200, size_t(512) << 20);  // 512 MiB announced and sent
+    sg_directory_t d = nullptr;
+    sg_error_info_t err;
+    const long before = rss_kib();
+    const uint64_t t0 = mono_ns();
+    const sg_status_t st = open_with(huge.endpoint(), 5000, &d, &err);
+    const uint64_t took = mono_ns() - t0;
+    const long after = rss_kib();
+    EXPECT_EQ(st, SG_ERR_PROTOCOL) << err.message;
+    EXPECT_NE(std::strstr(err.message, "larger than"), nullptr) << err.message;
+    EXPECT_LT(took, 3000 * kMs) << "refused only at the deadline (0.4: TIMEOUT after retrying)";
+    EXPECT_LT(after - before, 24 * 1024) << "kept " << (after - before) / 1024 << " MiB after refusing the answer";
+    std::fprintf(stderr, "refused in %.0f ms; RSS %ld -> %ld KiB\n", took / 1e6, before, after);
+}
+
+TEST(DirectoryHostile, MalformedEndpointsAreRefusedAndAbsentMembersFailAtOnce) {
+    sg_directory_t d = nullptr;
+    sg_error_info_t err;
+    for (const char *bad : {"http://[::1", "127.0.0.1:99999", "127.0.0.1:0", "http://[]:2379", "::1:2379",
+                            "http://h:12a", "http://u@h:1"}) {
+        EXPECT_EQ(open_with(bad, 1000, &d, &err), SG_ERR_INVALID_ARGUMENT) << bad << ": " << err.message;
+        EXPECT_NE(std::strstr(err.message, "endpoints"), nullptr) << err.message;
+    }
+    EXPECT_EQ(open_with("http://[::1]:2379", 1000, &d, &err), SG_ERR_CONNECT) << "well formed: " << err.message;
+    // TLS spoken to a plain member: refused at once, not retried until the deadline.
+    FakeMember plain(200, 0);
+    const uint64_t t0 = mono_ns();
+    EXPECT_EQ(open_with("https://" + plain.endpoint(), 1000, &d, &err), SG_ERR_CONNECT) << err.message;
+    EXPECT_LT(mono_ns() - t0, 500 * kMs) << err.message;
+}
+
+// The blob published under `name` now, as seen by a lookup-only handle (empty when none).
+std::vector<uint8_t> entry_of(sg_directory_t d, const char *name) {
+    size_t len = 0;
+    if (sg_directory_lookup(d, name, 5 * kSecond, nullptr, 0, &len) != SG_OK) return {};
+    std::vector<uint8_t> blob(len);
+    if (sg_directory_lookup(d, name, 5 * kSecond, blob.data(), blob.size(), &len) != SG_OK) return {};
+    return blob;
+}
+
+// Whether two metadata blobs are one context's: each read of a context's metadata carries a fresh
+// nonce and its MAC (the last 64 bytes); what comes before names the context (its id and endpoints).
+bool same_engine(const std::vector<uint8_t> &a, const std::vector<uint8_t> &b) {
+    return a.size() == b.size() && a.size() > 64 && std::equal(a.begin(), a.end() - 64, b.begin());
+}
+
+sg_directory_stats_t stats_of(sg_directory_t d) {
+    sg_directory_stats_t st;
+    sg_directory_stats_init(&st);
+    EXPECT_EQ(sg_directory_stats(d, &st), SG_OK);
+    return st;
+}
+
+// Until pred() or the deadline; pred's last answer.
+template <class Pred>
+bool eventually(Pred pred, uint64_t timeout_ns) {
+    const uint64_t until = mono_ns() + timeout_ns;
+    while (!pred()) {
+        if (mono_ns() > until) return false;
+        usleep(50 * 1000);
+    }
+    return true;
+}
+
+TEST_F(Directory, ANameIsNeitherTakenByAnotherKeyNorLostWhileItsOwnerLives) {
+    sg_context_options_t o;
+    sg_context_options_init(&o);
+    o.provider = "tcp";
+    static const char other_key[] = "another-fleets-key-0123456789abcdef";
+    o.auth_key = other_key;
+    o.auth_key_len = sizeof other_key - 1;
+    sg_context_t stranger = nullptr;
+    ASSERT_EQ(sg_context_create(&o, &stranger, nullptr), SG_OK);
+    sg_context_t owner = sgtest::make_context("tcp");
+    sg_context_t restarted = sgtest::make_context("tcp");  // the owner's key: its fleet
+    ASSERT_TRUE(owner && restarted);
+    sg_directory_t downer = open_directory(cluster->endpoints(), owner);
+    sg_directory_t dstranger = open_directory(cluster->endpoints(), stranger);
+    sg_directory_t drestarted = open_directory(cluster->endpoints(), restarted);
+    sg_directory_t ro = open_directory(cluster->endpoints(), nullptr);
+    ASSERT_TRUE(downer && dstranger && drestarted && ro);
+    ASSERT_EQ(sg_directory_publish(downer, "prefill-9", 5 * kSecond), SG_OK) << sg_last_error_message();
+    const std::vector<uint8_t> owners = metadata_of(owner);
+    // Another key cannot take the name: refused, the owner's entry untouched, and after the
+    // stranger leaves the name is still the owner's (0.4 lost it for good here).
+    EXPECT_EQ(sg_directory_publish(dstranger, "prefill-9", 5 * kSecond), SG_ERR_AUTH_FAILED);
+    EXPECT_NE(std::string(sg_last_error_message()).find("another engine"), std::string::npos) << sg_last_error_message();
+    EXPECT_TRUE(same_engine(entry_of(ro, "prefill-9"), owners));
+    sg_directory_destroy(dstranger);
+    EXPECT_TRUE(same_engine(entry_of(ro, "prefill-9"), owners));
+    usleep(1500 * 1000);  // past two read-backs of the owner's names
+    EXPECT_TRUE(same_engine(entry_of(ro, "prefill-9"), owners));
+    EXPECT_EQ(stats_of(downer).names_taken_over, 0u);
+
+    // The same key takes it over (a restarted engine comes back before its old lease ends): the owner
+    // notices, leaves it alone, and writes it back once it is free again.
+    ASSERT_EQ(sg_directory_publish(drestarted, "prefill-9", 5 * kSecond), SG_OK) << sg_last_error_message();
+    const std::vector<uint8_t> restarteds = metadata_of(restarted);
+    EXPECT_TRUE(same_engine(entry_of(ro, "prefill-9"), restarteds));
+    EXPECT_TRUE(eventually([&] { return stats_of(downer).names_taken_over == 1; }, 3 * kSecond));
+    EXPECT_TRUE(same_engine(entry_of(ro, "prefill-9"), restarteds)) << "the owner fought over the name";
+    // The old owner's unpublish does not delete the entry it no longer holds.
+    ASSERT_EQ(sg_directory_publish(downer, "decode-3", 5 * kSecond), SG_OK);
+    ASSERT_EQ(sg_directory_publish(drestarted, "decode-3", 5 * kSecond), SG_OK);
+    EXPECT_EQ(sg_directory_unpublish(downer, "decode-3", 5 * kSecond), SG_OK);
+    EXPECT_TRUE(same_engine(entry_of(ro, "decode-3"), restarteds));
+    const uint64_t t0 = mono_ns();
+    sg_directory_destroy(drestarted);  // its lease revoked: the name is free
+    EXPECT_TRUE(eventually([&] { return same_engine(entry_of(ro, "prefill-9"), owners); }, 3 * kSecond))
+        << "the owner did not take its name back";
+    std::fprintf(stderr, "the owner wrote its name back %.0f ms after it was freed\n", (mono_ns() - t0) / 1e6);
+    const sg_directory_stats_t st = stats_of(downer);
+    EXPECT_GE(st.names_restored, 1u);
+    EXPECT_TRUE(entry_of(ro, "decode-3").empty()) << "an unpublished name came back";
+
+    // A name deleted behind the handle's back (an operator's etcdctl del) is written back too.
+    ASSERT_TRUE(cluster->delete_key("/smartgen/engines/prefill-9")) << cluster->log(0);
+    EXPECT_TRUE(eventually([&] { return same_engine(entry_of(ro, "prefill-9"), owners); }, 3 * kSecond));
+
+    sg_directory_destroy(downer);
+    sg_directory_destroy(ro);
+    sg_context_destroy(stranger);
+    sg_context_destroy(owner);
+    sg_context_destroy(restarted);
+}
+
+TEST_F(Directory, DestroyingAContextWithdrawsTheNamesOfItsOpenHandles) {
+    sg_context_t engine = sgtest::make_context("tcp");
+    sg_context_t client = sgtest::make_context("tcp");
+    ASSERT_TRUE(engine && client);
+    sg_directory_t dengine = open_directory(cluster->endpoints(), engine);
+    sg_directory_t dclient = open_directory(cluster->endpoints(), client);
+    ASSERT_TRUE(dengine && dclient);
+    ASSERT_EQ(sg_directory_publish(dengine, "prefill-11", 5 * kSecond), SG_OK);
+    ASSERT_FALSE(entry_of(dclient, "prefill-11").empty());
+    // Timeout 0 polls, as every other wait does (0.4: always SG_ERR_TIMEOUT "no answer yet").
+    EXPECT_EQ(sg_directory_wait(dclient, "prefill-11", 1, 0), SG_OK) << sg_last_error_message();
+    EXPECT_EQ(sg_directory_wait(dclient, "prefill-12", 1, 0), SG_ERR_TIMEOUT);
+    EXPECT_EQ(sg_directory_publish(dengine, "prefill-12", 0), SG_OK) << sg_last_error_message();
+    EXPECT_EQ(sg_directory_wait(dclient, "prefill-12", 1, 0), SG_OK);
+
+    // The host destroys the context and forgets the directory handle (0.4 kept the entry published
+    // and renewed, so a connect to it returned SG_OK and the session died 2 s later).
+    const uint64_t t0 = mono_ns();
+    ASSERT_EQ(sg_context_destroy(engine), SG_OK);
+    EXPECT_EQ(sg_directory_wait(dclient, "prefill-11", 0, 0), SG_OK) << "the name outlived its context";
+    EXPECT_EQ(sg_directory_wait(dclient, "prefill-12", 0, 0), SG_OK);
+    EXPECT_LT(mono_ns() - t0, 1500 * kMs);
+    sg_session_t s = nullptr;
+    EXPECT_EQ(sg_directory_connect(dclient, "prefill-11", nullptr, kSecond, &s, nullptr), SG_ERR_NOT_FOUND);
+    EXPECT_EQ(sg_directory_publish(dengine, "prefill-11", kSecond), SG_ERR_INVALID_HANDLE);
+    EXPECT_EQ(sg_directory_destroy(dengine), SG_ERR_INVALID_HANDLE);
+    sg_directory_destroy(dclient);
+    sg_context_destroy(client);
 }
 
 TEST_F(Directory, NamesAndStateAreChecked) {

@@ -110,6 +110,44 @@ class EtcdCluster {
         m.pid = pid;
     }
 
+    // Deletes a key as an operator would (etcdctl del), by a plain HTTP request to the first live
+    // member's gateway: true when it answered 200.
+    bool delete_key(const std::string &key) const {
+        static const char t[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        std::string b64;
+        for (size_t i = 0; i < key.size(); i += 3) {
+            const uint32_t n = (uint32_t(uint8_t(key[i])) << 16) |
+                               (i + 1 < key.size() ? uint32_t(uint8_t(key[i + 1])) << 8 : 0) |
+                               (i + 2 < key.size() ? uint32_t(uint8_t(key[i + 2])) : 0);
+            b64 += t[(n >> 18) & 63];
+            b64 += t[(n >> 12) & 63];
+            b64 += i + 1 < key.size() ? t[(n >> 6) & 63] : '=';
+            b64 += i + 2 < key.size() ? t[n & 63] : '=';
+        }
+        const std::string body = "{\"key\":\"" + b64 + "\"}";
+        for (const Member &m : members_) {
+            if (m.pid <= 0) continue;
+            const int fd = socket(AF_INET, SOCK_STREAM, 0);
+            sockaddr_in a{};
+            a.sin_family = AF_INET;
+            a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+            a.sin_port = htons(uint16_t(m.client_port));
+            if (connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) != 0) {
+                close(fd);
+                continue;
+            }
+            const std::string req = "POST /v3/kv/deleterange HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                                    "application/json\r\nConnection: close\r\nContent-Length: " +
+                                    std::to_string(body.size()) + "\r\n\r\n" + body;
+            bool ok = ::send(fd, req.data(), req.size(), MSG_NOSIGNAL) == ssize_t(req.size());
+            char buf[512] = {};
+            ok = ok && recv(fd, buf, sizeof buf - 1, 0) > 0 && std::string(buf).find(" 200 ") != std::string::npos;
+            close(fd);
+            if (ok) return true;
+        }
+        return false;
+    }
+
     // The log of member i (for a failing test's message).
     std::string log(int i) const {
         std::string out;

@@ -297,7 +297,13 @@ void run_prefill(const RunConfig &cfg) {
     if (cfg.staging_threshold == uint64_t(64) << 20) EXPECT_EQ(staged, bytes);
     if (cfg.staging_threshold == UINT64_MAX) {
         EXPECT_GT(staged, 0u);
-        EXPECT_LT(staged, bytes);
+        // Over a network provider the automatic policy measures both paths, so both carry bytes; on
+        // a same-host one (shm) it stages every candidate layer (these pools' blocks are all small
+        // operations), plain writes being a round trip each there.
+        if (std::strcmp(cfg.provider, "shm") == 0)
+            EXPECT_EQ(staged, bytes);
+        else
+            EXPECT_LT(staged, bytes);
     }
     sg_context_stats_t cs;
     sg_context_stats_init(&cs);
@@ -337,8 +343,8 @@ TEST(KvPairShm, RandomScatteredTransfersStaged) {
     run_prefill({"shm", uint64_t(64) << 20, Shape{}, Shape{}, std::max(10, transfer_count() / 4)});
 }
 
-// The default policy measures both paths on the session, so both carry bytes over a run.
-TEST(KvPairShm, AutoPolicyTriesBothPaths) {
+// The default policy on a same-host provider stages the small operations of every layer.
+TEST(KvPairShm, AutoPolicyStagesSmallOperationsOnTheSameHost) {
     run_prefill({"shm", UINT64_MAX, Shape{}, Shape{}, std::max(10, transfer_count() / 4)});
 }
 

@@ -244,3 +244,51 @@ TEST(AttentionApi, HostileArgumentsAreRefusedAndWriteNothing) {
 }
 
 }  // namespace
+
+namespace {
+// Two valid parts whose sums add past FLT_MAX (each 3e38 with the same max): 0.4 answered SG_OK with
+// sum +Inf, which finish then refused. Now the merged row is rescaled and finishes to the weighted
+// mean of the two parts' outputs.
+TEST(AttentionApi, SumsThatAddPastFloatRangeAreRescaledNotInfinite) {
+    const uint32_t dim = 4;
+    Part a(1, dim), b(1, dim);
+    a.max[0] = b.max[0] = 2.0f;
+    a.sum[0] = 3e38f;
+    b.sum[0] = 3e38f;
+    for (uint32_t i = 0; i < dim; ++i) {
+        a.acc[i] = 3e38f * 1.0f;   // output 1.0 on its own
+        b.acc[i] = -3e38f * 0.5f;  // output -0.5 on its own
+    }
+    ASSERT_EQ(merge(a, b, 1, dim), SG_OK) << sg_last_error_message();
+    EXPECT_TRUE(std::isfinite(a.sum[0]) && a.sum[0] > 0) << a.sum[0];
+    EXPECT_TRUE(std::isfinite(a.max[0]) && a.max[0] > 2.0f) << "the scale moves into max: " << a.max[0];
+    // exp(max) * sum is the merged part: 6e38 * e^2, in the log domain.
+    EXPECT_NEAR(std::log(double(a.sum[0])) + a.max[0], std::log(6e38) + 2.0, 1e-5);
+    std::vector<float> out(dim);
+    ASSERT_EQ(sg_attention_finish(1, dim, a.sum.data(), a.acc.data(), out.data()), SG_OK) << sg_last_error_message();
+    for (float x : out) EXPECT_NEAR(x, 0.25f, 1e-6f);  // (1.0 - 0.5) / 2
+    // Merging a third such part into the rescaled one keeps going.
+    Part c(1, dim);
+    c.max[0] = 2.0f;
+    c.sum[0] = 3e38f;
+    for (uint32_t i = 0; i < dim; ++i) c.acc[i] = 3e38f * 0.25f;
+    ASSERT_EQ(merge(a, c, 1, dim), SG_OK);
+    ASSERT_EQ(sg_attention_finish(1, dim, a.sum.data(), a.acc.data(), out.data()), SG_OK);
+    for (float x : out) EXPECT_NEAR(x, 0.25f, 1e-6f);  // (1.0 - 0.5 + 0.25) / 3
+}
+
+// A subnormal sum under a normal acc is not a part: 0.4 gave SG_OK with +Inf outputs.
+TEST(AttentionApi, AnOutputBeyondFloatRangeIsRefusedNotInfinite) {
+    const float sum[2] = {1.0f, 1e-45f};
+    const float acc[2] = {0.5f, 1.0f};
+    float out[2] = {7.0f, 7.0f};
+    EXPECT_EQ(sg_attention_finish(2, 1, sum, acc, out), SG_ERR_OUT_OF_RANGE);
+    EXPECT_NE(std::string(sg_last_error_message()).find("row 1"), std::string::npos) << sg_last_error_message();
+    EXPECT_EQ(out[0], 7.0f) << "out is untouched when any row is refused";
+    // A subnormal sum with a proportionate acc is a part, and finishes.
+    const float tiny_sum[2] = {1.0f, 1e-40f}, tiny_acc[2] = {0.5f, 0.5e-40f};
+    EXPECT_EQ(sg_attention_finish(2, 1, tiny_sum, tiny_acc, out), SG_OK);
+    EXPECT_NEAR(out[1], 0.5f, 1e-3f);
+    EXPECT_TRUE(std::isfinite(out[1]));
+}
+}  // namespace

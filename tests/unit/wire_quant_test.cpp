@@ -49,11 +49,11 @@ kernels::DType kernel_dtype_of(sg_dtype_t d) {
 
 // Random values of a dtype, magnitudes spread over a few binades per head, and every 37th element
 // one that takes the codec's other branches (zeros of both signs, subnormals, the largest half, a
-// NaN: the maximum skips it and its code is the twin's).
+// NaN and both infinities: the maximum skips them and their code is the twin's).
 void fill(std::vector<uint8_t> &bytes, sg_dtype_t dtype, uint64_t seed) {
     std::mt19937_64 rng(seed);
     std::normal_distribution<float> normal(0.0f, 1.0f);
-    const float specials[] = {0.0f, -0.0f, 3e-6f, -6e-8f, 65504.0f, std::nanf("")};
+    const float specials[] = {0.0f, -0.0f, 3e-6f, -6e-8f, 65504.0f, std::nanf(""), INFINITY, -INFINITY};
     const size_t eb = kv::dtype_bytes(dtype);
     for (size_t i = 0; i + eb <= bytes.size(); i += eb) {
         float f = normal(rng) * std::ldexp(1.0f, int(rng() % 6) - 3);
@@ -141,6 +141,68 @@ TEST_P(WireQuantCodec, AWholePlaneIsTheCpuTwinsScalesAndCodesBitForBit) {
 
 INSTANTIATE_TEST_SUITE_P(Codes, WireQuantCodec, ::testing::Values(kernels::QuantCode::int8, kernels::QuantCode::fp8_e4m3),
                          [](const auto &info) { return info.param == kernels::QuantCode::int8 ? "Int8" : "Fp8E4M3"; });
+
+// One +Inf and one NaN in a head of 1,024 elements: 0.4's int8 sent the whole head back non-finite
+// (an infinite scale), fp8 did so for +Inf. Now, for both codes, those two arrive as NaN and every
+// other element of the head as it would without them (the scale of its finite values).
+TEST_P(WireQuantCodec, ANonFiniteElementArrivesAsNaNAndSpreadsToNothing) {
+    const kernels::QuantCode code = GetParam();
+    const core::wire_quant::Simd best = core::wire_quant::simd_in_use();
+    for (core::wire_quant::Simd simd : {core::wire_quant::Simd::sse2, core::wire_quant::Simd::avx2}) {
+        core::wire_quant::use_simd(simd);
+        SCOPED_TRACE(simd == core::wire_quant::Simd::avx2 ? "avx2" : "sse2");
+        for (sg_dtype_t dtype : {SG_DTYPE_FP32, SG_DTYPE_FP16, SG_DTYPE_BF16}) {
+            const Geometry g{dtype, SG_KV_SEPARATE, SG_BLOCK_TOKEN_MAJOR, 1, 64, 16, 0};  // one head, 1,024 elements
+            const kv::Layout L = layout_of(g, 1);
+            const uint64_t n = L.plane_bytes / L.elem_bytes;
+            std::vector<float> x(n);
+            for (uint64_t i = 0; i < n; ++i) x[i] = std::sin(0.37f * float(i)) * 2.0f;
+            const uint64_t inf_at = 100, nan_at = 700;
+            x[inf_at] = INFINITY;
+            x[nan_at] = std::nanf("");
+            std::vector<uint8_t> region(L.region_bytes());
+            for (uint64_t i = 0; i < n; ++i) {
+                if (dtype == SG_DTYPE_FP32) {
+                    std::memcpy(&region[4 * i], &x[i], 4);
+                } else {
+                    const uint16_t h = dtype == SG_DTYPE_FP16 ? kernels::float_to_fp16(x[i]) : kernels::float_to_bf16(x[i]);
+                    std::memcpy(&region[2 * i], &h, 2);
+                }
+            }
+            const kv::Layout::Loc at = L.plane(0, 0);
+            core::wire_quant::Shape shape;
+            ASSERT_TRUE(core::wire_quant::shape_of(L, at.region, at.offset, L.plane_bytes, shape));
+            std::vector<uint8_t> wire(shape.wire_bytes()), back(L.plane_bytes);
+            const std::pair<const uint8_t *, uint64_t> piece{region.data() + at.offset, L.plane_bytes};
+            core::wire_quant::encode(L, at.region, at.offset, L.plane_bytes, shape, std::span(&piece, 1), code, wire.data());
+            const float scale = scale_at(wire.data(), 0);
+            EXPECT_TRUE(std::isfinite(scale) && scale > 0) << scale;
+            core::wire_quant::decode(L, at.region, at.offset, L.plane_bytes, shape, wire.data(), code, back.data());
+            int bad = 0;
+            for (uint64_t i = 0; i < n; ++i) {
+                float got;
+                if (dtype == SG_DTYPE_FP32) {
+                    std::memcpy(&got, &back[4 * i], 4);
+                } else {
+                    uint16_t h;
+                    std::memcpy(&h, &back[2 * i], 2);
+                    got = dtype == SG_DTYPE_FP16 ? kernels::fp16_to_float(h) : kernels::bf16_to_float(h);
+                }
+                if (i == inf_at || i == nan_at) {
+                    EXPECT_TRUE(std::isnan(got)) << "element " << i << " arrived as " << got;
+                    continue;
+                }
+                // Half an int8 step of the finite scale (E4M3 is relative: 1/16 of the value), and the
+                // source's own rounding to its dtype.
+                const float tol = (code == kernels::QuantCode::int8 ? 0.5f * scale : std::fabs(x[i]) / 16.0f) +
+                                  std::fabs(x[i]) / 128.0f + 1e-3f;
+                if (!(std::fabs(got - x[i]) <= tol)) ++bad;
+            }
+            EXPECT_EQ(bad, 0) << "dtype " << dtype << ": elements beside the non-finite ones changed";
+        }
+    }
+    core::wire_quant::use_simd(best);
+}
 
 TEST(WireQuant, ASegmentOverSeveralBlocksHasAScaleForEachBlockPlaneAndHead) {
     const Geometry g{SG_DTYPE_FP16, SG_KV_SEPARATE, SG_BLOCK_TOKEN_MAJOR, 2, 4, 4, 0};

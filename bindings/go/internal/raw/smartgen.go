@@ -91,24 +91,24 @@ typedef long long swig_type_61;
 typedef long long swig_type_62;
 typedef long long swig_type_63;
 typedef long long swig_type_64;
-typedef _gostring_ swig_type_65;
+typedef long long swig_type_65;
 typedef long long swig_type_66;
 typedef long long swig_type_67;
 typedef long long swig_type_68;
 typedef long long swig_type_69;
-typedef long long swig_type_70;
+typedef _gostring_ swig_type_70;
 typedef long long swig_type_71;
 typedef long long swig_type_72;
-typedef _gostring_ swig_type_73;
+typedef long long swig_type_73;
 typedef long long swig_type_74;
-typedef _gostring_ swig_type_75;
+typedef long long swig_type_75;
 typedef long long swig_type_76;
 typedef long long swig_type_77;
 typedef long long swig_type_78;
 typedef long long swig_type_79;
-typedef long long swig_type_80;
+typedef _gostring_ swig_type_80;
 typedef long long swig_type_81;
-typedef long long swig_type_82;
+typedef _gostring_ swig_type_82;
 typedef long long swig_type_83;
 typedef long long swig_type_84;
 typedef long long swig_type_85;
@@ -155,29 +155,29 @@ typedef long long swig_type_125;
 typedef long long swig_type_126;
 typedef long long swig_type_127;
 typedef long long swig_type_128;
-typedef _gostring_ swig_type_129;
-typedef _gostring_ swig_type_130;
-typedef _gostring_ swig_type_131;
+typedef long long swig_type_129;
+typedef long long swig_type_130;
+typedef long long swig_type_131;
 typedef long long swig_type_132;
-typedef _gostring_ swig_type_133;
+typedef long long swig_type_133;
 typedef long long swig_type_134;
-typedef _gostring_ swig_type_135;
-typedef _gostring_ swig_type_136;
+typedef long long swig_type_135;
+typedef long long swig_type_136;
 typedef long long swig_type_137;
 typedef long long swig_type_138;
-typedef _gostring_ swig_type_139;
+typedef long long swig_type_139;
 typedef _gostring_ swig_type_140;
-typedef long long swig_type_141;
-typedef long long swig_type_142;
+typedef _gostring_ swig_type_141;
+typedef _gostring_ swig_type_142;
 typedef long long swig_type_143;
-typedef long long swig_type_144;
+typedef _gostring_ swig_type_144;
 typedef long long swig_type_145;
-typedef long long swig_type_146;
-typedef long long swig_type_147;
+typedef _gostring_ swig_type_146;
+typedef _gostring_ swig_type_147;
 typedef long long swig_type_148;
 typedef long long swig_type_149;
-typedef long long swig_type_150;
-typedef long long swig_type_151;
+typedef _gostring_ swig_type_150;
+typedef _gostring_ swig_type_151;
 typedef long long swig_type_152;
 typedef long long swig_type_153;
 typedef long long swig_type_154;
@@ -195,6 +195,17 @@ typedef long long swig_type_165;
 typedef long long swig_type_166;
 typedef long long swig_type_167;
 typedef long long swig_type_168;
+typedef long long swig_type_169;
+typedef long long swig_type_170;
+typedef long long swig_type_171;
+typedef long long swig_type_172;
+typedef long long swig_type_173;
+typedef long long swig_type_174;
+typedef long long swig_type_175;
+typedef long long swig_type_176;
+typedef long long swig_type_177;
+typedef long long swig_type_178;
+typedef long long swig_type_179;
 extern void _wrap_Swig_free_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern uintptr_t _wrap_Swig_malloc_raw_e2876bbee506b3ac(swig_intgo arg1);
 extern swig_intgo _wrap_SG_VERSION_NUMBER_raw_e2876bbee506b3ac(void);
@@ -239,11 +250,12 @@ extern swig_type_6 _wrap_sg_error_info_t_message_get_raw_e2876bbee506b3ac(uintpt
 extern uintptr_t _wrap_new_sg_error_info_t_raw_e2876bbee506b3ac(void);
 extern void _wrap_delete_sg_error_info_t_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_error_info_init_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_error_info_init_sized_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_7 arg2);
 extern swig_intgo _wrap_SG_DTYPE_FP32_raw_e2876bbee506b3ac(void);
 extern swig_intgo _wrap_SG_DTYPE_FP16_raw_e2876bbee506b3ac(void);
 extern swig_intgo _wrap_SG_DTYPE_BF16_raw_e2876bbee506b3ac(void);
 extern swig_intgo _wrap_SG_DTYPE_FP8_E4M3_raw_e2876bbee506b3ac(void);
-extern swig_type_7 _wrap_sg_dtype_size_raw_e2876bbee506b3ac(int arg1);
+extern swig_type_8 _wrap_sg_dtype_size_raw_e2876bbee506b3ac(int arg1);
 extern swig_intgo _wrap_SG_MEM_HOST_raw_e2876bbee506b3ac(void);
 extern swig_intgo _wrap_SG_MEM_CUDA_raw_e2876bbee506b3ac(void);
 extern swig_intgo _wrap_SG_KV_SEPARATE_raw_e2876bbee506b3ac(void);
@@ -262,8 +274,8 @@ extern swig_intgo _wrap_SG_LOG_ERROR_raw_e2876bbee506b3ac(void);
 extern swig_intgo _wrap_SG_LOG_WARN_raw_e2876bbee506b3ac(void);
 extern swig_intgo _wrap_SG_LOG_INFO_raw_e2876bbee506b3ac(void);
 extern swig_intgo _wrap_SG_LOG_DEBUG_raw_e2876bbee506b3ac(void);
-extern void _wrap_sg_context_options_t_struct_size_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_8 arg2);
-extern swig_type_9 _wrap_sg_context_options_t_struct_size_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_context_options_t_struct_size_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_9 arg2);
+extern swig_type_10 _wrap_sg_context_options_t_struct_size_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_context_options_t_header_version_set_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2);
 extern int _wrap_sg_context_options_t_header_version_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_context_options_t_manual_progress_set_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2);
@@ -276,10 +288,10 @@ extern void _wrap_sg_context_options_t_log_level_set_raw_e2876bbee506b3ac(uintpt
 extern int _wrap_sg_context_options_t_log_level_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_context_options_t_peer_timeout_ms_set_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2);
 extern int _wrap_sg_context_options_t_peer_timeout_ms_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_context_options_t_max_bytes_in_flight_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_10 arg2);
-extern swig_type_11 _wrap_sg_context_options_t_max_bytes_in_flight_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_context_options_t_max_session_bytes_in_flight_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_12 arg2);
-extern swig_type_13 _wrap_sg_context_options_t_max_session_bytes_in_flight_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_context_options_t_max_bytes_in_flight_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_11 arg2);
+extern swig_type_12 _wrap_sg_context_options_t_max_bytes_in_flight_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_context_options_t_max_session_bytes_in_flight_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_13 arg2);
+extern swig_type_14 _wrap_sg_context_options_t_max_session_bytes_in_flight_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_context_options_t_max_transfers_per_session_set_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2);
 extern int _wrap_sg_context_options_t_max_transfers_per_session_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_context_options_t_allow_unauthenticated_set_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2);
@@ -289,63 +301,65 @@ extern int _wrap_sg_context_options_t_lanes_get_raw_e2876bbee506b3ac(uintptr_t a
 extern uintptr_t _wrap_new_sg_context_options_t_raw_e2876bbee506b3ac(void);
 extern void _wrap_delete_sg_context_options_t_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_context_options_init_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_context_options_init_sized_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_15 arg2);
 extern int _wrap_sg_context_destroy_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern int _wrap_sg_context_event_fd_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2);
 extern int _wrap_sg_context_progress_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern int _wrap_sg_context_provider_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_14 arg3);
+extern int _wrap_sg_context_provider_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_16 arg3);
 extern swig_intgo _wrap_SG_PARAM_STAGING_THRESHOLD_raw_e2876bbee506b3ac(void);
 extern swig_intgo _wrap_SG_PARAM_MAX_OP_BYTES_raw_e2876bbee506b3ac(void);
 extern swig_intgo _wrap_SG_PARAM_MAX_OPS_IN_FLIGHT_raw_e2876bbee506b3ac(void);
 extern swig_intgo _wrap_SG_PARAM_PROGRESS_SPIN_US_raw_e2876bbee506b3ac(void);
 extern swig_intgo _wrap_SG_PARAM_STAGING_POLICY_raw_e2876bbee506b3ac(void);
-extern int _wrap_sg_context_set_param_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_type_15 arg3);
+extern int _wrap_sg_context_set_param_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_type_17 arg3);
 extern int _wrap_sg_context_get_param_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3);
-extern void _wrap_sg_context_stats_t_struct_size_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_16 arg2);
-extern swig_type_17 _wrap_sg_context_stats_t_struct_size_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_context_stats_t_bytes_direct_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_18 arg2);
-extern swig_type_19 _wrap_sg_context_stats_t_bytes_direct_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_context_stats_t_bytes_staged_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_20 arg2);
-extern swig_type_21 _wrap_sg_context_stats_t_bytes_staged_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_context_stats_t_rma_ops_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_22 arg2);
-extern swig_type_23 _wrap_sg_context_stats_t_rma_ops_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_context_stats_t_staging_copies_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_24 arg2);
-extern swig_type_25 _wrap_sg_context_stats_t_staging_copies_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_context_stats_t_messages_sent_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_26 arg2);
-extern swig_type_27 _wrap_sg_context_stats_t_messages_sent_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_context_stats_t_messages_received_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_28 arg2);
-extern swig_type_29 _wrap_sg_context_stats_t_messages_received_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_context_stats_t_retries_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_30 arg2);
-extern swig_type_31 _wrap_sg_context_stats_t_retries_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_context_stats_t_transfers_completed_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_32 arg2);
-extern swig_type_33 _wrap_sg_context_stats_t_transfers_completed_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_context_stats_t_transfers_failed_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_34 arg2);
-extern swig_type_35 _wrap_sg_context_stats_t_transfers_failed_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_context_stats_t_transfers_canceled_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_36 arg2);
-extern swig_type_37 _wrap_sg_context_stats_t_transfers_canceled_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_context_stats_t_deadlines_hit_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_38 arg2);
-extern swig_type_39 _wrap_sg_context_stats_t_deadlines_hit_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_context_stats_t_peers_lost_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_40 arg2);
-extern swig_type_41 _wrap_sg_context_stats_t_peers_lost_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_context_stats_t_sessions_open_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_42 arg2);
-extern swig_type_43 _wrap_sg_context_stats_t_sessions_open_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_context_stats_t_auth_failures_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_44 arg2);
-extern swig_type_45 _wrap_sg_context_stats_t_auth_failures_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_context_stats_t_stalls_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_46 arg2);
-extern swig_type_47 _wrap_sg_context_stats_t_stalls_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_context_stats_t_registrations_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_48 arg2);
-extern swig_type_49 _wrap_sg_context_stats_t_registrations_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_context_stats_t_lanes_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_50 arg2);
-extern swig_type_51 _wrap_sg_context_stats_t_lanes_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_context_stats_t_lane_failovers_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_52 arg2);
-extern swig_type_53 _wrap_sg_context_stats_t_lane_failovers_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_context_stats_t_lanes_lost_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_54 arg2);
-extern swig_type_55 _wrap_sg_context_stats_t_lanes_lost_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_context_stats_t_struct_size_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_18 arg2);
+extern swig_type_19 _wrap_sg_context_stats_t_struct_size_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_context_stats_t_bytes_direct_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_20 arg2);
+extern swig_type_21 _wrap_sg_context_stats_t_bytes_direct_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_context_stats_t_bytes_staged_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_22 arg2);
+extern swig_type_23 _wrap_sg_context_stats_t_bytes_staged_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_context_stats_t_rma_ops_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_24 arg2);
+extern swig_type_25 _wrap_sg_context_stats_t_rma_ops_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_context_stats_t_staging_copies_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_26 arg2);
+extern swig_type_27 _wrap_sg_context_stats_t_staging_copies_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_context_stats_t_messages_sent_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_28 arg2);
+extern swig_type_29 _wrap_sg_context_stats_t_messages_sent_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_context_stats_t_messages_received_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_30 arg2);
+extern swig_type_31 _wrap_sg_context_stats_t_messages_received_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_context_stats_t_retries_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_32 arg2);
+extern swig_type_33 _wrap_sg_context_stats_t_retries_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_context_stats_t_transfers_completed_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_34 arg2);
+extern swig_type_35 _wrap_sg_context_stats_t_transfers_completed_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_context_stats_t_transfers_failed_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_36 arg2);
+extern swig_type_37 _wrap_sg_context_stats_t_transfers_failed_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_context_stats_t_transfers_canceled_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_38 arg2);
+extern swig_type_39 _wrap_sg_context_stats_t_transfers_canceled_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_context_stats_t_deadlines_hit_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_40 arg2);
+extern swig_type_41 _wrap_sg_context_stats_t_deadlines_hit_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_context_stats_t_peers_lost_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_42 arg2);
+extern swig_type_43 _wrap_sg_context_stats_t_peers_lost_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_context_stats_t_sessions_open_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_44 arg2);
+extern swig_type_45 _wrap_sg_context_stats_t_sessions_open_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_context_stats_t_auth_failures_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_46 arg2);
+extern swig_type_47 _wrap_sg_context_stats_t_auth_failures_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_context_stats_t_stalls_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_48 arg2);
+extern swig_type_49 _wrap_sg_context_stats_t_stalls_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_context_stats_t_registrations_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_50 arg2);
+extern swig_type_51 _wrap_sg_context_stats_t_registrations_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_context_stats_t_lanes_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_52 arg2);
+extern swig_type_53 _wrap_sg_context_stats_t_lanes_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_context_stats_t_lane_failovers_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_54 arg2);
+extern swig_type_55 _wrap_sg_context_stats_t_lane_failovers_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_context_stats_t_lanes_lost_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_56 arg2);
+extern swig_type_57 _wrap_sg_context_stats_t_lanes_lost_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_delete_sg_context_stats_t_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_context_stats_init_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_context_stats_init_sized_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_58 arg2);
 extern int _wrap_sg_context_stats_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
-extern int _wrap_sg_context_metrics_text_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_56 arg3, swig_voidp arg4);
-extern void _wrap_sg_kv_layout_t_struct_size_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_57 arg2);
-extern swig_type_58 _wrap_sg_kv_layout_t_struct_size_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern int _wrap_sg_context_metrics_text_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_59 arg3, swig_voidp arg4);
+extern void _wrap_sg_kv_layout_t_struct_size_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_60 arg2);
+extern swig_type_61 _wrap_sg_kv_layout_t_struct_size_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_kv_layout_t_num_layers_set_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2);
 extern int _wrap_sg_kv_layout_t_num_layers_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_kv_layout_t_num_kv_heads_set_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2);
@@ -354,8 +368,8 @@ extern void _wrap_sg_kv_layout_t_head_dim_set_raw_e2876bbee506b3ac(uintptr_t arg
 extern int _wrap_sg_kv_layout_t_head_dim_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_kv_layout_t_tokens_per_block_set_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2);
 extern int _wrap_sg_kv_layout_t_tokens_per_block_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_kv_layout_t_num_blocks_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_59 arg2);
-extern swig_type_60 _wrap_sg_kv_layout_t_num_blocks_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_kv_layout_t_num_blocks_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_62 arg2);
+extern swig_type_63 _wrap_sg_kv_layout_t_num_blocks_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_kv_layout_t_dtype_set_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2);
 extern int _wrap_sg_kv_layout_t_dtype_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_kv_layout_t_packing_set_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2);
@@ -366,167 +380,175 @@ extern void _wrap_sg_kv_layout_t_mem_kind_set_raw_e2876bbee506b3ac(uintptr_t arg
 extern int _wrap_sg_kv_layout_t_mem_kind_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_kv_layout_t_device_set_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2);
 extern int _wrap_sg_kv_layout_t_device_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_kv_layout_t_block_stride_bytes_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_61 arg2);
-extern swig_type_62 _wrap_sg_kv_layout_t_block_stride_bytes_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_kv_layout_t_block_stride_bytes_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_64 arg2);
+extern swig_type_65 _wrap_sg_kv_layout_t_block_stride_bytes_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern uintptr_t _wrap_new_sg_kv_layout_t_raw_e2876bbee506b3ac(void);
 extern void _wrap_delete_sg_kv_layout_t_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_kv_layout_init_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_kv_layout_init_sized_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_66 arg2);
 extern int _wrap_sg_kv_layout_validate_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
 extern int _wrap_sg_kv_layout_plane_bytes_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2);
 extern int _wrap_sg_kv_layout_region_bytes_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2);
 extern int _wrap_sg_kv_register_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2, swig_voidp arg3, uintptr_t arg4);
 extern int _wrap_sg_kv_deregister_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_session_options_t_struct_size_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_63 arg2);
-extern swig_type_64 _wrap_sg_session_options_t_struct_size_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_session_options_t_struct_size_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_67 arg2);
+extern swig_type_68 _wrap_sg_session_options_t_struct_size_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern uintptr_t _wrap_new_sg_session_options_t_raw_e2876bbee506b3ac(void);
 extern void _wrap_delete_sg_session_options_t_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_session_options_init_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern int _wrap_sg_listener_create_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_65 arg2, short arg3, swig_voidp arg4, uintptr_t arg5);
+extern void _wrap_sg_session_options_init_sized_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_69 arg2);
+extern int _wrap_sg_listener_create_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_70 arg2, short arg3, swig_voidp arg4, uintptr_t arg5);
 extern int _wrap_sg_listener_port_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2);
 extern int _wrap_sg_listener_destroy_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern int _wrap_sg_context_get_metadata_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_66 arg3, swig_voidp arg4);
-extern int _wrap_sg_session_wait_ready_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_67 arg2);
+extern int _wrap_sg_context_get_metadata_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_71 arg3, swig_voidp arg4);
+extern int _wrap_sg_session_wait_ready_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_72 arg2);
 extern int _wrap_sg_session_export_kv_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
-extern int _wrap_sg_session_provider_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_68 arg3);
-extern int _wrap_sg_session_notify_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_69 arg3);
-extern int _wrap_sg_session_next_notification_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_70 arg3, swig_voidp arg4);
-extern int _wrap_sg_session_error_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_type_71 arg4);
-extern int _wrap_sg_session_close_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_72 arg2);
+extern int _wrap_sg_session_provider_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_73 arg3);
+extern int _wrap_sg_session_notify_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_74 arg3);
+extern int _wrap_sg_session_next_notification_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_75 arg3, swig_voidp arg4);
+extern int _wrap_sg_session_error_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_type_76 arg4);
+extern int _wrap_sg_session_close_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_77 arg2);
 extern int _wrap_sg_session_destroy_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_directory_options_init_sized_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_78 arg2);
+extern void _wrap_sg_directory_stats_init_sized_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_79 arg2);
 extern swig_intgo _wrap_SG_PROFILE_MAX_BYTES_raw_e2876bbee506b3ac(void);
-extern int _wrap_sg_profile_parse_raw_e2876bbee506b3ac(swig_type_73 arg1, swig_type_74 arg2, swig_voidp arg3, uintptr_t arg4);
-extern int _wrap_sg_profile_load_raw_e2876bbee506b3ac(swig_type_75 arg1, swig_voidp arg2, uintptr_t arg3);
-extern int _wrap_sg_profile_to_json_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_76 arg3, swig_voidp arg4);
+extern int _wrap_sg_profile_parse_raw_e2876bbee506b3ac(swig_type_80 arg1, swig_type_81 arg2, swig_voidp arg3, uintptr_t arg4);
+extern int _wrap_sg_profile_load_raw_e2876bbee506b3ac(swig_type_82 arg1, swig_voidp arg2, uintptr_t arg3);
+extern int _wrap_sg_profile_to_json_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_83 arg3, swig_voidp arg4);
 extern int _wrap_sg_profile_destroy_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_selector_input_init_sized_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_84 arg2);
 extern swig_intgo _wrap_SG_WIRE_QUANT_NONE_raw_e2876bbee506b3ac(void);
 extern swig_intgo _wrap_SG_WIRE_QUANT_INT8_raw_e2876bbee506b3ac(void);
 extern swig_intgo _wrap_SG_WIRE_QUANT_FP8_E4M3_raw_e2876bbee506b3ac(void);
-extern void _wrap_sg_transfer_options_t_struct_size_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_77 arg2);
-extern swig_type_78 _wrap_sg_transfer_options_t_struct_size_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_options_t_struct_size_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_85 arg2);
+extern swig_type_86 _wrap_sg_transfer_options_t_struct_size_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_transfer_options_t_paths_set_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2);
 extern int _wrap_sg_transfer_options_t_paths_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_transfer_options_t_flags_set_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2);
 extern int _wrap_sg_transfer_options_t_flags_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_transfer_options_t_priority_set_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2);
 extern int _wrap_sg_transfer_options_t_priority_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_options_t_deadline_ns_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_79 arg2);
-extern swig_type_80 _wrap_sg_transfer_options_t_deadline_ns_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_options_t_deadline_ns_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_87 arg2);
+extern swig_type_88 _wrap_sg_transfer_options_t_deadline_ns_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_transfer_options_t_profile_set_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_sg_transfer_options_t_profile_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_options_t_lease_ns_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_81 arg2);
-extern swig_type_82 _wrap_sg_transfer_options_t_lease_ns_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_options_t_lease_ns_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_89 arg2);
+extern swig_type_90 _wrap_sg_transfer_options_t_lease_ns_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_transfer_options_t_wire_quant_set_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2);
 extern int _wrap_sg_transfer_options_t_wire_quant_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern uintptr_t _wrap_new_sg_transfer_options_t_raw_e2876bbee506b3ac(void);
 extern void _wrap_delete_sg_transfer_options_t_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_transfer_options_init_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_options_init_sized_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_91 arg2);
 extern int _wrap_sg_transfer_layer_written_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, uintptr_t arg3);
 extern int _wrap_sg_transfer_layer_written_q_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, int arg4, int arg5);
-extern int _wrap_sg_transfer_wait_layer_state_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, int arg3, swig_type_83 arg4);
-extern int _wrap_sg_transfer_digests_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_84 arg4, swig_voidp arg5);
-extern int _wrap_sg_transfer_fetch_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_85 arg4);
-extern int _wrap_sg_transfer_wait_blocks_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_86 arg4, swig_type_87 arg5);
+extern void _wrap_sg_layer_written_init_sized_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_92 arg2);
+extern int _wrap_sg_transfer_wait_layer_state_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, int arg3, swig_type_93 arg4);
+extern int _wrap_sg_transfer_digests_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_94 arg4, swig_voidp arg5);
+extern int _wrap_sg_transfer_fetch_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_95 arg4);
+extern int _wrap_sg_transfer_wait_blocks_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_96 arg4, swig_type_97 arg5);
 extern int _wrap_sg_transfer_test_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern int _wrap_sg_transfer_wait_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_88 arg2);
-extern int _wrap_sg_transfer_wait_layer_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_type_89 arg3);
+extern int _wrap_sg_transfer_wait_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_98 arg2);
+extern int _wrap_sg_transfer_wait_layer_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_type_99 arg3);
 extern int _wrap_sg_transfer_layer_state_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3);
-extern int _wrap_sg_transfer_residency_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_90 arg4, swig_voidp arg5);
-extern int _wrap_sg_transfer_status_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_type_91 arg4);
-extern void _wrap_sg_transfer_stats_t_struct_size_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_92 arg2);
-extern swig_type_93 _wrap_sg_transfer_stats_t_struct_size_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_stats_t_bytes_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_94 arg2);
-extern swig_type_95 _wrap_sg_transfer_stats_t_bytes_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_stats_t_rma_ops_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_96 arg2);
-extern swig_type_97 _wrap_sg_transfer_stats_t_rma_ops_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_stats_t_segments_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_98 arg2);
-extern swig_type_99 _wrap_sg_transfer_stats_t_segments_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_stats_t_staged_bytes_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_100 arg2);
-extern swig_type_101 _wrap_sg_transfer_stats_t_staged_bytes_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_stats_t_staging_copies_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_102 arg2);
-extern swig_type_103 _wrap_sg_transfer_stats_t_staging_copies_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_stats_t_layers_ready_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_104 arg2);
-extern swig_type_105 _wrap_sg_transfer_stats_t_layers_ready_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_stats_t_start_ns_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_106 arg2);
-extern swig_type_107 _wrap_sg_transfer_stats_t_start_ns_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_stats_t_end_ns_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_108 arg2);
-extern swig_type_109 _wrap_sg_transfer_stats_t_end_ns_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_stats_t_bytes_full_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_110 arg2);
-extern swig_type_111 _wrap_sg_transfer_stats_t_bytes_full_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_stats_t_bytes_proactive_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_112 arg2);
-extern swig_type_113 _wrap_sg_transfer_stats_t_bytes_proactive_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_stats_t_bytes_on_demand_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_114 arg2);
-extern swig_type_115 _wrap_sg_transfer_stats_t_bytes_on_demand_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_stats_t_bytes_speculative_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_116 arg2);
-extern swig_type_117 _wrap_sg_transfer_stats_t_bytes_speculative_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_stats_t_digest_bytes_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_118 arg2);
-extern swig_type_119 _wrap_sg_transfer_stats_t_digest_bytes_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_stats_t_fetch_requests_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_120 arg2);
-extern swig_type_121 _wrap_sg_transfer_stats_t_fetch_requests_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_stats_t_fetch_blocks_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_122 arg2);
-extern swig_type_123 _wrap_sg_transfer_stats_t_fetch_blocks_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_stats_t_quantized_bytes_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_124 arg2);
-extern swig_type_125 _wrap_sg_transfer_stats_t_quantized_bytes_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_stats_t_quantized_wire_bytes_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_126 arg2);
-extern swig_type_127 _wrap_sg_transfer_stats_t_quantized_wire_bytes_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern int _wrap_sg_transfer_residency_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_100 arg4, swig_voidp arg5);
+extern int _wrap_sg_transfer_status_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_type_101 arg4);
+extern void _wrap_sg_transfer_stats_t_struct_size_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_102 arg2);
+extern swig_type_103 _wrap_sg_transfer_stats_t_struct_size_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_stats_t_bytes_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_104 arg2);
+extern swig_type_105 _wrap_sg_transfer_stats_t_bytes_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_stats_t_rma_ops_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_106 arg2);
+extern swig_type_107 _wrap_sg_transfer_stats_t_rma_ops_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_stats_t_segments_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_108 arg2);
+extern swig_type_109 _wrap_sg_transfer_stats_t_segments_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_stats_t_staged_bytes_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_110 arg2);
+extern swig_type_111 _wrap_sg_transfer_stats_t_staged_bytes_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_stats_t_staging_copies_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_112 arg2);
+extern swig_type_113 _wrap_sg_transfer_stats_t_staging_copies_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_stats_t_layers_ready_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_114 arg2);
+extern swig_type_115 _wrap_sg_transfer_stats_t_layers_ready_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_stats_t_start_ns_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_116 arg2);
+extern swig_type_117 _wrap_sg_transfer_stats_t_start_ns_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_stats_t_end_ns_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_118 arg2);
+extern swig_type_119 _wrap_sg_transfer_stats_t_end_ns_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_stats_t_bytes_full_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_120 arg2);
+extern swig_type_121 _wrap_sg_transfer_stats_t_bytes_full_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_stats_t_bytes_proactive_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_122 arg2);
+extern swig_type_123 _wrap_sg_transfer_stats_t_bytes_proactive_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_stats_t_bytes_on_demand_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_124 arg2);
+extern swig_type_125 _wrap_sg_transfer_stats_t_bytes_on_demand_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_stats_t_bytes_speculative_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_126 arg2);
+extern swig_type_127 _wrap_sg_transfer_stats_t_bytes_speculative_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_stats_t_digest_bytes_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_128 arg2);
+extern swig_type_129 _wrap_sg_transfer_stats_t_digest_bytes_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_stats_t_fetch_requests_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_130 arg2);
+extern swig_type_131 _wrap_sg_transfer_stats_t_fetch_requests_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_stats_t_fetch_blocks_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_132 arg2);
+extern swig_type_133 _wrap_sg_transfer_stats_t_fetch_blocks_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_stats_t_quantized_bytes_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_134 arg2);
+extern swig_type_135 _wrap_sg_transfer_stats_t_quantized_bytes_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_stats_t_quantized_wire_bytes_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_136 arg2);
+extern swig_type_137 _wrap_sg_transfer_stats_t_quantized_wire_bytes_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_delete_sg_transfer_stats_t_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_transfer_stats_init_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_stats_init_sized_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_138 arg2);
 extern int _wrap_sg_transfer_stats_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
 extern int _wrap_sg_transfer_layer_time_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3);
 extern int _wrap_sg_transfer_cancel_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern int _wrap_sg_transfer_wait_quiesced_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_128 arg2);
+extern int _wrap_sg_transfer_wait_quiesced_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_139 arg2);
 extern int _wrap_sg_transfer_release_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern int _wrap_sgo_context_create_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_129 arg2, swig_type_130 arg3, swig_type_131 arg4, swig_type_132 arg5, uintptr_t arg6, uintptr_t arg7, swig_voidp arg8, uintptr_t arg9);
-extern int _wrap_sgo_session_accept_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_133 arg2, swig_type_134 arg3, swig_voidp arg4, uintptr_t arg5);
-extern int _wrap_sgo_session_connect_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_135 arg2, short arg3, swig_type_136 arg4, swig_type_137 arg5, swig_voidp arg6, uintptr_t arg7);
-extern int _wrap_sgo_session_from_metadata_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_138 arg3, swig_type_139 arg4, swig_voidp arg5, uintptr_t arg6);
-extern int _wrap_sgo_transfer_start_raw_e2876bbee506b3ac(swig_intgo arg1, uintptr_t arg2, swig_type_140 arg3, uintptr_t arg4, swig_voidp arg5, swig_type_141 arg6, swig_type_142 arg7, uintptr_t arg8, swig_voidp arg9, swig_type_143 arg10, swig_voidp arg11, uintptr_t arg12);
-extern swig_type_144 _wrap_sgo_transfer_layer_state_value_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, uintptr_t arg3);
+extern int _wrap_sgo_context_create_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_140 arg2, swig_type_141 arg3, swig_type_142 arg4, swig_type_143 arg5, uintptr_t arg6, uintptr_t arg7, swig_voidp arg8, uintptr_t arg9);
+extern int _wrap_sgo_session_accept_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_144 arg2, swig_type_145 arg3, swig_voidp arg4, uintptr_t arg5);
+extern int _wrap_sgo_session_connect_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_146 arg2, short arg3, swig_type_147 arg4, swig_type_148 arg5, swig_voidp arg6, uintptr_t arg7);
+extern int _wrap_sgo_session_from_metadata_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_149 arg3, swig_type_150 arg4, swig_voidp arg5, uintptr_t arg6);
+extern int _wrap_sgo_transfer_start_raw_e2876bbee506b3ac(swig_intgo arg1, uintptr_t arg2, swig_type_151 arg3, uintptr_t arg4, swig_voidp arg5, swig_type_152 arg6, swig_type_153 arg7, uintptr_t arg8, swig_voidp arg9, swig_type_154 arg10, swig_voidp arg11, uintptr_t arg12);
+extern swig_type_155 _wrap_sgo_transfer_layer_state_value_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, uintptr_t arg3);
 extern uintptr_t _wrap_sgo_transfer_stats_new_raw_e2876bbee506b3ac(void);
 extern uintptr_t _wrap_sgo_context_stats_new_raw_e2876bbee506b3ac(void);
-extern swig_voidp _wrap_sgo_pointers_new_raw_e2876bbee506b3ac(swig_type_145 arg1);
-extern void _wrap_sgo_pointers_set_raw_e2876bbee506b3ac(swig_voidp arg1, swig_type_146 arg2, uintptr_t arg3);
+extern swig_voidp _wrap_sgo_pointers_new_raw_e2876bbee506b3ac(swig_type_156 arg1);
+extern void _wrap_sgo_pointers_set_raw_e2876bbee506b3ac(swig_voidp arg1, swig_type_157 arg2, uintptr_t arg3);
 extern void _wrap_sgo_pointers_free_raw_e2876bbee506b3ac(swig_voidp arg1);
-extern void _wrap_sgo_kv_layout_set_bases_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_type_147 arg4);
+extern void _wrap_sgo_kv_layout_set_bases_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_type_158 arg4);
 extern int _wrap_sgo_sg_context_destroy_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
 extern int _wrap_sgo_sg_context_event_fd_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, uintptr_t arg3);
 extern int _wrap_sgo_sg_context_progress_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
-extern int _wrap_sgo_sg_context_provider_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_148 arg3, uintptr_t arg4);
-extern int _wrap_sgo_sg_context_set_param_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_type_149 arg3, uintptr_t arg4);
+extern int _wrap_sgo_sg_context_provider_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_159 arg3, uintptr_t arg4);
+extern int _wrap_sgo_sg_context_set_param_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_type_160 arg3, uintptr_t arg4);
 extern int _wrap_sgo_sg_context_get_param_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, uintptr_t arg4);
 extern int _wrap_sgo_sg_context_stats_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3);
-extern int _wrap_sgo_sg_context_metrics_text_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_150 arg3, swig_voidp arg4, uintptr_t arg5);
-extern int _wrap_sgo_sg_context_get_metadata_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_151 arg3, swig_voidp arg4, uintptr_t arg5);
+extern int _wrap_sgo_sg_context_metrics_text_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_161 arg3, swig_voidp arg4, uintptr_t arg5);
+extern int _wrap_sgo_sg_context_get_metadata_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_162 arg3, swig_voidp arg4, uintptr_t arg5);
 extern int _wrap_sgo_sg_kv_layout_plane_bytes_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, uintptr_t arg3);
 extern int _wrap_sgo_sg_kv_layout_region_bytes_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, uintptr_t arg3);
 extern int _wrap_sgo_sg_kv_deregister_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
 extern int _wrap_sgo_sg_listener_port_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, uintptr_t arg3);
 extern int _wrap_sgo_sg_listener_destroy_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
-extern int _wrap_sgo_sg_session_wait_ready_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_152 arg2, uintptr_t arg3);
+extern int _wrap_sgo_sg_session_wait_ready_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_163 arg2, uintptr_t arg3);
 extern int _wrap_sgo_sg_session_export_kv_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3);
-extern int _wrap_sgo_sg_session_provider_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_153 arg3, uintptr_t arg4);
-extern int _wrap_sgo_sg_session_notify_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_154 arg3, uintptr_t arg4);
-extern int _wrap_sgo_sg_session_next_notification_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_155 arg3, swig_voidp arg4, uintptr_t arg5);
-extern int _wrap_sgo_sg_session_error_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_type_156 arg4, uintptr_t arg5);
-extern int _wrap_sgo_sg_session_close_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_157 arg2, uintptr_t arg3);
+extern int _wrap_sgo_sg_session_provider_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_164 arg3, uintptr_t arg4);
+extern int _wrap_sgo_sg_session_notify_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_165 arg3, uintptr_t arg4);
+extern int _wrap_sgo_sg_session_next_notification_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_166 arg3, swig_voidp arg4, uintptr_t arg5);
+extern int _wrap_sgo_sg_session_error_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_type_167 arg4, uintptr_t arg5);
+extern int _wrap_sgo_sg_session_close_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_168 arg2, uintptr_t arg3);
 extern int _wrap_sgo_sg_session_destroy_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
-extern int _wrap_sgo_sg_profile_to_json_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_158 arg3, swig_voidp arg4, uintptr_t arg5);
+extern int _wrap_sgo_sg_profile_to_json_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_169 arg3, swig_voidp arg4, uintptr_t arg5);
 extern int _wrap_sgo_sg_profile_destroy_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
 extern int _wrap_sgo_sg_transfer_layer_written_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, uintptr_t arg3);
 extern int _wrap_sgo_sg_transfer_layer_written_q_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, int arg4, int arg5, uintptr_t arg6);
-extern int _wrap_sgo_sg_transfer_wait_layer_state_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, int arg3, swig_type_159 arg4, uintptr_t arg5);
-extern int _wrap_sgo_sg_transfer_digests_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_160 arg4, swig_voidp arg5, uintptr_t arg6);
-extern int _wrap_sgo_sg_transfer_fetch_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_161 arg4, uintptr_t arg5);
-extern int _wrap_sgo_sg_transfer_wait_blocks_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_162 arg4, swig_type_163 arg5, uintptr_t arg6);
+extern int _wrap_sgo_sg_transfer_wait_layer_state_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, int arg3, swig_type_170 arg4, uintptr_t arg5);
+extern int _wrap_sgo_sg_transfer_digests_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_171 arg4, swig_voidp arg5, uintptr_t arg6);
+extern int _wrap_sgo_sg_transfer_fetch_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_172 arg4, uintptr_t arg5);
+extern int _wrap_sgo_sg_transfer_wait_blocks_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_173 arg4, swig_type_174 arg5, uintptr_t arg6);
 extern int _wrap_sgo_sg_transfer_test_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
-extern int _wrap_sgo_sg_transfer_wait_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_164 arg2, uintptr_t arg3);
-extern int _wrap_sgo_sg_transfer_wait_layer_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_type_165 arg3, uintptr_t arg4);
+extern int _wrap_sgo_sg_transfer_wait_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_175 arg2, uintptr_t arg3);
+extern int _wrap_sgo_sg_transfer_wait_layer_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_type_176 arg3, uintptr_t arg4);
 extern int _wrap_sgo_sg_transfer_layer_state_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, uintptr_t arg4);
-extern int _wrap_sgo_sg_transfer_residency_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_166 arg4, swig_voidp arg5, uintptr_t arg6);
-extern int _wrap_sgo_sg_transfer_status_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_type_167 arg4, uintptr_t arg5);
+extern int _wrap_sgo_sg_transfer_residency_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_177 arg4, swig_voidp arg5, uintptr_t arg6);
+extern int _wrap_sgo_sg_transfer_status_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_type_178 arg4, uintptr_t arg5);
 extern int _wrap_sgo_sg_transfer_stats_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3);
 extern int _wrap_sgo_sg_transfer_layer_time_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, uintptr_t arg4);
 extern int _wrap_sgo_sg_transfer_cancel_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
-extern int _wrap_sgo_sg_transfer_wait_quiesced_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_168 arg2, uintptr_t arg3);
+extern int _wrap_sgo_sg_transfer_wait_quiesced_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_179 arg2, uintptr_t arg3);
 extern int _wrap_sgo_sg_transfer_release_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
 #undef intgo
 */
@@ -581,7 +603,7 @@ func Swig_malloc(arg1 int) (_swig_ret uintptr) {
 }
 
 const SG_VERSION_MAJOR int = 0
-const SG_VERSION_MINOR int = 4
+const SG_VERSION_MINOR int = 5
 const SG_VERSION_PATCH int = 0
 func _swig_getSG_VERSION_NUMBER() (_swig_ret int) {
 	var swig_r int
@@ -901,6 +923,12 @@ func Sg_error_info_init(arg1 Sg_error_info_t) {
 	C._wrap_sg_error_info_init_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0))
 }
 
+func Sg_error_info_init_sized(arg1 Sg_error_info_t, arg2 uint64) {
+	_swig_i_0 := getSwigcptr(arg1)
+	_swig_i_1 := arg2
+	C._wrap_sg_error_info_init_sized_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_7(_swig_i_1))
+}
+
 type Enum_SS_sg_dtype int
 func _swig_getSG_DTYPE_FP32() (_swig_ret Enum_SS_sg_dtype) {
 	var swig_r Enum_SS_sg_dtype
@@ -1081,7 +1109,7 @@ func (p SwigcptrSg_context_options_t) SwigIsSg_context_options_t() {
 func (arg1 SwigcptrSg_context_options_t) SetStruct_size(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_context_options_t_struct_size_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_8(_swig_i_1))
+	C._wrap_sg_context_options_t_struct_size_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_9(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_context_options_t) GetStruct_size() (_swig_ret uint64) {
@@ -1172,7 +1200,7 @@ func (arg1 SwigcptrSg_context_options_t) GetPeer_timeout_ms() (_swig_ret uint32)
 func (arg1 SwigcptrSg_context_options_t) SetMax_bytes_in_flight(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_context_options_t_max_bytes_in_flight_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_10(_swig_i_1))
+	C._wrap_sg_context_options_t_max_bytes_in_flight_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_11(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_context_options_t) GetMax_bytes_in_flight() (_swig_ret uint64) {
@@ -1185,7 +1213,7 @@ func (arg1 SwigcptrSg_context_options_t) GetMax_bytes_in_flight() (_swig_ret uin
 func (arg1 SwigcptrSg_context_options_t) SetMax_session_bytes_in_flight(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_context_options_t_max_session_bytes_in_flight_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_12(_swig_i_1))
+	C._wrap_sg_context_options_t_max_session_bytes_in_flight_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_13(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_context_options_t) GetMax_session_bytes_in_flight() (_swig_ret uint64) {
@@ -1279,6 +1307,12 @@ func Sg_context_options_init(arg1 Sg_context_options_t) {
 	C._wrap_sg_context_options_init_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0))
 }
 
+func Sg_context_options_init_sized(arg1 Sg_context_options_t, arg2 uint64) {
+	_swig_i_0 := getSwigcptr(arg1)
+	_swig_i_1 := arg2
+	C._wrap_sg_context_options_init_sized_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_15(_swig_i_1))
+}
+
 func Sg_context_destroy(arg1 uintptr) (_swig_ret int32) {
 	var swig_r int32
 	_swig_i_0 := arg1
@@ -1306,7 +1340,7 @@ func Sg_context_provider(arg1 uintptr, arg2 *byte, arg3 uint64) (_swig_ret int32
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
-	swig_r = (int32)(C._wrap_sg_context_provider_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_14(_swig_i_2)))
+	swig_r = (int32)(C._wrap_sg_context_provider_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_16(_swig_i_2)))
 	return swig_r
 }
 
@@ -1354,7 +1388,7 @@ func Sg_context_set_param(arg1 uintptr, arg2 uint32, arg3 uint64) (_swig_ret int
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
-	swig_r = (int32)(C._wrap_sg_context_set_param_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_type_15(_swig_i_2)))
+	swig_r = (int32)(C._wrap_sg_context_set_param_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_type_17(_swig_i_2)))
 	return swig_r
 }
 
@@ -1379,7 +1413,7 @@ func (p SwigcptrSg_context_stats_t) SwigIsSg_context_stats_t() {
 func (arg1 SwigcptrSg_context_stats_t) SetStruct_size(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_context_stats_t_struct_size_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_16(_swig_i_1))
+	C._wrap_sg_context_stats_t_struct_size_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_18(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_context_stats_t) GetStruct_size() (_swig_ret uint64) {
@@ -1392,7 +1426,7 @@ func (arg1 SwigcptrSg_context_stats_t) GetStruct_size() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_context_stats_t) SetBytes_direct(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_context_stats_t_bytes_direct_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_18(_swig_i_1))
+	C._wrap_sg_context_stats_t_bytes_direct_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_20(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_context_stats_t) GetBytes_direct() (_swig_ret uint64) {
@@ -1405,7 +1439,7 @@ func (arg1 SwigcptrSg_context_stats_t) GetBytes_direct() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_context_stats_t) SetBytes_staged(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_context_stats_t_bytes_staged_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_20(_swig_i_1))
+	C._wrap_sg_context_stats_t_bytes_staged_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_22(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_context_stats_t) GetBytes_staged() (_swig_ret uint64) {
@@ -1418,7 +1452,7 @@ func (arg1 SwigcptrSg_context_stats_t) GetBytes_staged() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_context_stats_t) SetRma_ops(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_context_stats_t_rma_ops_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_22(_swig_i_1))
+	C._wrap_sg_context_stats_t_rma_ops_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_24(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_context_stats_t) GetRma_ops() (_swig_ret uint64) {
@@ -1431,7 +1465,7 @@ func (arg1 SwigcptrSg_context_stats_t) GetRma_ops() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_context_stats_t) SetStaging_copies(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_context_stats_t_staging_copies_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_24(_swig_i_1))
+	C._wrap_sg_context_stats_t_staging_copies_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_26(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_context_stats_t) GetStaging_copies() (_swig_ret uint64) {
@@ -1444,7 +1478,7 @@ func (arg1 SwigcptrSg_context_stats_t) GetStaging_copies() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_context_stats_t) SetMessages_sent(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_context_stats_t_messages_sent_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_26(_swig_i_1))
+	C._wrap_sg_context_stats_t_messages_sent_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_28(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_context_stats_t) GetMessages_sent() (_swig_ret uint64) {
@@ -1457,7 +1491,7 @@ func (arg1 SwigcptrSg_context_stats_t) GetMessages_sent() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_context_stats_t) SetMessages_received(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_context_stats_t_messages_received_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_28(_swig_i_1))
+	C._wrap_sg_context_stats_t_messages_received_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_30(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_context_stats_t) GetMessages_received() (_swig_ret uint64) {
@@ -1470,7 +1504,7 @@ func (arg1 SwigcptrSg_context_stats_t) GetMessages_received() (_swig_ret uint64)
 func (arg1 SwigcptrSg_context_stats_t) SetRetries(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_context_stats_t_retries_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_30(_swig_i_1))
+	C._wrap_sg_context_stats_t_retries_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_32(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_context_stats_t) GetRetries() (_swig_ret uint64) {
@@ -1483,7 +1517,7 @@ func (arg1 SwigcptrSg_context_stats_t) GetRetries() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_context_stats_t) SetTransfers_completed(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_context_stats_t_transfers_completed_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_32(_swig_i_1))
+	C._wrap_sg_context_stats_t_transfers_completed_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_34(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_context_stats_t) GetTransfers_completed() (_swig_ret uint64) {
@@ -1496,7 +1530,7 @@ func (arg1 SwigcptrSg_context_stats_t) GetTransfers_completed() (_swig_ret uint6
 func (arg1 SwigcptrSg_context_stats_t) SetTransfers_failed(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_context_stats_t_transfers_failed_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_34(_swig_i_1))
+	C._wrap_sg_context_stats_t_transfers_failed_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_36(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_context_stats_t) GetTransfers_failed() (_swig_ret uint64) {
@@ -1509,7 +1543,7 @@ func (arg1 SwigcptrSg_context_stats_t) GetTransfers_failed() (_swig_ret uint64) 
 func (arg1 SwigcptrSg_context_stats_t) SetTransfers_canceled(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_context_stats_t_transfers_canceled_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_36(_swig_i_1))
+	C._wrap_sg_context_stats_t_transfers_canceled_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_38(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_context_stats_t) GetTransfers_canceled() (_swig_ret uint64) {
@@ -1522,7 +1556,7 @@ func (arg1 SwigcptrSg_context_stats_t) GetTransfers_canceled() (_swig_ret uint64
 func (arg1 SwigcptrSg_context_stats_t) SetDeadlines_hit(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_context_stats_t_deadlines_hit_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_38(_swig_i_1))
+	C._wrap_sg_context_stats_t_deadlines_hit_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_40(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_context_stats_t) GetDeadlines_hit() (_swig_ret uint64) {
@@ -1535,7 +1569,7 @@ func (arg1 SwigcptrSg_context_stats_t) GetDeadlines_hit() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_context_stats_t) SetPeers_lost(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_context_stats_t_peers_lost_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_40(_swig_i_1))
+	C._wrap_sg_context_stats_t_peers_lost_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_42(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_context_stats_t) GetPeers_lost() (_swig_ret uint64) {
@@ -1548,7 +1582,7 @@ func (arg1 SwigcptrSg_context_stats_t) GetPeers_lost() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_context_stats_t) SetSessions_open(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_context_stats_t_sessions_open_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_42(_swig_i_1))
+	C._wrap_sg_context_stats_t_sessions_open_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_44(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_context_stats_t) GetSessions_open() (_swig_ret uint64) {
@@ -1561,7 +1595,7 @@ func (arg1 SwigcptrSg_context_stats_t) GetSessions_open() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_context_stats_t) SetAuth_failures(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_context_stats_t_auth_failures_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_44(_swig_i_1))
+	C._wrap_sg_context_stats_t_auth_failures_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_46(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_context_stats_t) GetAuth_failures() (_swig_ret uint64) {
@@ -1574,7 +1608,7 @@ func (arg1 SwigcptrSg_context_stats_t) GetAuth_failures() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_context_stats_t) SetStalls(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_context_stats_t_stalls_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_46(_swig_i_1))
+	C._wrap_sg_context_stats_t_stalls_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_48(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_context_stats_t) GetStalls() (_swig_ret uint64) {
@@ -1587,7 +1621,7 @@ func (arg1 SwigcptrSg_context_stats_t) GetStalls() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_context_stats_t) SetRegistrations(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_context_stats_t_registrations_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_48(_swig_i_1))
+	C._wrap_sg_context_stats_t_registrations_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_50(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_context_stats_t) GetRegistrations() (_swig_ret uint64) {
@@ -1600,7 +1634,7 @@ func (arg1 SwigcptrSg_context_stats_t) GetRegistrations() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_context_stats_t) SetLanes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_context_stats_t_lanes_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_50(_swig_i_1))
+	C._wrap_sg_context_stats_t_lanes_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_52(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_context_stats_t) GetLanes() (_swig_ret uint64) {
@@ -1613,7 +1647,7 @@ func (arg1 SwigcptrSg_context_stats_t) GetLanes() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_context_stats_t) SetLane_failovers(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_context_stats_t_lane_failovers_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_52(_swig_i_1))
+	C._wrap_sg_context_stats_t_lane_failovers_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_54(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_context_stats_t) GetLane_failovers() (_swig_ret uint64) {
@@ -1626,7 +1660,7 @@ func (arg1 SwigcptrSg_context_stats_t) GetLane_failovers() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_context_stats_t) SetLanes_lost(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_context_stats_t_lanes_lost_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_54(_swig_i_1))
+	C._wrap_sg_context_stats_t_lanes_lost_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_56(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_context_stats_t) GetLanes_lost() (_swig_ret uint64) {
@@ -1691,6 +1725,12 @@ func Sg_context_stats_init(arg1 Sg_context_stats_t) {
 	C._wrap_sg_context_stats_init_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0))
 }
 
+func Sg_context_stats_init_sized(arg1 Sg_context_stats_t, arg2 uint64) {
+	_swig_i_0 := getSwigcptr(arg1)
+	_swig_i_1 := arg2
+	C._wrap_sg_context_stats_init_sized_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_58(_swig_i_1))
+}
+
 func Sg_context_stats(arg1 uintptr, arg2 Sg_context_stats_t) (_swig_ret int32) {
 	var swig_r int32
 	_swig_i_0 := arg1
@@ -1705,7 +1745,7 @@ func Sg_context_metrics_text(arg1 uintptr, arg2 *byte, arg3 uint64, arg4 *uint64
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	swig_r = (int32)(C._wrap_sg_context_metrics_text_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_56(_swig_i_2), C.swig_voidp(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sg_context_metrics_text_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_59(_swig_i_2), C.swig_voidp(_swig_i_3)))
 	return swig_r
 }
 
@@ -1721,7 +1761,7 @@ func (p SwigcptrSg_kv_layout_t) SwigIsSg_kv_layout_t() {
 func (arg1 SwigcptrSg_kv_layout_t) SetStruct_size(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_kv_layout_t_struct_size_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_57(_swig_i_1))
+	C._wrap_sg_kv_layout_t_struct_size_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_60(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_kv_layout_t) GetStruct_size() (_swig_ret uint64) {
@@ -1786,7 +1826,7 @@ func (arg1 SwigcptrSg_kv_layout_t) GetTokens_per_block() (_swig_ret uint32) {
 func (arg1 SwigcptrSg_kv_layout_t) SetNum_blocks(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_kv_layout_t_num_blocks_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_59(_swig_i_1))
+	C._wrap_sg_kv_layout_t_num_blocks_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_62(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_kv_layout_t) GetNum_blocks() (_swig_ret uint64) {
@@ -1864,7 +1904,7 @@ func (arg1 SwigcptrSg_kv_layout_t) GetDevice() (_swig_ret int32) {
 func (arg1 SwigcptrSg_kv_layout_t) SetBlock_stride_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_kv_layout_t_block_stride_bytes_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_61(_swig_i_1))
+	C._wrap_sg_kv_layout_t_block_stride_bytes_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_64(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_kv_layout_t) GetBlock_stride_bytes() (_swig_ret uint64) {
@@ -1917,6 +1957,12 @@ type Sg_kv_layout_t interface {
 func Sg_kv_layout_init(arg1 Sg_kv_layout_t) {
 	_swig_i_0 := getSwigcptr(arg1)
 	C._wrap_sg_kv_layout_init_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0))
+}
+
+func Sg_kv_layout_init_sized(arg1 Sg_kv_layout_t, arg2 uint64) {
+	_swig_i_0 := getSwigcptr(arg1)
+	_swig_i_1 := arg2
+	C._wrap_sg_kv_layout_init_sized_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_66(_swig_i_1))
 }
 
 func Sg_kv_layout_validate(arg1 Sg_kv_layout_t, arg2 Sg_error_info_t) (_swig_ret int32) {
@@ -1972,7 +2018,7 @@ func (p SwigcptrSg_session_options_t) SwigIsSg_session_options_t() {
 func (arg1 SwigcptrSg_session_options_t) SetStruct_size(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_session_options_t_struct_size_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_63(_swig_i_1))
+	C._wrap_sg_session_options_t_struct_size_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_67(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_session_options_t) GetStruct_size() (_swig_ret uint64) {
@@ -2005,6 +2051,12 @@ func Sg_session_options_init(arg1 Sg_session_options_t) {
 	C._wrap_sg_session_options_init_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0))
 }
 
+func Sg_session_options_init_sized(arg1 Sg_session_options_t, arg2 uint64) {
+	_swig_i_0 := getSwigcptr(arg1)
+	_swig_i_1 := arg2
+	C._wrap_sg_session_options_init_sized_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_69(_swig_i_1))
+}
+
 func Sg_listener_create(arg1 uintptr, arg2 string, arg3 uint16, arg4 *uintptr, arg5 Sg_error_info_t) (_swig_ret int32) {
 	var swig_r int32
 	_swig_i_0 := arg1
@@ -2012,7 +2064,7 @@ func Sg_listener_create(arg1 uintptr, arg2 string, arg3 uint16, arg4 *uintptr, a
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sg_listener_create_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_65)(unsafe.Pointer(&_swig_i_1)), C.short(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sg_listener_create_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_70)(unsafe.Pointer(&_swig_i_1)), C.short(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -2040,7 +2092,7 @@ func Sg_context_get_metadata(arg1 uintptr, arg2 *byte, arg3 uint64, arg4 *uint64
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	swig_r = (int32)(C._wrap_sg_context_get_metadata_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_66(_swig_i_2), C.swig_voidp(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sg_context_get_metadata_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_71(_swig_i_2), C.swig_voidp(_swig_i_3)))
 	return swig_r
 }
 
@@ -2048,7 +2100,7 @@ func Sg_session_wait_ready(arg1 uintptr, arg2 uint64) (_swig_ret int32) {
 	var swig_r int32
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int32)(C._wrap_sg_session_wait_ready_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_67(_swig_i_1)))
+	swig_r = (int32)(C._wrap_sg_session_wait_ready_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_72(_swig_i_1)))
 	return swig_r
 }
 
@@ -2065,7 +2117,7 @@ func Sg_session_provider(arg1 uintptr, arg2 *byte, arg3 uint64) (_swig_ret int32
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
-	swig_r = (int32)(C._wrap_sg_session_provider_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_68(_swig_i_2)))
+	swig_r = (int32)(C._wrap_sg_session_provider_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_73(_swig_i_2)))
 	return swig_r
 }
 
@@ -2075,7 +2127,7 @@ func Sg_session_notify(arg1 uintptr, arg2 *byte, arg3 uint64) (_swig_ret int32) 
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
-	swig_r = (int32)(C._wrap_sg_session_notify_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_69(_swig_i_2)))
+	swig_r = (int32)(C._wrap_sg_session_notify_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_74(_swig_i_2)))
 	return swig_r
 }
 
@@ -2085,7 +2137,7 @@ func Sg_session_next_notification(arg1 uintptr, arg2 *byte, arg3 uint64, arg4 *u
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	swig_r = (int32)(C._wrap_sg_session_next_notification_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_70(_swig_i_2), C.swig_voidp(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sg_session_next_notification_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_75(_swig_i_2), C.swig_voidp(_swig_i_3)))
 	return swig_r
 }
 
@@ -2095,7 +2147,7 @@ func Sg_session_error(arg1 uintptr, arg2 *int32, arg3 *byte, arg4 uint64) (_swig
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	swig_r = (int32)(C._wrap_sg_session_error_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_71(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sg_session_error_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_76(_swig_i_3)))
 	return swig_r
 }
 
@@ -2103,7 +2155,7 @@ func Sg_session_close(arg1 uintptr, arg2 uint64) (_swig_ret int32) {
 	var swig_r int32
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int32)(C._wrap_sg_session_close_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_72(_swig_i_1)))
+	swig_r = (int32)(C._wrap_sg_session_close_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_77(_swig_i_1)))
 	return swig_r
 }
 
@@ -2112,6 +2164,18 @@ func Sg_session_destroy(arg1 uintptr) (_swig_ret int32) {
 	_swig_i_0 := arg1
 	swig_r = (int32)(C._wrap_sg_session_destroy_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0)))
 	return swig_r
+}
+
+func Sg_directory_options_init_sized(arg1 Struct_SS_sg_directory_options, arg2 uint64) {
+	_swig_i_0 := getSwigcptr(arg1)
+	_swig_i_1 := arg2
+	C._wrap_sg_directory_options_init_sized_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_78(_swig_i_1))
+}
+
+func Sg_directory_stats_init_sized(arg1 Struct_SS_sg_directory_stats, arg2 uint64) {
+	_swig_i_0 := getSwigcptr(arg1)
+	_swig_i_1 := arg2
+	C._wrap_sg_directory_stats_init_sized_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_79(_swig_i_1))
 }
 
 func _swig_getSG_PROFILE_MAX_BYTES() (_swig_ret uint) {
@@ -2127,7 +2191,7 @@ func Sg_profile_parse(arg1 string, arg2 uint64, arg3 *uintptr, arg4 Sg_error_inf
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := getSwigcptr(arg4)
-	swig_r = (int32)(C._wrap_sg_profile_parse_raw_e2876bbee506b3ac(*(*C.swig_type_73)(unsafe.Pointer(&_swig_i_0)), C.swig_type_74(_swig_i_1), C.swig_voidp(_swig_i_2), C.uintptr_t(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sg_profile_parse_raw_e2876bbee506b3ac(*(*C.swig_type_80)(unsafe.Pointer(&_swig_i_0)), C.swig_type_81(_swig_i_1), C.swig_voidp(_swig_i_2), C.uintptr_t(_swig_i_3)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -2139,7 +2203,7 @@ func Sg_profile_load(arg1 string, arg2 *uintptr, arg3 Sg_error_info_t) (_swig_re
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := getSwigcptr(arg3)
-	swig_r = (int32)(C._wrap_sg_profile_load_raw_e2876bbee506b3ac(*(*C.swig_type_75)(unsafe.Pointer(&_swig_i_0)), C.swig_voidp(_swig_i_1), C.uintptr_t(_swig_i_2)))
+	swig_r = (int32)(C._wrap_sg_profile_load_raw_e2876bbee506b3ac(*(*C.swig_type_82)(unsafe.Pointer(&_swig_i_0)), C.swig_voidp(_swig_i_1), C.uintptr_t(_swig_i_2)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -2152,7 +2216,7 @@ func Sg_profile_to_json(arg1 uintptr, arg2 *byte, arg3 uint64, arg4 *uint64) (_s
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	swig_r = (int32)(C._wrap_sg_profile_to_json_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_76(_swig_i_2), C.swig_voidp(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sg_profile_to_json_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_83(_swig_i_2), C.swig_voidp(_swig_i_3)))
 	return swig_r
 }
 
@@ -2161,6 +2225,12 @@ func Sg_profile_destroy(arg1 uintptr) (_swig_ret int32) {
 	_swig_i_0 := arg1
 	swig_r = (int32)(C._wrap_sg_profile_destroy_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0)))
 	return swig_r
+}
+
+func Sg_selector_input_init_sized(arg1 Struct_SS_sg_selector_input, arg2 uint64) {
+	_swig_i_0 := getSwigcptr(arg1)
+	_swig_i_1 := arg2
+	C._wrap_sg_selector_input_init_sized_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_84(_swig_i_1))
 }
 
 const SG_PATH_FULL uint = 0x1
@@ -2206,7 +2276,7 @@ func (p SwigcptrSg_transfer_options_t) SwigIsSg_transfer_options_t() {
 func (arg1 SwigcptrSg_transfer_options_t) SetStruct_size(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_options_t_struct_size_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_77(_swig_i_1))
+	C._wrap_sg_transfer_options_t_struct_size_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_85(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_options_t) GetStruct_size() (_swig_ret uint64) {
@@ -2258,7 +2328,7 @@ func (arg1 SwigcptrSg_transfer_options_t) GetPriority() (_swig_ret int32) {
 func (arg1 SwigcptrSg_transfer_options_t) SetDeadline_ns(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_options_t_deadline_ns_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_79(_swig_i_1))
+	C._wrap_sg_transfer_options_t_deadline_ns_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_87(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_options_t) GetDeadline_ns() (_swig_ret uint64) {
@@ -2284,7 +2354,7 @@ func (arg1 SwigcptrSg_transfer_options_t) GetProfile() (_swig_ret uintptr) {
 func (arg1 SwigcptrSg_transfer_options_t) SetLease_ns(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_options_t_lease_ns_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_81(_swig_i_1))
+	C._wrap_sg_transfer_options_t_lease_ns_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_89(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_options_t) GetLease_ns() (_swig_ret uint64) {
@@ -2344,6 +2414,12 @@ func Sg_transfer_options_init(arg1 Sg_transfer_options_t) {
 	C._wrap_sg_transfer_options_init_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0))
 }
 
+func Sg_transfer_options_init_sized(arg1 Sg_transfer_options_t, arg2 uint64) {
+	_swig_i_0 := getSwigcptr(arg1)
+	_swig_i_1 := arg2
+	C._wrap_sg_transfer_options_init_sized_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_91(_swig_i_1))
+}
+
 func Sg_transfer_layer_written(arg1 uintptr, arg2 uint32, arg3 uintptr) (_swig_ret int32) {
 	var swig_r int32
 	_swig_i_0 := arg1
@@ -2364,13 +2440,19 @@ func Sg_transfer_layer_written_q(arg1 uintptr, arg2 uint32, arg3 *float32, arg4 
 	return swig_r
 }
 
+func Sg_layer_written_init_sized(arg1 Struct_SS_sg_layer_written, arg2 uint64) {
+	_swig_i_0 := getSwigcptr(arg1)
+	_swig_i_1 := arg2
+	C._wrap_sg_layer_written_init_sized_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_92(_swig_i_1))
+}
+
 func Sg_transfer_wait_layer_state(arg1 uintptr, arg2 uint32, arg3 uint32, arg4 uint64) (_swig_ret int32) {
 	var swig_r int32
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	swig_r = (int32)(C._wrap_sg_transfer_wait_layer_state_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.int(_swig_i_2), C.swig_type_83(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sg_transfer_wait_layer_state_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.int(_swig_i_2), C.swig_type_93(_swig_i_3)))
 	return swig_r
 }
 
@@ -2381,7 +2463,7 @@ func Sg_transfer_digests(arg1 uintptr, arg2 uint32, arg3 *float32, arg4 uint64, 
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
-	swig_r = (int32)(C._wrap_sg_transfer_digests_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_84(_swig_i_3), C.swig_voidp(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sg_transfer_digests_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_94(_swig_i_3), C.swig_voidp(_swig_i_4)))
 	return swig_r
 }
 
@@ -2391,7 +2473,7 @@ func Sg_transfer_fetch(arg1 uintptr, arg2 uint32, arg3 *uint32, arg4 uint64) (_s
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	swig_r = (int32)(C._wrap_sg_transfer_fetch_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_85(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sg_transfer_fetch_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_95(_swig_i_3)))
 	return swig_r
 }
 
@@ -2402,7 +2484,7 @@ func Sg_transfer_wait_blocks(arg1 uintptr, arg2 uint32, arg3 *uint32, arg4 uint6
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
-	swig_r = (int32)(C._wrap_sg_transfer_wait_blocks_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_86(_swig_i_3), C.swig_type_87(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sg_transfer_wait_blocks_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_96(_swig_i_3), C.swig_type_97(_swig_i_4)))
 	return swig_r
 }
 
@@ -2417,7 +2499,7 @@ func Sg_transfer_wait(arg1 uintptr, arg2 uint64) (_swig_ret int32) {
 	var swig_r int32
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int32)(C._wrap_sg_transfer_wait_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_88(_swig_i_1)))
+	swig_r = (int32)(C._wrap_sg_transfer_wait_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_98(_swig_i_1)))
 	return swig_r
 }
 
@@ -2426,7 +2508,7 @@ func Sg_transfer_wait_layer(arg1 uintptr, arg2 uint32, arg3 uint64) (_swig_ret i
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
-	swig_r = (int32)(C._wrap_sg_transfer_wait_layer_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_type_89(_swig_i_2)))
+	swig_r = (int32)(C._wrap_sg_transfer_wait_layer_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_type_99(_swig_i_2)))
 	return swig_r
 }
 
@@ -2446,7 +2528,7 @@ func Sg_transfer_residency(arg1 uintptr, arg2 uint32, arg3 *byte, arg4 uint64, a
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
-	swig_r = (int32)(C._wrap_sg_transfer_residency_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_90(_swig_i_3), C.swig_voidp(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sg_transfer_residency_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_100(_swig_i_3), C.swig_voidp(_swig_i_4)))
 	return swig_r
 }
 
@@ -2456,7 +2538,7 @@ func Sg_transfer_status(arg1 uintptr, arg2 *int32, arg3 *byte, arg4 uint64) (_sw
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	swig_r = (int32)(C._wrap_sg_transfer_status_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_91(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sg_transfer_status_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_101(_swig_i_3)))
 	return swig_r
 }
 
@@ -2472,7 +2554,7 @@ func (p SwigcptrSg_transfer_stats_t) SwigIsSg_transfer_stats_t() {
 func (arg1 SwigcptrSg_transfer_stats_t) SetStruct_size(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_stats_t_struct_size_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_92(_swig_i_1))
+	C._wrap_sg_transfer_stats_t_struct_size_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_102(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_stats_t) GetStruct_size() (_swig_ret uint64) {
@@ -2485,7 +2567,7 @@ func (arg1 SwigcptrSg_transfer_stats_t) GetStruct_size() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_transfer_stats_t) SetBytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_stats_t_bytes_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_94(_swig_i_1))
+	C._wrap_sg_transfer_stats_t_bytes_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_104(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_stats_t) GetBytes() (_swig_ret uint64) {
@@ -2498,7 +2580,7 @@ func (arg1 SwigcptrSg_transfer_stats_t) GetBytes() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_transfer_stats_t) SetRma_ops(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_stats_t_rma_ops_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_96(_swig_i_1))
+	C._wrap_sg_transfer_stats_t_rma_ops_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_106(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_stats_t) GetRma_ops() (_swig_ret uint64) {
@@ -2511,7 +2593,7 @@ func (arg1 SwigcptrSg_transfer_stats_t) GetRma_ops() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_transfer_stats_t) SetSegments(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_stats_t_segments_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_98(_swig_i_1))
+	C._wrap_sg_transfer_stats_t_segments_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_108(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_stats_t) GetSegments() (_swig_ret uint64) {
@@ -2524,7 +2606,7 @@ func (arg1 SwigcptrSg_transfer_stats_t) GetSegments() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_transfer_stats_t) SetStaged_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_stats_t_staged_bytes_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_100(_swig_i_1))
+	C._wrap_sg_transfer_stats_t_staged_bytes_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_110(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_stats_t) GetStaged_bytes() (_swig_ret uint64) {
@@ -2537,7 +2619,7 @@ func (arg1 SwigcptrSg_transfer_stats_t) GetStaged_bytes() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_transfer_stats_t) SetStaging_copies(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_stats_t_staging_copies_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_102(_swig_i_1))
+	C._wrap_sg_transfer_stats_t_staging_copies_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_112(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_stats_t) GetStaging_copies() (_swig_ret uint64) {
@@ -2550,7 +2632,7 @@ func (arg1 SwigcptrSg_transfer_stats_t) GetStaging_copies() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_transfer_stats_t) SetLayers_ready(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_stats_t_layers_ready_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_104(_swig_i_1))
+	C._wrap_sg_transfer_stats_t_layers_ready_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_114(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_stats_t) GetLayers_ready() (_swig_ret uint64) {
@@ -2563,7 +2645,7 @@ func (arg1 SwigcptrSg_transfer_stats_t) GetLayers_ready() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_transfer_stats_t) SetStart_ns(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_stats_t_start_ns_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_106(_swig_i_1))
+	C._wrap_sg_transfer_stats_t_start_ns_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_116(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_stats_t) GetStart_ns() (_swig_ret uint64) {
@@ -2576,7 +2658,7 @@ func (arg1 SwigcptrSg_transfer_stats_t) GetStart_ns() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_transfer_stats_t) SetEnd_ns(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_stats_t_end_ns_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_108(_swig_i_1))
+	C._wrap_sg_transfer_stats_t_end_ns_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_118(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_stats_t) GetEnd_ns() (_swig_ret uint64) {
@@ -2589,7 +2671,7 @@ func (arg1 SwigcptrSg_transfer_stats_t) GetEnd_ns() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_transfer_stats_t) SetBytes_full(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_stats_t_bytes_full_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_110(_swig_i_1))
+	C._wrap_sg_transfer_stats_t_bytes_full_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_120(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_stats_t) GetBytes_full() (_swig_ret uint64) {
@@ -2602,7 +2684,7 @@ func (arg1 SwigcptrSg_transfer_stats_t) GetBytes_full() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_transfer_stats_t) SetBytes_proactive(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_stats_t_bytes_proactive_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_112(_swig_i_1))
+	C._wrap_sg_transfer_stats_t_bytes_proactive_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_122(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_stats_t) GetBytes_proactive() (_swig_ret uint64) {
@@ -2615,7 +2697,7 @@ func (arg1 SwigcptrSg_transfer_stats_t) GetBytes_proactive() (_swig_ret uint64) 
 func (arg1 SwigcptrSg_transfer_stats_t) SetBytes_on_demand(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_stats_t_bytes_on_demand_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_114(_swig_i_1))
+	C._wrap_sg_transfer_stats_t_bytes_on_demand_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_124(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_stats_t) GetBytes_on_demand() (_swig_ret uint64) {
@@ -2628,7 +2710,7 @@ func (arg1 SwigcptrSg_transfer_stats_t) GetBytes_on_demand() (_swig_ret uint64) 
 func (arg1 SwigcptrSg_transfer_stats_t) SetBytes_speculative(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_stats_t_bytes_speculative_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_116(_swig_i_1))
+	C._wrap_sg_transfer_stats_t_bytes_speculative_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_126(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_stats_t) GetBytes_speculative() (_swig_ret uint64) {
@@ -2641,7 +2723,7 @@ func (arg1 SwigcptrSg_transfer_stats_t) GetBytes_speculative() (_swig_ret uint64
 func (arg1 SwigcptrSg_transfer_stats_t) SetDigest_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_stats_t_digest_bytes_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_118(_swig_i_1))
+	C._wrap_sg_transfer_stats_t_digest_bytes_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_128(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_stats_t) GetDigest_bytes() (_swig_ret uint64) {
@@ -2654,7 +2736,7 @@ func (arg1 SwigcptrSg_transfer_stats_t) GetDigest_bytes() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_transfer_stats_t) SetFetch_requests(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_stats_t_fetch_requests_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_120(_swig_i_1))
+	C._wrap_sg_transfer_stats_t_fetch_requests_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_130(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_stats_t) GetFetch_requests() (_swig_ret uint64) {
@@ -2667,7 +2749,7 @@ func (arg1 SwigcptrSg_transfer_stats_t) GetFetch_requests() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_transfer_stats_t) SetFetch_blocks(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_stats_t_fetch_blocks_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_122(_swig_i_1))
+	C._wrap_sg_transfer_stats_t_fetch_blocks_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_132(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_stats_t) GetFetch_blocks() (_swig_ret uint64) {
@@ -2680,7 +2762,7 @@ func (arg1 SwigcptrSg_transfer_stats_t) GetFetch_blocks() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_transfer_stats_t) SetQuantized_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_stats_t_quantized_bytes_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_124(_swig_i_1))
+	C._wrap_sg_transfer_stats_t_quantized_bytes_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_134(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_stats_t) GetQuantized_bytes() (_swig_ret uint64) {
@@ -2693,7 +2775,7 @@ func (arg1 SwigcptrSg_transfer_stats_t) GetQuantized_bytes() (_swig_ret uint64) 
 func (arg1 SwigcptrSg_transfer_stats_t) SetQuantized_wire_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_stats_t_quantized_wire_bytes_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_126(_swig_i_1))
+	C._wrap_sg_transfer_stats_t_quantized_wire_bytes_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_136(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_stats_t) GetQuantized_wire_bytes() (_swig_ret uint64) {
@@ -2754,6 +2836,12 @@ func Sg_transfer_stats_init(arg1 Sg_transfer_stats_t) {
 	C._wrap_sg_transfer_stats_init_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0))
 }
 
+func Sg_transfer_stats_init_sized(arg1 Sg_transfer_stats_t, arg2 uint64) {
+	_swig_i_0 := getSwigcptr(arg1)
+	_swig_i_1 := arg2
+	C._wrap_sg_transfer_stats_init_sized_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_138(_swig_i_1))
+}
+
 func Sg_transfer_stats(arg1 uintptr, arg2 Sg_transfer_stats_t) (_swig_ret int32) {
 	var swig_r int32
 	_swig_i_0 := arg1
@@ -2782,7 +2870,7 @@ func Sg_transfer_wait_quiesced(arg1 uintptr, arg2 uint64) (_swig_ret int32) {
 	var swig_r int32
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int32)(C._wrap_sg_transfer_wait_quiesced_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_128(_swig_i_1)))
+	swig_r = (int32)(C._wrap_sg_transfer_wait_quiesced_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_139(_swig_i_1)))
 	return swig_r
 }
 
@@ -2804,7 +2892,7 @@ func Sgo_context_create(arg1 Sg_context_options_t, arg2 string, arg3 string, arg
 	_swig_i_6 := arg7
 	_swig_i_7 := arg8
 	_swig_i_8 := getSwigcptr(arg9)
-	swig_r = (int32)(C._wrap_sgo_context_create_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_129)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_130)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_131)(unsafe.Pointer(&_swig_i_3)), C.swig_type_132(_swig_i_4), C.uintptr_t(_swig_i_5), C.uintptr_t(_swig_i_6), C.swig_voidp(_swig_i_7), C.uintptr_t(_swig_i_8)))
+	swig_r = (int32)(C._wrap_sgo_context_create_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_140)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_141)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_142)(unsafe.Pointer(&_swig_i_3)), C.swig_type_143(_swig_i_4), C.uintptr_t(_swig_i_5), C.uintptr_t(_swig_i_6), C.swig_voidp(_swig_i_7), C.uintptr_t(_swig_i_8)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -2824,7 +2912,7 @@ func Sgo_session_accept(arg1 uintptr, arg2 string, arg3 uint64, arg4 *uintptr, a
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sgo_session_accept_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_133)(unsafe.Pointer(&_swig_i_1)), C.swig_type_134(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sgo_session_accept_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_144)(unsafe.Pointer(&_swig_i_1)), C.swig_type_145(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -2840,7 +2928,7 @@ func Sgo_session_connect(arg1 uintptr, arg2 string, arg3 uint16, arg4 string, ar
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
 	_swig_i_6 := getSwigcptr(arg7)
-	swig_r = (int32)(C._wrap_sgo_session_connect_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_135)(unsafe.Pointer(&_swig_i_1)), C.short(_swig_i_2), *(*C.swig_type_136)(unsafe.Pointer(&_swig_i_3)), C.swig_type_137(_swig_i_4), C.swig_voidp(_swig_i_5), C.uintptr_t(_swig_i_6)))
+	swig_r = (int32)(C._wrap_sgo_session_connect_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_146)(unsafe.Pointer(&_swig_i_1)), C.short(_swig_i_2), *(*C.swig_type_147)(unsafe.Pointer(&_swig_i_3)), C.swig_type_148(_swig_i_4), C.swig_voidp(_swig_i_5), C.uintptr_t(_swig_i_6)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -2858,7 +2946,7 @@ func Sgo_session_from_metadata(arg1 uintptr, arg2 *byte, arg3 uint64, arg4 strin
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := getSwigcptr(arg6)
-	swig_r = (int32)(C._wrap_sgo_session_from_metadata_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_138(_swig_i_2), *(*C.swig_type_139)(unsafe.Pointer(&_swig_i_3)), C.swig_voidp(_swig_i_4), C.uintptr_t(_swig_i_5)))
+	swig_r = (int32)(C._wrap_sgo_session_from_metadata_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_149(_swig_i_2), *(*C.swig_type_150)(unsafe.Pointer(&_swig_i_3)), C.swig_voidp(_swig_i_4), C.uintptr_t(_swig_i_5)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg4
 	}
@@ -2879,7 +2967,7 @@ func Sgo_transfer_start(arg1 int, arg2 uintptr, arg3 string, arg4 uintptr, arg5 
 	_swig_i_9 := arg10
 	_swig_i_10 := arg11
 	_swig_i_11 := getSwigcptr(arg12)
-	swig_r = (int32)(C._wrap_sgo_transfer_start_raw_e2876bbee506b3ac(C.swig_intgo(_swig_i_0), C.uintptr_t(_swig_i_1), *(*C.swig_type_140)(unsafe.Pointer(&_swig_i_2)), C.uintptr_t(_swig_i_3), C.swig_voidp(_swig_i_4), C.swig_type_141(_swig_i_5), C.swig_type_142(_swig_i_6), C.uintptr_t(_swig_i_7), C.swig_voidp(_swig_i_8), C.swig_type_143(_swig_i_9), C.swig_voidp(_swig_i_10), C.uintptr_t(_swig_i_11)))
+	swig_r = (int32)(C._wrap_sgo_transfer_start_raw_e2876bbee506b3ac(C.swig_intgo(_swig_i_0), C.uintptr_t(_swig_i_1), *(*C.swig_type_151)(unsafe.Pointer(&_swig_i_2)), C.uintptr_t(_swig_i_3), C.swig_voidp(_swig_i_4), C.swig_type_152(_swig_i_5), C.swig_type_153(_swig_i_6), C.uintptr_t(_swig_i_7), C.swig_voidp(_swig_i_8), C.swig_type_154(_swig_i_9), C.swig_voidp(_swig_i_10), C.uintptr_t(_swig_i_11)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg3
 	}
@@ -2910,7 +2998,7 @@ func Sgo_context_stats_new() (_swig_ret Sg_context_stats_t) {
 func Sgo_pointers_new(arg1 uint64) (_swig_ret *uintptr) {
 	var swig_r *uintptr
 	_swig_i_0 := arg1
-	swig_r = (*uintptr)(C._wrap_sgo_pointers_new_raw_e2876bbee506b3ac(C.swig_type_145(_swig_i_0)))
+	swig_r = (*uintptr)(C._wrap_sgo_pointers_new_raw_e2876bbee506b3ac(C.swig_type_156(_swig_i_0)))
 	return swig_r
 }
 
@@ -2918,7 +3006,7 @@ func Sgo_pointers_set(arg1 *uintptr, arg2 uint64, arg3 uintptr) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
-	C._wrap_sgo_pointers_set_raw_e2876bbee506b3ac(C.swig_voidp(_swig_i_0), C.swig_type_146(_swig_i_1), C.uintptr_t(_swig_i_2))
+	C._wrap_sgo_pointers_set_raw_e2876bbee506b3ac(C.swig_voidp(_swig_i_0), C.swig_type_157(_swig_i_1), C.uintptr_t(_swig_i_2))
 }
 
 func Sgo_pointers_free(arg1 *uintptr) {
@@ -2931,7 +3019,7 @@ func Sgo_kv_layout_set_bases(arg1 Sg_kv_layout_t, arg2 *uintptr, arg3 *uintptr, 
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	C._wrap_sgo_kv_layout_set_bases_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_147(_swig_i_3))
+	C._wrap_sgo_kv_layout_set_bases_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_158(_swig_i_3))
 }
 
 func Sgo_sg_context_destroy(arg1 uintptr, arg2 Sg_error_info_t) (_swig_ret int32) {
@@ -2965,7 +3053,7 @@ func Sgo_sg_context_provider(arg1 uintptr, arg2 *byte, arg3 uint64, arg4 Sg_erro
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := getSwigcptr(arg4)
-	swig_r = (int32)(C._wrap_sgo_sg_context_provider_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_148(_swig_i_2), C.uintptr_t(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sgo_sg_context_provider_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_159(_swig_i_2), C.uintptr_t(_swig_i_3)))
 	return swig_r
 }
 
@@ -2975,7 +3063,7 @@ func Sgo_sg_context_set_param(arg1 uintptr, arg2 uint32, arg3 uint64, arg4 Sg_er
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := getSwigcptr(arg4)
-	swig_r = (int32)(C._wrap_sgo_sg_context_set_param_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_type_149(_swig_i_2), C.uintptr_t(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sgo_sg_context_set_param_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_type_160(_swig_i_2), C.uintptr_t(_swig_i_3)))
 	return swig_r
 }
 
@@ -3005,7 +3093,7 @@ func Sgo_sg_context_metrics_text(arg1 uintptr, arg2 *byte, arg3 uint64, arg4 *ui
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sgo_sg_context_metrics_text_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_150(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sgo_sg_context_metrics_text_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_161(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	return swig_r
 }
 
@@ -3016,7 +3104,7 @@ func Sgo_sg_context_get_metadata(arg1 uintptr, arg2 *byte, arg3 uint64, arg4 *ui
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sgo_sg_context_get_metadata_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_151(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sgo_sg_context_get_metadata_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_162(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	return swig_r
 }
 
@@ -3068,7 +3156,7 @@ func Sgo_sg_session_wait_ready(arg1 uintptr, arg2 uint64, arg3 Sg_error_info_t) 
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := getSwigcptr(arg3)
-	swig_r = (int32)(C._wrap_sgo_sg_session_wait_ready_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_152(_swig_i_1), C.uintptr_t(_swig_i_2)))
+	swig_r = (int32)(C._wrap_sgo_sg_session_wait_ready_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_163(_swig_i_1), C.uintptr_t(_swig_i_2)))
 	return swig_r
 }
 
@@ -3087,7 +3175,7 @@ func Sgo_sg_session_provider(arg1 uintptr, arg2 *byte, arg3 uint64, arg4 Sg_erro
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := getSwigcptr(arg4)
-	swig_r = (int32)(C._wrap_sgo_sg_session_provider_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_153(_swig_i_2), C.uintptr_t(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sgo_sg_session_provider_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_164(_swig_i_2), C.uintptr_t(_swig_i_3)))
 	return swig_r
 }
 
@@ -3097,7 +3185,7 @@ func Sgo_sg_session_notify(arg1 uintptr, arg2 *byte, arg3 uint64, arg4 Sg_error_
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := getSwigcptr(arg4)
-	swig_r = (int32)(C._wrap_sgo_sg_session_notify_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_154(_swig_i_2), C.uintptr_t(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sgo_sg_session_notify_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_165(_swig_i_2), C.uintptr_t(_swig_i_3)))
 	return swig_r
 }
 
@@ -3108,7 +3196,7 @@ func Sgo_sg_session_next_notification(arg1 uintptr, arg2 *byte, arg3 uint64, arg
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sgo_sg_session_next_notification_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_155(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sgo_sg_session_next_notification_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_166(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	return swig_r
 }
 
@@ -3119,7 +3207,7 @@ func Sgo_sg_session_error(arg1 uintptr, arg2 *int32, arg3 *byte, arg4 uint64, ar
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sgo_sg_session_error_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_156(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sgo_sg_session_error_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_167(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	return swig_r
 }
 
@@ -3128,7 +3216,7 @@ func Sgo_sg_session_close(arg1 uintptr, arg2 uint64, arg3 Sg_error_info_t) (_swi
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := getSwigcptr(arg3)
-	swig_r = (int32)(C._wrap_sgo_sg_session_close_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_157(_swig_i_1), C.uintptr_t(_swig_i_2)))
+	swig_r = (int32)(C._wrap_sgo_sg_session_close_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_168(_swig_i_1), C.uintptr_t(_swig_i_2)))
 	return swig_r
 }
 
@@ -3147,7 +3235,7 @@ func Sgo_sg_profile_to_json(arg1 uintptr, arg2 *byte, arg3 uint64, arg4 *uint64,
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sgo_sg_profile_to_json_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_158(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sgo_sg_profile_to_json_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_169(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	return swig_r
 }
 
@@ -3187,7 +3275,7 @@ func Sgo_sg_transfer_wait_layer_state(arg1 uintptr, arg2 uint32, arg3 uint32, ar
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_layer_state_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.int(_swig_i_2), C.swig_type_159(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_layer_state_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.int(_swig_i_2), C.swig_type_170(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	return swig_r
 }
 
@@ -3199,7 +3287,7 @@ func Sgo_sg_transfer_digests(arg1 uintptr, arg2 uint32, arg3 *float32, arg4 uint
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := getSwigcptr(arg6)
-	swig_r = (int32)(C._wrap_sgo_sg_transfer_digests_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_160(_swig_i_3), C.swig_voidp(_swig_i_4), C.uintptr_t(_swig_i_5)))
+	swig_r = (int32)(C._wrap_sgo_sg_transfer_digests_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_171(_swig_i_3), C.swig_voidp(_swig_i_4), C.uintptr_t(_swig_i_5)))
 	return swig_r
 }
 
@@ -3210,7 +3298,7 @@ func Sgo_sg_transfer_fetch(arg1 uintptr, arg2 uint32, arg3 *uint32, arg4 uint64,
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sgo_sg_transfer_fetch_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_161(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sgo_sg_transfer_fetch_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_172(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	return swig_r
 }
 
@@ -3222,7 +3310,7 @@ func Sgo_sg_transfer_wait_blocks(arg1 uintptr, arg2 uint32, arg3 *uint32, arg4 u
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := getSwigcptr(arg6)
-	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_blocks_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_162(_swig_i_3), C.swig_type_163(_swig_i_4), C.uintptr_t(_swig_i_5)))
+	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_blocks_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_173(_swig_i_3), C.swig_type_174(_swig_i_4), C.uintptr_t(_swig_i_5)))
 	return swig_r
 }
 
@@ -3239,7 +3327,7 @@ func Sgo_sg_transfer_wait(arg1 uintptr, arg2 uint64, arg3 Sg_error_info_t) (_swi
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := getSwigcptr(arg3)
-	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_164(_swig_i_1), C.uintptr_t(_swig_i_2)))
+	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_175(_swig_i_1), C.uintptr_t(_swig_i_2)))
 	return swig_r
 }
 
@@ -3249,7 +3337,7 @@ func Sgo_sg_transfer_wait_layer(arg1 uintptr, arg2 uint32, arg3 uint64, arg4 Sg_
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := getSwigcptr(arg4)
-	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_layer_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_type_165(_swig_i_2), C.uintptr_t(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_layer_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_type_176(_swig_i_2), C.uintptr_t(_swig_i_3)))
 	return swig_r
 }
 
@@ -3271,7 +3359,7 @@ func Sgo_sg_transfer_residency(arg1 uintptr, arg2 uint32, arg3 *byte, arg4 uint6
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := getSwigcptr(arg6)
-	swig_r = (int32)(C._wrap_sgo_sg_transfer_residency_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_166(_swig_i_3), C.swig_voidp(_swig_i_4), C.uintptr_t(_swig_i_5)))
+	swig_r = (int32)(C._wrap_sgo_sg_transfer_residency_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_177(_swig_i_3), C.swig_voidp(_swig_i_4), C.uintptr_t(_swig_i_5)))
 	return swig_r
 }
 
@@ -3282,7 +3370,7 @@ func Sgo_sg_transfer_status(arg1 uintptr, arg2 *int32, arg3 *byte, arg4 uint64, 
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sgo_sg_transfer_status_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_167(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sgo_sg_transfer_status_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_178(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	return swig_r
 }
 
@@ -3318,7 +3406,7 @@ func Sgo_sg_transfer_wait_quiesced(arg1 uintptr, arg2 uint64, arg3 Sg_error_info
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := getSwigcptr(arg3)
-	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_quiesced_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_168(_swig_i_1), C.uintptr_t(_swig_i_2)))
+	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_quiesced_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_179(_swig_i_1), C.uintptr_t(_swig_i_2)))
 	return swig_r
 }
 
@@ -3330,4 +3418,36 @@ func Sgo_sg_transfer_release(arg1 uintptr, arg2 Sg_error_info_t) (_swig_ret int3
 	return swig_r
 }
 
+
+type SwigcptrStruct_SS_sg_directory_stats uintptr
+type Struct_SS_sg_directory_stats interface {
+	Swigcptr() uintptr;
+}
+func (p SwigcptrStruct_SS_sg_directory_stats) Swigcptr() uintptr {
+	return uintptr(p)
+}
+
+type SwigcptrStruct_SS_sg_directory_options uintptr
+type Struct_SS_sg_directory_options interface {
+	Swigcptr() uintptr;
+}
+func (p SwigcptrStruct_SS_sg_directory_options) Swigcptr() uintptr {
+	return uintptr(p)
+}
+
+type SwigcptrStruct_SS_sg_layer_written uintptr
+type Struct_SS_sg_layer_written interface {
+	Swigcptr() uintptr;
+}
+func (p SwigcptrStruct_SS_sg_layer_written) Swigcptr() uintptr {
+	return uintptr(p)
+}
+
+type SwigcptrStruct_SS_sg_selector_input uintptr
+type Struct_SS_sg_selector_input interface {
+	Swigcptr() uintptr;
+}
+func (p SwigcptrStruct_SS_sg_selector_input) Swigcptr() uintptr {
+	return uintptr(p)
+}
 

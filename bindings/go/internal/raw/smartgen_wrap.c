@@ -469,7 +469,7 @@ intgo _wrap_SG_VERSION_NUMBER_raw_e2876bbee506b3ac() {
   intgo _swig_go_result;
   
   
-  result = (int)((0*10000+4*100+0));
+  result = (int)((0*10000+5*100+0));
   _swig_go_result = result; 
   return _swig_go_result;
 }
@@ -971,6 +971,18 @@ void _wrap_sg_error_info_init_raw_e2876bbee506b3ac(struct sg_error_info *_swig_g
   arg1 = *(sg_error_info_t **)&_swig_go_0; 
   
   sg_error_info_init(arg1);
+  
+}
+
+
+void _wrap_sg_error_info_init_sized_raw_e2876bbee506b3ac(struct sg_error_info *_swig_go_0, long long _swig_go_1) {
+  sg_error_info_t *arg1 = (sg_error_info_t *) 0 ;
+  size_t arg2 ;
+  
+  arg1 = *(sg_error_info_t **)&_swig_go_0; 
+  arg2 = (size_t)_swig_go_1; 
+  
+  sg_error_info_init_sized(arg1,arg2);
   
 }
 
@@ -1579,6 +1591,18 @@ void _wrap_sg_context_options_init_raw_e2876bbee506b3ac(struct sg_context_option
   arg1 = *(sg_context_options_t **)&_swig_go_0; 
   
   sg_context_options_init(arg1);
+  
+}
+
+
+void _wrap_sg_context_options_init_sized_raw_e2876bbee506b3ac(struct sg_context_options *_swig_go_0, long long _swig_go_1) {
+  sg_context_options_t *arg1 = (sg_context_options_t *) 0 ;
+  size_t arg2 ;
+  
+  arg1 = *(sg_context_options_t **)&_swig_go_0; 
+  arg2 = (size_t)_swig_go_1; 
+  
+  sg_context_options_init_sized(arg1,arg2);
   
 }
 
@@ -2256,6 +2280,18 @@ void _wrap_sg_context_stats_init_raw_e2876bbee506b3ac(struct sg_context_stats *_
 }
 
 
+void _wrap_sg_context_stats_init_sized_raw_e2876bbee506b3ac(struct sg_context_stats *_swig_go_0, long long _swig_go_1) {
+  sg_context_stats_t *arg1 = (sg_context_stats_t *) 0 ;
+  size_t arg2 ;
+  
+  arg1 = *(sg_context_stats_t **)&_swig_go_0; 
+  arg2 = (size_t)_swig_go_1; 
+  
+  sg_context_stats_init_sized(arg1,arg2);
+  
+}
+
+
 int _wrap_sg_context_stats_raw_e2876bbee506b3ac(sg_context_t _swig_go_0, struct sg_context_stats *_swig_go_1) {
   sg_context_t arg1 = (sg_context_t) 0 ;
   sg_context_stats_t *arg2 = (sg_context_stats_t *) 0 ;
@@ -2622,6 +2658,18 @@ void _wrap_sg_kv_layout_init_raw_e2876bbee506b3ac(struct sg_kv_layout *_swig_go_
 }
 
 
+void _wrap_sg_kv_layout_init_sized_raw_e2876bbee506b3ac(struct sg_kv_layout *_swig_go_0, long long _swig_go_1) {
+  sg_kv_layout_t *arg1 = (sg_kv_layout_t *) 0 ;
+  size_t arg2 ;
+  
+  arg1 = *(sg_kv_layout_t **)&_swig_go_0; 
+  arg2 = (size_t)_swig_go_1; 
+  
+  sg_kv_layout_init_sized(arg1,arg2);
+  
+}
+
+
 int _wrap_sg_kv_layout_validate_raw_e2876bbee506b3ac(struct sg_kv_layout *_swig_go_0, struct sg_error_info *_swig_go_1) {
   sg_kv_layout_t *arg1 = (sg_kv_layout_t *) 0 ;
   sg_error_info_t *arg2 = (sg_error_info_t *) 0 ;
@@ -2751,6 +2799,18 @@ void _wrap_sg_session_options_init_raw_e2876bbee506b3ac(struct sg_session_option
   arg1 = *(sg_session_options_t **)&_swig_go_0; 
   
   sg_session_options_init(arg1);
+  
+}
+
+
+void _wrap_sg_session_options_init_sized_raw_e2876bbee506b3ac(struct sg_session_options *_swig_go_0, long long _swig_go_1) {
+  sg_session_options_t *arg1 = (sg_session_options_t *) 0 ;
+  size_t arg2 ;
+  
+  arg1 = *(sg_session_options_t **)&_swig_go_0; 
+  arg2 = (size_t)_swig_go_1; 
+  
+  sg_session_options_init_sized(arg1,arg2);
   
 }
 
@@ -2960,6 +3020,30 @@ int _wrap_sg_session_destroy_raw_e2876bbee506b3ac(sg_session_t _swig_go_0) {
 }
 
 
+void _wrap_sg_directory_options_init_sized_raw_e2876bbee506b3ac(struct sg_directory_options *_swig_go_0, long long _swig_go_1) {
+  sg_directory_options_t *arg1 = (sg_directory_options_t *) 0 ;
+  size_t arg2 ;
+  
+  arg1 = *(sg_directory_options_t **)&_swig_go_0; 
+  arg2 = (size_t)_swig_go_1; 
+  
+  sg_directory_options_init_sized(arg1,arg2);
+  
+}
+
+
+void _wrap_sg_directory_stats_init_sized_raw_e2876bbee506b3ac(struct sg_directory_stats *_swig_go_0, long long _swig_go_1) {
+  sg_directory_stats_t *arg1 = (sg_directory_stats_t *) 0 ;
+  size_t arg2 ;
+  
+  arg1 = *(sg_directory_stats_t **)&_swig_go_0; 
+  arg2 = (size_t)_swig_go_1; 
+  
+  sg_directory_stats_init_sized(arg1,arg2);
+  
+}
+
+
 intgo _wrap_SG_PROFILE_MAX_BYTES_raw_e2876bbee506b3ac() {
   unsigned int result;
   intgo _swig_go_result;
@@ -3047,6 +3131,18 @@ int _wrap_sg_profile_destroy_raw_e2876bbee506b3ac(sg_profile_t _swig_go_0) {
   result = (sg_status_t)sg_profile_destroy(arg1);
   _swig_go_result = result; 
   return _swig_go_result;
+}
+
+
+void _wrap_sg_selector_input_init_sized_raw_e2876bbee506b3ac(struct sg_selector_input *_swig_go_0, long long _swig_go_1) {
+  sg_selector_input_t *arg1 = (sg_selector_input_t *) 0 ;
+  size_t arg2 ;
+  
+  arg1 = *(sg_selector_input_t **)&_swig_go_0; 
+  arg2 = (size_t)_swig_go_1; 
+  
+  sg_selector_input_init_sized(arg1,arg2);
+  
 }
 
 
@@ -3317,6 +3413,18 @@ void _wrap_sg_transfer_options_init_raw_e2876bbee506b3ac(struct sg_transfer_opti
 }
 
 
+void _wrap_sg_transfer_options_init_sized_raw_e2876bbee506b3ac(struct sg_transfer_options *_swig_go_0, long long _swig_go_1) {
+  sg_transfer_options_t *arg1 = (sg_transfer_options_t *) 0 ;
+  size_t arg2 ;
+  
+  arg1 = *(sg_transfer_options_t **)&_swig_go_0; 
+  arg2 = (size_t)_swig_go_1; 
+  
+  sg_transfer_options_init_sized(arg1,arg2);
+  
+}
+
+
 int _wrap_sg_transfer_layer_written_raw_e2876bbee506b3ac(sg_transfer_t _swig_go_0, int _swig_go_1, void *_swig_go_2) {
   sg_transfer_t arg1 = (sg_transfer_t) 0 ;
   uint32_t arg2 ;
@@ -3352,6 +3460,18 @@ int _wrap_sg_transfer_layer_written_q_raw_e2876bbee506b3ac(sg_transfer_t _swig_g
   result = (sg_status_t)sg_transfer_layer_written_q(arg1,arg2,(float const *)arg3,arg4,arg5);
   _swig_go_result = result; 
   return _swig_go_result;
+}
+
+
+void _wrap_sg_layer_written_init_sized_raw_e2876bbee506b3ac(struct sg_layer_written *_swig_go_0, long long _swig_go_1) {
+  sg_layer_written_t *arg1 = (sg_layer_written_t *) 0 ;
+  size_t arg2 ;
+  
+  arg1 = *(sg_layer_written_t **)&_swig_go_0; 
+  arg2 = (size_t)_swig_go_1; 
+  
+  sg_layer_written_init_sized(arg1,arg2);
+  
 }
 
 
@@ -4004,6 +4124,18 @@ void _wrap_sg_transfer_stats_init_raw_e2876bbee506b3ac(struct sg_transfer_stats 
   arg1 = *(sg_transfer_stats_t **)&_swig_go_0; 
   
   sg_transfer_stats_init(arg1);
+  
+}
+
+
+void _wrap_sg_transfer_stats_init_sized_raw_e2876bbee506b3ac(struct sg_transfer_stats *_swig_go_0, long long _swig_go_1) {
+  sg_transfer_stats_t *arg1 = (sg_transfer_stats_t *) 0 ;
+  size_t arg2 ;
+  
+  arg1 = *(sg_transfer_stats_t **)&_swig_go_0; 
+  arg2 = (size_t)_swig_go_1; 
+  
+  sg_transfer_stats_init_sized(arg1,arg2);
   
 }
 

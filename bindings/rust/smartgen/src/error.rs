@@ -87,7 +87,7 @@ impl ErrorInfo {
     pub(crate) fn new() -> ErrorInfo {
         // SAFETY: a zeroed sg_error_info_t is valid; init sets struct_size.
         let mut info: sys::sg_error_info_t = unsafe { std::mem::zeroed() };
-        unsafe { sys::sg_error_info_init(&mut info) };
+        unsafe { sys::sg_error_info_init_sized(&mut info, std::mem::size_of::<sys::sg_error_info_t>()) };
         ErrorInfo(info)
     }
 

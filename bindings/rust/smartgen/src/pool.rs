@@ -46,7 +46,7 @@ impl PoolLayout {
     pub(crate) fn raw(&self) -> sys::sg_kv_layout_t {
         // SAFETY: zero is valid for every field; init sets struct_size and the defaults.
         let mut raw: sys::sg_kv_layout_t = unsafe { std::mem::zeroed() };
-        unsafe { sys::sg_kv_layout_init(&mut raw) };
+        unsafe { sys::sg_kv_layout_init_sized(&mut raw, std::mem::size_of::<sys::sg_kv_layout_t>()) };
         raw.num_layers = self.num_layers;
         raw.num_kv_heads = self.num_kv_heads;
         raw.head_dim = self.head_dim;

@@ -109,7 +109,7 @@ impl Selector {
         // The library reads these arrays by the sizes the shape implies: short slices are refused
         // here, before a pointer crosses.
         let mut raw: sys::sg_selector_input_t = unsafe { std::mem::zeroed() };
-        unsafe { sys::sg_selector_input_init(&mut raw) };
+        unsafe { sys::sg_selector_input_init_sized(&mut raw, std::mem::size_of::<sys::sg_selector_input_t>()) };
         if let Some(queries) = input.queries {
             let need = input.num_queries as usize * input.num_q_heads as usize * self.shape.head_dim as usize;
             if queries.len() < need {
