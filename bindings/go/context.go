@@ -141,6 +141,9 @@ func (c *Context) call(op string, fn func(e raw.Sg_error_info_t) int32) error {
 // more events can come. It waits for calls in progress on the context's objects (at most one
 // wait slice). Safe to call more than once.
 func (c *Context) Close() error {
+	if c == nil {
+		return nil
+	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()

@@ -16,6 +16,9 @@ type KV struct {
 // Register registers the pool's memory with the context (sg_kv_register). The pool must stay
 // open until the KV is closed.
 func (c *Context) Register(p *Pool) (*KV, error) {
+	if p == nil {
+		return nil, newError("sg_kv_register", StatusInvalidArgument, "pool is nil")
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -43,6 +46,9 @@ func (kv *KV) open() bool { return !kv.life.closed.Load() && !kv.c.isClosed() }
 // Close deregisters the pool (sg_kv_deregister). It fails with StatusInvalidState while a
 // transfer that uses it is not released; the KV then stays open. Safe to call more than once.
 func (kv *KV) Close() error {
+	if kv == nil {
+		return nil
+	}
 	err := kv.life.close(kv.c, "sg_kv_deregister", func(e raw.Sg_error_info_t) int32 {
 		return raw.Sgo_sg_kv_deregister(kv.h, e)
 	})

@@ -190,6 +190,9 @@ func (p *Pool) V(l int) []byte {
 // Close unmaps the pool. It fails with StatusInvalidState while a registration of it is open
 // (close the KV first, or its context). Safe to call more than once.
 func (p *Pool) Close() error {
+	if p == nil {
+		return nil
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {

@@ -74,6 +74,9 @@ func (p *Profile) unlock() {
 
 // Close destroys the profile. Safe to call more than once.
 func (p *Profile) Close() error {
+	if p == nil {
+		return nil
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed.Swap(true) {

@@ -65,6 +65,9 @@ func (l *Listener) Accept(ctx context.Context) (*Session, error) {
 
 // Close closes the listener; sessions it accepted stay. Safe to call more than once.
 func (l *Listener) Close() error {
+	if l == nil {
+		return nil
+	}
 	return l.life.close(l.c, "sg_listener_destroy", func(e raw.Sg_error_info_t) int32 {
 		return raw.Sgo_sg_listener_destroy(l.h, e)
 	})
@@ -125,6 +128,9 @@ func (c *Context) Connect(ctx context.Context, addr string, port uint16) (*Sessi
 
 // Export registers kv for this session and tells the peer (sg_session_export_kv).
 func (s *Session) Export(kv *KV) error {
+	if s == nil || kv == nil {
+		return newError("sg_session_export_kv", StatusInvalidArgument, "session or kv is nil")
+	}
 	return s.life.call(s.c, "sg_session_export_kv", "session", func(e raw.Sg_error_info_t) int32 {
 		return raw.Sgo_sg_session_export_kv(s.h, kv.h, e)
 	})
@@ -228,6 +234,9 @@ func (s *Session) Shutdown(ctx context.Context) error {
 // Close closes the session at once (sg_session_destroy); its unfinished transfers are canceled.
 // Safe to call more than once.
 func (s *Session) Close() error {
+	if s == nil {
+		return nil
+	}
 	return s.life.close(s.c, "sg_session_destroy", func(e raw.Sg_error_info_t) int32 {
 		return raw.Sgo_sg_session_destroy(s.h, e)
 	})

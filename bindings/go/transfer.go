@@ -78,6 +78,9 @@ func (s *Session) Post(requestID string, kv *KV, blocks []uint32, tokens uint64,
 
 func (s *Session) start(post int, op, requestID string, kv *KV, blocks []uint32, tokens uint64,
 	opts TransferOptions) (*Transfer, error) {
+	if s == nil || kv == nil {
+		return nil, newError(op, StatusInvalidArgument, "session or kv is nil")
+	}
 	profile, ok := opts.Profile.lock()
 	defer opts.Profile.unlock()
 	if !ok {
@@ -324,6 +327,9 @@ func (t *Transfer) WaitQuiesced(ctx context.Context) error {
 // Release releases the transfer (sg_transfer_release): an incomplete one is canceled first, and
 // it returns once the transfer is quiesced. Safe to call more than once.
 func (t *Transfer) Release() error {
+	if t == nil {
+		return nil
+	}
 	err := t.life.close(t.c, "sg_transfer_release", func(e raw.Sg_error_info_t) int32 {
 		return raw.Sgo_sg_transfer_release(t.h, e)
 	})
@@ -332,4 +338,9 @@ func (t *Transfer) Release() error {
 }
 
 // Close is Release, for io.Closer.
-func (t *Transfer) Close() error { return t.Release() }
+func (t *Transfer) Close() error {
+	if t == nil {
+		return nil
+	}
+	return t.Release()
+}

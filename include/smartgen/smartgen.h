@@ -264,13 +264,18 @@ typedef struct sg_event {
 } sg_event_t;
 
 /* Transfer event callback. Runs on the progress thread (or, without one, inside
- * sg_context_progress), never with a library lock held, in the order the events happened per
+ * sg_context_progress or a wait), never with a library lock held, in the order the events happened per
  * transfer. It may call the non-blocking functions of this header — sg_transfer_status/test/
  * layer_state/residency/stats/layer_time, sg_transfer_cancel, sg_transfer_fetch,
  * sg_transfer_layer_written, sg_session_notify, sg_session_next_notification, sg_session_error,
  * sg_context_stats — and must not block: the waiting and tearing-down functions (sg_*_wait*,
  * sg_transfer_release, sg_session_close/destroy, sg_session_accept/connect, sg_context_destroy)
  * return SG_ERR_INVALID_STATE when called from it. Events of a released transfer are not delivered.
+ * A wait on a transfer (sg_transfer_wait, _wait_layer, _wait_layer_state, _wait_blocks,
+ * _wait_quiesced) returns only once every event the transfer emitted before the wait's condition
+ * held has run its callback, so a host may release the transfer right after its wait and miss
+ * none (since 0.5; a wait with timeout 0, or one whose timeout passes meanwhile, does not wait for
+ * them). Without a progress thread the waiting thread runs them, as sg_context_progress does.
  * Since 0.2 (replaces 0.1's positional sg_transfer_event_fn). */
 typedef void (*sg_event_fn)(void *user, const sg_event_t *event);
 

@@ -168,6 +168,9 @@ class Context : public transport::CompletionSink {
     void progress_loop_body();
     void fail_all_sessions(sg_status_t status, const std::string &why) noexcept;
     void wait_step(std::unique_lock<std::mutex> &lock, uint64_t deadline);
+    // With mu held through `lock`: until every event t emitted so far has been delivered (or the
+    // deadline passes). Without a progress thread it delivers them here, on the waiting thread.
+    void drain_events(Transfer &t, std::unique_lock<std::mutex> &lock, uint64_t deadline);
     size_t poll_locked();
     void schedule_locked();
     bool pump(Transfer &t, uint32_t quota);

@@ -292,6 +292,7 @@ sg_status_t Context::wait_for(Transfer &t, uint64_t timeout_ns, const std::funct
         if (now_ns() >= deadline) return SG_ERR_TIMEOUT;
         wait_step(lock, deadline);
     }
+    drain_events(t, lock, deadline);
     if (pred()) return SG_OK;
     return t.status;
 }

@@ -135,10 +135,29 @@ void Context::wait_step(std::unique_lock<std::mutex> &lock, uint64_t deadline) {
     }
 }
 
+void Context::drain_events(Transfer &t, std::unique_lock<std::mutex> &lock, uint64_t deadline) {
+    if (!opt_.event_fn) return;
+    while (t.events_queued.load(std::memory_order_acquire) > 0) {
+        const uint64_t now = now_ns();
+        if (now >= deadline) return;  // the wait's own result stands; the events follow
+        if (!progress_.joinable()) {
+            // No progress thread: the waiting thread is the host's, as in sg_context_progress.
+            lock.unlock();
+            dispatch_events();
+            lock.lock();
+            if (t.events_queued.load(std::memory_order_acquire) == 0) return;
+        }
+        // Another thread is running the callbacks (the progress thread, or a host's
+        // sg_context_progress): it notifies when it has delivered them.
+        cv.wait_for(lock, std::chrono::nanoseconds(std::min<uint64_t>(deadline - now, 1000000)));
+    }
+}
+
 void Context::emit(Transfer &t, sg_event_kind_t kind, uint32_t layer, sg_status_t status,
                    std::span<const uint32_t> blocks) {
     if (!opt_.event_fn || t.released.load(std::memory_order_relaxed)) return;
     events_.push_back({t.shared_from_this(), kind, layer, status, {blocks.begin(), blocks.end()}});
+    t.events_queued.fetch_add(1, std::memory_order_relaxed);
     events_pending_.store(true, std::memory_order_release);
     wake();
 }
@@ -168,12 +187,22 @@ void Context::dispatch_events() {
         events_pending_.store(false, std::memory_order_relaxed);
     }
     t_in_event_callback = true;
+    size_t done = 0;  // delivered or dropped: no longer queued
     for (Event &e : batch) {
-        if (e.t->released.load(std::memory_order_acquire)) continue;
+        if (e.t->released.load(std::memory_order_acquire)) {
+            e.t->events_queued.fetch_sub(1, std::memory_order_acq_rel);
+            ++done;
+            continue;
+        }
         void *h = e.t->api_handle.load(std::memory_order_acquire);
         if (!h) {
             // The ABI has not handed the transfer out yet; a transfer nobody else holds never will.
-            if (e.t.use_count() > 1) later.push_back(std::move(e));
+            if (e.t.use_count() > 1) {
+                later.push_back(std::move(e));
+            } else {
+                e.t->events_queued.fetch_sub(1, std::memory_order_acq_rel);
+                ++done;
+            }
             continue;
         }
         sg_event_t event{};
@@ -186,8 +215,16 @@ void Context::dispatch_events() {
         event.blocks = e.blocks.empty() ? nullptr : e.blocks.data();
         event.num_blocks = e.blocks.size();
         opt_.event_fn(opt_.event_user, &event);
+        e.t->events_queued.fetch_sub(1, std::memory_order_acq_rel);
+        ++done;
     }
     t_in_event_callback = false;
+    if (done) {
+        // Waits in drain_events check the counts under mu: taking it orders this notify after
+        // their check, so none sleeps through the last delivery.
+        { std::lock_guard lock(mu); }
+        cv.notify_all();
+    }
     if (!later.empty()) {
         std::lock_guard lock(mu);
         events_.insert(events_.begin(), std::make_move_iterator(later.begin()), std::make_move_iterator(later.end()));
@@ -282,6 +319,7 @@ void Context::wait_quiesced(Transfer &t, uint64_t timeout_ns) {
                                               : "the transfer is still in progress");
         wait_step(lock, deadline);
     }
+    drain_events(t, lock, deadline);
 }
 
 sg_status_t Context::wait(Transfer &t, int64_t layer, uint64_t timeout_ns) {
@@ -306,6 +344,7 @@ sg_status_t Context::wait(Transfer &t, int64_t layer, uint64_t timeout_ns) {
             run_copies(lock);
         }
     }
+    drain_events(t, lock, deadline);
     if (layer >= 0 && t.layers[size_t(layer)].ready) return SG_OK;
     return t.status;
 }

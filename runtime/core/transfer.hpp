@@ -211,6 +211,9 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
     // The C handle, for event callbacks: set once the ABI has registered the transfer; events
     // wait until then and are dropped once the host released it.
     std::atomic<void *> api_handle{nullptr};
+    // Events emitted and not yet delivered (or dropped): the waits return only once it is 0, so
+    // every event before a wait's condition has run its callback when the wait returns.
+    std::atomic<uint32_t> events_queued{0};
 
   private:
     std::atomic<plan::TransferState> state_{plan::TransferState::Unmatched};
