@@ -41,6 +41,22 @@ else
   bad "transfer_pair built from the install failed:"; tail -20 "$work/tp.log"
 fi
 
+# The build tree itself, uninstalled: smartgen-uninstalled.pc points into it (with a run path), and
+# no installed smartgen.pc may be found instead (its paths would be outside the tree).
+[ ! -e "$libdir/pkgconfig/smartgen-uninstalled.pc" ] && ok || bad "smartgen-uninstalled.pc was installed"
+tree_flags=$(PKG_CONFIG_PATH=$build pkg-config --cflags --libs smartgen)
+case "$tree_flags" in
+  *"-L$build "*"-I$src/include"*|*"-I$src/include"*"-L$build "*) ok ;;
+  *) bad "PKG_CONFIG_PATH=$build pkg-config gives '$tree_flags', not the build tree" ;;
+esac
+# shellcheck disable=SC2086 # pkg-config's output is meant to be split
+if gcc -std=c99 -Wall -Werror -o "$work/transfer_pair_tree" "$src/examples/c/transfer_pair.c" $tree_flags &&
+   SG_LOG_LEVEL=error timeout 60 "$work/transfer_pair_tree" --provider tcp >"$work/tp_tree.log" 2>&1; then
+  ok
+else
+  bad "transfer_pair built against the uninstalled tree failed:"; tail -20 "$work/tp_tree.log" 2>/dev/null
+fi
+
 if cmake -S "$src/tests/install/consumer" -B "$work/consumer" -DCMAKE_PREFIX_PATH="$prefix" >"$work/consumer.log" 2>&1 &&
    cmake --build "$work/consumer" >>"$work/consumer.log" 2>&1; then
   ok

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use smartgen_sys as sys;
 
 use crate::context::{Context, ContextInner};
-use crate::error::{ErrorInfo, Result};
+use crate::error::{Error, ErrorInfo, Result};
+use crate::status::Status;
 use crate::pool::{Pool, PoolLayout};
 
 pub(crate) struct KvInner {
@@ -71,9 +72,20 @@ impl KvHandle {
         unsafe { &*self.inner.pool.get() }
     }
 
-    pub fn pool_mut(&mut self) -> &mut Pool {
-        // SAFETY: &mut self is the only access to the bytes from Rust (KvHandle is not Clone and
-        // transfers never touch them).
-        unsafe { &mut *self.inner.pool.get() }
+    /// The pool's bytes for writing, while no transfer holds the pool: a `Transfer` made with this
+    /// handle may have the fabric reading or writing them until it is released (dropped), so while
+    /// one lives this answers `INVALID_STATE` instead of handing safe code a `&mut` the fabric may
+    /// be writing.
+    pub fn pool_mut(&mut self) -> Result<&mut Pool> {
+        // Every Transfer holds a clone of the Arc until its release has returned (Drop).
+        if Arc::strong_count(&self.inner) > 1 {
+            return Err(Error::new(
+                Status::INVALID_STATE,
+                "the pool is held by a transfer that is not released: drop it (or release it) first",
+            ));
+        }
+        // SAFETY: &mut self is the only access to the bytes from Rust (KvHandle is not Clone), and
+        // no transfer holds the registration, so the fabric touches none of them.
+        Ok(unsafe { &mut *self.inner.pool.get() })
     }
 }

@@ -348,8 +348,24 @@ impl Transfer {
 
 impl Drop for Transfer {
     fn drop(&mut self) {
-        if !self.released {
-            unsafe { sys::sg_transfer_release(self.raw()) };
+        if self.released {
+            return;
+        }
+        // SAFETY: the handle is this Transfer's, released once.
+        let status = unsafe { sys::sg_transfer_release(self.raw()) };
+        if status == sys::SG_ERR_INVALID_STATE {
+            // Dropped inside an event handler, where the library refuses to release (it would block
+            // the progress thread). Release it on a thread of its own instead of leaking it, keeping
+            // the pool's and the session's references until the release has returned, so the pool
+            // is never deregistered while the transfer still holds it.
+            let handle = self.view.handle;
+            let kv = self.kv.clone();
+            let session = self._session.clone();
+            std::thread::spawn(move || {
+                // SAFETY: as above; nothing else holds this handle any more.
+                unsafe { sys::sg_transfer_release(handle as sys::sg_transfer_t) };
+                drop((kv, session));
+            });
         }
     }
 }

@@ -152,3 +152,59 @@ fn a_panicking_handler_does_not_unwind_into_the_library() {
     // The context still works after the panics.
     run_transfer(&prefill_ctx, &decode_ctx, "ev-4");
 }
+
+/// A `Transfer` dropped inside the handler (the last owner) is released, on a thread of its own,
+/// not leaked (0.4: the library refused the release there and Drop ignored it), and `pool_mut`
+/// refuses while a transfer holds the pool.
+#[test]
+fn a_transfer_dropped_in_the_handler_is_released_and_pool_mut_waits_for_it() {
+    let key = random_key();
+    let slot: Arc<Mutex<Option<Transfer>>> = Arc::default();
+    let in_handler = slot.clone();
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let dropped_in_handler = dropped.clone();
+    let decode_ctx = Context::with_event_handler(&options(&key), move |event: &Event| {
+        if event.kind == EventKind::QUIESCED {
+            if let Some(t) = in_handler.lock().unwrap().take() {
+                drop(t); // the last owner, inside the handler
+                dropped_in_handler.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    })
+    .unwrap();
+    let prefill_ctx = Context::new(&options(&key)).unwrap();
+    let (prefill, decode) = connect(&prefill_ctx, &decode_ctx);
+    let mut src = register(&prefill_ctx, SMALL);
+    fill(&mut src, &BLOCKS);
+    let mut dst = register(&decode_ctx, SMALL);
+    prefill.export_kv(&src).unwrap();
+    decode.export_kv(&dst).unwrap();
+    let all = TransferOptions {
+        flags: TransferFlags::ALL_LAYERS_WRITTEN,
+        ..Default::default()
+    };
+    let expected = decode
+        .expect("dropped-in-handler", &dst, &BLOCKS, 48, &TransferOptions::default())
+        .unwrap();
+    let refused = dst.pool_mut().err().map(|e| e.status());
+    assert_eq!(refused, Some(Status::INVALID_STATE), "pool_mut while a transfer holds the pool");
+    *slot.lock().unwrap() = Some(expected);
+    let posted = prefill.post("dropped-in-handler", &src, &BLOCKS, 48, &all).unwrap();
+    posted.wait(TIMEOUT).unwrap();
+    drop(posted);
+    // Once the deferred release has returned, nothing holds the pool: pool_mut answers again.
+    let start = std::time::Instant::now();
+    while dst.pool_mut().is_err() {
+        assert!(start.elapsed() < TIMEOUT, "the transfer dropped in the handler was never released");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(dropped.load(Ordering::SeqCst), 1);
+    // Released for real: the request id is free again on the session (a leaked transfer keeps it).
+    let again = decode
+        .expect("dropped-in-handler", &dst, &BLOCKS, 48, &TransferOptions::default())
+        .expect("the request id is free: the transfer was released");
+    let posted = prefill.post("dropped-in-handler", &src, &BLOCKS, 48, &all).unwrap();
+    again.wait(TIMEOUT).unwrap();
+    posted.wait(TIMEOUT).unwrap();
+    assert_eq!(mismatches(&dst, &BLOCKS), 0);
+}

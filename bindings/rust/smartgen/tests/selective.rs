@@ -17,6 +17,7 @@ fn fill_finite(kv: &mut smartgen::KvHandle, table: &[u32]) {
             for (i, &block) in table.iter().enumerate() {
                 for (e, pair) in kv
                     .pool_mut()
+                    .expect("no transfer holds the pool")
                     .block_mut(layer, plane, block)
                     .chunks_exact_mut(2)
                     .enumerate()

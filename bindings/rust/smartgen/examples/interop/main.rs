@@ -169,7 +169,7 @@ impl<'a> Run<'a> {
         // Request 0's bytes were written before the session was made (see run).
         let full_s = self.post(REQ_FULL, None)?;
         if self.cfg.selective {
-            self.pattern.fill(self.kv.pool_mut(), &self.table, REQ_SELECTIVE);
+            self.pattern.fill(self.kv.pool_mut().expect("no transfer holds the pool"), &self.table, REQ_SELECTIVE);
             let json = format!("{}{}{}", PROFILE_BEFORE_LAYERS, self.cfg.layers, PROFILE_AFTER_LAYERS);
             let profile = Profile::parse(&json).map_err(Failure::call("sg_profile_parse"))?;
             self.post(REQ_SELECTIVE, Some(profile))?;
@@ -183,7 +183,7 @@ impl<'a> Run<'a> {
 
     /// Decode: clears the destination, expects, then tells the prefill side it may post.
     fn expect(&mut self, request: usize) -> Result<(Transfer, Instant), Failure> {
-        Pattern::clear(self.kv.pool_mut(), &self.table);
+        Pattern::clear(self.kv.pool_mut().expect("no transfer holds the pool"), &self.table);
         // Default options: the decode side follows the paths of the post, learned at the match.
         let start = Instant::now();
         let transfer = self
@@ -271,15 +271,17 @@ impl<'a> Run<'a> {
             self.cfg.role,
             &format!("{}: every byte checked ({:.3} s)", REQUEST_IDS[REQ_FULL], full_s),
         );
-        if self.cfg.selective {
-            self.receive_selective()?;
-        }
         let calls_ns = if self.cfg.calls > 0 {
             self.measure_calls(&full)?
         } else {
             0.0
         };
+        // Released before the selective request clears the pool: pool_mut refuses while a
+        // transfer holds it.
         full.release().map_err(Failure::call("sg_transfer_release"))?;
+        if self.cfg.selective {
+            self.receive_selective()?;
+        }
         Ok(Outcome {
             bytes: self.bytes,
             full_s,

@@ -61,7 +61,7 @@ pub fn fill(kv: &mut KvHandle, blocks: &[u32]) {
     for layer in 0..layers {
         for plane in [Plane::K, Plane::V] {
             for (i, &block) in blocks.iter().enumerate() {
-                for (o, byte) in kv.pool_mut().block_mut(layer, plane, block).iter_mut().enumerate() {
+                for (o, byte) in kv.pool_mut().expect("no transfer holds the pool").block_mut(layer, plane, block).iter_mut().enumerate() {
                     *byte = pattern(layer, plane, i, o);
                 }
             }

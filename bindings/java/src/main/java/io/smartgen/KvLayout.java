@@ -48,7 +48,11 @@ public final class KvLayout {
         this.blockStrideBytes = blockStrideBytes;
     }
 
-    /** fp16, K and V separate, token-major, packed (the library's defaults). */
+    /**
+     * fp16, K and V separate, token-major, packed: what C's {@code sg_kv_layout_init} fills. (A
+     * zeroed C layout, like Go's zero {@code Layout}, is fp32: the dtype value 0. Say the dtype with
+     * {@link #withDtype} when it matters.)
+     */
     public static KvLayout of(int numLayers, int numKvHeads, int headDim, int tokensPerBlock, long numBlocks) {
         return new KvLayout(numLayers, numKvHeads, headDim, tokensPerBlock, numBlocks, FP16, SEPARATE, TOKEN_MAJOR, 0);
     }
