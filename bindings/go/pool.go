@@ -49,6 +49,26 @@ type Layout struct {
 	BlockStrideBytes uint64 // 0 = packed
 }
 
+// MemKind says where a pool's memory is (sg_mem_kind_t).
+type MemKind uint32
+
+const (
+	MemHost MemKind = 0 // host memory
+	MemCUDA MemKind = 1 // device memory of CUDA device Memory.Device (needs the CUDA plugin)
+)
+
+// Memory is the memory of a pool the host owns, as a serving engine owns its KV cache: per layer,
+// the address of the K region (the fused K+V region with Fused packing) and of the V region
+// (Separate only), each Pool.RegionBytes long with the layout's block stride. The addresses are
+// the host's: memory from C, mmap, a CUDA allocator or a tensor library, never Go heap memory
+// (cgo's pointer rules forbid handing that to C to keep). The pool never frees it.
+type Memory struct {
+	Kind   MemKind
+	Device int32     // CUDA device ordinal for MemCUDA
+	K      []uintptr // NumLayers addresses
+	V      []uintptr // NumLayers addresses for Separate; nil for Fused
+}
+
 // toC makes a C sg_kv_layout_t of l; the caller deletes it.
 func (l Layout) toC() raw.Sg_kv_layout_t {
 	o := raw.NewSg_kv_layout_t()
@@ -83,6 +103,9 @@ func (l Layout) PlaneBytes() (uint64, error) {
 // be used after that.
 type Pool struct {
 	layout      Layout
+	mem         MemKind
+	device      int32
+	hostOwned   bool // NewPoolFromMemory: the memory is the host's, never unmapped here
 	regionBytes uint64
 	k, v        [][]byte
 	kBases      *uintptr // C arrays of NumLayers pointers (void *const *)
@@ -154,6 +177,71 @@ func NewPool(layout Layout) (*Pool, error) {
 	return p, nil
 }
 
+// NewPoolFromMemory makes a pool of memory the host already has (an engine's KV cache), with the
+// full layout: fused or separate K/V, a padded block stride, host or CUDA device memory. The
+// library registers those addresses as they are; nothing is copied or allocated. The host keeps
+// the memory valid until the pool is closed (after its KV), and Close never frees it. For host
+// memory K and V return views of it; for device memory they return nil.
+func NewPoolFromMemory(layout Layout, mem Memory) (*Pool, error) {
+	n := uint64(layout.NumLayers)
+	if uint64(len(mem.K)) != n {
+		return nil, newError("NewPoolFromMemory", StatusInvalidArgument, "Memory.K must hold NumLayers addresses")
+	}
+	if layout.Packing == Separate && uint64(len(mem.V)) != n {
+		return nil, newError("NewPoolFromMemory", StatusInvalidArgument, "Memory.V must hold NumLayers addresses (Separate packing)")
+	}
+	if layout.Packing == Fused && len(mem.V) != 0 {
+		return nil, newError("NewPoolFromMemory", StatusInvalidArgument, "Memory.V must be nil with Fused packing")
+	}
+	for l := uint64(0); l < n; l++ {
+		if mem.K[l] == 0 || (layout.Packing == Separate && mem.V[l] == 0) {
+			return nil, newError("NewPoolFromMemory", StatusInvalidArgument, "a layer's address is 0")
+		}
+	}
+	p := &Pool{layout: layout, mem: mem.Kind, device: mem.Device, hostOwned: true, kvs: map[*KV]struct{}{}}
+	ok := false
+	defer func() {
+		if !ok {
+			p.release()
+		}
+	}()
+	p.kBases = raw.Sgo_pointers_new(n)
+	if layout.Packing == Separate {
+		p.vBases = raw.Sgo_pointers_new(n)
+	}
+	if p.kBases == nil || (layout.Packing == Separate && p.vBases == nil) {
+		return nil, newError("NewPoolFromMemory", StatusNoMemory, "cannot allocate the base pointer arrays")
+	}
+	for l := uint64(0); l < n; l++ {
+		raw.Sgo_pointers_set(p.kBases, l, mem.K[l])
+		if p.vBases != nil {
+			raw.Sgo_pointers_set(p.vBases, l, mem.V[l])
+		}
+	}
+	o := p.cLayout()
+	defer raw.DeleteSg_kv_layout_t(o)
+	e := getErrInfo()
+	if err := e.result("sg_kv_layout_validate", raw.Sg_kv_layout_validate(o, e.p)); err != nil {
+		return nil, err
+	}
+	var region uint64 // a local: cgo checks the whole object an out-parameter points into
+	e = getErrInfo()
+	if err := e.result("sg_kv_layout_region_bytes", raw.Sgo_sg_kv_layout_region_bytes(o, &region, e.p)); err != nil {
+		return nil, err
+	}
+	p.regionBytes = region
+	if mem.Kind == MemHost && uint64(int(p.regionBytes)) == p.regionBytes {
+		for l := uint64(0); l < n; l++ {
+			p.k = append(p.k, unsafe.Slice((*byte)(unsafe.Pointer(mem.K[l])), int(p.regionBytes)))
+			if p.vBases != nil {
+				p.v = append(p.v, unsafe.Slice((*byte)(unsafe.Pointer(mem.V[l])), int(p.regionBytes)))
+			}
+		}
+	}
+	ok = true
+	return p, nil
+}
+
 func mapRegion(bytes uint64) ([]byte, error) {
 	b, err := syscall.Mmap(-1, 0, int(bytes), syscall.PROT_READ|syscall.PROT_WRITE,
 		syscall.MAP_PRIVATE|syscall.MAP_ANONYMOUS)
@@ -166,6 +254,8 @@ func mapRegion(bytes uint64) ([]byte, error) {
 // cLayout is the pool's C layout with its base pointers; the caller deletes it.
 func (p *Pool) cLayout() raw.Sg_kv_layout_t {
 	o := p.layout.toC()
+	o.SetMem_kind(uint32(p.mem))
+	o.SetDevice(p.device)
 	raw.Sgo_kv_layout_set_bases(o, p.kBases, p.vBases, uint64(p.layout.NumLayers))
 	return o
 }
@@ -176,10 +266,15 @@ func (p *Pool) Layout() Layout { return p.layout }
 // RegionBytes is the size of one layer's K (or V, or fused) region.
 func (p *Pool) RegionBytes() uint64 { return p.regionBytes }
 
-// K is layer l's K region (the fused region with Fused packing).
-func (p *Pool) K(l int) []byte { return p.k[l] }
+// K is layer l's K region (the fused region with Fused packing); nil for device memory.
+func (p *Pool) K(l int) []byte {
+	if p.k == nil {
+		return nil
+	}
+	return p.k[l]
+}
 
-// V is layer l's V region; nil with Fused packing.
+// V is layer l's V region; nil with Fused packing or device memory.
 func (p *Pool) V(l int) []byte {
 	if p.v == nil {
 		return nil
@@ -209,11 +304,13 @@ func (p *Pool) Close() error {
 }
 
 func (p *Pool) release() {
-	for _, b := range p.k {
-		_ = syscall.Munmap(b)
-	}
-	for _, b := range p.v {
-		_ = syscall.Munmap(b)
+	if !p.hostOwned {
+		for _, b := range p.k {
+			_ = syscall.Munmap(b)
+		}
+		for _, b := range p.v {
+			_ = syscall.Munmap(b)
+		}
 	}
 	p.k, p.v = nil, nil
 	if p.kBases != nil {
