@@ -42,7 +42,7 @@ pub use context::{Context, ContextOptions};
 pub use error::{Error, Result};
 pub use event::Event;
 pub use kv::KvHandle;
-pub use pool::{Plane, Pool, PoolLayout};
+pub use pool::{Memory, Packing, Plane, Pool, PoolLayout, RawMemory};
 pub use profile::Profile;
 pub use selector::{Selector, SelectorInput};
 pub use session::{Listener, Session};
