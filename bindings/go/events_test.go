@@ -114,13 +114,21 @@ func TestAFullEventChannelDoesNotStopTransfers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer dst.Close()
+	defer func() {
+		if err := dst.Close(); err != nil {
+			t.Errorf("decode release: %v", err)
+		}
+	}()
 	src, err := p.prefillSession.Post("unread", p.prefillKV, prefillTable, 7*16,
 		TransferOptions{Flags: AllLayersWritten})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer src.Close()
+	defer func() {
+		if err := src.Close(); err != nil {
+			t.Errorf("prefill release: %v", err)
+		}
+	}()
 	if err := dst.Wait(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -185,6 +193,8 @@ func TestEveryEventIsInTheChannelWhenWaitReturns(t *testing.T) {
 		if err := src.Wait(ctx); err != nil {
 			t.Fatal(err)
 		}
-		src.Release()
+		if err := src.Release(); err != nil {
+			t.Fatalf("%s: prefill release: %v", rid, err)
+		}
 	}
 }

@@ -95,7 +95,11 @@ func newRegisteredPool(t *testing.T, c *Context) (*Pool, *KV) {
 			t.Errorf("pool close: %v", err)
 		}
 	})
-	t.Cleanup(func() { kv.Close() })
+	t.Cleanup(func() {
+		if err := kv.Close(); err != nil {
+			t.Errorf("kv close: %v", err)
+		}
+	})
 	return pool, kv
 }
 

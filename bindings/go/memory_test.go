@@ -34,7 +34,7 @@ func TestAPoolOverEngineOwnedMemoryFusedAndPadded(t *testing.T) {
 			b[i] = 0xEE // the padding must stay as the engine left it
 		}
 		regions = append(regions, b)
-		mem.K = append(mem.K, uintptr(unsafe.Pointer(&b[0])))
+		mem.K = append(mem.K, unsafe.Pointer(&b[0]))
 	}
 	defer func() {
 		for _, b := range regions {

@@ -64,9 +64,9 @@ const (
 // (cgo's pointer rules forbid handing that to C to keep). The pool never frees it.
 type Memory struct {
 	Kind   MemKind
-	Device int32     // CUDA device ordinal for MemCUDA
-	K      []uintptr // NumLayers addresses
-	V      []uintptr // NumLayers addresses for Separate; nil for Fused
+	Device int32            // CUDA device ordinal for MemCUDA
+	K      []unsafe.Pointer // NumLayers addresses
+	V      []unsafe.Pointer // NumLayers addresses for Separate; nil for Fused
 }
 
 // toC makes a C sg_kv_layout_t of l; the caller deletes it.
@@ -194,7 +194,7 @@ func NewPoolFromMemory(layout Layout, mem Memory) (*Pool, error) {
 		return nil, newError("NewPoolFromMemory", StatusInvalidArgument, "Memory.V must be nil with Fused packing")
 	}
 	for l := uint64(0); l < n; l++ {
-		if mem.K[l] == 0 || (layout.Packing == Separate && mem.V[l] == 0) {
+		if mem.K[l] == nil || (layout.Packing == Separate && mem.V[l] == nil) {
 			return nil, newError("NewPoolFromMemory", StatusInvalidArgument, "a layer's address is 0")
 		}
 	}
@@ -213,9 +213,9 @@ func NewPoolFromMemory(layout Layout, mem Memory) (*Pool, error) {
 		return nil, newError("NewPoolFromMemory", StatusNoMemory, "cannot allocate the base pointer arrays")
 	}
 	for l := uint64(0); l < n; l++ {
-		raw.Sgo_pointers_set(p.kBases, l, mem.K[l])
+		raw.Sgo_pointers_set(p.kBases, l, uintptr(mem.K[l]))
 		if p.vBases != nil {
-			raw.Sgo_pointers_set(p.vBases, l, mem.V[l])
+			raw.Sgo_pointers_set(p.vBases, l, uintptr(mem.V[l]))
 		}
 	}
 	o := p.cLayout()
@@ -232,9 +232,9 @@ func NewPoolFromMemory(layout Layout, mem Memory) (*Pool, error) {
 	p.regionBytes = region
 	if mem.Kind == MemHost && uint64(int(p.regionBytes)) == p.regionBytes {
 		for l := uint64(0); l < n; l++ {
-			p.k = append(p.k, unsafe.Slice((*byte)(unsafe.Pointer(mem.K[l])), int(p.regionBytes)))
+			p.k = append(p.k, unsafe.Slice((*byte)(mem.K[l]), int(p.regionBytes)))
 			if p.vBases != nil {
-				p.v = append(p.v, unsafe.Slice((*byte)(unsafe.Pointer(mem.V[l])), int(p.regionBytes)))
+				p.v = append(p.v, unsafe.Slice((*byte)(mem.V[l]), int(p.regionBytes)))
 			}
 		}
 	}

@@ -284,6 +284,11 @@ SGJ_OUT_BUFFER(float *out, size_t cap, jfloatArray, float[], jfloat, GetFloatArr
 %typemap(jstype) jobjectArray k_buffers, jobjectArray v_buffers "java.nio.ByteBuffer[]"
 %typemap(javain) jobjectArray k_buffers, jobjectArray v_buffers "$javainput"
 
+%typemap(jni) jlongArray k_addresses, jlongArray v_addresses "jlongArray"
+%typemap(jtype) jlongArray k_addresses, jlongArray v_addresses "long[]"
+%typemap(jstype) jlongArray k_addresses, jlongArray v_addresses "long[]"
+%typemap(javain) jlongArray k_addresses, jlongArray v_addresses "$javainput"
+
 %typemap(jni) jobject dispatcher "jobject"
 %typemap(jtype) jobject dispatcher "io.smartgen.internal.EventDispatcher"
 %typemap(jstype) jobject dispatcher "io.smartgen.internal.EventDispatcher"
@@ -301,3 +306,5 @@ long long sgj_transfer_layer_state(JNIEnv *jenv_arg, sg_transfer_t xfer, uint32_
 sg_status_t sgj_context_destroy(JNIEnv *jenv_arg, sg_context_t ctx, long long sink);
 sg_status_t sgj_kv_register(JNIEnv *jenv_arg, sg_context_t ctx, const sg_kv_layout_t *layout,
                             jobjectArray k_buffers, jobjectArray v_buffers, sg_kv_handle_t *out);
+sg_status_t sgj_kv_register_addresses(JNIEnv *jenv_arg, sg_context_t ctx, const sg_kv_layout_t *layout,
+                                      jlongArray k_addresses, jlongArray v_addresses, sg_kv_handle_t *out);

@@ -39,7 +39,14 @@ Transfer::Transfer(Context *c, std::shared_ptr<Session> s, bool post, std::strin
     pool->transfers_using++;
 }
 
-Transfer::~Transfer() { pool->transfers_using--; }
+Transfer::~Transfer() { let_go_of_pool(); }
+
+// The pool counts the transfers that may still touch its memory (sg_kv_deregister refuses while any
+// do). A released, quiesced transfer no longer does, even if an event queued for it keeps the
+// object alive a moment longer: the release lets go then, not the destructor.
+void Transfer::let_go_of_pool() {
+    if (holds_pool_.exchange(false, std::memory_order_acq_rel)) pool->transfers_using--;
+}
 
 std::shared_ptr<Transfer> Context::expect(const std::shared_ptr<Session> &s, const char *rid,
                                           const std::shared_ptr<KvPool> &pool, std::span<const uint32_t> table,
@@ -488,6 +495,15 @@ void Context::release(Transfer &t) {
     active_.erase(std::remove_if(active_.begin(), active_.end(), [&](const auto &p) { return p.get() == &t; }),
                   active_.end());
     if (t.finished()) t.advance(plan::TransferState::Released);
+    if (!t.inflight) {
+        // Nothing of ours references it now: its queued events (never delivered once released) go,
+        // and the pool may be deregistered at once.
+        const auto ours = [&](const Event &e) { return e.t.get() == &t; };
+        const auto n = std::count_if(events_.begin(), events_.end(), ours);
+        events_.erase(std::remove_if(events_.begin(), events_.end(), ours), events_.end());
+        t.events_queued.fetch_sub(uint32_t(n), std::memory_order_acq_rel);
+        t.let_go_of_pool();
+    }
 }
 
 }  // namespace sg::core

@@ -214,8 +214,11 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
     // Events emitted and not yet delivered (or dropped): the waits return only once it is 0, so
     // every event before a wait's condition has run its callback when the wait returns.
     std::atomic<uint32_t> events_queued{0};
+    // Once released and quiesced: the pool no longer counts it (idempotent; the destructor too).
+    void let_go_of_pool();
 
   private:
+    std::atomic<bool> holds_pool_{true};
     std::atomic<plan::TransferState> state_{plan::TransferState::Unmatched};
 };
 

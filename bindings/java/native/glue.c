@@ -201,6 +201,43 @@ sg_status_t sgj_kv_register(JNIEnv *env, sg_context_t ctx, const sg_kv_layout_t 
     return status;
 }
 
+sg_status_t sgj_kv_register_addresses(JNIEnv *env, sg_context_t ctx, const sg_kv_layout_t *layout,
+                                      jlongArray k_addresses, jlongArray v_addresses, sg_kv_handle_t *out)
+{
+    sg_kv_layout_t l;
+    jsize nk = k_addresses != NULL ? (*env)->GetArrayLength(env, k_addresses) : 0;
+    jsize nv = v_addresses != NULL ? (*env)->GetArrayLength(env, v_addresses) : 0;
+    jlong *ka, *va = NULL;
+    sg_status_t status;
+
+    if (layout == NULL || k_addresses == NULL) {
+        throw_java(env, "java/lang/NullPointerException", layout == NULL ? "layout" : "kAddresses");
+        return SG_ERR_INVALID_ARGUMENT;
+    }
+    if (v_addresses != NULL && nv != nk) {
+        throw_java(env, "java/lang/IllegalArgumentException", "as many V addresses as K addresses are needed");
+        return SG_ERR_INVALID_ARGUMENT;
+    }
+    ka = (*env)->GetLongArrayElements(env, k_addresses, NULL);
+    if (v_addresses != NULL)
+        va = (*env)->GetLongArrayElements(env, v_addresses, NULL);
+    if (ka == NULL || (v_addresses != NULL && va == NULL)) {
+        if (ka != NULL)
+            (*env)->ReleaseLongArrayElements(env, k_addresses, ka, JNI_ABORT);
+        return SG_ERR_NO_MEMORY; /* the VM has thrown OutOfMemoryError */
+    }
+    /* jlong and void * are both 64 bits here (the header refuses other targets). */
+    l = *layout;
+    l.layer_k_base = (void *const *)ka;
+    l.layer_v_base = (void *const *)va;
+    l.layer_base_count = (size_t)nk;
+    status = sg_kv_register(ctx, &l, out, NULL);
+    (*env)->ReleaseLongArrayElements(env, k_addresses, ka, JNI_ABORT);
+    if (va != NULL)
+        (*env)->ReleaseLongArrayElements(env, v_addresses, va, JNI_ABORT);
+    return status;
+}
+
 long long sgj_transfer_layer_state(JNIEnv *env, sg_transfer_t xfer, uint32_t layer)
 {
     uint32_t state = 0;

@@ -40,6 +40,9 @@ void sgj_on_event(void *user, const sg_event_t *event);
  * The library copies the pointer arrays; the buffers stay the caller's. */
 sg_status_t sgj_kv_register(JNIEnv *env, sg_context_t ctx, const sg_kv_layout_t *layout,
                             jobjectArray k_buffers, jobjectArray v_buffers, sg_kv_handle_t *out);
+/* The same over addresses the host owns (native or device memory): one per layer, v NULL when fused. */
+sg_status_t sgj_kv_register_addresses(JNIEnv *env, sg_context_t ctx, const sg_kv_layout_t *layout,
+                                      jlongArray k_addresses, jlongArray v_addresses, sg_kv_handle_t *out);
 
 /* sg_transfer_layer_state with the bits as the return value (the hot query of a decode loop: no
  * out-array per call); a failure throws. */

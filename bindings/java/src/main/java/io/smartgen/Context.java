@@ -198,6 +198,26 @@ public final class Context implements AutoCloseable {
         return Pool.register(this, layout);
     }
 
+    /**
+     * Registers the engine's own KV memory, given as direct ByteBuffers (one per layer for K, the
+     * fused region with FUSED packing; one per layer for V, or {@code null} when FUSED), each at
+     * least {@code layout.regionBytes()} long from its position. Nothing is copied; the pool keeps
+     * the buffers reachable until it is closed.
+     */
+    public Pool registerPool(KvLayout layout, java.nio.ByteBuffer[] k, java.nio.ByteBuffer[] v) {
+        return Pool.registerBuffers(this, layout, k, v);
+    }
+
+    /**
+     * Registers the engine's own KV memory by address (native or CUDA device memory: {@link
+     * Pool#HOST} or {@link Pool#CUDA} with its device ordinal), one address per layer for K and V
+     * ({@code v} null when FUSED). The memory is the host's and must stay valid until the pool is
+     * closed; the pool has no ByteBuffer views of it.
+     */
+    public Pool registerPool(KvLayout layout, int memKind, int device, long[] k, long[] v) {
+        return Pool.registerAddresses(this, layout, memKind, device, k, v);
+    }
+
     /** The provider the context runs on ("tcp;ofi_rxm", "shm", ...). */
     public String provider() {
         byte[] buf = new byte[256];

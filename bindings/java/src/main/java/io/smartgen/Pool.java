@@ -63,6 +63,87 @@ public final class Pool implements AutoCloseable {
         }
     }
 
+    /**
+     * A pool over direct ByteBuffers the host already has (an engine's KV cache in off-heap
+     * memory): one per layer for K (the fused region with FUSED packing) and one for V (SEPARATE
+     * only), each at least {@link KvLayout#regionBytes()} long from its position. Registered as they
+     * are; the pool keeps them reachable until it is closed.
+     */
+    static Pool registerBuffers(Context ctx, KvLayout layout, ByteBuffer[] k, ByteBuffer[] v) {
+        boolean fused = layout.packing() == KvLayout.FUSED;
+        checkCount("k", k, layout.numLayers());
+        if (fused ? v != null : v == null) {
+            throw new IllegalArgumentException(fused ? "a FUSED pool takes no V buffers" : "a SEPARATE pool needs V buffers");
+        }
+        if (v != null) {
+            checkCount("v", v, layout.numLayers());
+        }
+        ByteBuffer[] ks = regions(k, layout.regionBytes());
+        ByteBuffer[] vs = v == null ? null : regions(v, layout.regionBytes());
+        sg_kv_layout_t native_ = layout.toNative();
+        try {
+            long[] out = Handle.out();
+            smartgen.sgj_kv_register(ctx.handle(), native_, ks, vs, out);
+            Pool pool = new Pool(out[0], ctx, layout, ks, vs);
+            ctx.keep(pool);
+            return pool;
+        } finally {
+            native_.delete();
+        }
+    }
+
+    /**
+     * A pool over memory at addresses the host owns: native host memory, or device memory of CUDA
+     * device {@code device} ({@link #CUDA}), one address per layer for K (fused region) and V
+     * ({@code null} when FUSED). Nothing is copied or kept: the host keeps the memory valid until
+     * the pool is closed. Such a pool has no ByteBuffer views ({@link #k} and {@link #v} throw).
+     */
+    static Pool registerAddresses(Context ctx, KvLayout layout, int memKind, int device, long[] k, long[] v) {
+        if (k == null) {
+            throw new NullPointerException("k");
+        }
+        sg_kv_layout_t native_ = layout.toNative();
+        try {
+            native_.setMem_kind(memKind);
+            native_.setDevice(device);
+            long[] out = Handle.out();
+            smartgen.sgj_kv_register_addresses(ctx.handle(), native_, k.clone(), v == null ? null : v.clone(), out);
+            Pool pool = new Pool(out[0], ctx, layout, null, null);
+            ctx.keep(pool);
+            return pool;
+        } finally {
+            native_.delete();
+        }
+    }
+
+    /** Host memory ({@code SG_MEM_HOST}). */
+    public static final int HOST = 0;
+    /** CUDA device memory ({@code SG_MEM_CUDA}; needs the library's CUDA plugin). */
+    public static final int CUDA = 1;
+
+    private static void checkCount(String what, ByteBuffer[] buffers, int layers) {
+        if (buffers == null || buffers.length != layers) {
+            throw new IllegalArgumentException(what + " must hold one buffer per layer (" + layers + ")");
+        }
+    }
+
+    /** Each buffer from its position, as long as a region: direct, and long enough. */
+    private static ByteBuffer[] regions(ByteBuffer[] buffers, long regionBytes) {
+        ByteBuffer[] out = new ByteBuffer[buffers.length];
+        for (int i = 0; i < buffers.length; i++) {
+            ByteBuffer b = buffers[i];
+            if (b == null || !b.isDirect()) {
+                throw new IllegalArgumentException("buffer " + i + " is not a direct ByteBuffer (heap memory moves)");
+            }
+            if (b.remaining() < regionBytes) {
+                throw new IllegalArgumentException("buffer " + i + " has " + b.remaining()
+                        + " bytes from its position; a region needs " + regionBytes);
+            }
+            out[i] = b.slice().limit((int) regionBytes).slice();
+        }
+        return out;
+    }
+
     /** alignedSlice also rounds the end down to the unit: allocate whole pages, plus one to align. */
     private static ByteBuffer allocateAligned(int bytes) {
         int pages = (int) (((long) bytes + PAGE - 1) / PAGE);
@@ -103,8 +184,11 @@ public final class Pool implements AutoCloseable {
     }
 
     private ByteBuffer view(ByteBuffer[] regions, int layer) {
-        if (regions == null || handle.isClosed()) {
+        if (handle.isClosed()) {
             throw new SmartGenException(Status.INVALID_HANDLE.code(), "the Pool is closed");
+        }
+        if (regions == null) {
+            throw new IllegalStateException("a pool registered by address has no ByteBuffer view of its memory");
         }
         return regions[layer].duplicate().order(ByteOrder.LITTLE_ENDIAN);
     }
