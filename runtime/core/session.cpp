@@ -146,7 +146,8 @@ std::shared_ptr<Session> Context::open_session(const wire::Hello &peer, const sg
 
 void Context::export_kv(Session &s, KvPool &pool) {
     std::unique_lock lock(mu);
-    if (s.closed()) fail(SG_ERR_PEER_LOST, "session is closed");
+    // The same status as a post or expect on the session gets (one status per state).
+    if (s.closed()) fail(s.error ? s.error : SG_ERR_PEER_LOST, "session is closed: " + s.error_message);
     if (s.local_regs.count(pool.id)) return;
     Session::LocalReg reg;
     const uint64_t bytes = pool.layout.region_bytes();
@@ -162,7 +163,7 @@ void Context::export_kv(Session &s, KvPool &pool) {
                                          : s.tp->register_memory(base, bytes, random_u64()));
             lock.unlock();
             lock.lock();
-            if (s.closed()) fail(SG_ERR_PEER_LOST, "session is closed");
+            if (s.closed()) fail(s.error ? s.error : SG_ERR_PEER_LOST, "session is closed: " + s.error_message);
         }
         reg.device_direct = device && register_regions;
     } catch (const Error &e) {

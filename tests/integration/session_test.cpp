@@ -387,6 +387,15 @@ TEST(Session, GracefulCloseDrainsThenCloses) {
     ASSERT_EQ(sg_context_stats(p.decode.h, &stats), SG_OK);
     EXPECT_EQ(stats.peers_lost, 0u);
     EXPECT_EQ(stats.transfers_failed, 0u);
+    // One status per state: after this side's graceful close, an export answers as a post does
+    // (INVALID_STATE, "closed by sg_session_close"); 0.4's export said PEER_LOST. The side that
+    // heard the close gets PEER_LOST from both.
+    Pool more(p.prefill.h, 2, 1, 16, 4, 8);
+    EXPECT_EQ(sg_transfer_post(p.ps, "after", src.kv, t, 2, 8, nullptr, &z, nullptr), SG_ERR_INVALID_STATE);
+    EXPECT_EQ(sg_session_export_kv(p.ps, more.kv), SG_ERR_INVALID_STATE) << sg_last_error_message();
+    Pool more_dst(p.decode.h, 2, 1, 16, 4, 8);
+    EXPECT_EQ(sg_transfer_expect(p.ds, "after", dst.kv, t, 2, 8, nullptr, &z, nullptr), SG_ERR_PEER_LOST);
+    EXPECT_EQ(sg_session_export_kv(p.ds, more_dst.kv), SG_ERR_PEER_LOST);
     sg_transfer_release(x);
     sg_transfer_release(y);
 }

@@ -272,6 +272,20 @@ public final class Context implements AutoCloseable {
     /** Destroys the context (idempotent). */
     @Override
     public void close() {
+        if (io.smartgen.internal.EventDispatcher.inCallback()) {
+            closeLocked(); // refused by the library there (SG_ERR_INVALID_STATE); never wait for a cleaner
+            return;
+        }
+        // Not while a cleaner releases one of the objects it would destroy (Cleaning).
+        Cleaning.TEARDOWN.writeLock().lock();
+        try {
+            closeLocked();
+        } finally {
+            Cleaning.TEARDOWN.writeLock().unlock();
+        }
+    }
+
+    private void closeLocked() {
         long h = handle.take();
         if (h == 0) {
             return;

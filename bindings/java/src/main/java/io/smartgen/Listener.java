@@ -9,6 +9,7 @@ public final class Listener implements AutoCloseable {
 
     Listener(long handle) {
         this.handle = new Handle(handle, "Listener");
+        Cleaning.register(this, this.handle, smartgen::sg_listener_destroy, "Listener");
     }
 
     /** The port it is bound to (the one port 0 picked). */

@@ -14,6 +14,7 @@ public final class Profile implements AutoCloseable {
 
     private Profile(long handle) {
         this.handle = new Handle(handle, "Profile");
+        Cleaning.register(this, this.handle, smartgen::sg_profile_destroy, "Profile");
     }
 
     /** Parses JSON text; SG_ERR_INVALID_ARGUMENT names the bad field. */

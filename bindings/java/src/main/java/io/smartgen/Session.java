@@ -15,6 +15,7 @@ public final class Session implements AutoCloseable {
 
     private Session(long handle) {
         this.handle = new Handle(handle, "Session");
+        Cleaning.register(this, this.handle, smartgen::sg_session_destroy, "Session");
     }
 
     static Session accept(long listener, Duration timeout) {

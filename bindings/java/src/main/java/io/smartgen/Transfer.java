@@ -29,6 +29,9 @@ public final class Transfer implements AutoCloseable {
         this.handle = new Handle(handle, "Transfer");
         this.requestId = requestId;
         this.owned = owned;
+        if (owned) {
+            Cleaning.register(this, this.handle, smartgen::sg_transfer_release, "Transfer");
+        }
     }
 
     /** The library's handle seen from an event: close() does not release it. */
