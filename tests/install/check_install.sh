@@ -57,6 +57,30 @@ else
   bad "transfer_pair built against the uninstalled tree failed:"; tail -20 "$work/tp_tree.log" 2>/dev/null
 fi
 
+# A Cargo project outside the repository (the smartgen crate by path: no registry here) links the
+# installed library through pkg-config alone (no SMARTGEN_LIB_DIR). This scratch prefix is not on
+# the loader's path, as /usr/lib of the packages is: the binary runs with LD_LIBRARY_PATH.
+if command -v cargo >/dev/null && command -v rustc >/dev/null; then
+  mkdir -p "$work/cargo_consumer/src"
+  cat >"$work/cargo_consumer/Cargo.toml" <<EOT
+[package]
+name = "consumer"
+version = "0.1.0"
+edition = "2021"
+[dependencies]
+smartgen = { path = "$src/bindings/rust/smartgen" }
+[workspace]
+EOT
+  printf 'fn main() { println!("{}", smartgen::version()); }\n' >"$work/cargo_consumer/src/main.rs"
+  if (cd "$work/cargo_consumer" && env -u SMARTGEN_LIB_DIR -u LD_LIBRARY_PATH CARGO_TARGET_DIR="$work/cargo_target" \
+        cargo build --offline --quiet >"$work/cargo.log" 2>&1) &&
+     got=$(LD_LIBRARY_PATH=$libdir "$work/cargo_target/debug/consumer") && [ "$got" = "$version" ]; then
+    ok
+  else
+    bad "a Cargo project against the install (pkg-config) failed:"; tail -20 "$work/cargo.log"
+  fi
+fi
+
 if cmake -S "$src/tests/install/consumer" -B "$work/consumer" -DCMAKE_PREFIX_PATH="$prefix" >"$work/consumer.log" 2>&1 &&
    cmake --build "$work/consumer" >>"$work/consumer.log" 2>&1; then
   ok
