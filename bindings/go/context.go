@@ -5,7 +5,7 @@ import (
 	"sync"
 	"time"
 
-	"smartgen/internal/raw"
+	"github.com/smartgen/smartgen/bindings/go/internal/raw"
 )
 
 // LogLevel of the library's log (sg_log_level_t); the zero value is the library's default (warn).

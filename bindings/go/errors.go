@@ -4,7 +4,7 @@ import (
 	"runtime"
 	"sync"
 
-	"smartgen/internal/raw"
+	"github.com/smartgen/smartgen/bindings/go/internal/raw"
 )
 
 // Error is a failed SmartGen call: the operation, the status and the library's message, taken in

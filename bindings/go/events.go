@@ -1,6 +1,7 @@
 package smartgen
 
 /*
+#cgo pkg-config: smartgen
 #include <stdint.h>
 #include <smartgen/smartgen.h>
 

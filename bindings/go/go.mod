@@ -1,3 +1,3 @@
-module smartgen
+module github.com/smartgen/smartgen/bindings/go
 
 go 1.19

@@ -1,7 +1,7 @@
 package smartgen
 
 import (
-	"smartgen/internal/raw"
+	"github.com/smartgen/smartgen/bindings/go/internal/raw"
 )
 
 // KV is a Pool registered with a Context (sg_kv_handle_t). Export it to a session before

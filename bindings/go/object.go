@@ -5,7 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"smartgen/internal/raw"
+	"github.com/smartgen/smartgen/bindings/go/internal/raw"
 )
 
 // lifecycle is the Close bookkeeping of an object made from a Context: Close runs its native

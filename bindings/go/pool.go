@@ -5,7 +5,7 @@ import (
 	"syscall"
 	"unsafe"
 
-	"smartgen/internal/raw"
+	"github.com/smartgen/smartgen/bindings/go/internal/raw"
 )
 
 // DType of the KV elements (sg_dtype_t).

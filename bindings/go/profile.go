@@ -4,7 +4,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"smartgen/internal/raw"
+	"github.com/smartgen/smartgen/bindings/go/internal/raw"
 )
 
 // Profile is a selection profile (sg_profile_t): per layer and KV head, a policy and a budget,

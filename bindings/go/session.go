@@ -5,7 +5,7 @@ import (
 	"errors"
 	"time"
 
-	"smartgen/internal/raw"
+	"github.com/smartgen/smartgen/bindings/go/internal/raw"
 )
 
 // NotifyMax is the largest notification, in bytes (SG_NOTIFY_MAX).

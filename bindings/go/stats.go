@@ -1,6 +1,6 @@
 package smartgen
 
-import "smartgen/internal/raw"
+import "github.com/smartgen/smartgen/bindings/go/internal/raw"
 
 // ContextStats mirror sg_context_stats_t: counters since the context was made, monotonic except
 // the gauges SessionsOpen, Registrations and Lanes.

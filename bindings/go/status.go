@@ -3,7 +3,7 @@ package smartgen
 import (
 	"fmt"
 
-	"smartgen/internal/raw"
+	"github.com/smartgen/smartgen/bindings/go/internal/raw"
 )
 
 // Status is a SmartGen status code (sg_status_t). Values are pinned by the C header; a newer

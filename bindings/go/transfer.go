@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"smartgen/internal/raw"
+	"github.com/smartgen/smartgen/bindings/go/internal/raw"
 )
 
 // Path is a set of transfer paths (SG_PATH_*). The zero value is PathFull.

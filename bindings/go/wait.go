@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"smartgen/internal/raw"
+	"github.com/smartgen/smartgen/bindings/go/internal/raw"
 )
 
 // waitSlice bounds one native wait. A Go wait runs as native waits of at most this long,

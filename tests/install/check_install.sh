@@ -81,6 +81,38 @@ EOT
   fi
 fi
 
+# A Go module outside the repository (the binding by a replace directive: no proxy here) builds with
+# the flags cgo takes from pkg-config alone (no CGO_CFLAGS / CGO_LDFLAGS) and runs.
+if command -v go >/dev/null; then
+  mkdir -p "$work/go_consumer"
+  cat >"$work/go_consumer/go.mod" <<EOT
+module example.com/consumer
+
+go 1.19
+
+require github.com/smartgen/smartgen/bindings/go v0.0.0
+replace github.com/smartgen/smartgen/bindings/go => $src/bindings/go
+EOT
+  cat >"$work/go_consumer/main.go" <<'EOT'
+package main
+
+import (
+	"fmt"
+
+	smartgen "github.com/smartgen/smartgen/bindings/go"
+)
+
+func main() { fmt.Println(smartgen.LibraryVersion()) }
+EOT
+  if (cd "$work/go_consumer" && env -u CGO_CFLAGS -u CGO_LDFLAGS GOFLAGS=-mod=mod GOPROXY=off GOSUMDB=off \
+        GOCACHE="$work/gocache" GOPATH="$work/gopath" go build -o consumer . >"$work/go.log" 2>&1) &&
+     got=$(LD_LIBRARY_PATH=$libdir "$work/go_consumer/consumer") && [ "$got" = "$version" ]; then
+    ok
+  else
+    bad "a Go module against the install (cgo pkg-config) failed:"; tail -20 "$work/go.log"
+  fi
+fi
+
 if cmake -S "$src/tests/install/consumer" -B "$work/consumer" -DCMAKE_PREFIX_PATH="$prefix" >"$work/consumer.log" 2>&1 &&
    cmake --build "$work/consumer" >>"$work/consumer.log" 2>&1; then
   ok

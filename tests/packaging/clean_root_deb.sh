@@ -99,7 +99,8 @@ step "smartgen-info runs" in_root smartgen-info
 step "the JNI libraries are on the JVM's JNI path and find libsmartgen.so.0" \
   in_root sh -c 'ldd /usr/lib/*/jni/libsmartgen_jni.so | grep -q "libsmartgen.so.0 => /"'
 step "smartgen.jar is in /usr/share/java" in_root test -f /usr/share/java/smartgen.jar
-step "the Go sources are in /usr/share/gocode/src/smartgen" in_root test -f /usr/share/gocode/src/smartgen/go.mod
+step "the Go sources are in /usr/share/gocode/src/<module path>" \
+  in_root test -f /usr/share/gocode/src/github.com/smartgen/smartgen/bindings/go/go.mod
 if [ -n "$cuda_deb" ]; then
   step "the CUDA plugin loads beside libsmartgen with no toolkit and names the missing driver" \
     in_root sh -c 'cd /tmp/src && gcc -std=c99 -Wall -Werror -o cuda_probe cuda_probe.c $(pkg-config --cflags --libs smartgen) && ./cuda_probe'

@@ -20,7 +20,7 @@ import (
 	"strings"
 	"time"
 
-	"smartgen"
+	smartgen "github.com/smartgen/smartgen/bindings/go"
 )
 
 // The shape every language uses (docs/bindings.md).

@@ -7,7 +7,7 @@ import (
 	"os"
 	"time"
 
-	"smartgen"
+	smartgen "github.com/smartgen/smartgen/bindings/go"
 )
 
 var stderr = os.Stderr

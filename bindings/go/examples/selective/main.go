@@ -27,7 +27,7 @@ import (
 	"sync"
 	"time"
 
-	"smartgen"
+	smartgen "github.com/smartgen/smartgen/bindings/go"
 )
 
 var layout = smartgen.Layout{

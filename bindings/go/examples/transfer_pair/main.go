@@ -35,7 +35,7 @@ import (
 	"strconv"
 	"time"
 
-	"smartgen"
+	smartgen "github.com/smartgen/smartgen/bindings/go"
 )
 
 var layout = smartgen.Layout{

@@ -4,8 +4,9 @@
 // native side fills in the same call (the Sgo_* shims of go.i for the functions without one).
 package raw
 
-// The header directory and the library's directory come from CGO_CFLAGS / CGO_LDFLAGS (see
-// bindings/go/README.md); only the library's name is fixed here.
+// The header and the library come from pkg-config: the libsmartgen-dev package's smartgen.pc, or a
+// build tree's smartgen-uninstalled.pc with PKG_CONFIG_PATH=build/release (bindings/go/README.md).
+// CGO_CFLAGS / CGO_LDFLAGS still add to them.
 
-// #cgo LDFLAGS: -lsmartgen
+// #cgo pkg-config: smartgen
 import "C"
