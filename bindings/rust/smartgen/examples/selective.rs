@@ -64,11 +64,7 @@ fn main() {
     File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut key))
         .expect("read /dev/urandom");
-    let options = ContextOptions {
-        provider: Some("tcp".into()),
-        auth_key: Some(key),
-        ..Default::default()
-    };
+    let options = ContextOptions::default().with_provider(Some("tcp".into())).with_auth_key(Some(key));
     let prefill_ctx = check("prefill context", Context::new(&options));
     let (decode_ctx, events) = check("decode context", Context::with_event_channel(&options));
 
@@ -106,11 +102,7 @@ fn main() {
         "expect",
         decode.expect("sel-1", &dst, &dst_table, tokens, &TransferOptions::default()),
     );
-    let post_options = TransferOptions {
-        paths: Paths::PROACTIVE | Paths::ON_DEMAND | Paths::SPECULATIVE,
-        profile: Some(profile),
-        ..Default::default()
-    };
+    let post_options = TransferOptions::default().with_paths(Paths::PROACTIVE | Paths::ON_DEMAND | Paths::SPECULATIVE).with_profile(Some(profile));
     let posted = check("post", prefill.post("sel-1", &src, &src_table, tokens, &post_options));
     // Prefill has written layer 0 only. Once its essential blocks are in place (the request is
     // matched), decode asks for three blocks of layer 1, which is not written yet: they are

@@ -83,11 +83,9 @@ fn fail(role: &str, what: &str, err: smartgen::Error) -> ! {
 fn context(role: &str, provider: Option<String>, key: Vec<u8>) -> Context {
     // A key file named by SG_AUTH_KEY_FILE wins: the library reads it when auth_key is None.
     let from_file = std::env::var_os("SG_AUTH_KEY_FILE").map_or(false, |f| !f.is_empty());
-    let options = ContextOptions {
-        provider,
-        auth_key: if from_file { None } else { Some(key) },
-        ..Default::default()
-    };
+    let options = ContextOptions::default()
+        .with_provider(provider)
+        .with_auth_key(if from_file { None } else { Some(key) });
     Context::new(&options).unwrap_or_else(|e| fail(role, "Context::new", e))
 }
 

@@ -17,6 +17,7 @@ use crate::values::LogLevel;
 /// Options of a context. Every field left at its `Default` (zero, None, false) means the
 /// library's default, as the header's option structs define.
 #[derive(Clone, Debug, Default)]
+#[non_exhaustive]
 pub struct ContextOptions {
     /// Fabric provider: None or "auto" ranks what is present; "tcp" (tcp;ofi_rxm); "shm".
     pub provider: Option<String>,
@@ -43,6 +44,76 @@ pub struct ContextOptions {
     pub allow_unauthenticated: bool,
     /// Lanes (endpoints a session's writes are striped over); 0 = default.
     pub lanes: u32,
+}
+
+
+/// Built from `Default` with one `with_*` call per field: the struct is `#[non_exhaustive]` so
+/// that a field a later header appends is a minor release of this crate, not a breaking one.
+impl ContextOptions {
+    pub fn with_provider(mut self, provider: Option<String>) -> Self {
+        self.provider = provider;
+        self
+    }
+
+    pub fn with_local_addr(mut self, local_addr: Option<String>) -> Self {
+        self.local_addr = local_addr;
+        self
+    }
+
+    pub fn with_manual_progress(mut self, manual_progress: bool) -> Self {
+        self.manual_progress = manual_progress;
+        self
+    }
+
+    pub fn with_progress_spin_us(mut self, progress_spin_us: u32) -> Self {
+        self.progress_spin_us = progress_spin_us;
+        self
+    }
+
+    pub fn with_max_ops_in_flight(mut self, max_ops_in_flight: u32) -> Self {
+        self.max_ops_in_flight = max_ops_in_flight;
+        self
+    }
+
+    pub fn with_log_level(mut self, log_level: LogLevel) -> Self {
+        self.log_level = log_level;
+        self
+    }
+
+    pub fn with_peer_timeout_ms(mut self, peer_timeout_ms: u32) -> Self {
+        self.peer_timeout_ms = peer_timeout_ms;
+        self
+    }
+
+    pub fn with_max_bytes_in_flight(mut self, max_bytes_in_flight: u64) -> Self {
+        self.max_bytes_in_flight = max_bytes_in_flight;
+        self
+    }
+
+    pub fn with_max_session_bytes_in_flight(mut self, max_session_bytes_in_flight: u64) -> Self {
+        self.max_session_bytes_in_flight = max_session_bytes_in_flight;
+        self
+    }
+
+    pub fn with_max_transfers_per_session(mut self, max_transfers_per_session: u32) -> Self {
+        self.max_transfers_per_session = max_transfers_per_session;
+        self
+    }
+
+    pub fn with_auth_key(mut self, auth_key: Option<Vec<u8>>) -> Self {
+        self.auth_key = auth_key;
+        self
+    }
+
+    pub fn with_allow_unauthenticated(mut self, allow_unauthenticated: bool) -> Self {
+        self.allow_unauthenticated = allow_unauthenticated;
+        self
+    }
+
+    pub fn with_lanes(mut self, lanes: u32) -> Self {
+        self.lanes = lanes;
+        self
+    }
 }
 
 pub(crate) struct ContextInner {
@@ -73,6 +144,12 @@ pub struct Context {
 }
 
 impl Context {
+    /// The library's handle, for calls this crate does not wrap (through `smartgen::sys`). It stays
+    /// owned by this object: do not destroy or release it, and do not use it after this is dropped.
+    pub fn as_raw(&self) -> sys::sg_context_t {
+        self.inner.raw
+    }
+
     pub fn new(options: &ContextOptions) -> Result<Context> {
         Context::create(options, None)
     }

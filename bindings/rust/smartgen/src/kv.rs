@@ -45,6 +45,12 @@ pub struct KvHandle {
 }
 
 impl KvHandle {
+    /// The library's handle, for calls this crate does not wrap (through `smartgen::sys`). It stays
+    /// owned by this object: do not destroy or release it, and do not use it after this is dropped.
+    pub fn as_raw(&self) -> sys::sg_kv_handle_t {
+        self.inner.raw
+    }
+
     /// Registers `pool` with the context. INVALID_LAYOUT (the message names the field) for a bad
     /// shape; the pool is dropped with the error.
     pub fn register(context: &Context, pool: Pool) -> Result<KvHandle> {

@@ -5,7 +5,7 @@
 //! use smartgen::{Context, ContextOptions, Listener};
 //! use std::time::Duration;
 //!
-//! let ctx = Context::new(&ContextOptions { provider: Some("tcp".into()), ..Default::default() })?;
+//! let ctx = Context::new(&ContextOptions::default().with_provider(Some("tcp".into())))?;
 //! let listener = Listener::bind(&ctx, "127.0.0.1", 0)?;
 //! println!("listening on port {}", listener.port()?);
 //! let session = listener.accept(Duration::from_secs(5))?;

@@ -38,6 +38,12 @@ impl std::fmt::Debug for Profile {
 }
 
 impl Profile {
+    /// The library's handle, for calls this crate does not wrap (through `smartgen::sys`). It stays
+    /// owned by this object: do not destroy or release it, and do not use it after this is dropped.
+    pub fn as_raw(&self) -> sys::sg_profile_t {
+        self.inner.raw
+    }
+
     /// Parses JSON text. INVALID_ARGUMENT names the bad field ("defaults.budget: ...").
     pub fn parse(json: &str) -> Result<Profile> {
         let mut raw: sys::sg_profile_t = ptr::null_mut();

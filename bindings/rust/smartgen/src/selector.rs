@@ -54,6 +54,12 @@ fn too_short(what: &str, have: usize, need: usize) -> Error {
 }
 
 impl Selector {
+    /// The library's handle, for calls this crate does not wrap (through `smartgen::sys`). It stays
+    /// owned by this object: do not destroy or release it, and do not use it after this is dropped.
+    pub fn as_raw(&self) -> sys::sg_selector_t {
+        self.raw
+    }
+
     /// A selector for a request of `num_tokens` tokens of KV shaped as `shape` (which must match
     /// the profile's shape: LAYOUT_MISMATCH otherwise).
     pub fn new(profile: &Profile, shape: &PoolLayout, num_tokens: u64) -> Result<Selector> {

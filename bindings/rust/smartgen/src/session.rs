@@ -29,6 +29,12 @@ unsafe impl Send for Listener {}
 unsafe impl Sync for Listener {}
 
 impl Listener {
+    /// The library's handle, for calls this crate does not wrap (through `smartgen::sys`). It stays
+    /// owned by this object: do not destroy or release it, and do not use it after this is dropped.
+    pub fn as_raw(&self) -> sys::sg_listener_t {
+        self.raw
+    }
+
     /// Listens on addr:port (an address literal; port 0 picks a free one, see `port`).
     pub fn bind(context: &Context, addr: &str, port: u16) -> Result<Listener> {
         let addr = c_string("addr", addr)?;
@@ -88,6 +94,12 @@ pub struct Session {
 }
 
 impl Session {
+    /// The library's handle, for calls this crate does not wrap (through `smartgen::sys`). It stays
+    /// owned by this object: do not destroy or release it, and do not use it after this is dropped.
+    pub fn as_raw(&self) -> sys::sg_session_t {
+        self.inner.raw
+    }
+
     fn wrap(raw: sys::sg_session_t, context: &Arc<ContextInner>) -> Session {
         Session {
             inner: Arc::new(SessionInner {

@@ -18,6 +18,7 @@ use crate::values::{LayerState, Paths, TransferFlags, WireQuant};
 /// Options of an expect or a post. `Default` is the library's defaults (full path, no flags,
 /// priority 0, layers in order, no deadline, no profile, no lease).
 #[derive(Clone, Debug, Default)]
+#[non_exhaustive]
 pub struct TransferOptions {
     /// Empty means FULL. The decode side learns the paths from the post.
     pub paths: Paths,
@@ -35,6 +36,51 @@ pub struct TransferOptions {
     pub lease: Option<Duration>,
     /// In-flight quantization; both sides must give the same (fp32/fp16/bf16 pools, since 0.3).
     pub wire_quant: WireQuant,
+}
+
+
+/// Built from `Default` with one `with_*` call per field: the struct is `#[non_exhaustive]` so
+/// that a field a later header appends is a minor release of this crate, not a breaking one.
+impl TransferOptions {
+    pub fn with_paths(mut self, paths: Paths) -> Self {
+        self.paths = paths;
+        self
+    }
+
+    pub fn with_flags(mut self, flags: TransferFlags) -> Self {
+        self.flags = flags;
+        self
+    }
+
+    pub fn with_priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    pub fn with_layer_order(mut self, layer_order: Option<Vec<u32>>) -> Self {
+        self.layer_order = layer_order;
+        self
+    }
+
+    pub fn with_deadline(mut self, deadline: Option<Duration>) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    pub fn with_profile(mut self, profile: Option<Profile>) -> Self {
+        self.profile = profile;
+        self
+    }
+
+    pub fn with_lease(mut self, lease: Option<Duration>) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    pub fn with_wire_quant(mut self, wire_quant: WireQuant) -> Self {
+        self.wire_quant = wire_quant;
+        self
+    }
 }
 
 /// Counters of one transfer (sg_transfer_stats_t).
@@ -69,6 +115,12 @@ pub struct TransferRef {
 }
 
 impl TransferRef {
+    /// The library's handle, for calls this crate does not wrap (through `smartgen::sys`). It stays
+    /// owned by this object: do not destroy or release it, and do not use it after this is dropped.
+    pub fn as_raw(&self) -> sys::sg_transfer_t {
+        self.raw()
+    }
+
     pub(crate) fn new(raw: sys::sg_transfer_t) -> TransferRef {
         TransferRef { handle: raw as usize }
     }

@@ -23,10 +23,7 @@ fn transfer_outlives_every_other_handle() {
         let expected = decode
             .expect("d-1", &dst, &[5, 6], 32, &TransferOptions::default())
             .unwrap();
-        let all = TransferOptions {
-            flags: TransferFlags::ALL_LAYERS_WRITTEN,
-            ..Default::default()
-        };
+        let all = TransferOptions::default().with_flags(TransferFlags::ALL_LAYERS_WRITTEN);
         let posted = prefill.post("d-1", &src, &[0, 1], 32, &all).unwrap();
         (expected, posted)
         // Contexts, sessions and pools go out of scope here.

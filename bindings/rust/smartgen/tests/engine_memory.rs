@@ -45,10 +45,7 @@ fn a_pool_over_engine_owned_fused_padded_memory() {
     let expected = decode
         .expect("engine-memory", &dst, &BLOCKS, 48, &TransferOptions::default())
         .unwrap();
-    let all = TransferOptions {
-        flags: TransferFlags::ALL_LAYERS_WRITTEN,
-        ..Default::default()
-    };
+    let all = TransferOptions::default().with_flags(TransferFlags::ALL_LAYERS_WRITTEN);
     let posted = prefill.post("engine-memory", &src, &BLOCKS, 48, &all).unwrap();
     expected.wait(TIMEOUT).unwrap();
     posted.wait(TIMEOUT).unwrap();

@@ -37,27 +37,18 @@ fn bad_layout_names_the_field() {
 
 #[test]
 fn bad_context_options_name_the_field() {
-    let empty_provider = ContextOptions {
-        provider: Some(String::new()),
-        ..options(&random_key())
-    };
+    let empty_provider = options(&random_key()).with_provider(Some(String::new()));
     let err = Context::new(&empty_provider).err().expect("provider \"\" is refused");
     assert_eq!(err.status(), Status::INVALID_ARGUMENT);
     assert!(err.message().contains("provider"), "message: {}", err.message());
 
-    let host_name = ContextOptions {
-        local_addr: Some("localhost".into()),
-        ..options(&random_key())
-    };
+    let host_name = options(&random_key()).with_local_addr(Some("localhost".into()));
     let err = Context::new(&host_name)
         .err()
         .expect("a host name is not an address literal");
     assert!(err.message().contains("local_addr"), "message: {}", err.message());
 
-    let nul = ContextOptions {
-        provider: Some("tc\0p".into()),
-        ..Default::default()
-    };
+    let nul = ContextOptions::default().with_provider(Some("tc\0p".into()));
     assert_eq!(Context::new(&nul).err().unwrap().status(), Status::INVALID_ARGUMENT);
 }
 
@@ -125,4 +116,18 @@ fn unknown_status_codes_keep_their_number_and_range() {
 fn version_matches_the_header_major() {
     assert_eq!(smartgen::version_number() / 10000, smartgen::HEADER_VERSION / 10000);
     assert!(smartgen::version().starts_with("0."));
+}
+
+/// `as_raw` hands the library's handle to calls the crate does not wrap, and options are built with
+/// `with_*` (the structs are `#[non_exhaustive]`, so an appended field is not a breaking release).
+#[test]
+fn raw_handles_reach_the_sys_layer_and_options_build_with_with() {
+    let ctx = Context::new(&options(&random_key()).with_peer_timeout_ms(3000)).unwrap();
+    let mut fd: i32 = -1;
+    // SAFETY: a live context's handle and a valid out-pointer.
+    let status = unsafe { smartgen::sys::sg_context_event_fd(ctx.as_raw(), &mut fd) };
+    assert_eq!(status, smartgen::sys::SG_OK);
+    assert!(fd >= 0);
+    let kv = register(&ctx, SMALL);
+    assert!(!kv.as_raw().is_null());
 }

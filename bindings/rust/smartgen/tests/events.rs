@@ -25,10 +25,7 @@ fn run_transfer(prefill_ctx: &Context, decode_ctx: &Context, request: &str) -> (
     let expected = decode
         .expect(request, &dst, &BLOCKS, 48, &TransferOptions::default())
         .unwrap();
-    let all = TransferOptions {
-        flags: TransferFlags::ALL_LAYERS_WRITTEN,
-        ..Default::default()
-    };
+    let all = TransferOptions::default().with_flags(TransferFlags::ALL_LAYERS_WRITTEN);
     let posted = prefill.post(request, &src, &BLOCKS, 48, &all).unwrap();
     expected.wait(TIMEOUT).unwrap();
     posted.wait(TIMEOUT).unwrap();
@@ -179,10 +176,7 @@ fn a_transfer_dropped_in_the_handler_is_released_and_pool_mut_waits_for_it() {
     let mut dst = register(&decode_ctx, SMALL);
     prefill.export_kv(&src).unwrap();
     decode.export_kv(&dst).unwrap();
-    let all = TransferOptions {
-        flags: TransferFlags::ALL_LAYERS_WRITTEN,
-        ..Default::default()
-    };
+    let all = TransferOptions::default().with_flags(TransferFlags::ALL_LAYERS_WRITTEN);
     let expected = decode
         .expect("dropped-in-handler", &dst, &BLOCKS, 48, &TransferOptions::default())
         .unwrap();

@@ -53,11 +53,7 @@ fn selective_paths_deliver_digests_fetches_and_every_byte() {
     let expected = decode
         .expect("sel", &dst, &dst_table, TOKENS, &TransferOptions::default())
         .unwrap();
-    let options = TransferOptions {
-        paths: Paths::PROACTIVE | Paths::ON_DEMAND | Paths::SPECULATIVE,
-        profile: Some(profile.clone()),
-        ..Default::default()
-    };
+    let options = TransferOptions::default().with_paths(Paths::PROACTIVE | Paths::ON_DEMAND | Paths::SPECULATIVE).with_profile(Some(profile.clone()));
     let posted = prefill.post("sel", &src, &src_table, TOKENS, &options).unwrap();
 
     // Queries shorter than num_queries × num_q_heads × head_dim never reach the library.

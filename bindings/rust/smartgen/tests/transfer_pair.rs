@@ -33,10 +33,7 @@ fn full_transfer_moves_every_byte() {
             &src,
             &PREFILL_BLOCKS,
             TOKENS,
-            &TransferOptions {
-                flags: TransferFlags::ALL_LAYERS_WRITTEN,
-                ..Default::default()
-            },
+            &TransferOptions::default().with_flags(TransferFlags::ALL_LAYERS_WRITTEN),
         )
         .unwrap();
     for layer in 0..SMALL.num_layers {
@@ -124,10 +121,7 @@ fn quantized_transfer_halves_the_wire_bytes() {
     let dst = register(&decode_ctx, SMALL);
     prefill.export_kv(&src).unwrap();
     decode.export_kv(&dst).unwrap();
-    let quantized = TransferOptions {
-        wire_quant: WireQuant::INT8,
-        ..Default::default()
-    };
+    let quantized = TransferOptions::default().with_wire_quant(WireQuant::INT8);
     let expected = decode
         .expect("req-q", &dst, &DECODE_BLOCKS, TOKENS, &quantized)
         .unwrap();
@@ -137,10 +131,7 @@ fn quantized_transfer_halves_the_wire_bytes() {
             &src,
             &PREFILL_BLOCKS,
             TOKENS,
-            &TransferOptions {
-                flags: TransferFlags::ALL_LAYERS_WRITTEN,
-                ..quantized.clone()
-            },
+            &quantized.clone().with_flags(TransferFlags::ALL_LAYERS_WRITTEN),
         )
         .unwrap();
     expected.wait(TIMEOUT).unwrap();

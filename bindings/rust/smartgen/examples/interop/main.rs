@@ -130,16 +130,15 @@ impl<'a> Run<'a> {
     /// Returns the seconds from the post to the completion.
     fn post(&mut self, request: usize, profile: Option<Profile>) -> Result<f64, Failure> {
         self.await_ready(request)?;
-        let options = TransferOptions {
-            paths: if profile.is_some() {
-                Paths::PROACTIVE | Paths::ON_DEMAND | Paths::SPECULATIVE
-            } else {
-                Paths::FULL
-            },
-            flags: TransferFlags::ALL_LAYERS_WRITTEN,
-            profile,
-            ..Default::default()
+        let paths = if profile.is_some() {
+            Paths::PROACTIVE | Paths::ON_DEMAND | Paths::SPECULATIVE
+        } else {
+            Paths::FULL
         };
+        let options = TransferOptions::default()
+            .with_paths(paths)
+            .with_flags(TransferFlags::ALL_LAYERS_WRITTEN)
+            .with_profile(profile);
         let start = Instant::now();
         let transfer = self
             .session
@@ -301,10 +300,7 @@ fn run(cfg: &Config) -> Result<Outcome, Failure> {
         pattern.fill(&mut pool, &table, REQ_FULL);
     }
     // Provider tcp;ofi_rxm on 127.0.0.1; no auth_key: the library reads SG_AUTH_KEY_FILE.
-    let options = ContextOptions {
-        provider: Some("tcp".into()),
-        ..Default::default()
-    };
+    let options = ContextOptions::default().with_provider(Some("tcp".into()));
     let ctx = Context::new(&options).map_err(Failure::call("sg_context_create"))?;
     let kv = KvHandle::register(&ctx, pool).map_err(Failure::call("sg_kv_register"))?;
     let session = open_session(cfg, &ctx, timeout)?;

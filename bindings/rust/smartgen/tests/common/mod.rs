@@ -33,11 +33,9 @@ pub fn random_key() -> Vec<u8> {
 }
 
 pub fn options(key: &[u8]) -> ContextOptions {
-    ContextOptions {
-        provider: Some("tcp".into()),
-        auth_key: Some(key.to_vec()),
-        ..Default::default()
-    }
+    ContextOptions::default()
+        .with_provider(Some("tcp".into()))
+        .with_auth_key(Some(key.to_vec()))
 }
 
 /// A session between `listening` (accepts) and `connecting`, in that order.
