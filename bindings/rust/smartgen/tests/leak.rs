@@ -1,0 +1,69 @@
+//! Memory and descriptors stay flat over many cycles of two contexts, a session, two pools and a
+//! transfer, everything dropped. SMARTGEN_LEAK_CYCLES sets the count (default 200; the release
+//! phase's rust_leak runs 2,000); shm contexts, which take milliseconds to make.
+
+mod common;
+
+use std::time::Instant;
+
+use common::*;
+use smartgen::{Context, TransferFlags, TransferOptions};
+
+fn rss_kib() -> i64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(-1)
+}
+
+fn fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+fn cycle(key: &[u8]) {
+    let opts = options(key).with_provider(Some("shm".into()));
+    let prefill_ctx = Context::new(&opts).unwrap();
+    let decode_ctx = Context::new(&opts).unwrap();
+    let (prefill, decode) = connect(&prefill_ctx, &decode_ctx);
+    let mut src = register(&prefill_ctx, SMALL);
+    fill(&mut src, &[0, 1]);
+    let dst = register(&decode_ctx, SMALL);
+    prefill.export_kv(&src).unwrap();
+    decode.export_kv(&dst).unwrap();
+    let expected = decode.expect("leak", &dst, &[5, 6], 32, &TransferOptions::default()).unwrap();
+    let all = TransferOptions::default().with_flags(TransferFlags::ALL_LAYERS_WRITTEN);
+    let posted = prefill.post("leak", &src, &[0, 1], 32, &all).unwrap();
+    expected.wait(TIMEOUT).unwrap();
+    posted.wait(TIMEOUT).unwrap();
+}
+
+#[test]
+fn cycles_leak_neither_memory_nor_descriptors() {
+    let cycles: usize = std::env::var("SMARTGEN_LEAK_CYCLES").ok().and_then(|s| s.parse().ok()).unwrap_or(200);
+    let key = random_key();
+    for _ in 0..cycles / 10 {
+        cycle(&key);
+    }
+    let (rss0, fd0) = (rss_kib(), fds());
+    let start = Instant::now();
+    for _ in 0..cycles {
+        cycle(&key);
+    }
+    let (rss1, fd1) = (rss_kib(), fds());
+    let per_cycle = (rss1 - rss0) as f64 / cycles as f64;
+    println!(
+        "[ info ] rust, {} cycles in {:.1} s: RSS {} -> {} KiB ({:.1} KiB a cycle), fds {} -> {}",
+        cycles,
+        start.elapsed().as_secs_f64(),
+        rss0,
+        rss1,
+        per_cycle,
+        fd0,
+        fd1
+    );
+    assert!(fd1 <= fd0 + 4, "descriptors grew from {} to {}", fd0, fd1);
+    assert!(per_cycle <= 16.0, "RSS grew {:.1} KiB a cycle ({} -> {} KiB)", per_cycle, rss0, rss1);
+}
