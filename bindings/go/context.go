@@ -1,6 +1,8 @@
 package smartgen
 
 import (
+	"log"
+	"runtime"
 	"runtime/cgo"
 	"sync"
 	"time"
@@ -104,7 +106,22 @@ func NewContext(opts ContextOptions) (*Context, error) {
 		}
 		return nil, err
 	}
+	// A safety net, not a way to manage contexts: one dropped without Close is destroyed when the
+	// collector finds it unreachable (its threads, descriptors and memory go back), with a log line
+	// saying it should have been closed (git2go's pattern). A context with an EventBuffer is kept
+	// reachable by its event channel's handle until Close, so it has no such net.
+	if c.events == nil {
+		runtime.SetFinalizer(c, finalizeContext)
+	}
 	return c, nil
+}
+
+func finalizeContext(c *Context) {
+	if c.isClosed() {
+		return
+	}
+	log.Printf("smartgen: a Context was garbage-collected without Close; destroyed now (call Close)")
+	_ = c.Close()
 }
 
 func boolFlag(b bool) uint32 {

@@ -105,7 +105,11 @@ func (s *Session) start(post int, op, requestID string, kv *KV, blocks []uint32,
 		return nil, err
 	}
 	t := &Transfer{c: s.c, h: h, requestID: requestID}
-	s.c.transfers.Store(t.h, t)
+	if s.c.events != nil {
+		// Only for Event.Transfer: a context without events keeps no reference to its transfers,
+		// so nothing it holds points back at it and its finalizer can run (NewContext).
+		s.c.transfers.Store(t.h, t)
+	}
 	return t, nil
 }
 
