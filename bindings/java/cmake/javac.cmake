@@ -2,7 +2,7 @@
 # since SWIG writes the raw layer's classes then) into CLASSES_DIR, from scratch so that a deleted
 # source leaves no class behind, and packs them into JAR_FILE when one is given.
 #   cmake -DJAVAC=... -DSOURCE_DIRS=a|b -DCLASSES_DIR=... [-DCLASSPATH=x:y] [-DJAR=... -DJAR_FILE=...]
-#         [-DSTAMP=...] -P javac.cmake
+#         [-DMANIFEST=file] [-DSTAMP=...] -P javac.cmake
 string(REPLACE "|" ";" dirs "${SOURCE_DIRS}")
 set(sources "")
 foreach(dir IN LISTS dirs)
@@ -26,7 +26,11 @@ if(NOT rc EQUAL 0)
   message(FATAL_ERROR "javac failed (${rc})")
 endif()
 if(JAR_FILE)
-  execute_process(COMMAND "${JAR}" --create --file "${JAR_FILE}" -C "${CLASSES_DIR}" . RESULT_VARIABLE rc)
+  set(manifest_args "")
+  if(MANIFEST)
+    set(manifest_args --manifest "${MANIFEST}")
+  endif()
+  execute_process(COMMAND "${JAR}" --create --file "${JAR_FILE}" ${manifest_args} -C "${CLASSES_DIR}" . RESULT_VARIABLE rc)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "jar failed (${rc})")
   endif()

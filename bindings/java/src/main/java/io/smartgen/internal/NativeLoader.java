@@ -1,11 +1,17 @@
 package io.smartgen.internal;
 
 import java.io.File;
+import java.io.IOException;
+import java.io.InputStream;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.StandardCopyOption;
 
 /**
  * Loads the JNI library (libsmartgen_jni.so, which links libsmartgen.so.0) once, from
- * {@code -Dsmartgen.jni.path=/abs/path/libsmartgen_jni.so} when that property is set, else by name
- * from {@code java.library.path}. Its companion libsmartgen_jni_signals.so (found the same way:
+ * {@code -Dsmartgen.jni.path=/abs/path/libsmartgen_jni.so} when that property is set, else from the
+ * natives classifier jar on the class path ({@code META-INF/native/linux-x86_64/}, extracted to a
+ * private temporary folder), else by name from {@code java.library.path}. Its companion libsmartgen_jni_signals.so (found the same way:
  * next to the named file, or on the path) is loaded first, to keep the JVM's signal handlers
  * across the load (see {@link SignalGuard}). A failure is rethrown with everything needed to fix
  * it: which library, where it was looked for, and the usual cause (libsmartgen.so.0 not on the
@@ -24,7 +30,7 @@ public final class NativeLoader {
             return;
         }
         String explicit = System.getProperty(PATH_PROPERTY);
-        File file = explicit != null && !explicit.isEmpty() ? new File(explicit).getAbsoluteFile() : null;
+        File file = explicit != null && !explicit.isEmpty() ? new File(explicit).getAbsoluteFile() : fromClassPath();
         File signals = file == null ? null : new File(file.getParentFile(), System.mapLibraryName(SignalGuard.LIBRARY_NAME));
         loadOne(signals, SignalGuard.LIBRARY_NAME);
         SignalGuard.save();
@@ -37,6 +43,39 @@ public final class NativeLoader {
         // Contexts still open when the VM exits are destroyed by the library's own exit handler,
         // which joins their progress threads: those must not wait for the exiting VM (glue events.c).
         Runtime.getRuntime().addShutdownHook(new Thread(smartgen::sgj_vm_exiting, "smartgen-vm-exit"));
+    }
+
+    private static final String NATIVES = "/META-INF/native/linux-x86_64/";
+
+    /**
+     * The JNI library from a natives jar on the class path, copied (with its signal companion) into
+     * a new private folder, since the loader needs a file; null when no such jar is there.
+     */
+    private static File fromClassPath() {
+        String jni = System.mapLibraryName(LIBRARY_NAME);
+        String signals = System.mapLibraryName(SignalGuard.LIBRARY_NAME);
+        if (!"amd64".equals(System.getProperty("os.arch")) || NativeLoader.class.getResource(NATIVES + jni) == null) {
+            return null;
+        }
+        try {
+            Path dir = Files.createTempDirectory("smartgen-jni");
+            dir.toFile().deleteOnExit();
+            for (String name : new String[] {signals, jni}) {
+                try (InputStream in = NativeLoader.class.getResourceAsStream(NATIVES + name)) {
+                    if (in == null) {
+                        throw new IOException(NATIVES + name + " is missing from the natives jar");
+                    }
+                    Path out = dir.resolve(name);
+                    Files.copy(in, out, StandardCopyOption.REPLACE_EXISTING);
+                    out.toFile().deleteOnExit();
+                }
+            }
+            return dir.resolve(jni).toFile();
+        } catch (IOException e) {
+            UnsatisfiedLinkError err = new UnsatisfiedLinkError("SmartGen's natives jar could not be unpacked: " + e.getMessage());
+            err.initCause(e);
+            throw err;
+        }
     }
 
     private static void loadOne(File file, String name) {
