@@ -143,6 +143,34 @@ func (t *Transfer) LayerWrittenQ(layer uint32, queries []float32, numQueries, nu
 	})
 }
 
+// LayerWrittenArgs is what a (device) engine says with a written layer
+// (sg_transfer_layer_written_ex).
+type LayerWrittenArgs struct {
+	// The layer's last prompt queries, fp32 [NumQueries][NumQHeads][head_dim] after RoPE, for
+	// query-aware selection: in host memory (Queries), or on the pool's CUDA device
+	// (DeviceQueries, with QueriesMem MemCUDA). Neither: no queries.
+	Queries       []float32
+	DeviceQueries uintptr
+	QueriesMem    MemKind
+	NumQueries    uint32
+	NumQHeads     uint32
+	// CUDAStream is the cudaStream_t whose kernels write the layer (and the queries): the library
+	// orders its reads after them. 0: the layer is already written.
+	CUDAStream uintptr
+}
+
+// LayerWrittenEx is LayerWritten with the queries and the CUDA stream of a device engine.
+func (t *Transfer) LayerWrittenEx(layer uint32, a LayerWrittenArgs) error {
+	var q *float32
+	if len(a.Queries) > 0 {
+		q = &a.Queries[0]
+	}
+	return t.call("sg_transfer_layer_written_ex", func(e raw.Sg_error_info_t) int32 {
+		return raw.Sgo_transfer_layer_written_ex(t.h, layer, q, a.DeviceQueries, a.NumQueries, a.NumQHeads,
+			uint32(a.QueriesMem), a.CUDAStream, e)
+	})
+}
+
 // Test is nil when the transfer is complete, StatusInProgress (as an error value) while it runs,
 // or the transfer's error.
 func (t *Transfer) Test() error {

@@ -159,6 +159,22 @@ sg_status_t sgo_##FN PARAMS { return sgo_capture(FN ARGS, err); }
 
 /* ---- shims for the calls whose options carry strings or pointers ------------------------------ */
 %inline %{
+/* sg_transfer_layer_written_ex with its struct's fields as arguments: host queries as a pointer cgo
+ * pins for the call (the library copies them), device queries and the stream as addresses. */
+sg_status_t sgo_transfer_layer_written_ex(sg_transfer_t xfer, uint32_t layer, const float *host_queries,
+                                          uintptr_t device_queries, uint32_t num_queries, uint32_t num_q_heads,
+                                          uint32_t queries_mem_kind, uintptr_t cuda_stream, sg_error_info_t *err)
+{
+    sg_layer_written_t a;
+    sg_layer_written_init(&a);
+    a.queries = host_queries != NULL ? host_queries : (const float *)device_queries;
+    a.num_queries = num_queries;
+    a.num_q_heads = num_q_heads;
+    a.queries_mem_kind = queries_mem_kind;
+    a.cuda_stream = (void *)cuda_stream;
+    return sgo_capture(sg_transfer_layer_written_ex(xfer, layer, &a), err);
+}
+
 /* Options as sg_context_options_t plus its borrowed fields; "" and 0 mean the defaults. The event
  * callback is a C function address the Go package passes as an integer (its cgo trampoline). */
 sg_status_t sgo_context_create(sg_context_options_t *options, const char *provider, const char *local_addr,

@@ -244,9 +244,11 @@ SGJ_OUT_BUFFER(float *out, size_t cap, jfloatArray, float[], jfloat, GetFloatArr
 %ignore sg_directory_stats;
 %ignore sg_directory_stats_init;
 %ignore sg_directory_destroy;
-/* The layer-written call of device engines (queries in device memory): C and Rust only for now. */
+/* The layer-written call of device engines: through sgj_transfer_layer_written_ex (the glue), whose
+ * arguments are the struct's fields. */
 %ignore sg_layer_written;
 %ignore sg_layer_written_init;
+%ignore sg_layer_written_init_sized;
 %ignore sg_transfer_layer_written_ex;
 %ignore sg_attention_merge;
 %ignore sg_attention_finish;
@@ -308,3 +310,6 @@ sg_status_t sgj_kv_register(JNIEnv *jenv_arg, sg_context_t ctx, const sg_kv_layo
                             jobjectArray k_buffers, jobjectArray v_buffers, sg_kv_handle_t *out);
 sg_status_t sgj_kv_register_addresses(JNIEnv *jenv_arg, sg_context_t ctx, const sg_kv_layout_t *layout,
                                       jlongArray k_addresses, jlongArray v_addresses, sg_kv_handle_t *out);
+sg_status_t sgj_transfer_layer_written_ex(sg_transfer_t xfer, uint32_t layer, const float *queries,
+                                          long long device_queries, uint32_t num_queries, uint32_t num_q_heads,
+                                          uint32_t queries_mem_kind, long long cuda_stream);

@@ -238,6 +238,21 @@ sg_status_t sgj_kv_register_addresses(JNIEnv *env, sg_context_t ctx, const sg_kv
     return status;
 }
 
+sg_status_t sgj_transfer_layer_written_ex(sg_transfer_t xfer, uint32_t layer, const float *queries,
+                                          long long device_queries, uint32_t num_queries, uint32_t num_q_heads,
+                                          uint32_t queries_mem_kind, long long cuda_stream)
+{
+    sg_layer_written_t a;
+
+    sg_layer_written_init(&a);
+    a.queries = queries != NULL ? queries : (const float *)(uintptr_t)device_queries;
+    a.num_queries = num_queries;
+    a.num_q_heads = num_q_heads;
+    a.queries_mem_kind = queries_mem_kind;
+    a.cuda_stream = (void *)(uintptr_t)cuda_stream;
+    return sg_transfer_layer_written_ex(xfer, layer, &a);
+}
+
 long long sgj_transfer_layer_state(JNIEnv *env, sg_transfer_t xfer, uint32_t layer)
 {
     uint32_t state = 0;

@@ -40,6 +40,11 @@ void sgj_on_event(void *user, const sg_event_t *event);
  * The library copies the pointer arrays; the buffers stay the caller's. */
 sg_status_t sgj_kv_register(JNIEnv *env, sg_context_t ctx, const sg_kv_layout_t *layout,
                             jobjectArray k_buffers, jobjectArray v_buffers, sg_kv_handle_t *out);
+/* sg_transfer_layer_written_ex with the struct's fields as arguments: host queries (copied by the
+ * library during the call) or a device address, and the CUDA stream as an address. */
+sg_status_t sgj_transfer_layer_written_ex(sg_transfer_t xfer, uint32_t layer, const float *queries,
+                                          long long device_queries, uint32_t num_queries, uint32_t num_q_heads,
+                                          uint32_t queries_mem_kind, long long cuda_stream);
 /* The same over addresses the host owns (native or device memory): one per layer, v NULL when fused. */
 sg_status_t sgj_kv_register_addresses(JNIEnv *env, sg_context_t ctx, const sg_kv_layout_t *layout,
                                       jlongArray k_addresses, jlongArray v_addresses, sg_kv_handle_t *out);

@@ -497,6 +497,7 @@ extern int _wrap_sg_transfer_layer_time_raw_e2876bbee506b3ac(uintptr_t arg1, int
 extern int _wrap_sg_transfer_cancel_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern int _wrap_sg_transfer_wait_quiesced_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_139 arg2);
 extern int _wrap_sg_transfer_release_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern int _wrap_sgo_transfer_layer_written_ex_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, uintptr_t arg4, int arg5, int arg6, int arg7, uintptr_t arg8, uintptr_t arg9);
 extern int _wrap_sgo_context_create_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_140 arg2, swig_type_141 arg3, swig_type_142 arg4, swig_type_143 arg5, uintptr_t arg6, uintptr_t arg7, swig_voidp arg8, uintptr_t arg9);
 extern int _wrap_sgo_session_accept_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_144 arg2, swig_type_145 arg3, swig_voidp arg4, uintptr_t arg5);
 extern int _wrap_sgo_session_connect_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_146 arg2, short arg3, swig_type_147 arg4, swig_type_148 arg5, swig_voidp arg6, uintptr_t arg7);
@@ -2878,6 +2879,21 @@ func Sg_transfer_release(arg1 uintptr) (_swig_ret int32) {
 	var swig_r int32
 	_swig_i_0 := arg1
 	swig_r = (int32)(C._wrap_sg_transfer_release_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0)))
+	return swig_r
+}
+
+func Sgo_transfer_layer_written_ex(arg1 uintptr, arg2 uint32, arg3 *float32, arg4 uintptr, arg5 uint32, arg6 uint32, arg7 uint32, arg8 uintptr, arg9 Sg_error_info_t) (_swig_ret int32) {
+	var swig_r int32
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	_swig_i_2 := arg3
+	_swig_i_3 := arg4
+	_swig_i_4 := arg5
+	_swig_i_5 := arg6
+	_swig_i_6 := arg7
+	_swig_i_7 := arg8
+	_swig_i_8 := getSwigcptr(arg9)
+	swig_r = (int32)(C._wrap_sgo_transfer_layer_written_ex_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.uintptr_t(_swig_i_3), C.int(_swig_i_4), C.int(_swig_i_5), C.int(_swig_i_6), C.uintptr_t(_swig_i_7), C.uintptr_t(_swig_i_8)))
 	return swig_r
 }
 

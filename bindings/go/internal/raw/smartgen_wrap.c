@@ -220,6 +220,22 @@ static void sgo_session_options(sg_session_options_t *o, const char *provider)
 #include <string.h>
 
 
+/* sg_transfer_layer_written_ex with its struct's fields as arguments: host queries as a pointer cgo
+ * pins for the call (the library copies them), device queries and the stream as addresses. */
+sg_status_t sgo_transfer_layer_written_ex(sg_transfer_t xfer, uint32_t layer, const float *host_queries,
+                                          uintptr_t device_queries, uint32_t num_queries, uint32_t num_q_heads,
+                                          uint32_t queries_mem_kind, uintptr_t cuda_stream, sg_error_info_t *err)
+{
+    sg_layer_written_t a;
+    sg_layer_written_init(&a);
+    a.queries = host_queries != NULL ? host_queries : (const float *)device_queries;
+    a.num_queries = num_queries;
+    a.num_q_heads = num_q_heads;
+    a.queries_mem_kind = queries_mem_kind;
+    a.cuda_stream = (void *)cuda_stream;
+    return sgo_capture(sg_transfer_layer_written_ex(xfer, layer, &a), err);
+}
+
 /* Options as sg_context_options_t plus its borrowed fields; "" and 0 mean the defaults. The event
  * callback is a C function address the Go package passes as an integer (its cgo trampoline). */
 sg_status_t sgo_context_create(sg_context_options_t *options, const char *provider, const char *local_addr,
@@ -4208,6 +4224,35 @@ int _wrap_sg_transfer_release_raw_e2876bbee506b3ac(sg_transfer_t _swig_go_0) {
   arg1 = (sg_transfer_t)_swig_go_0; 
   
   result = (sg_status_t)sg_transfer_release(arg1);
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+int _wrap_sgo_transfer_layer_written_ex_raw_e2876bbee506b3ac(sg_transfer_t _swig_go_0, int _swig_go_1, float *_swig_go_2, uintptr_t _swig_go_3, int _swig_go_4, int _swig_go_5, int _swig_go_6, uintptr_t _swig_go_7, struct sg_error_info *_swig_go_8) {
+  sg_transfer_t arg1 = (sg_transfer_t) 0 ;
+  uint32_t arg2 ;
+  float *arg3 = (float *) 0 ;
+  uintptr_t arg4 ;
+  uint32_t arg5 ;
+  uint32_t arg6 ;
+  uint32_t arg7 ;
+  uintptr_t arg8 ;
+  sg_error_info_t *arg9 = (sg_error_info_t *) 0 ;
+  sg_status_t result;
+  int _swig_go_result;
+  
+  arg1 = (sg_transfer_t)_swig_go_0; 
+  arg2 = (uint32_t)_swig_go_1; 
+  arg3 = *(float **)&_swig_go_2; 
+  arg4 = (uintptr_t)_swig_go_3; 
+  arg5 = (uint32_t)_swig_go_4; 
+  arg6 = (uint32_t)_swig_go_5; 
+  arg7 = (uint32_t)_swig_go_6; 
+  arg8 = (uintptr_t)_swig_go_7; 
+  arg9 = *(sg_error_info_t **)&_swig_go_8; 
+  
+  result = (sg_status_t)sgo_transfer_layer_written_ex(arg1,arg2,(float const *)arg3,arg4,arg5,arg6,arg7,arg8,arg9);
   _swig_go_result = result; 
   return _swig_go_result;
 }

@@ -56,6 +56,19 @@ public final class Transfer implements AutoCloseable {
         smartgen.sg_transfer_layer_written_q(handle.get(), layer, queries, numQueries, numQHeads);
     }
 
+    /**
+     * As {@link #layerWritten(int)} for a device engine (sg_transfer_layer_written_ex): the layer's
+     * last prompt queries either in host memory ({@code hostQueries}, else null) or on the pool's
+     * CUDA device ({@code deviceQueries}, an address, with {@code queriesMemKind} {@link Pool#CUDA}),
+     * and the {@code cudaStream} (a cudaStream_t address, 0 for none) whose kernels write the layer:
+     * the library orders its reads after them.
+     */
+    public void layerWritten(int layer, float[] hostQueries, long deviceQueries, int queriesMemKind, int numQueries,
+                             int numQHeads, long cudaStream) {
+        smartgen.sgj_transfer_layer_written_ex(handle.get(), layer, hostQueries, deviceQueries, numQueries, numQHeads,
+                queriesMemKind, cudaStream);
+    }
+
     /** Non-blocking: true when complete; throws the transfer's error. */
     public boolean test() {
         return waited(() -> smartgen.sg_transfer_test(handle.get()));
