@@ -58,6 +58,7 @@ SGO_HANDLE(sg_session_t)
 SGO_HANDLE(sg_transfer_t)
 SGO_HANDLE(sg_profile_t)
 SGO_HANDLE(sg_selector_t)
+SGO_HANDLE(sg_directory_t)
 
 /* ---- fields set only through the shims below -------------------------------------------------- */
 %ignore sg_context_options::provider;
@@ -96,10 +97,11 @@ SGO_HANDLE(sg_selector_t)
 %ignore sg_selector_budget_blocks;
 %ignore sg_attention_merge;
 %ignore sg_attention_finish;
-/* The cluster directory (0.4): C, C++ and Rust's raw layer for now; Go and Java bind it later. */
+/* The cluster directory (0.4): Go calls it through the sgo_directory_* shims below. */
 %ignore sg_directory_s;
 %ignore sg_directory_options;
 %ignore sg_directory_options_init;
+%ignore sg_directory_options_init_sized;
 %ignore sg_directory_open;
 %ignore sg_directory_publish;
 %ignore sg_directory_unpublish;
@@ -110,6 +112,7 @@ SGO_HANDLE(sg_selector_t)
 %ignore sg_directory_accept;
 %ignore sg_directory_stats;
 %ignore sg_directory_stats_init;
+%ignore sg_directory_stats_init_sized;
 %ignore sg_directory_destroy;
 /* Replaced by the versions that take the strings and pointers for the call. */
 %ignore sg_context_create;
@@ -159,6 +162,46 @@ sg_status_t sgo_##FN PARAMS { return sgo_capture(FN ARGS, err); }
 
 /* ---- shims for the calls whose options carry strings or pointers ------------------------------ */
 %inline %{
+/* The cluster directory: options as arguments ("" and 0 are the defaults), every call capturing its
+ * message in the same native call. */
+sg_status_t sgo_directory_open(sg_context_t ctx, const char *endpoints, const char *prefix, uint32_t lease_ttl_ms,
+                               uint32_t request_timeout_ms, sg_directory_t *out, sg_error_info_t *err)
+{
+    sg_directory_options_t o;
+    sg_directory_options_init(&o);
+    o.endpoints = endpoints;
+    o.prefix = prefix != NULL && prefix[0] != 0 ? prefix : NULL;
+    o.lease_ttl_ms = lease_ttl_ms;
+    o.request_timeout_ms = request_timeout_ms;
+    return sg_directory_open(ctx, &o, out, err);
+}
+sg_status_t sgo_directory_publish(sg_directory_t dir, const char *name, uint64_t timeout_ns, sg_error_info_t *err)
+{
+    return sgo_capture(sg_directory_publish(dir, name, timeout_ns), err);
+}
+sg_status_t sgo_directory_unpublish(sg_directory_t dir, const char *name, uint64_t timeout_ns, sg_error_info_t *err)
+{
+    return sgo_capture(sg_directory_unpublish(dir, name, timeout_ns), err);
+}
+sg_status_t sgo_directory_lookup(sg_directory_t dir, const char *name, uint64_t timeout_ns, void *buf, size_t cap,
+                                 size_t *len, sg_error_info_t *err)
+{
+    return sgo_capture(sg_directory_lookup(dir, name, timeout_ns, buf, cap, len), err);
+}
+sg_status_t sgo_directory_connect(sg_directory_t dir, const char *name, uint64_t timeout_ns, sg_session_t *out,
+                                  sg_error_info_t *err)
+{
+    return sg_directory_connect(dir, name, NULL, timeout_ns, out, err);
+}
+sg_status_t sgo_directory_accept(sg_directory_t dir, uint64_t timeout_ns, sg_session_t *out, sg_error_info_t *err)
+{
+    return sg_directory_accept(dir, timeout_ns, out, err);
+}
+sg_status_t sgo_directory_destroy(sg_directory_t dir, sg_error_info_t *err)
+{
+    return sgo_capture(sg_directory_destroy(dir), err);
+}
+
 /* sg_transfer_layer_written_ex with its struct's fields as arguments: host queries as a pointer cgo
  * pins for the call (the library copies them), device queries and the stream as addresses. */
 sg_status_t sgo_transfer_layer_written_ex(sg_transfer_t xfer, uint32_t layer, const float *host_queries,

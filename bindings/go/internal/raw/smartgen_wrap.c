@@ -220,6 +220,46 @@ static void sgo_session_options(sg_session_options_t *o, const char *provider)
 #include <string.h>
 
 
+/* The cluster directory: options as arguments ("" and 0 are the defaults), every call capturing its
+ * message in the same native call. */
+sg_status_t sgo_directory_open(sg_context_t ctx, const char *endpoints, const char *prefix, uint32_t lease_ttl_ms,
+                               uint32_t request_timeout_ms, sg_directory_t *out, sg_error_info_t *err)
+{
+    sg_directory_options_t o;
+    sg_directory_options_init(&o);
+    o.endpoints = endpoints;
+    o.prefix = prefix != NULL && prefix[0] != 0 ? prefix : NULL;
+    o.lease_ttl_ms = lease_ttl_ms;
+    o.request_timeout_ms = request_timeout_ms;
+    return sg_directory_open(ctx, &o, out, err);
+}
+sg_status_t sgo_directory_publish(sg_directory_t dir, const char *name, uint64_t timeout_ns, sg_error_info_t *err)
+{
+    return sgo_capture(sg_directory_publish(dir, name, timeout_ns), err);
+}
+sg_status_t sgo_directory_unpublish(sg_directory_t dir, const char *name, uint64_t timeout_ns, sg_error_info_t *err)
+{
+    return sgo_capture(sg_directory_unpublish(dir, name, timeout_ns), err);
+}
+sg_status_t sgo_directory_lookup(sg_directory_t dir, const char *name, uint64_t timeout_ns, void *buf, size_t cap,
+                                 size_t *len, sg_error_info_t *err)
+{
+    return sgo_capture(sg_directory_lookup(dir, name, timeout_ns, buf, cap, len), err);
+}
+sg_status_t sgo_directory_connect(sg_directory_t dir, const char *name, uint64_t timeout_ns, sg_session_t *out,
+                                  sg_error_info_t *err)
+{
+    return sg_directory_connect(dir, name, NULL, timeout_ns, out, err);
+}
+sg_status_t sgo_directory_accept(sg_directory_t dir, uint64_t timeout_ns, sg_session_t *out, sg_error_info_t *err)
+{
+    return sg_directory_accept(dir, timeout_ns, out, err);
+}
+sg_status_t sgo_directory_destroy(sg_directory_t dir, sg_error_info_t *err)
+{
+    return sgo_capture(sg_directory_destroy(dir), err);
+}
+
 /* sg_transfer_layer_written_ex with its struct's fields as arguments: host queries as a pointer cgo
  * pins for the call (the library copies them), device queries and the stream as addresses. */
 sg_status_t sgo_transfer_layer_written_ex(sg_transfer_t xfer, uint32_t layer, const float *host_queries,
@@ -3036,30 +3076,6 @@ int _wrap_sg_session_destroy_raw_e2876bbee506b3ac(sg_session_t _swig_go_0) {
 }
 
 
-void _wrap_sg_directory_options_init_sized_raw_e2876bbee506b3ac(struct sg_directory_options *_swig_go_0, long long _swig_go_1) {
-  sg_directory_options_t *arg1 = (sg_directory_options_t *) 0 ;
-  size_t arg2 ;
-  
-  arg1 = *(sg_directory_options_t **)&_swig_go_0; 
-  arg2 = (size_t)_swig_go_1; 
-  
-  sg_directory_options_init_sized(arg1,arg2);
-  
-}
-
-
-void _wrap_sg_directory_stats_init_sized_raw_e2876bbee506b3ac(struct sg_directory_stats *_swig_go_0, long long _swig_go_1) {
-  sg_directory_stats_t *arg1 = (sg_directory_stats_t *) 0 ;
-  size_t arg2 ;
-  
-  arg1 = *(sg_directory_stats_t **)&_swig_go_0; 
-  arg2 = (size_t)_swig_go_1; 
-  
-  sg_directory_stats_init_sized(arg1,arg2);
-  
-}
-
-
 intgo _wrap_SG_PROFILE_MAX_BYTES_raw_e2876bbee506b3ac() {
   unsigned int result;
   intgo _swig_go_result;
@@ -4224,6 +4240,179 @@ int _wrap_sg_transfer_release_raw_e2876bbee506b3ac(sg_transfer_t _swig_go_0) {
   arg1 = (sg_transfer_t)_swig_go_0; 
   
   result = (sg_status_t)sg_transfer_release(arg1);
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+int _wrap_sgo_directory_open_raw_e2876bbee506b3ac(sg_context_t _swig_go_0, _gostring_ _swig_go_1, _gostring_ _swig_go_2, int _swig_go_3, int _swig_go_4, sg_directory_t *_swig_go_5, struct sg_error_info *_swig_go_6) {
+  sg_context_t arg1 = (sg_context_t) 0 ;
+  char *arg2 = (char *) 0 ;
+  char *arg3 = (char *) 0 ;
+  uint32_t arg4 ;
+  uint32_t arg5 ;
+  sg_directory_t *arg6 = (sg_directory_t *) 0 ;
+  sg_error_info_t *arg7 = (sg_error_info_t *) 0 ;
+  sg_status_t result;
+  int _swig_go_result;
+  
+  arg1 = (sg_context_t)_swig_go_0; 
+  
+  arg2 = (char *)malloc(_swig_go_1.n + 1);
+  memcpy(arg2, _swig_go_1.p, _swig_go_1.n);
+  arg2[_swig_go_1.n] = '\0';
+  
+  
+  arg3 = (char *)malloc(_swig_go_2.n + 1);
+  memcpy(arg3, _swig_go_2.p, _swig_go_2.n);
+  arg3[_swig_go_2.n] = '\0';
+  
+  arg4 = (uint32_t)_swig_go_3; 
+  arg5 = (uint32_t)_swig_go_4; 
+  arg6 = *(sg_directory_t **)&_swig_go_5; 
+  arg7 = *(sg_error_info_t **)&_swig_go_6; 
+  
+  result = (sg_status_t)sgo_directory_open(arg1,(char const *)arg2,(char const *)arg3,arg4,arg5,arg6,arg7);
+  _swig_go_result = result; 
+  free(arg2); 
+  free(arg3); 
+  return _swig_go_result;
+}
+
+
+int _wrap_sgo_directory_publish_raw_e2876bbee506b3ac(sg_directory_t _swig_go_0, _gostring_ _swig_go_1, long long _swig_go_2, struct sg_error_info *_swig_go_3) {
+  sg_directory_t arg1 = (sg_directory_t) 0 ;
+  char *arg2 = (char *) 0 ;
+  uint64_t arg3 ;
+  sg_error_info_t *arg4 = (sg_error_info_t *) 0 ;
+  sg_status_t result;
+  int _swig_go_result;
+  
+  arg1 = (sg_directory_t)_swig_go_0; 
+  
+  arg2 = (char *)malloc(_swig_go_1.n + 1);
+  memcpy(arg2, _swig_go_1.p, _swig_go_1.n);
+  arg2[_swig_go_1.n] = '\0';
+  
+  arg3 = (uint64_t)_swig_go_2; 
+  arg4 = *(sg_error_info_t **)&_swig_go_3; 
+  
+  result = (sg_status_t)sgo_directory_publish(arg1,(char const *)arg2,arg3,arg4);
+  _swig_go_result = result; 
+  free(arg2); 
+  return _swig_go_result;
+}
+
+
+int _wrap_sgo_directory_unpublish_raw_e2876bbee506b3ac(sg_directory_t _swig_go_0, _gostring_ _swig_go_1, long long _swig_go_2, struct sg_error_info *_swig_go_3) {
+  sg_directory_t arg1 = (sg_directory_t) 0 ;
+  char *arg2 = (char *) 0 ;
+  uint64_t arg3 ;
+  sg_error_info_t *arg4 = (sg_error_info_t *) 0 ;
+  sg_status_t result;
+  int _swig_go_result;
+  
+  arg1 = (sg_directory_t)_swig_go_0; 
+  
+  arg2 = (char *)malloc(_swig_go_1.n + 1);
+  memcpy(arg2, _swig_go_1.p, _swig_go_1.n);
+  arg2[_swig_go_1.n] = '\0';
+  
+  arg3 = (uint64_t)_swig_go_2; 
+  arg4 = *(sg_error_info_t **)&_swig_go_3; 
+  
+  result = (sg_status_t)sgo_directory_unpublish(arg1,(char const *)arg2,arg3,arg4);
+  _swig_go_result = result; 
+  free(arg2); 
+  return _swig_go_result;
+}
+
+
+int _wrap_sgo_directory_lookup_raw_e2876bbee506b3ac(sg_directory_t _swig_go_0, _gostring_ _swig_go_1, long long _swig_go_2, char *_swig_go_3, long long _swig_go_4, long long *_swig_go_5, struct sg_error_info *_swig_go_6) {
+  sg_directory_t arg1 = (sg_directory_t) 0 ;
+  char *arg2 = (char *) 0 ;
+  uint64_t arg3 ;
+  void *arg4 = (void *) 0 ;
+  size_t arg5 ;
+  size_t *arg6 = (size_t *) 0 ;
+  sg_error_info_t *arg7 = (sg_error_info_t *) 0 ;
+  sg_status_t result;
+  int _swig_go_result;
+  
+  arg1 = (sg_directory_t)_swig_go_0; 
+  
+  arg2 = (char *)malloc(_swig_go_1.n + 1);
+  memcpy(arg2, _swig_go_1.p, _swig_go_1.n);
+  arg2[_swig_go_1.n] = '\0';
+  
+  arg3 = (uint64_t)_swig_go_2; 
+  arg4 = *(void **)&_swig_go_3; 
+  arg5 = (size_t)_swig_go_4; 
+  arg6 = *(size_t **)&_swig_go_5; 
+  arg7 = *(sg_error_info_t **)&_swig_go_6; 
+  
+  result = (sg_status_t)sgo_directory_lookup(arg1,(char const *)arg2,arg3,arg4,arg5,arg6,arg7);
+  _swig_go_result = result; 
+  free(arg2); 
+  return _swig_go_result;
+}
+
+
+int _wrap_sgo_directory_connect_raw_e2876bbee506b3ac(sg_directory_t _swig_go_0, _gostring_ _swig_go_1, long long _swig_go_2, sg_session_t *_swig_go_3, struct sg_error_info *_swig_go_4) {
+  sg_directory_t arg1 = (sg_directory_t) 0 ;
+  char *arg2 = (char *) 0 ;
+  uint64_t arg3 ;
+  sg_session_t *arg4 = (sg_session_t *) 0 ;
+  sg_error_info_t *arg5 = (sg_error_info_t *) 0 ;
+  sg_status_t result;
+  int _swig_go_result;
+  
+  arg1 = (sg_directory_t)_swig_go_0; 
+  
+  arg2 = (char *)malloc(_swig_go_1.n + 1);
+  memcpy(arg2, _swig_go_1.p, _swig_go_1.n);
+  arg2[_swig_go_1.n] = '\0';
+  
+  arg3 = (uint64_t)_swig_go_2; 
+  arg4 = *(sg_session_t **)&_swig_go_3; 
+  arg5 = *(sg_error_info_t **)&_swig_go_4; 
+  
+  result = (sg_status_t)sgo_directory_connect(arg1,(char const *)arg2,arg3,arg4,arg5);
+  _swig_go_result = result; 
+  free(arg2); 
+  return _swig_go_result;
+}
+
+
+int _wrap_sgo_directory_accept_raw_e2876bbee506b3ac(sg_directory_t _swig_go_0, long long _swig_go_1, sg_session_t *_swig_go_2, struct sg_error_info *_swig_go_3) {
+  sg_directory_t arg1 = (sg_directory_t) 0 ;
+  uint64_t arg2 ;
+  sg_session_t *arg3 = (sg_session_t *) 0 ;
+  sg_error_info_t *arg4 = (sg_error_info_t *) 0 ;
+  sg_status_t result;
+  int _swig_go_result;
+  
+  arg1 = (sg_directory_t)_swig_go_0; 
+  arg2 = (uint64_t)_swig_go_1; 
+  arg3 = *(sg_session_t **)&_swig_go_2; 
+  arg4 = *(sg_error_info_t **)&_swig_go_3; 
+  
+  result = (sg_status_t)sgo_directory_accept(arg1,arg2,arg3,arg4);
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+int _wrap_sgo_directory_destroy_raw_e2876bbee506b3ac(sg_directory_t _swig_go_0, struct sg_error_info *_swig_go_1) {
+  sg_directory_t arg1 = (sg_directory_t) 0 ;
+  sg_error_info_t *arg2 = (sg_error_info_t *) 0 ;
+  sg_status_t result;
+  int _swig_go_result;
+  
+  arg1 = (sg_directory_t)_swig_go_0; 
+  arg2 = *(sg_error_info_t **)&_swig_go_1; 
+  
+  result = (sg_status_t)sgo_directory_destroy(arg1,arg2);
   _swig_go_result = result; 
   return _swig_go_result;
 }
