@@ -118,6 +118,7 @@ SGJ_HANDLE(sg_kv_handle_t)
 SGJ_HANDLE(sg_listener_t)
 SGJ_HANDLE(sg_session_t)
 SGJ_HANDLE(sg_transfer_t)
+SGJ_HANDLE(sg_directory_t)
 SGJ_HANDLE(sg_profile_t)
 
 /* ---- scalar out-parameters: long[1] -------------------------------------------------------- */
@@ -229,21 +230,20 @@ SGJ_OUT_BUFFER(float *out, size_t cap, jfloatArray, float[], jfloat, GetFloatArr
 %ignore sg_selector_input_init;
 %ignore sg_selector_select;
 %ignore sg_selector_budget_blocks;
-/* The cluster directory (0.4): C, C++ and Rust's raw layer for now; Go and Java bind it later. */
+/* The cluster directory (0.4): opened through the glue (sgj_directory_open: its options carry
+ * strings the library borrows for the call); publish, unpublish, connect, accept and destroy are
+ * wrapped as they are. Lookup, list, wait and stats: C, Go and Rust for now. */
 %ignore sg_directory_s;
 %ignore sg_directory_options;
 %ignore sg_directory_options_init;
+%ignore sg_directory_options_init_sized;
 %ignore sg_directory_open;
-%ignore sg_directory_publish;
-%ignore sg_directory_unpublish;
 %ignore sg_directory_lookup;
 %ignore sg_directory_list;
 %ignore sg_directory_wait;
-%ignore sg_directory_connect;
-%ignore sg_directory_accept;
 %ignore sg_directory_stats;
 %ignore sg_directory_stats_init;
-%ignore sg_directory_destroy;
+%ignore sg_directory_stats_init_sized;
 /* The layer-written call of device engines: through sgj_transfer_layer_written_ex (the glue), whose
  * arguments are the struct's fields. */
 %ignore sg_layer_written;
@@ -310,6 +310,8 @@ sg_status_t sgj_kv_register(JNIEnv *jenv_arg, sg_context_t ctx, const sg_kv_layo
                             jobjectArray k_buffers, jobjectArray v_buffers, sg_kv_handle_t *out);
 sg_status_t sgj_kv_register_addresses(JNIEnv *jenv_arg, sg_context_t ctx, const sg_kv_layout_t *layout,
                                       jlongArray k_addresses, jlongArray v_addresses, sg_kv_handle_t *out);
+sg_status_t sgj_directory_open(sg_context_t ctx, const char *endpoints, const char *prefix, uint32_t lease_ttl_ms,
+                               uint32_t request_timeout_ms, sg_directory_t *out);
 sg_status_t sgj_transfer_layer_written_ex(sg_transfer_t xfer, uint32_t layer, const float *queries,
                                           long long device_queries, uint32_t num_queries, uint32_t num_q_heads,
                                           uint32_t queries_mem_kind, long long cuda_stream);

@@ -238,6 +238,19 @@ sg_status_t sgj_kv_register_addresses(JNIEnv *env, sg_context_t ctx, const sg_kv
     return status;
 }
 
+sg_status_t sgj_directory_open(sg_context_t ctx, const char *endpoints, const char *prefix, uint32_t lease_ttl_ms,
+                               uint32_t request_timeout_ms, sg_directory_t *out)
+{
+    sg_directory_options_t o;
+
+    sg_directory_options_init(&o);
+    o.endpoints = endpoints;
+    o.prefix = prefix;
+    o.lease_ttl_ms = lease_ttl_ms;
+    o.request_timeout_ms = request_timeout_ms;
+    return sg_directory_open(ctx, &o, out, NULL);
+}
+
 sg_status_t sgj_transfer_layer_written_ex(sg_transfer_t xfer, uint32_t layer, const float *queries,
                                           long long device_queries, uint32_t num_queries, uint32_t num_q_heads,
                                           uint32_t queries_mem_kind, long long cuda_stream)

@@ -40,6 +40,9 @@ void sgj_on_event(void *user, const sg_event_t *event);
  * The library copies the pointer arrays; the buffers stay the caller's. */
 sg_status_t sgj_kv_register(JNIEnv *env, sg_context_t ctx, const sg_kv_layout_t *layout,
                             jobjectArray k_buffers, jobjectArray v_buffers, sg_kv_handle_t *out);
+/* sg_directory_open with its options as arguments (NULL / 0: the defaults). */
+sg_status_t sgj_directory_open(sg_context_t ctx, const char *endpoints, const char *prefix, uint32_t lease_ttl_ms,
+                               uint32_t request_timeout_ms, sg_directory_t *out);
 /* sg_transfer_layer_written_ex with the struct's fields as arguments: host queries (copied by the
  * library during the call) or a device address, and the CUDA stream as an address. */
 sg_status_t sgj_transfer_layer_written_ex(sg_transfer_t xfer, uint32_t layer, const float *queries,

@@ -181,6 +181,17 @@ public final class Context implements AutoCloseable {
         pools.remove(pool);
     }
 
+    /**
+     * Opens the cluster directory for this context ({@code endpoints}: "http://10.0.0.1:2379,...";
+     * {@code prefix} null for "/smartgen/"; a null or zero duration for the library's default).
+     */
+    public Directory openDirectory(String endpoints, String prefix, Duration leaseTtl, Duration requestTimeout) {
+        long[] out = Handle.out();
+        smartgen.sgj_directory_open(handle.get(), endpoints, prefix, leaseTtl == null ? 0 : (int) leaseTtl.toMillis(),
+                requestTimeout == null ? 0 : (int) requestTimeout.toMillis(), out);
+        return new Directory(out[0]);
+    }
+
     /** Listens on addr:port (port 0 picks a free one: read it with {@link Listener#port()}). */
     public Listener listen(String addr, int port) {
         long[] out = Handle.out();

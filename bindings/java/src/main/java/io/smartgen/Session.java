@@ -18,6 +18,11 @@ public final class Session implements AutoCloseable {
         Cleaning.register(this, this.handle, smartgen::sg_session_destroy, "Session");
     }
 
+    /** A session the library made (by name, through the directory). */
+    static Session adopt(long handle) {
+        return new Session(handle);
+    }
+
     static Session accept(long listener, Duration timeout) {
         sg_session_options_t o = new sg_session_options_t();
         try {

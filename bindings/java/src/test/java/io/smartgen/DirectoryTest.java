@@ -1,0 +1,86 @@
+package io.smartgen;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.io.File;
+import java.net.ServerSocket;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.security.SecureRandom;
+import java.time.Duration;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.TimeUnit;
+import org.junit.jupiter.api.Assumptions;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.Timeout;
+
+/**
+ * Two contexts that know only an etcd endpoint and a name: one publishes and accepts, the other
+ * connects by name, and a transfer moves every byte (a one-member etcd started for the test).
+ */
+class DirectoryTest {
+    static final int[] SRC_BLOCKS = {4, 8, 15};
+    static final int[] DST_BLOCKS = {16, 23, 1};
+
+    static int freePort() throws Exception {
+        try (ServerSocket s = new ServerSocket(0)) {
+            return s.getLocalPort();
+        }
+    }
+
+    @Test
+    @Timeout(120)
+    void publishConnectAcceptTransfer() throws Exception {
+        Assumptions.assumeTrue(new File("/usr/bin/etcd").canExecute(),
+                "needs etcd (Debian's etcd-server; scripts/setup-deps.sh installs it)");
+        String client = "http://127.0.0.1:" + freePort();
+        String peer = "http://127.0.0.1:" + freePort();
+        Path data = Files.createTempDirectory("etcd");
+        Process etcd = new ProcessBuilder("/usr/bin/etcd", "--name", "m0", "--data-dir", data.toString(),
+                "--listen-client-urls", client, "--advertise-client-urls", client, "--listen-peer-urls", peer,
+                "--initial-advertise-peer-urls", peer, "--initial-cluster", "m0=" + peer, "--log-level", "error",
+                "--logger", "zap").redirectErrorStream(true).redirectOutput(ProcessBuilder.Redirect.DISCARD).start();
+        byte[] key = new byte[32];
+        new SecureRandom().nextBytes(key);
+        try (Context a = Context.builder().provider("tcp").authKey(key).build();
+             Context b = Context.builder().provider("tcp").authKey(key).build()) {
+            Directory da = null;
+            long until = System.nanoTime() + 20_000_000_000L;
+            while (da == null) { // the member elects itself first
+                try {
+                    da = a.openDirectory(client, null, Duration.ofSeconds(2), null);
+                    da.publish("prefill/java-0", Duration.ofSeconds(5));
+                } catch (SmartGenException e) {
+                    if (da != null) {
+                        da.close();
+                        da = null;
+                    }
+                    assertTrue(System.nanoTime() < until, "etcd never answered: " + e);
+                    Thread.sleep(100);
+                }
+            }
+            try (Directory pub = da; Directory db = b.openDirectory(client, null, null, null)) {
+                CompletableFuture<Session> accepted = CompletableFuture.supplyAsync(() -> pub.accept(Duration.ofSeconds(20)));
+                try (Session sb = db.connect("prefill/java-0", Duration.ofSeconds(20));
+                     Session sa = accepted.get(20, TimeUnit.SECONDS);
+                     Pool src = a.registerPool(Pair.LAYOUT);
+                     Pool dst = b.registerPool(Pair.LAYOUT)) {
+                    Pair.fill(src, SRC_BLOCKS);
+                    sa.exportPool(src);
+                    sb.exportPool(dst);
+                    try (Transfer y = sb.expect("by-name", dst, DST_BLOCKS, 48, null);
+                         Transfer x = sa.post("by-name", src, SRC_BLOCKS, 48,
+                                 TransferOptions.defaults().flags(TransferOptions.ALL_LAYERS_WRITTEN))) {
+                        assertTrue(y.await(Pair.TIMEOUT));
+                        assertTrue(x.await(Pair.TIMEOUT));
+                    }
+                    assertEquals(0, Pair.mismatches(dst, DST_BLOCKS));
+                }
+                pub.unpublish("prefill/java-0", Duration.ofSeconds(5));
+            }
+        } finally {
+            etcd.destroyForcibly().waitFor();
+        }
+    }
+}
