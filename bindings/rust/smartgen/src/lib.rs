@@ -27,6 +27,7 @@
 
 mod buffer;
 mod context;
+mod directory;
 mod error;
 mod event;
 mod kv;
@@ -39,6 +40,7 @@ mod transfer;
 mod values;
 
 pub use context::{Context, ContextOptions};
+pub use directory::{Directory, DirectoryOptions};
 pub use error::{Error, Result};
 pub use event::Event;
 pub use kv::KvHandle;

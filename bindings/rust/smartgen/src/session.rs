@@ -100,7 +100,7 @@ impl Session {
         self.inner.raw
     }
 
-    fn wrap(raw: sys::sg_session_t, context: &Arc<ContextInner>) -> Session {
+    pub(crate) fn wrap(raw: sys::sg_session_t, context: &Arc<ContextInner>) -> Session {
         Session {
             inner: Arc::new(SessionInner {
                 raw,
