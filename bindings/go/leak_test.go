@@ -112,48 +112,53 @@ func leakCycle(t *testing.T, key []byte, provider string) {
 	x.Release()
 }
 
-// Memory and descriptors stay flat over many cycles (0.4 grew 0.6-3.4 MB a cycle in Go).
-// SMARTGEN_LEAK_CYCLES sets the count (default 200; the release phase runs 2,000) and
-// SMARTGEN_LEAK_PROVIDER the provider (default shm: a tcp context takes ~100 ms to make).
+// Memory and descriptors stay flat over many cycles (0.4 grew 0.6-3.4 MB a cycle in Go). Runs as
+// go_leak (SMARTGEN_LEAK_CYCLES=2000; SMARTGEN_LEAK_PROVIDER, default shm: a tcp context takes
+// ~100 ms to make). A leak grows with every cycle; the allocator's arenas and the runtime's
+// threads grow only until the load they see has been met once, and more under parallel load (CI
+// measured 25 KiB a cycle over a whole run that way). So the bound is on the second half's slope,
+// after a warm-up of a quarter, each point measured settled (a collection, free pages returned).
 func TestCyclesLeakNeitherMemoryNorDescriptors(t *testing.T) {
-	cycles := 200
-	if s := os.Getenv("SMARTGEN_LEAK_CYCLES"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 {
-			t.Fatalf("SMARTGEN_LEAK_CYCLES=%q", s)
-		}
-		cycles = n
+	s := os.Getenv("SMARTGEN_LEAK_CYCLES")
+	if s == "" {
+		t.Skip("the leak test runs as go_leak (2,000 cycles); set SMARTGEN_LEAK_CYCLES to run it here")
+	}
+	cycles, err := strconv.Atoi(s)
+	if err != nil || cycles < 4 {
+		t.Fatalf("SMARTGEN_LEAK_CYCLES=%q", s)
 	}
 	provider := "shm"
 	if p := os.Getenv("SMARTGEN_LEAK_PROVIDER"); p != "" {
 		provider = p
 	}
 	key := testKey(t)
-	warm := cycles / 10
-	for i := 0; i < warm; i++ {
-		leakCycle(t, key, provider)
-	}
-	// Retained memory, not the collector's pacing: collect and hand free pages back first, so the
-	// garbage of the last cycles (which GOGC lets grow with the heap) is not counted as a leak.
 	settle := func() {
 		runtime.GC()
 		debug.FreeOSMemory()
 	}
+	for i := 0; i < cycles/4; i++ {
+		leakCycle(t, key, provider)
+	}
 	settle()
 	rss0, fd0 := rssKiB(t), fdCount(t)
 	start := time.Now()
-	for i := 0; i < cycles; i++ {
+	for i := 0; i < cycles/2; i++ {
+		leakCycle(t, key, provider)
+	}
+	settle()
+	rssHalf := rssKiB(t)
+	for i := 0; i < cycles/2; i++ {
 		leakCycle(t, key, provider)
 	}
 	settle()
 	rss1, fd1 := rssKiB(t), fdCount(t)
-	perCycle := float64(rss1-rss0) / float64(cycles)
-	t.Logf("%s, %d cycles in %.1f s: RSS %d -> %d KiB (%.1f KiB a cycle), fds %d -> %d", provider, cycles,
-		time.Since(start).Seconds(), rss0, rss1, perCycle, fd0, fd1)
+	perCycle := float64(rss1-rssHalf) / float64(cycles/2)
+	t.Logf("%s, %d cycles in %.1f s: RSS %d -> %d -> %d KiB (%.1f KiB a cycle over the second half), fds %d -> %d",
+		provider, cycles, time.Since(start).Seconds(), rss0, rssHalf, rss1, perCycle, fd0, fd1)
 	if fd1 > fd0+4 {
 		t.Errorf("descriptors grew from %d to %d over %d cycles", fd0, fd1, cycles)
 	}
 	if perCycle > 16 {
-		t.Errorf("RSS grew %.1f KiB a cycle over %d cycles (%d -> %d KiB)", perCycle, cycles, rss0, rss1)
+		t.Errorf("RSS grew %.1f KiB a cycle over the second half (%d -> %d -> %d KiB)", perCycle, rss0, rssHalf, rss1)
 	}
 }

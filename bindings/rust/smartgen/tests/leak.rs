@@ -40,30 +40,45 @@ fn cycle(key: &[u8]) {
     posted.wait(TIMEOUT).unwrap();
 }
 
+/// A leak grows with every cycle; the allocator's arenas grow only until the load they see has been
+/// met once (more under parallel load: CI measured 44 KiB a cycle over 200 cycles that way). So
+/// the bound is on the second half's slope, after a warm-up of a quarter. Runs as rust_leak
+/// (SMARTGEN_LEAK_CYCLES=2000); without the variable it says so and passes (cargo has no skip).
 #[test]
 fn cycles_leak_neither_memory_nor_descriptors() {
-    let cycles: usize = std::env::var("SMARTGEN_LEAK_CYCLES").ok().and_then(|s| s.parse().ok()).unwrap_or(200);
+    let cycles: usize = match std::env::var("SMARTGEN_LEAK_CYCLES").ok().and_then(|s| s.parse().ok()) {
+        Some(n) if n >= 4 => n,
+        _ => {
+            println!("skipped: the leak test runs as rust_leak (2,000 cycles); set SMARTGEN_LEAK_CYCLES to run it here");
+            return;
+        }
+    };
     let key = random_key();
-    for _ in 0..cycles / 10 {
+    for _ in 0..cycles / 4 {
         cycle(&key);
     }
     let (rss0, fd0) = (rss_kib(), fds());
     let start = Instant::now();
-    for _ in 0..cycles {
+    for _ in 0..cycles / 2 {
+        cycle(&key);
+    }
+    let rss_half = rss_kib();
+    for _ in 0..cycles / 2 {
         cycle(&key);
     }
     let (rss1, fd1) = (rss_kib(), fds());
-    let per_cycle = (rss1 - rss0) as f64 / cycles as f64;
+    let per_cycle = (rss1 - rss_half) as f64 / (cycles / 2) as f64;
     println!(
-        "[ info ] rust, {} cycles in {:.1} s: RSS {} -> {} KiB ({:.1} KiB a cycle), fds {} -> {}",
+        "[ info ] rust, {} cycles in {:.1} s: RSS {} -> {} -> {} KiB ({:.1} KiB a cycle over the second half), fds {} -> {}",
         cycles,
         start.elapsed().as_secs_f64(),
         rss0,
+        rss_half,
         rss1,
         per_cycle,
         fd0,
         fd1
     );
     assert!(fd1 <= fd0 + 4, "descriptors grew from {} to {}", fd0, fd1);
-    assert!(per_cycle <= 16.0, "RSS grew {:.1} KiB a cycle ({} -> {} KiB)", per_cycle, rss0, rss1);
+    assert!(per_cycle <= 16.0, "RSS grew {:.1} KiB a cycle over the second half ({} -> {} -> {} KiB)", per_cycle, rss0, rss_half, rss1);
 }
