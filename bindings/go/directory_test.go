@@ -113,28 +113,7 @@ func TestDirectoryPublishConnectAcceptTransfer(t *testing.T) {
 	pa, ka := newRegisteredPool(t, a)
 	pb, kb := newRegisteredPool(t, b)
 	fillBlocks(pa, prefillTable, 4)
-	if err := sa.Export(ka); err != nil {
-		t.Fatal(err)
-	}
-	if err := sb.Export(kb); err != nil {
-		t.Fatal(err)
-	}
-	y, err := sb.Expect("by-name", kb, decodeTable, 7*16, TransferOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	x, err := sa.Post("by-name", ka, prefillTable, 7*16, TransferOptions{Flags: AllLayersWritten})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := y.Wait(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := x.Wait(ctx); err != nil {
-		t.Fatal(err)
-	}
-	y.Release()
-	x.Release()
+	exportAndMove(ctx, t, sa, sb, ka, kb, "by-name")
 	if msg := checkBlocks(pb, decodeTable, 4); msg != "" {
 		t.Fatal(msg)
 	}

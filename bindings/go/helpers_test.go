@@ -153,3 +153,31 @@ func errorsIsAny(err error, statuses ...Status) bool {
 	}
 	return false
 }
+
+// exportAndMove exports each side's KV to its session, then moves request rid from ka
+// (prefillTable) into kb (decodeTable), waits for both sides and releases them.
+func exportAndMove(ctx context.Context, t *testing.T, sa, sb *Session, ka, kb *KV, rid string) {
+	t.Helper()
+	if err := sa.Export(ka); err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.Export(kb); err != nil {
+		t.Fatal(err)
+	}
+	y, err := sb.Expect(rid, kb, decodeTable, 7*16, TransferOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, err := sa.Post(rid, ka, prefillTable, 7*16, TransferOptions{Flags: AllLayersWritten})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := y.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := x.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	y.Release()
+	x.Release()
+}

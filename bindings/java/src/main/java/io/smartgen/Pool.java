@@ -51,6 +51,11 @@ public final class Pool implements AutoCloseable {
                 v[l] = allocateAligned((int) region);
             }
         }
+        return registerRegions(ctx, layout, k, v);
+    }
+
+    /** Registers these regions (one buffer per layer; v null when fused) and keeps them reachable. */
+    private static Pool registerRegions(Context ctx, KvLayout layout, ByteBuffer[] k, ByteBuffer[] v) {
         sg_kv_layout_t native_ = layout.toNative();
         try {
             long[] out = Handle.out();
@@ -80,16 +85,7 @@ public final class Pool implements AutoCloseable {
         }
         ByteBuffer[] ks = regions(k, layout.regionBytes());
         ByteBuffer[] vs = v == null ? null : regions(v, layout.regionBytes());
-        sg_kv_layout_t native_ = layout.toNative();
-        try {
-            long[] out = Handle.out();
-            smartgen.sgj_kv_register(ctx.handle(), native_, ks, vs, out);
-            Pool pool = new Pool(out[0], ctx, layout, ks, vs);
-            ctx.keep(pool);
-            return pool;
-        } finally {
-            native_.delete();
-        }
+        return registerRegions(ctx, layout, ks, vs);
     }
 
     /**
