@@ -365,8 +365,11 @@ typedef struct sg_context_options {
     /* Since 0.2. Lanes: endpoints, each with its own connection to a peer and its own thread, that
      * a session's writes are striped over (the one that has least outstanding to that peer takes
      * the next write, so a faster lane carries more); control messages keep to lane 0 and a layer's
-     * notice still never overtakes its data. A write that fails on a lane other than lane 0 is
-     * moved to the others (sg_context_stats: lane_failovers). 0 = the default: the number of
+     * notice still never overtakes its data. A write that fails on a lane is moved to the others
+     * (sg_context_stats: lane_failovers). Since 0.5, with a 0.5 peer, losing lane 0 loses nothing
+     * either: the session's messages move to a live lane, those the peer had not acknowledged are
+     * sent again and delivered once, and the peer is told at once; only losing every lane loses
+     * the session. 0 = the default: the number of
      * addresses in local_addr when it names several, else 2 on tcp;ofi_rxm (measured: 1.5x the
      * bulk throughput of one on loopback) and 1 on other providers; the environment variable
      * SG_LANES, read at creation, overrides it. Writes under 256 KiB stay on lane 0.
@@ -469,7 +472,8 @@ typedef struct sg_context_stats {
      * staging slots); a gauge, not a counter: back to its earlier value once sessions close. */
     uint64_t registrations;
     /* Since 0.2: lanes of the context's network provider (a gauge); writes moved off a failed lane
-     * and completed on another; (peer, lane) pairs given up after an error. */
+     * and completed on another; (peer, lane) pairs given up after an error (since 0.5 also those
+     * the peer said it gave up: both sides count a broken lane). */
     uint64_t lanes;
     uint64_t lane_failovers;
     uint64_t lanes_lost;

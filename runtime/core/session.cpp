@@ -103,7 +103,7 @@ Session::Session(Context *c, const wire::Hello &hello, const sg_session_options_
     std::vector<std::vector<uint8_t>> lanes;  // the peer's lanes on this provider, lane 0 first
     for (size_t k = peer_ep; k < hello.endpoints.size(); ++k)
         if (hello.endpoints[k].provider == provider) lanes.push_back(hello.endpoints[k].address);
-    peer = tp->insert_peer_lanes(lanes);
+    peer = tp->insert_peer_lanes(lanes, hello.proto_minor >= 5);
     // Staging areas come on first use, by role (Context::offer_staging, Context::send_staging_of):
     // a session that only posts never receives staged writes, one that only expects never packs.
     free_send_slots = (1u << StagingArea::kSlots) - 1;

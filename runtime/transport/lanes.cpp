@@ -16,12 +16,22 @@
 //   on lanes > 0 ask for delivery completion and this transport reports no send-after-write
 //   ordering, so the runtime sends a layer's notice only once its writes have completed (lane 0's
 //   own writes are ordered before its notices by the provider, as on a plain endpoint).
-// - A write that fails on lane k > 0 marks lane k failed for that peer and waits until the peer
+// - A write that fails on a lane marks that lane failed for that peer and waits until the peer
 //   shows it is alive on another lane (a completion there since), then is posted again on a live
 //   lane: the same bytes to the same place, so the transfer stays byte-exact, and the runtime sees
 //   one completion. This assumes a connection-class error (reset, EIO, ...) means the first copy
 //   will not land later: true of a TCP connection once reset, which is what fails a lane here.
-//   Other errors fail the write as on a plain endpoint. Lane 0's failure is the session's.
+//   Other errors fail the write as on a plain endpoint. Every lane's writes ask for delivery
+//   completion, so a write reported complete has landed and a lane that breaks later loses none.
+// - Messages to a peer that frames its own (a 0.5 peer: wire minor 1.5) travel in an envelope:
+//   a sequence number per (sender, peer), cumulative acks from the receiver, and lane-loss notices.
+//   The sender keeps every message until it is acked. When the lane carrying a peer's messages
+//   (its control lane, lane 0 at first) breaks, the next live lane becomes the control lane and
+//   every unacked message is sent again on it, in order; the receiver delivers each sequence
+//   number once, in order, so the runtime above sees neither a loss nor a duplicate. Whichever
+//   side sees a lane break tells the other at once (a notice on the control lane), so both stop
+//   using it. Only when no lane to a peer is left is the peer lost. With an older peer, lane 0's
+//   failure is the session's, as before.
 //
 // Locks: lane.mu serialises calls into one lane's endpoint (FI_THREAD_DOMAIN); peers_mu_, events_mu_
 // and each lane's queue_mu are leaves. The runtime's calls arrive one at a time (transport.hpp) and
@@ -37,6 +47,9 @@
 #include <atomic>
 #include <cstring>
 #include <deque>
+#include <map>
+#include <random>
+#include <tuple>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -52,6 +65,68 @@ struct LaneRegistrations {
     std::vector<Registration> per_lane;
 };
 
+// The envelope of a message between two framing striped transports (40 bytes, little-endian):
+//   u32 magic 'SGL1' | u8 kind | u8 lane | u16 0 | u32 stream | u32 0 | u64 origin | u64 nonce | u64 seq
+// origin names the sender (a hash of its lane-0 address: the receiver knows its peers by those),
+// nonce the sending transport's life (a restarted process at the same address starts afresh), and
+// stream the sender's peer entry for the receiver. Data carries seq and a runtime message after
+// the envelope; Ack acks every seq up to its own; LaneLost says the sender gave up `lane`.
+// A runtime frame starts with 'SGW1', so a receiver tells framed from plain by the first word.
+constexpr uint32_t kLaneMagic = 0x314C4753u;  // "SGL1"
+constexpr size_t kEnvelopeBytes = 40;
+enum class FrameKind : uint8_t { Data = 1, Ack = 2, LaneLost = 3 };
+
+struct Envelope {
+    FrameKind kind = FrameKind::Data;
+    uint8_t lane = 0;
+    uint32_t stream = 0;
+    uint64_t origin = 0, nonce = 0, seq = 0;
+};
+
+inline void put_le(uint8_t *p, uint64_t v, int bytes) {
+    for (int i = 0; i < bytes; ++i) p[i] = uint8_t(v >> (8 * i));
+}
+inline uint64_t get_le(const uint8_t *p, int bytes) {
+    uint64_t v = 0;
+    for (int i = 0; i < bytes; ++i) v |= uint64_t(p[i]) << (8 * i);
+    return v;
+}
+
+std::vector<uint8_t> seal(const Envelope &e, std::span<const uint8_t> payload) {
+    std::vector<uint8_t> out(kEnvelopeBytes + payload.size(), 0);
+    put_le(&out[0], kLaneMagic, 4);
+    out[4] = uint8_t(e.kind);
+    out[5] = e.lane;
+    put_le(&out[8], e.stream, 4);
+    put_le(&out[16], e.origin, 8);
+    put_le(&out[24], e.nonce, 8);
+    put_le(&out[32], e.seq, 8);
+    if (!payload.empty()) std::memcpy(out.data() + kEnvelopeBytes, payload.data(), payload.size());
+    return out;
+}
+
+bool open_envelope(std::span<const uint8_t> bytes, Envelope &e) {
+    if (bytes.size() < kEnvelopeBytes || get_le(bytes.data(), 4) != kLaneMagic) return false;
+    e.kind = FrameKind(bytes[4]);
+    e.lane = bytes[5];
+    e.stream = uint32_t(get_le(&bytes[8], 4));
+    e.origin = get_le(&bytes[16], 8);
+    e.nonce = get_le(&bytes[24], 8);
+    e.seq = get_le(&bytes[32], 8);
+    return true;
+}
+
+uint64_t address_hash(std::span<const uint8_t> address) {
+    uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+    for (uint8_t b : address) h = (h ^ b) * 0x100000001b3ull;
+    return h;
+}
+
+// Provider context space for the transport's own sends (acks, notices, messages sent again).
+struct OwnCookie {
+    alignas(16) uint8_t space[kCookieBytes];
+};
+
 class StripedTransport final : public Transport {
   public:
     StripedTransport(const OpenOptions &opt, std::unique_ptr<Transport> (*open_one)(const OpenOptions &))
@@ -62,11 +137,12 @@ class StripedTransport final : public Transport {
             OpenOptions one = opt;
             one.lanes = 1;
             one.rail_addrs.clear();
-            // Lane 0 carries the notices, so the provider's own send-after-write ordering covers
-            // its writes; writes on other lanes must be at the target before they complete.
-            one.delivery_complete = i > 0;
-            // Messages travel on lane 0 only; the others keep a couple of receive buffers, not 32.
-            if (i > 0) one.recv_buffers = 2;
+            // A notice on one lane cannot be ordered after writes on another, and a lane may break
+            // after a write completed: every write must be at the target before it completes.
+            one.delivery_complete = n > 1;
+            // Messages travel on lane 0 until it breaks; the others keep a few receive buffers, not 32.
+            if (i > 0) one.recv_buffers = 8;
+            one.recv_buffer_bytes = (opt.recv_buffer_bytes ? opt.recv_buffer_bytes : 256 * 1024) + kEnvelopeBytes;
             if (!opt.rail_addrs.empty()) one.local_addr = opt.rail_addrs[i % opt.rail_addrs.size()];
             auto lane = std::make_unique<Lane>();
             lane->t = open_one(one);
@@ -79,6 +155,8 @@ class StripedTransport final : public Transport {
                                               "striping over lanes needs application-chosen keys");
         caps_.send_after_write = false;
         caps_.lanes = n;
+        origin_ = address_hash(lanes_[0]->t->local_address());
+        nonce_ = (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}() ^ now_ns();
         caps_.bulk_apart = n > 1;
         event_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (event_fd_ < 0) fail(SG_ERR_INTERNAL, std::string("eventfd: ") + std::strerror(errno));
@@ -132,11 +210,11 @@ class StripedTransport final : public Transport {
 
     PeerAddr insert_peer(std::span<const uint8_t> address) override {
         std::vector<std::vector<uint8_t>> one{std::vector<uint8_t>(address.begin(), address.end())};
-        return insert_peer_lanes(one);
+        return insert_peer_lanes(one, false);
     }
 
     // Lane i talks to the peer's lane i; lanes beyond the shorter side's count stay unused for it.
-    PeerAddr insert_peer_lanes(std::span<const std::vector<uint8_t>> addresses) override {
+    PeerAddr insert_peer_lanes(std::span<const std::vector<uint8_t>> addresses, bool peer_frames_lanes) override {
         if (addresses.empty()) fail(SG_ERR_PROTOCOL, "the peer named no endpoint");
         const size_t n = std::min(addresses.size(), lanes_.size());
         auto peer = std::make_unique<Peer>();
@@ -155,9 +233,15 @@ class StripedTransport final : public Transport {
         peer->failed.assign(n, false);
         peer->outstanding.assign(n, 0);
         peer->last_ok_ns.assign(n, 0);
+        // Framed copies are this transport's own memory, which a provider wanting local
+        // descriptors could not send.
+        peer->framed = peer_frames_lanes && n > 1 && !caps_.needs_local_desc;
+        peer->origin = address_hash(addresses[0]);
         std::lock_guard lock(peers_mu_);
         peers_.push_back(std::move(peer));
-        return PeerAddr(peers_.size() - 1);
+        const PeerAddr id = PeerAddr(peers_.size() - 1);
+        if (peers_.back()->framed) by_origin_[peers_.back()->origin] = id;
+        return id;
     }
 
     void remove_peer(PeerAddr id) override {
@@ -168,8 +252,16 @@ class StripedTransport final : public Transport {
             for (Op &op : take_pending(*lanes_[i], id)) fail_op(std::move(op), -ECANCELED, "the peer was removed");
             lanes_[i]->t->remove_peer(p->addr[i]);
         }
-        std::lock_guard lock(peers_mu_);
-        p->removed = true;
+        {
+            std::lock_guard lock(peers_mu_);
+            p->removed = true;
+            p->unacked.clear();
+            auto it = by_origin_.find(p->origin);
+            if (it != by_origin_.end() && it->second == id) by_origin_.erase(it);
+        }
+        std::lock_guard lock(streams_mu_);
+        for (auto it = streams_.begin(); it != streams_.end();)
+            it = it->first.origin == p->origin ? streams_.erase(it) : std::next(it);
     }
 
     Registration register_memory(void *addr, uint64_t len, uint64_t requested_key) override {
@@ -237,9 +329,9 @@ class StripedTransport final : public Transport {
         for (const LocalIov &v : local) op.bytes += v.len;
         // Small writes stay on lane 0, posted in this call like a plain endpoint's: striping them buys
         // nothing and a handover to another lane's thread costs more than the write.
-        const bool on_lane0 = cls == WriteClass::Urgent || (cls == WriteClass::Default && op.bytes < small_write_bytes_);
-        const int lane = on_lane0 ? 0 : pick_lane(*p, op.bytes, cls == WriteClass::Bulk ? 1 : 0);
-        if (on_lane0) add_outstanding(*p, 0, op.bytes);
+        // (Lane 0 is the control lane until it breaks; then the messages' new lane takes its part.)
+        const bool on_control = cls == WriteClass::Urgent || (cls == WriteClass::Default && op.bytes < small_write_bytes_);
+        const int lane = on_control ? control_lane(*p, op.bytes) : pick_lane(*p, op.bytes, cls == WriteClass::Bulk ? 1 : 0);
         if (lane < 0) fail(SG_ERR_TRANSPORT, "every lane to this peer has failed");
         enqueue(size_t(lane), std::move(op));
         post_now_if_inline(size_t(lane));
@@ -251,12 +343,35 @@ class StripedTransport final : public Transport {
         Op op;
         op.peer = id;
         op.send = true;
-        op.message.assign(static_cast<const uint8_t *>(buf), static_cast<const uint8_t *>(buf) + len);
-        op.message_desc = desc;
         op.cookie = cookie;
-        (void)p;
-        enqueue(0, std::move(op));
-        post_now_if_inline(0);
+        const std::span<const uint8_t> bytes(static_cast<const uint8_t *>(buf), len);
+        size_t lane = 0;
+        if (!p->framed) {
+            op.message.assign(bytes.begin(), bytes.end());
+            op.message_desc = desc;
+            enqueue(0, std::move(op));
+        } else {
+            // Numbered, kept and queued under peers_mu_, so a failover either sends it again or
+            // finds it queued on the new control lane, never neither.
+            std::lock_guard lock(peers_mu_);
+            Envelope e;
+            e.stream = id;
+            e.origin = origin_;
+            e.nonce = nonce_;
+            e.seq = ++p->next_seq;
+            op.message = seal(e, bytes);
+            op.framed_data = true;
+            p->unacked.emplace_back(e.seq, op.message);
+            p->unacked_bytes += op.message.size();
+            while (p->unacked_bytes > kMaxUnackedBytes) {
+                p->unacked_bytes -= p->unacked.front().second.size();
+                p->unacked.pop_front();
+                p->replay_incomplete = true;
+            }
+            lane = p->control;
+            enqueue(lane, std::move(op));
+        }
+        post_now_if_inline(lane);
         return 0;
     }
 
@@ -264,6 +379,7 @@ class StripedTransport final : public Transport {
         for (size_t i = 0; i < lanes_.size(); ++i)
             if (lanes_[i]->inline_driven) drive_lane(i);
         resolve_held();
+        send_acks(false);
         uint64_t drained;
         (void)!::read(event_fd_, &drained, sizeof drained);
         std::deque<Event> batch;
@@ -286,6 +402,8 @@ class StripedTransport final : public Transport {
 
     bool prepare_wait() override {
         if (!threads_) return false;  // poll() drives the lanes: callers must keep calling it
+        // About to sleep: ack what arrived, so the peer lets go of its copies in one message.
+        if (send_acks(true)) return false;
         {
             std::lock_guard lock(peers_mu_);
             if (!held_.empty()) return false;  // poll() decides their fate on a clock
@@ -319,6 +437,17 @@ class StripedTransport final : public Transport {
     static constexpr uint64_t kFailoverWaitNs = 200000000;
     // How long messages to a peer given up still try to leave (a Bye's answer behind a full queue).
     static constexpr uint64_t kDeadSendGraceNs = 1000000000;
+    // A receiver acks after this many messages even while busy (and always before it sleeps).
+    static constexpr uint64_t kAckEvery = 16;
+    // A peer that never acks is not framing-capable after all, or stuck: past this many bytes kept
+    // for it, the oldest copies go and a control-lane failure loses the peer as an older one would.
+    static constexpr uint64_t kMaxUnackedBytes = 64ull << 20;
+    // Messages a receiver holds while an earlier sequence number is missing (legitimately only
+    // those a broken lane overtook: a few).
+    static constexpr size_t kMaxReordered = 4096;
+    static constexpr uint64_t kMaxReorderedBytes = 16ull << 20;
+    // Streams a receiver keeps state for beyond its peers' own.
+    static constexpr size_t kMaxStreams = 1024;
 
     struct Op {
         PeerAddr peer = 0;
@@ -329,6 +458,8 @@ class StripedTransport final : public Transport {
         void *message_desc = nullptr;
         void *cookie = nullptr;
         uint32_t lane = 0;
+        bool framed_data = false;  // a numbered message: kept until acked, sent again on failover
+        std::unique_ptr<OwnCookie> own;  // set for the transport's own sends: no event goes up
     };
 
     struct Peer {
@@ -337,8 +468,31 @@ class StripedTransport final : public Transport {
         std::vector<uint64_t> outstanding;  // bytes posted and not completed, per lane
         std::vector<uint64_t> last_ok_ns;   // when a lane last completed something for this peer
         bool removed = false;
-        bool dead = false;  // lane 0 failed, or the runtime gave the peer up: no write moves to it now
+        bool dead = false;  // no lane left, or the runtime gave the peer up: no write moves to it now
         uint64_t dead_ns = 0;
+        bool framed = false;  // both sides frame messages (envelope above)
+        uint64_t origin = 0;  // address_hash of its lane 0: how its envelopes name it
+        size_t control = 0;   // the lane its messages and urgent writes go on
+        uint64_t next_seq = 0;
+        std::deque<std::pair<uint64_t, std::vector<uint8_t>>> unacked;  // (seq, sealed message)
+        uint64_t unacked_bytes = 0;
+        bool replay_incomplete = false;  // copies were dropped (kMaxUnackedBytes)
+        uint64_t peer_nonce = 0;  // from its first numbered message: its notices must carry it
+    };
+
+    // What a receiver knows of one sender's stream of numbered messages.
+    struct StreamKey {
+        uint64_t origin, nonce;
+        uint32_t stream;
+        bool operator<(const StreamKey &o) const {
+            return std::tie(origin, nonce, stream) < std::tie(o.origin, o.nonce, o.stream);
+        }
+    };
+    struct Stream {
+        uint64_t delivered = 0;  // every seq up to this one went up, once
+        uint64_t owed = 0;       // delivered since the last ack
+        std::map<uint64_t, std::vector<uint8_t>> early;  // arrived before a missing earlier seq
+        uint64_t early_bytes = 0;
     };
 
     // A write that failed on a lane > 0, waiting to learn whether only that lane broke (then it
@@ -379,12 +533,7 @@ class StripedTransport final : public Transport {
         void on_complete(void *cookie, int status, const char *error_text) override {
             owner_.lane_completed(lane_, cookie, status, error_text);
         }
-        void on_message(std::span<const uint8_t> bytes) override {
-            Event e;
-            e.is_message = true;
-            e.message.assign(bytes.begin(), bytes.end());
-            owner_.push_event(std::move(e));
-        }
+        void on_message(std::span<const uint8_t> bytes) override { owner_.lane_message(lane_, bytes); }
 
       private:
         StripedTransport &owner_;
@@ -397,9 +546,11 @@ class StripedTransport final : public Transport {
         return peers_[id].get();
     }
 
-    void add_outstanding(Peer &p, size_t lane, uint64_t bytes) {
+    int control_lane(Peer &p, uint64_t bytes) {
         std::lock_guard lock(peers_mu_);
-        p.outstanding[lane] += bytes;
+        if (p.failed[p.control]) return -1;
+        p.outstanding[p.control] += bytes;
+        return int(p.control);
     }
 
     // The live lane from `first` on with the fewest bytes outstanding to this peer, else any live lane
@@ -485,11 +636,23 @@ class StripedTransport final : public Transport {
                 fail_op(std::move(op), -ECANCELED, "the peer is gone");
                 continue;
             }
+            if (op.framed_data || op.own) {
+                // Sent again on the new control lane when this one broke: this copy stays home.
+                bool lane_failed;
+                {
+                    std::lock_guard lock(peers_mu_);
+                    lane_failed = lane_index < p->failed.size() && p->failed[lane_index] && !p->dead;
+                }
+                if (lane_failed) {
+                    if (!op.own) push_completion(op.cookie);
+                    continue;
+                }
+            }
             int rc;
             try {
                 if (op.send) {
                     rc = lane.t->post_send(p->addr[lane_index], op.message.data(), op.message.size(), op.message_desc,
-                                           op.cookie);
+                                           op.own ? static_cast<void *>(op.own.get()) : op.cookie);
                 } else {
                     LocalIov iov[8];
                     if (op.local.size() > 8) fail(SG_ERR_INTERNAL, "striped transport: more than 8 local iovs in one write");
@@ -504,7 +667,7 @@ class StripedTransport final : public Transport {
             } catch (const Error &e) {
                 // A post the endpoint refuses outright is the operation's failure, reported (or
                 // retried elsewhere) like a failed completion.
-                void *cookie = op.cookie;
+                void *cookie = op.own ? static_cast<void *>(op.own.get()) : op.cookie;
                 lane.in_flight.emplace(cookie, std::move(op));
                 lane_completed(lane_index, cookie, -EIO, e.message().c_str());
                 continue;
@@ -516,7 +679,8 @@ class StripedTransport final : public Transport {
                 return;
             }
             lane.queue_full = false;
-            lane.in_flight.emplace(op.cookie, std::move(op));
+            void *cookie = op.own ? static_cast<void *>(op.own.get()) : op.cookie;
+            lane.in_flight.emplace(cookie, std::move(op));
         }
     }
 
@@ -548,9 +712,7 @@ class StripedTransport final : public Transport {
                 std::lock_guard lock(peers_mu_);
                 if (op.peer < peers_.size()) peers_[op.peer]->last_ok_ns[lane_index] = now_ns();
             }
-            Event e;
-            e.cookie = cookie;
-            push_event(std::move(e));
+            if (!op.own) push_completion(cookie);
             return;
         }
         const std::string text = error_text ? error_text : "";
@@ -559,33 +721,240 @@ class StripedTransport final : public Transport {
             fail_op(std::move(op), status, text);
             return;
         }
-        if (op.send || lane_index == 0) {
-            // Lane 0 carries the session's messages: its failure is the session's.
-            const PeerAddr id = op.peer;
+        const PeerAddr id = op.peer;
+        bool framed = false;
+        {
+            std::lock_guard lock(peers_mu_);
+            framed = id < peers_.size() && peers_[id]->framed && !peers_[id]->replay_incomplete;
+        }
+        if (!framed && (op.send || lane_index == 0)) {
+            // An older peer's messages travel on lane 0 alone: its failure is the session's.
             fail_op(std::move(op), status, text);
             kill_peer(id, status, text);
             return;
         }
+        const bool live_lane_left = lose_lane(id, lane_index, /*tell_peer=*/true);
+        if (op.send) {
+            if (!live_lane_left) {
+                fail_op(std::move(op), status, text);
+                kill_peer(id, status, text);
+            } else if (!op.own) {
+                push_completion(op.cookie);  // its copy was sent again on the new control lane
+            }
+            return;
+        }
         {
             std::lock_guard lock(peers_mu_);
-            Peer *p = op.peer < peers_.size() ? peers_[op.peer].get() : nullptr;
-            if (p && !p->removed && !p->dead) {
-                if (!p->failed[lane_index]) {
-                    p->failed[lane_index] = true;
-                    lanes_lost_.fetch_add(1);
-                }
-                const bool another = std::any_of(p->failed.begin(), p->failed.end(), [](bool f) { return !f; });
-                if (another) {
-                    held_.push_back({std::move(op), status, text, now_ns()});
-                    wake_caller();  // poll() decides its fate
-                    return;
-                }
+            Peer *p = id < peers_.size() ? peers_[id].get() : nullptr;
+            if (p && !p->removed && !p->dead && live_lane_left) {
+                held_.push_back({std::move(op), status, text, now_ns()});
+                wake_caller();  // poll() decides its fate
+                return;
             }
         }
         fail_op(std::move(op), status, text);
+        if (!live_lane_left) kill_peer(id, status, text);
+    }
+
+    // Gives up `lane` to a peer. If it carried the peer's messages, the first live lane takes them
+    // over and every unacked message is queued on it again, in order. tell_peer: a notice goes to
+    // the peer on the control lane (it saw no error of its own, or not yet). Returns whether a live
+    // lane is left. Takes peers_mu_ and queue locks (leaves), never a lane's mu.
+    bool lose_lane(PeerAddr id, size_t lane, bool tell_peer) {
+        std::vector<void *> done;  // runtime sends queued on the broken lane, now sent again
+        {
+            std::lock_guard lock(peers_mu_);
+            if (id >= peers_.size()) return false;
+            Peer &p = *peers_[id];
+            if (p.removed || p.dead) return false;
+            if (lane >= p.failed.size()) return true;
+            if (!p.failed[lane]) {
+                p.failed[lane] = true;
+                lanes_lost_.fetch_add(1);
+            } else {
+                tell_peer = false;  // already done
+            }
+            int live = -1;
+            for (size_t i = 0; i < p.failed.size() && live < 0; ++i)
+                if (!p.failed[i]) live = int(i);
+            if (live < 0) return false;
+            if (p.framed && p.failed[p.control]) {
+                const size_t old = p.control;
+                p.control = size_t(live);
+                for (Op &q : take_pending(*lanes_[old], id))
+                    if (q.send && !q.own) done.push_back(q.cookie);
+                // Queued on the new lane behind whatever waits there (acks, notices), before any
+                // message posted from now on.
+                for (auto &[seq, bytes] : p.unacked) {
+                    Op again;
+                    again.peer = id;
+                    again.send = true;
+                    again.framed_data = true;
+                    again.message = bytes;
+                    again.own = std::make_unique<OwnCookie>();
+                    enqueue(p.control, std::move(again));
+                }
+            }
+            if (tell_peer && p.framed) {
+                Envelope e;
+                e.kind = FrameKind::LaneLost;
+                e.lane = uint8_t(lane);
+                e.stream = id;
+                e.origin = origin_;
+                e.nonce = nonce_;
+                enqueue(p.control, own_send(id, seal(e, {})));
+            }
+        }
+        for (void *c : done) push_completion(c);
+        wake_caller();  // poll() posts on an inline lane
+        return true;
+    }
+
+    Op own_send(PeerAddr id, std::vector<uint8_t> bytes) {
+        Op op;
+        op.peer = id;
+        op.send = true;
+        op.message = std::move(bytes);
+        op.own = std::make_unique<OwnCookie>();
+        return op;
+    }
+
+    void push_completion(void *cookie) {
+        Event e;
+        e.cookie = cookie;
+        push_event(std::move(e));
+    }
+
+    // A message from a lane's endpoint (with that lane's mu held). Plain ones go up as they are;
+    // an envelope's data goes up once and in order, its acks and notices stay here.
+    void lane_message(size_t lane_index, std::span<const uint8_t> bytes) {
+        (void)lane_index;
+        Envelope e;
+        if (!open_envelope(bytes, e)) {
+            Event ev;
+            ev.is_message = true;
+            ev.message.assign(bytes.begin(), bytes.end());
+            push_event(std::move(ev));
+            return;
+        }
+        switch (e.kind) {
+        case FrameKind::Data: {
+            std::lock_guard lock(streams_mu_);
+            const StreamKey key{e.origin, e.nonce, e.stream};
+            auto found = streams_.find(key);
+            if (found == streams_.end()) {
+                // Anyone who reaches the endpoint can name new streams: past kMaxStreams only a
+                // peer's own (by its origin) gets state; the rest go up unnumbered, like bare frames.
+                bool known;
+                {
+                    std::lock_guard plock(peers_mu_);
+                    auto it = by_origin_.find(e.origin);
+                    known = it != by_origin_.end();
+                    if (known && !peers_[it->second]->peer_nonce) peers_[it->second]->peer_nonce = e.nonce;
+                }
+                if (!known && streams_.size() >= kMaxStreams) {
+                    Event ev;
+                    ev.is_message = true;
+                    ev.message.assign(bytes.begin() + kEnvelopeBytes, bytes.end());
+                    push_event(std::move(ev));
+                    return;
+                }
+                found = streams_.emplace(key, Stream{}).first;
+            }
+            Stream &st = found->second;
+            if (e.seq <= st.delivered) return;  // a copy sent again that had arrived the first time
+            if (e.seq > st.delivered + 1) {
+                const size_t len = bytes.size() - kEnvelopeBytes;
+                if (st.early.size() < kMaxReordered && st.early_bytes + len <= kMaxReorderedBytes) {
+                    st.early_bytes += len;
+                    st.early.emplace(e.seq, std::vector<uint8_t>(bytes.begin() + kEnvelopeBytes, bytes.end()));
+                }
+                return;
+            }
+            deliver(st, bytes.subspan(kEnvelopeBytes));
+            for (auto it = st.early.begin(); it != st.early.end() && it->first <= st.delivered + 1;) {
+                if (it->first == st.delivered + 1) deliver(st, it->second);
+                st.early_bytes -= it->second.size();
+                it = st.early.erase(it);
+            }
+            if (st.owed >= kAckEvery) wake_caller();
+            return;
+        }
+        case FrameKind::Ack: {
+            if (e.nonce != nonce_) return;  // meant for an earlier life of this address
+            std::lock_guard lock(peers_mu_);
+            if (e.stream >= peers_.size()) return;
+            Peer &p = *peers_[e.stream];
+            while (!p.unacked.empty() && p.unacked.front().first <= e.seq) {
+                p.unacked_bytes -= p.unacked.front().second.size();
+                p.unacked.pop_front();
+            }
+            return;
+        }
+        case FrameKind::LaneLost: {
+            PeerAddr id;
+            {
+                // Taken only from the peer's own life (the nonce its messages carry): an origin
+                // is a hash of a public address, which anyone could put in an envelope.
+                std::lock_guard lock(peers_mu_);
+                auto it = by_origin_.find(e.origin);
+                if (it == by_origin_.end() || !peers_[it->second]->peer_nonce || peers_[it->second]->peer_nonce != e.nonce)
+                    return;
+                id = it->second;
+            }
+            lose_lane(id, e.lane, /*tell_peer=*/false);
+            return;
+        }
+        }
+    }
+
+    // With streams_mu_ held.
+    void deliver(Stream &st, std::span<const uint8_t> payload) {
+        Event ev;
+        ev.is_message = true;
+        ev.message.assign(payload.begin(), payload.end());
+        push_event(std::move(ev));
+        ++st.delivered;
+        ++st.owed;
+    }
+
+    // Acks every stream owed one (all: however few it is owed). Returns whether any was queued.
+    bool send_acks(bool all) {
+        std::vector<std::pair<StreamKey, uint64_t>> acks;
+        {
+            std::lock_guard lock(streams_mu_);
+            for (auto &[key, st] : streams_)
+                if (st.owed && (all || st.owed >= kAckEvery)) {
+                    acks.emplace_back(key, st.delivered);
+                    st.owed = 0;
+                }
+        }
+        bool queued = false;
+        for (auto &[key, seq] : acks) {
+            size_t control;
+            PeerAddr id;
+            {
+                std::lock_guard lock(peers_mu_);
+                auto it = by_origin_.find(key.origin);
+                if (it == by_origin_.end() || peers_[it->second]->dead) continue;  // not (or no longer) a peer
+                id = it->second;
+                control = peers_[id]->control;
+                Envelope e;
+                e.kind = FrameKind::Ack;
+                e.stream = key.stream;
+                e.origin = origin_;
+                e.nonce = key.nonce;
+                e.seq = seq;
+                enqueue(control, own_send(id, seal(e, {})));
+            }
+            post_now_if_inline(control);
+            queued = true;
+        }
+        return queued;
     }
 
     void fail_op(Op op, int status, const std::string &text) {
+        if (op.own) return;  // the transport's own send: nobody above waits for it
         Event e;
         e.cookie = op.cookie;
         e.status = status;
@@ -755,6 +1124,10 @@ class StripedTransport final : public Transport {
     int wait_epoll_ = -1;
     std::atomic<bool> stop_{false};
     std::atomic<uint64_t> failovers_{0}, lanes_lost_{0};
+    uint64_t origin_ = 0, nonce_ = 0;
+    std::unordered_map<uint64_t, PeerAddr> by_origin_;  // framed peers by their origin; under peers_mu_
+    std::mutex streams_mu_;  // taken before peers_mu_ and events_mu_, never while holding either
+    std::map<StreamKey, Stream> streams_;
 };
 
 }  // namespace

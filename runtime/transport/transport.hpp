@@ -144,7 +144,11 @@ class Transport {
     // fall back to the calls above. lane_addresses()[0] is local_address(); a peer that names only
     // its first lane (an older or single-lane peer) gets every operation on lane 0.
     virtual std::vector<std::vector<uint8_t>> lane_addresses() const { return {local_address()}; }
-    virtual PeerAddr insert_peer_lanes(std::span<const std::vector<uint8_t>> addresses) {
+    // peer_frames_lanes: the peer's striped transport frames its messages (sequence numbers, acks,
+    // lane-loss notices; wire minor 1.5), so this side may frame its own and move a session's
+    // messages off a lane that breaks. An older peer gets plain messages on lane 0.
+    virtual PeerAddr insert_peer_lanes(std::span<const std::vector<uint8_t>> addresses, bool peer_frames_lanes) {
+        (void)peer_frames_lanes;
         if (addresses.empty()) fail(SG_ERR_PROTOCOL, "the peer named no endpoint");
         return insert_peer(addresses[0]);
     }

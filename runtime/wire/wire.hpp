@@ -24,7 +24,9 @@ inline constexpr uint16_t kProtoMajor = 1;
 // 1.1: AuthResult carries a MAC (role-bound bootstrap verdicts), TransferAck, Bye replies.
 // 1.2: Release. 1.3: in-flight quantization (Expect's and StagedChunk's wire_quant).
 // 1.4: device pools registered with the provider (HandleExport's device_direct).
-inline constexpr uint16_t kProtoMinor = 4;
+// 1.5: a striped transport frames its messages to a 1.5 peer (transport/lanes.cpp): no change to
+//      these frames, only the envelope the lanes put around them.
+inline constexpr uint16_t kProtoMinor = 5;
 inline constexpr uint16_t kOptionalBit = 0x8000;
 inline constexpr size_t kFrameHeaderBytes = 4 + 2 + 2 + 2 + 2 + 8 + 4;
 // Largest frame either side sends or accepts (receive buffers are this size).

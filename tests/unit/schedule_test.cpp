@@ -461,6 +461,57 @@ TEST(Lanes, AWriteOnABrokenLaneMovesToAnotherAndTheTransferStaysExact) {
     }
 }
 
+// Lane 0 carries the session's messages; when its link breaks mid-transfer they move to a live
+// lane with every unacked one sent again, the peer is told at once, and nothing is lost or
+// delivered twice: the transfer completes byte-exact on both sides and neither loses the session.
+TEST(Lanes, LaneZeroBreakingMovesTheMessagesAndLosesNothing) {
+    const NoStaging direct;
+    for (double throws : {0.0, 1.0}) {
+        for (uint64_t seed = 0; seed < 6; ++seed) {
+            SCOPED_TRACE("broken_posts_throw " + std::to_string(throws) + " seed " + std::to_string(seed));
+            PairConfig cfg;
+            cfg.lanes = 3;
+            cfg.knobs.delay = 0.3;
+            cfg.knobs.hold = 0.3;
+            cfg.knobs.broken_posts_throw = throws;
+            cfg.max_ops_in_flight = 8;
+            FakePair p(0x1a5a0 + seed + uint64_t(throws * 100), cfg);
+            Request r(p, 8, 64, 256);
+            r.do_expect();
+            r.do_post();
+            // Break it while messages (layer notices) and small writes are in flight on it.
+            ASSERT_TRUE(p.run_until([&] { return p.fabric.writes().size() >= 4 + seed * 3; }));
+            const auto hp = core::parse_metadata(*p.decode, p.prefill->metadata());
+            const auto hd = core::parse_metadata(*p.prefill, p.decode->metadata());
+            ASSERT_EQ(hp.endpoints.size(), 3u);
+            p.fabric.drop_link(fake::Fabric::endpoint_id(hp.endpoints[0].address),
+                               fake::Fabric::endpoint_id(hd.endpoints[0].address));
+            ASSERT_TRUE(r.run_to_quiesce());
+            EXPECT_EQ(r.post->status, SG_OK);
+            EXPECT_EQ(r.expect->status, SG_OK);
+            EXPECT_TRUE(r.exact());
+            const auto sp = p.prefill->stats(), sd = p.decode->stats();
+            EXPECT_EQ(sp.peers_lost, 0u);
+            EXPECT_EQ(sd.peers_lost, 0u);
+            // Each side gave lane 0 up once, by its own error or by the other's notice.
+            EXPECT_EQ(sp.lanes_lost, 1u);
+            EXPECT_EQ(sd.lanes_lost, 1u);
+            p.prefill->release(*r.post);
+            p.decode->release(*r.expect);
+            r.post.reset();
+            r.expect.reset();
+            // The session still carries a second transfer whole.
+            Request again(p, 8, 64, 256);
+            again.do_expect();
+            again.do_post();
+            ASSERT_TRUE(again.run_to_quiesce());
+            EXPECT_EQ(again.post->status, SG_OK);
+            EXPECT_TRUE(again.exact());
+            again.finish();
+        }
+    }
+}
+
 // A striped context and a one-lane peer, either way round: the session uses lane 0 alone and moves
 // every byte.
 TEST(Lanes, AStripedContextWorksWithAOneLanePeer) {
