@@ -41,6 +41,11 @@ TEST_PACKAGES=(
   default-jdk-headless
   junit5
   bindgen
+  # Python (bindings/python): headers for the extension, NumPy, torch (CPU) and pytest for its tests.
+  python3-dev
+  python3-numpy
+  python3-pytest
+  python3-torch
   # The ABI gate (tests/abi/check_abi.sh): abidw / abidiff.
   abigail-tools
   # Packages (scripts/package.sh, tests/packaging): Debian's and RPM's tools, their linters, the

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The interop matrix: every (prefill language x decode language) pair of the interop programs
-# (docs/bindings.md) moves the same two requests over tcp;ofi_rxm on 127.0.0.1, 16 pairs in all.
+# (docs/bindings.md) moves the same two requests over tcp;ofi_rxm on 127.0.0.1, 25 pairs in all.
 #
 # usage: matrix.sh LAUNCHER_DIR [program args...]
-#   LAUNCHER_DIR holds smartgen-interop-{c,go,java,rust}; program args go to both sides (e.g.
+#   LAUNCHER_DIR holds smartgen-interop-{c,go,java,rust,python}; program args go to both sides (e.g.
 #   --layers 4 for a quicker run). Environment: SMARTGEN_INTEROP_PAIR_TIMEOUT (seconds per side,
 #   default 120), SMARTGEN_INTEROP_REQUIRE_ALL=1 (a missing launcher fails instead of skipping).
 # Exit status: 0 when every pair passed; 1 when a pair failed (or a launcher is missing under
@@ -98,5 +98,5 @@ if [ ${#missing[@]} -gt 0 ]; then
   [ "${SMARTGEN_INTEROP_REQUIRE_ALL:-0}" = 1 ] && exit 1
   exit 77
 fi
-echo "interop matrix: all 16 pairs passed"
+echo "interop matrix: all $(( ${#INTEROP_LANGS[@]} * ${#INTEROP_LANGS[@]} )) pairs passed"
 exit 0

@@ -4,7 +4,7 @@
 # shellcheck shell=bash
 # shellcheck disable=SC2034  # the PAIR_* and INTEROP_* globals are read by the scripts that source it
 
-INTEROP_LANGS=(c go java rust)
+INTEROP_LANGS=(c go java rust python)
 
 # Arguments given to both sides, and to the decode side only (set by the caller).
 PAIR_ARGS=()
