@@ -62,7 +62,7 @@ mount --rbind /sys "$root/sys" && mounts+=("$root/sys")
 mount --rbind /dev "$root/dev" && mounts+=("$root/dev")
 cp /etc/resolv.conf "$root/etc/resolv.conf"
 mkdir -p "$root/tmp/debs" "$root/tmp/src"
-debs=(libsmartgen0 libsmartgen-dev smartgen-tools libsmartgen-jni libsmartgen-java golang-smartgen-dev)
+debs=(libsmartgen0 libsmartgen-dev smartgen-tools libsmartgen-jni libsmartgen-java golang-smartgen-dev python3-smartgen)
 for d in "${debs[@]}"; do
   cp "$packages/${d}"_*.deb "$root/tmp/debs/" || { echo "FAIL: no $d package in $packages"; exit 1; }
 done
@@ -99,6 +99,10 @@ step "smartgen-info runs" in_root smartgen-info
 step "the JNI libraries are on the JVM's JNI path and find libsmartgen.so.0" \
   in_root sh -c 'ldd /usr/lib/*/jni/libsmartgen_jni.so | grep -q "libsmartgen.so.0 => /"'
 step "smartgen.jar is in /usr/share/java" in_root test -f /usr/share/java/smartgen.jar
+step "python3 -c 'import smartgen' (python3-smartgen; python3 from the archive)" \
+  in_root python3 -c 'import smartgen; assert smartgen.version().startswith("0."), smartgen.version()'
+step "a Python context opens and closes (no NumPy in this root: the module needs none)" \
+  in_root python3 -c 'import smartgen; smartgen.Context("tcp", allow_unauthenticated=True).close()'
 step "the Go sources are in /usr/share/gocode/src/<module path>" \
   in_root test -f /usr/share/gocode/src/github.com/smartgen/smartgen/bindings/go/go.mod
 if [ -n "$cuda_deb" ]; then

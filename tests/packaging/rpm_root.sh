@@ -12,8 +12,9 @@ packages=$(realpath "$1")
 src=$(realpath "$2")
 command -v rpm >/dev/null || { echo "SKIP: rpm not installed (scripts/setup-deps.sh installs it)"; exit 77; }
 shopt -s nullglob
-rpms=("$packages"/smartgen-[0-9]*.x86_64.rpm "$packages"/smartgen-devel-*.x86_64.rpm "$packages"/smartgen-tools-*.x86_64.rpm)
-[[ ${#rpms[@]} -eq 3 ]] || { echo "FAIL: want smartgen, -devel and -tools .rpms in $packages, found ${#rpms[@]}"; exit 1; }
+rpms=("$packages"/smartgen-[0-9]*.x86_64.rpm "$packages"/smartgen-devel-*.x86_64.rpm "$packages"/smartgen-tools-*.x86_64.rpm
+      "$packages"/python3-smartgen-*.x86_64.rpm)
+[[ ${#rpms[@]} -eq 4 ]] || { echo "FAIL: want smartgen, -devel, -tools and python3-smartgen .rpms in $packages, found ${#rpms[@]}"; exit 1; }
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -25,7 +26,7 @@ bad() { echo "FAIL: $*"; fail=1; }
 libdir=$(rpm --eval '%{_libdir}')
 rpm --root "$root" --dbpath /var/lib/rpm --initdb
 if rpm --root "$root" --dbpath /var/lib/rpm -i --nodeps "${rpms[@]}" 2>"$work/install.log"; then
-  ok "the three packages install into a scratch root"
+  ok "the four packages install into a scratch root"
 else
   bad "rpm -i: $(cat "$work/install.log")"
 fi
@@ -42,6 +43,7 @@ want_files=(
   "smartgen-tools:/usr/bin/smartgen-info"
   "smartgen-tools:/usr/bin/smartgen-bench"
   "smartgen-tools:/usr/bin/smartgen-profile"
+  "python3-smartgen:$libdir/python$(/usr/bin/python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')/site-packages/smartgen/__init__.py"
 )
 for pair in "${want_files[@]}"; do
   pkg=${pair%%:*}
@@ -89,5 +91,14 @@ if cmake -S "$src/tests/install/consumer" -B "$work/consumer" -DSmartGen_DIR="$r
   "$work/consumer/consumer" >/dev/null && ok "the find_package consumer runs" || bad "the find_package consumer failed"
 else
   bad "find_package(SmartGen) against the root: $(tail -10 "$work/cmake.log")"
+fi
+# The Python module from the root, with the root's library (the host's python3 is the ABI it was built for).
+py3ver=$(/usr/bin/python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+if out=$(PYTHONPATH=$root$libdir/python$py3ver/site-packages LD_LIBRARY_PATH=$root$libdir /usr/bin/python3 -c \
+    'import smartgen; print(smartgen.__file__, smartgen.version()); smartgen.Context("tcp", allow_unauthenticated=True).close()' 2>&1) &&
+   [[ $out == "$root"* ]]; then
+  ok "python3 imports smartgen from the root and opens a context ($out)"
+else
+  bad "python3 -c 'import smartgen' against the root: $out"
 fi
 exit $fail
