@@ -22,8 +22,8 @@
 #            rpmlint: no errors), then tests/packaging installs the .debs into a debootstrapped
 #            bookworm root (dependencies from Debian's archive; pkg-config and find_package
 #            consumers built and run inside it) and the .rpms into a scratch rpm root
-# The release phase also builds the bindings (SMARTGEN_BINDINGS: Go, Java, Rust, docs/bindings.md)
-# and runs their tests and the 16-pair interop matrix (ctest label "bindings"), the install test
+# The release phase also builds the bindings (SMARTGEN_BINDINGS: Go, Java, Rust, Python; docs/bindings.md)
+# and runs their tests and the 25-pair interop matrix (ctest label "bindings"), the install test
 # (label "install") and the ABI gate (label "abi": exports, the Debian symbols file, abidiff).
 # Prints the duration of each phase; exits nonzero when any step fails.
 # Environment:

@@ -38,7 +38,7 @@ __all__ = [
 
 # Status codes, as in the header: smartgen.SG_ERR_TIMEOUT and so on.
 for _name in dir(_native):
-    if _name == "SG_OK" or _name.startswith("SG_ERR_"):
+    if _name in ("SG_OK", "SG_IN_PROGRESS") or _name.startswith("SG_ERR_"):
         globals()[_name] = getattr(_native, _name)
         __all__.append(_name)
 
@@ -280,12 +280,12 @@ class Transfer(_Handle):
         _native.layer_written(self._handle(), layer)
 
     def test(self) -> int:
-        """SG_OK when complete, SG_ERR_AGAIN while in progress, else how it failed."""
+        """SG_OK when complete, SG_IN_PROGRESS while it runs, else how it ended (a negative SG_ERR_*)."""
         return _native.transfer_test(self._handle())
 
     @property
     def status(self) -> tuple:
-        """(status, message): SG_OK, SG_ERR_AGAIN while running, or how it ended."""
+        """(status, message): SG_OK, SG_IN_PROGRESS while it runs, or how it ended."""
         return _native.transfer_status(self._handle())
 
     def stats(self) -> dict:

@@ -885,6 +885,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (!m) return NULL;
 #define CONST(name) PyModule_AddIntConstant(m, #name, name)
     CONST(SG_OK);
+    CONST(SG_IN_PROGRESS);
     CONST(SG_ERR_INVALID_ARGUMENT);
     CONST(SG_ERR_INVALID_HANDLE);
     CONST(SG_ERR_INVALID_LAYOUT);

@@ -62,6 +62,7 @@ def test_layer_by_layer_with_events_before_the_wait_returns(key):
         k, v, k2, v2, pa, pb = exported((a, b, sa, sb))
         x = sb.expect("layers", pb, DST, TOKENS)
         y = sa.post("layers", pa, SRC, TOKENS)
+        assert x.test() == smartgen.SG_IN_PROGRESS and x.status[0] == smartgen.SG_IN_PROGRESS
         for l in range(LAYERS):
             y.layer_written(l)
             x.wait_layer(l, 20)
