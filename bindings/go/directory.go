@@ -85,6 +85,67 @@ func (d *Directory) Lookup(ctx context.Context, name string) ([]byte, error) {
 	}
 }
 
+// List is the names published under prefix ("" for all), sorted.
+func (d *Directory) List(ctx context.Context, prefix string) ([]string, error) {
+	for {
+		var n, count uint64
+		err := d.life.call(d.c, "sg_directory_list", "directory", func(e raw.Sg_error_info_t) int32 {
+			return raw.Sgo_directory_list(d.h, prefix, timeoutOf(ctx), nil, 0, &n, &count, e)
+		})
+		if err != nil {
+			return nil, err
+		}
+		if n == 0 {
+			return []string{}, nil
+		}
+		buf := make([]byte, n)
+		err = d.life.call(d.c, "sg_directory_list", "directory", func(e raw.Sg_error_info_t) int32 {
+			return raw.Sgo_directory_list(d.h, prefix, timeoutOf(ctx), &buf[0], uint64(len(buf)), &n, &count, e)
+		})
+		if errors.Is(err, StatusBufferTooSmall) { // a name was published between the two calls
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		names := make([]string, 0, count)
+		for start, i := 0, 0; i < int(n); i++ {
+			if buf[i] == 0 {
+				names = append(names, string(buf[start:i]))
+				start = i + 1
+			}
+		}
+		return names, nil
+	}
+}
+
+// Wait returns once name is published (present) or gone (!present), watching the cluster;
+// StatusTimeout when ctx's deadline comes first.
+func (d *Directory) Wait(ctx context.Context, name string, present bool) error {
+	p := int32(0)
+	if present {
+		p = 1
+	}
+	return d.life.call(d.c, "sg_directory_wait", "directory", func(e raw.Sg_error_info_t) int32 {
+		return raw.Sgo_directory_wait(d.h, name, p, timeoutOf(ctx), e)
+	})
+}
+
+// DirectoryStats mirror sg_directory_stats_t.
+type DirectoryStats struct {
+	Requests, Failovers, Keepalives, LeasesGranted, SessionsAccepted, RequestsRefused uint64
+	NamesTakenOver, NamesRestored                                                     uint64
+}
+
+// Stats is a snapshot of the handle's counters.
+func (d *Directory) Stats() (DirectoryStats, error) {
+	var c [8]uint64
+	err := d.life.call(d.c, "sg_directory_stats", "directory", func(e raw.Sg_error_info_t) int32 {
+		return raw.Sgo_directory_stats(d.h, &c[0], e)
+	})
+	return DirectoryStats{c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]}, err
+}
+
 // Connect opens a session to the engine published as name (its entry must verify under this
 // context's key).
 func (d *Directory) Connect(ctx context.Context, name string) (*Session, error) {

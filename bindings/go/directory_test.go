@@ -84,6 +84,20 @@ func TestDirectoryPublishConnectAcceptTransfer(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	if names, err := db.List(ctx, "prefill/"); err != nil || len(names) != 1 || names[0] != "prefill/go-0" {
+		t.Fatalf("list: %q, %v", names, err)
+	}
+	if names, err := db.List(ctx, "decode/"); err != nil || len(names) != 0 {
+		t.Fatalf("list of an empty prefix: %q, %v", names, err)
+	}
+	if err := db.Wait(ctx, "prefill/go-0", true); err != nil {
+		t.Fatalf("wait for a present name: %v", err)
+	}
+	short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond)
+	if err := db.Wait(short, "prefill/none", true); !errors.Is(err, StatusTimeout) {
+		t.Fatalf("wait for an absent name: %v", err)
+	}
+	cancelShort()
 	if blob, err := db.Lookup(ctx, "prefill/go-0"); err != nil || len(blob) == 0 {
 		t.Fatalf("lookup: %d bytes, %v", len(blob), err)
 	}
@@ -117,8 +131,15 @@ func TestDirectoryPublishConnectAcceptTransfer(t *testing.T) {
 	if msg := checkBlocks(pb, decodeTable, 4); msg != "" {
 		t.Fatal(msg)
 	}
+	st, err := da.Stats()
+	if err != nil || st.SessionsAccepted != 1 || st.Requests == 0 || st.LeasesGranted == 0 {
+		t.Fatalf("stats: %+v, %v", st, err)
+	}
 	if err := da.Unpublish(ctx, "prefill/go-0"); err != nil {
 		t.Fatal(err)
+	}
+	if err := db.Wait(ctx, "prefill/go-0", false); err != nil {
+		t.Fatalf("wait for the name to go: %v", err)
 	}
 	if _, err := db.Lookup(ctx, "prefill/go-0"); !errors.Is(err, StatusNotFound) {
 		t.Fatalf("after unpublish: %v", err)

@@ -188,6 +188,34 @@ sg_status_t sgo_directory_lookup(sg_directory_t dir, const char *name, uint64_t 
 {
     return sgo_capture(sg_directory_lookup(dir, name, timeout_ns, buf, cap, len), err);
 }
+sg_status_t sgo_directory_list(sg_directory_t dir, const char *prefix, uint64_t timeout_ns, void *buf, size_t cap,
+                               size_t *len, size_t *count, sg_error_info_t *err)
+{
+    return sgo_capture(sg_directory_list(dir, prefix, timeout_ns, (char *)buf, cap, len, count), err);
+}
+sg_status_t sgo_directory_wait(sg_directory_t dir, const char *name, int32_t present, uint64_t timeout_ns,
+                               sg_error_info_t *err)
+{
+    return sgo_capture(sg_directory_wait(dir, name, present, timeout_ns), err);
+}
+/* The statistics as eight counters in the caller's array, in sg_directory_stats_t's order. */
+sg_status_t sgo_directory_stats(sg_directory_t dir, uint64_t *counters, sg_error_info_t *err)
+{
+    sg_directory_stats_t s;
+    sg_directory_stats_init(&s);
+    sg_status_t st = sgo_capture(sg_directory_stats(dir, &s), err);
+    if (st == SG_OK) {
+        counters[0] = s.requests;
+        counters[1] = s.failovers;
+        counters[2] = s.keepalives;
+        counters[3] = s.leases_granted;
+        counters[4] = s.sessions_accepted;
+        counters[5] = s.requests_refused;
+        counters[6] = s.names_taken_over;
+        counters[7] = s.names_restored;
+    }
+    return st;
+}
 sg_status_t sgo_directory_connect(sg_directory_t dir, const char *name, uint64_t timeout_ns, sg_session_t *out,
                                   sg_error_info_t *err)
 {

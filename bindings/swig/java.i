@@ -85,6 +85,9 @@ SGJ_SOFT_STATUS(sg_transfer_wait_quiesced, $1 == SG_ERR_TIMEOUT)
 SGJ_SOFT_STATUS(sg_session_wait_ready, $1 == SG_ERR_TIMEOUT)
 SGJ_SOFT_STATUS(sg_session_close, $1 == SG_ERR_TIMEOUT)
 SGJ_SOFT_STATUS(sg_session_next_notification, $1 == SG_ERR_AGAIN || $1 == SG_ERR_BUFFER_TOO_SMALL)
+SGJ_SOFT_STATUS(sg_directory_wait, $1 == SG_ERR_TIMEOUT)
+SGJ_SOFT_STATUS(sg_directory_lookup, $1 == SG_ERR_BUFFER_TOO_SMALL || $1 == SG_ERR_NOT_FOUND)
+SGJ_SOFT_STATUS(sg_directory_list, $1 == SG_ERR_BUFFER_TOO_SMALL)
 
 /* ---- handles --------------------------------------------------------------------------------- */
 %define SGJ_HANDLE(T)
@@ -231,19 +234,12 @@ SGJ_OUT_BUFFER(float *out, size_t cap, jfloatArray, float[], jfloat, GetFloatArr
 %ignore sg_selector_select;
 %ignore sg_selector_budget_blocks;
 /* The cluster directory (0.4): opened through the glue (sgj_directory_open: its options carry
- * strings the library borrows for the call); publish, unpublish, connect, accept and destroy are
- * wrapped as they are. Lookup, list, wait and stats: C, Go and Rust for now. */
+ * strings the library borrows for the call); the other calls are wrapped as they are. */
 %ignore sg_directory_s;
 %ignore sg_directory_options;
 %ignore sg_directory_options_init;
 %ignore sg_directory_options_init_sized;
 %ignore sg_directory_open;
-%ignore sg_directory_lookup;
-%ignore sg_directory_list;
-%ignore sg_directory_wait;
-%ignore sg_directory_stats;
-%ignore sg_directory_stats_init;
-%ignore sg_directory_stats_init_sized;
 /* The layer-written call of device engines: through sgj_transfer_layer_written_ex (the glue), whose
  * arguments are the struct's fields. */
 %ignore sg_layer_written;

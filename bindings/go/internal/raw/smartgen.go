@@ -177,22 +177,22 @@ typedef _gostring_ swig_type_147;
 typedef long long swig_type_148;
 typedef long long swig_type_149;
 typedef _gostring_ swig_type_150;
-typedef _gostring_ swig_type_151;
+typedef long long swig_type_151;
 typedef _gostring_ swig_type_152;
 typedef long long swig_type_153;
-typedef _gostring_ swig_type_154;
-typedef long long swig_type_155;
+typedef long long swig_type_154;
+typedef _gostring_ swig_type_155;
 typedef _gostring_ swig_type_156;
 typedef _gostring_ swig_type_157;
 typedef long long swig_type_158;
-typedef long long swig_type_159;
-typedef _gostring_ swig_type_160;
+typedef _gostring_ swig_type_159;
+typedef long long swig_type_160;
 typedef _gostring_ swig_type_161;
-typedef long long swig_type_162;
+typedef _gostring_ swig_type_162;
 typedef long long swig_type_163;
 typedef long long swig_type_164;
-typedef long long swig_type_165;
-typedef long long swig_type_166;
+typedef _gostring_ swig_type_165;
+typedef _gostring_ swig_type_166;
 typedef long long swig_type_167;
 typedef long long swig_type_168;
 typedef long long swig_type_169;
@@ -216,6 +216,11 @@ typedef long long swig_type_186;
 typedef long long swig_type_187;
 typedef long long swig_type_188;
 typedef long long swig_type_189;
+typedef long long swig_type_190;
+typedef long long swig_type_191;
+typedef long long swig_type_192;
+typedef long long swig_type_193;
+typedef long long swig_type_194;
 extern void _wrap_Swig_free_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern uintptr_t _wrap_Swig_malloc_raw_e2876bbee506b3ac(swig_intgo arg1);
 extern swig_intgo _wrap_SG_VERSION_NUMBER_raw_e2876bbee506b3ac(void);
@@ -509,62 +514,65 @@ extern int _wrap_sgo_directory_open_raw_e2876bbee506b3ac(uintptr_t arg1, swig_ty
 extern int _wrap_sgo_directory_publish_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_140 arg2, swig_type_141 arg3, uintptr_t arg4);
 extern int _wrap_sgo_directory_unpublish_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_142 arg2, swig_type_143 arg3, uintptr_t arg4);
 extern int _wrap_sgo_directory_lookup_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_144 arg2, swig_type_145 arg3, swig_voidp arg4, swig_type_146 arg5, swig_voidp arg6, uintptr_t arg7);
-extern int _wrap_sgo_directory_connect_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_147 arg2, swig_type_148 arg3, swig_voidp arg4, uintptr_t arg5);
-extern int _wrap_sgo_directory_accept_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_149 arg2, swig_voidp arg3, uintptr_t arg4);
+extern int _wrap_sgo_directory_list_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_147 arg2, swig_type_148 arg3, swig_voidp arg4, swig_type_149 arg5, swig_voidp arg6, swig_voidp arg7, uintptr_t arg8);
+extern int _wrap_sgo_directory_wait_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_150 arg2, int arg3, swig_type_151 arg4, uintptr_t arg5);
+extern int _wrap_sgo_directory_stats_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, uintptr_t arg3);
+extern int _wrap_sgo_directory_connect_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_152 arg2, swig_type_153 arg3, swig_voidp arg4, uintptr_t arg5);
+extern int _wrap_sgo_directory_accept_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_154 arg2, swig_voidp arg3, uintptr_t arg4);
 extern int _wrap_sgo_directory_destroy_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
 extern int _wrap_sgo_transfer_layer_written_ex_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, uintptr_t arg4, int arg5, int arg6, int arg7, uintptr_t arg8, uintptr_t arg9);
-extern int _wrap_sgo_context_create_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_150 arg2, swig_type_151 arg3, swig_type_152 arg4, swig_type_153 arg5, uintptr_t arg6, uintptr_t arg7, swig_voidp arg8, uintptr_t arg9);
-extern int _wrap_sgo_session_accept_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_154 arg2, swig_type_155 arg3, swig_voidp arg4, uintptr_t arg5);
-extern int _wrap_sgo_session_connect_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_156 arg2, short arg3, swig_type_157 arg4, swig_type_158 arg5, swig_voidp arg6, uintptr_t arg7);
-extern int _wrap_sgo_session_from_metadata_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_159 arg3, swig_type_160 arg4, swig_voidp arg5, uintptr_t arg6);
-extern int _wrap_sgo_transfer_start_raw_e2876bbee506b3ac(swig_intgo arg1, uintptr_t arg2, swig_type_161 arg3, uintptr_t arg4, swig_voidp arg5, swig_type_162 arg6, swig_type_163 arg7, uintptr_t arg8, swig_voidp arg9, swig_type_164 arg10, swig_voidp arg11, uintptr_t arg12);
-extern swig_type_165 _wrap_sgo_transfer_layer_state_value_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, uintptr_t arg3);
+extern int _wrap_sgo_context_create_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_155 arg2, swig_type_156 arg3, swig_type_157 arg4, swig_type_158 arg5, uintptr_t arg6, uintptr_t arg7, swig_voidp arg8, uintptr_t arg9);
+extern int _wrap_sgo_session_accept_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_159 arg2, swig_type_160 arg3, swig_voidp arg4, uintptr_t arg5);
+extern int _wrap_sgo_session_connect_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_161 arg2, short arg3, swig_type_162 arg4, swig_type_163 arg5, swig_voidp arg6, uintptr_t arg7);
+extern int _wrap_sgo_session_from_metadata_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_164 arg3, swig_type_165 arg4, swig_voidp arg5, uintptr_t arg6);
+extern int _wrap_sgo_transfer_start_raw_e2876bbee506b3ac(swig_intgo arg1, uintptr_t arg2, swig_type_166 arg3, uintptr_t arg4, swig_voidp arg5, swig_type_167 arg6, swig_type_168 arg7, uintptr_t arg8, swig_voidp arg9, swig_type_169 arg10, swig_voidp arg11, uintptr_t arg12);
+extern swig_type_170 _wrap_sgo_transfer_layer_state_value_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, uintptr_t arg3);
 extern uintptr_t _wrap_sgo_transfer_stats_new_raw_e2876bbee506b3ac(void);
 extern uintptr_t _wrap_sgo_context_stats_new_raw_e2876bbee506b3ac(void);
-extern swig_voidp _wrap_sgo_pointers_new_raw_e2876bbee506b3ac(swig_type_166 arg1);
-extern void _wrap_sgo_pointers_set_raw_e2876bbee506b3ac(swig_voidp arg1, swig_type_167 arg2, uintptr_t arg3);
+extern swig_voidp _wrap_sgo_pointers_new_raw_e2876bbee506b3ac(swig_type_171 arg1);
+extern void _wrap_sgo_pointers_set_raw_e2876bbee506b3ac(swig_voidp arg1, swig_type_172 arg2, uintptr_t arg3);
 extern void _wrap_sgo_pointers_free_raw_e2876bbee506b3ac(swig_voidp arg1);
-extern void _wrap_sgo_kv_layout_set_bases_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_type_168 arg4);
+extern void _wrap_sgo_kv_layout_set_bases_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_type_173 arg4);
 extern int _wrap_sgo_sg_context_destroy_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
 extern int _wrap_sgo_sg_context_event_fd_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, uintptr_t arg3);
 extern int _wrap_sgo_sg_context_progress_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
-extern int _wrap_sgo_sg_context_provider_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_169 arg3, uintptr_t arg4);
-extern int _wrap_sgo_sg_context_set_param_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_type_170 arg3, uintptr_t arg4);
+extern int _wrap_sgo_sg_context_provider_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_174 arg3, uintptr_t arg4);
+extern int _wrap_sgo_sg_context_set_param_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_type_175 arg3, uintptr_t arg4);
 extern int _wrap_sgo_sg_context_get_param_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, uintptr_t arg4);
 extern int _wrap_sgo_sg_context_stats_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3);
-extern int _wrap_sgo_sg_context_metrics_text_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_171 arg3, swig_voidp arg4, uintptr_t arg5);
-extern int _wrap_sgo_sg_context_get_metadata_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_172 arg3, swig_voidp arg4, uintptr_t arg5);
+extern int _wrap_sgo_sg_context_metrics_text_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_176 arg3, swig_voidp arg4, uintptr_t arg5);
+extern int _wrap_sgo_sg_context_get_metadata_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_177 arg3, swig_voidp arg4, uintptr_t arg5);
 extern int _wrap_sgo_sg_kv_layout_plane_bytes_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, uintptr_t arg3);
 extern int _wrap_sgo_sg_kv_layout_region_bytes_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, uintptr_t arg3);
 extern int _wrap_sgo_sg_kv_deregister_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
 extern int _wrap_sgo_sg_listener_port_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, uintptr_t arg3);
 extern int _wrap_sgo_sg_listener_destroy_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
-extern int _wrap_sgo_sg_session_wait_ready_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_173 arg2, uintptr_t arg3);
+extern int _wrap_sgo_sg_session_wait_ready_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_178 arg2, uintptr_t arg3);
 extern int _wrap_sgo_sg_session_export_kv_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3);
-extern int _wrap_sgo_sg_session_provider_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_174 arg3, uintptr_t arg4);
-extern int _wrap_sgo_sg_session_notify_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_175 arg3, uintptr_t arg4);
-extern int _wrap_sgo_sg_session_next_notification_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_176 arg3, swig_voidp arg4, uintptr_t arg5);
-extern int _wrap_sgo_sg_session_error_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_type_177 arg4, uintptr_t arg5);
-extern int _wrap_sgo_sg_session_close_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_178 arg2, uintptr_t arg3);
+extern int _wrap_sgo_sg_session_provider_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_179 arg3, uintptr_t arg4);
+extern int _wrap_sgo_sg_session_notify_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_180 arg3, uintptr_t arg4);
+extern int _wrap_sgo_sg_session_next_notification_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_181 arg3, swig_voidp arg4, uintptr_t arg5);
+extern int _wrap_sgo_sg_session_error_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_type_182 arg4, uintptr_t arg5);
+extern int _wrap_sgo_sg_session_close_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_183 arg2, uintptr_t arg3);
 extern int _wrap_sgo_sg_session_destroy_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
-extern int _wrap_sgo_sg_profile_to_json_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_179 arg3, swig_voidp arg4, uintptr_t arg5);
+extern int _wrap_sgo_sg_profile_to_json_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_184 arg3, swig_voidp arg4, uintptr_t arg5);
 extern int _wrap_sgo_sg_profile_destroy_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
 extern int _wrap_sgo_sg_transfer_layer_written_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, uintptr_t arg3);
 extern int _wrap_sgo_sg_transfer_layer_written_q_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, int arg4, int arg5, uintptr_t arg6);
-extern int _wrap_sgo_sg_transfer_wait_layer_state_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, int arg3, swig_type_180 arg4, uintptr_t arg5);
-extern int _wrap_sgo_sg_transfer_digests_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_181 arg4, swig_voidp arg5, uintptr_t arg6);
-extern int _wrap_sgo_sg_transfer_fetch_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_182 arg4, uintptr_t arg5);
-extern int _wrap_sgo_sg_transfer_wait_blocks_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_183 arg4, swig_type_184 arg5, uintptr_t arg6);
+extern int _wrap_sgo_sg_transfer_wait_layer_state_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, int arg3, swig_type_185 arg4, uintptr_t arg5);
+extern int _wrap_sgo_sg_transfer_digests_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_186 arg4, swig_voidp arg5, uintptr_t arg6);
+extern int _wrap_sgo_sg_transfer_fetch_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_187 arg4, uintptr_t arg5);
+extern int _wrap_sgo_sg_transfer_wait_blocks_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_188 arg4, swig_type_189 arg5, uintptr_t arg6);
 extern int _wrap_sgo_sg_transfer_test_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
-extern int _wrap_sgo_sg_transfer_wait_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_185 arg2, uintptr_t arg3);
-extern int _wrap_sgo_sg_transfer_wait_layer_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_type_186 arg3, uintptr_t arg4);
+extern int _wrap_sgo_sg_transfer_wait_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_190 arg2, uintptr_t arg3);
+extern int _wrap_sgo_sg_transfer_wait_layer_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_type_191 arg3, uintptr_t arg4);
 extern int _wrap_sgo_sg_transfer_layer_state_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, uintptr_t arg4);
-extern int _wrap_sgo_sg_transfer_residency_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_187 arg4, swig_voidp arg5, uintptr_t arg6);
-extern int _wrap_sgo_sg_transfer_status_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_type_188 arg4, uintptr_t arg5);
+extern int _wrap_sgo_sg_transfer_residency_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_192 arg4, swig_voidp arg5, uintptr_t arg6);
+extern int _wrap_sgo_sg_transfer_status_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_type_193 arg4, uintptr_t arg5);
 extern int _wrap_sgo_sg_transfer_stats_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3);
 extern int _wrap_sgo_sg_transfer_layer_time_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, uintptr_t arg4);
 extern int _wrap_sgo_sg_transfer_cancel_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
-extern int _wrap_sgo_sg_transfer_wait_quiesced_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_189 arg2, uintptr_t arg3);
+extern int _wrap_sgo_sg_transfer_wait_quiesced_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_194 arg2, uintptr_t arg3);
 extern int _wrap_sgo_sg_transfer_release_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
 #undef intgo
 */
@@ -2946,6 +2954,46 @@ func Sgo_directory_lookup(arg1 uintptr, arg2 string, arg3 uint64, arg4 *byte, ar
 	return swig_r
 }
 
+func Sgo_directory_list(arg1 uintptr, arg2 string, arg3 uint64, arg4 *byte, arg5 uint64, arg6 *uint64, arg7 *uint64, arg8 Sg_error_info_t) (_swig_ret int32) {
+	var swig_r int32
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	_swig_i_2 := arg3
+	_swig_i_3 := arg4
+	_swig_i_4 := arg5
+	_swig_i_5 := arg6
+	_swig_i_6 := arg7
+	_swig_i_7 := getSwigcptr(arg8)
+	swig_r = (int32)(C._wrap_sgo_directory_list_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_147)(unsafe.Pointer(&_swig_i_1)), C.swig_type_148(_swig_i_2), C.swig_voidp(_swig_i_3), C.swig_type_149(_swig_i_4), C.swig_voidp(_swig_i_5), C.swig_voidp(_swig_i_6), C.uintptr_t(_swig_i_7)))
+	if Swig_escape_always_false {
+		Swig_escape_val = arg2
+	}
+	return swig_r
+}
+
+func Sgo_directory_wait(arg1 uintptr, arg2 string, arg3 int32, arg4 uint64, arg5 Sg_error_info_t) (_swig_ret int32) {
+	var swig_r int32
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	_swig_i_2 := arg3
+	_swig_i_3 := arg4
+	_swig_i_4 := getSwigcptr(arg5)
+	swig_r = (int32)(C._wrap_sgo_directory_wait_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_150)(unsafe.Pointer(&_swig_i_1)), C.int(_swig_i_2), C.swig_type_151(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	if Swig_escape_always_false {
+		Swig_escape_val = arg2
+	}
+	return swig_r
+}
+
+func Sgo_directory_stats(arg1 uintptr, arg2 *uint64, arg3 Sg_error_info_t) (_swig_ret int32) {
+	var swig_r int32
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	_swig_i_2 := getSwigcptr(arg3)
+	swig_r = (int32)(C._wrap_sgo_directory_stats_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.uintptr_t(_swig_i_2)))
+	return swig_r
+}
+
 func Sgo_directory_connect(arg1 uintptr, arg2 string, arg3 uint64, arg4 *uintptr, arg5 Sg_error_info_t) (_swig_ret int32) {
 	var swig_r int32
 	_swig_i_0 := arg1
@@ -2953,7 +3001,7 @@ func Sgo_directory_connect(arg1 uintptr, arg2 string, arg3 uint64, arg4 *uintptr
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sgo_directory_connect_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_147)(unsafe.Pointer(&_swig_i_1)), C.swig_type_148(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sgo_directory_connect_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_152)(unsafe.Pointer(&_swig_i_1)), C.swig_type_153(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -2966,7 +3014,7 @@ func Sgo_directory_accept(arg1 uintptr, arg2 uint64, arg3 *uintptr, arg4 Sg_erro
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := getSwigcptr(arg4)
-	swig_r = (int32)(C._wrap_sgo_directory_accept_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_149(_swig_i_1), C.swig_voidp(_swig_i_2), C.uintptr_t(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sgo_directory_accept_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_154(_swig_i_1), C.swig_voidp(_swig_i_2), C.uintptr_t(_swig_i_3)))
 	return swig_r
 }
 
@@ -3004,7 +3052,7 @@ func Sgo_context_create(arg1 Sg_context_options_t, arg2 string, arg3 string, arg
 	_swig_i_6 := arg7
 	_swig_i_7 := arg8
 	_swig_i_8 := getSwigcptr(arg9)
-	swig_r = (int32)(C._wrap_sgo_context_create_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_150)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_151)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_152)(unsafe.Pointer(&_swig_i_3)), C.swig_type_153(_swig_i_4), C.uintptr_t(_swig_i_5), C.uintptr_t(_swig_i_6), C.swig_voidp(_swig_i_7), C.uintptr_t(_swig_i_8)))
+	swig_r = (int32)(C._wrap_sgo_context_create_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_155)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_156)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_157)(unsafe.Pointer(&_swig_i_3)), C.swig_type_158(_swig_i_4), C.uintptr_t(_swig_i_5), C.uintptr_t(_swig_i_6), C.swig_voidp(_swig_i_7), C.uintptr_t(_swig_i_8)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -3024,7 +3072,7 @@ func Sgo_session_accept(arg1 uintptr, arg2 string, arg3 uint64, arg4 *uintptr, a
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sgo_session_accept_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_154)(unsafe.Pointer(&_swig_i_1)), C.swig_type_155(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sgo_session_accept_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_159)(unsafe.Pointer(&_swig_i_1)), C.swig_type_160(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -3040,7 +3088,7 @@ func Sgo_session_connect(arg1 uintptr, arg2 string, arg3 uint16, arg4 string, ar
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
 	_swig_i_6 := getSwigcptr(arg7)
-	swig_r = (int32)(C._wrap_sgo_session_connect_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_156)(unsafe.Pointer(&_swig_i_1)), C.short(_swig_i_2), *(*C.swig_type_157)(unsafe.Pointer(&_swig_i_3)), C.swig_type_158(_swig_i_4), C.swig_voidp(_swig_i_5), C.uintptr_t(_swig_i_6)))
+	swig_r = (int32)(C._wrap_sgo_session_connect_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_161)(unsafe.Pointer(&_swig_i_1)), C.short(_swig_i_2), *(*C.swig_type_162)(unsafe.Pointer(&_swig_i_3)), C.swig_type_163(_swig_i_4), C.swig_voidp(_swig_i_5), C.uintptr_t(_swig_i_6)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -3058,7 +3106,7 @@ func Sgo_session_from_metadata(arg1 uintptr, arg2 *byte, arg3 uint64, arg4 strin
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := getSwigcptr(arg6)
-	swig_r = (int32)(C._wrap_sgo_session_from_metadata_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_159(_swig_i_2), *(*C.swig_type_160)(unsafe.Pointer(&_swig_i_3)), C.swig_voidp(_swig_i_4), C.uintptr_t(_swig_i_5)))
+	swig_r = (int32)(C._wrap_sgo_session_from_metadata_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_164(_swig_i_2), *(*C.swig_type_165)(unsafe.Pointer(&_swig_i_3)), C.swig_voidp(_swig_i_4), C.uintptr_t(_swig_i_5)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg4
 	}
@@ -3079,7 +3127,7 @@ func Sgo_transfer_start(arg1 int, arg2 uintptr, arg3 string, arg4 uintptr, arg5 
 	_swig_i_9 := arg10
 	_swig_i_10 := arg11
 	_swig_i_11 := getSwigcptr(arg12)
-	swig_r = (int32)(C._wrap_sgo_transfer_start_raw_e2876bbee506b3ac(C.swig_intgo(_swig_i_0), C.uintptr_t(_swig_i_1), *(*C.swig_type_161)(unsafe.Pointer(&_swig_i_2)), C.uintptr_t(_swig_i_3), C.swig_voidp(_swig_i_4), C.swig_type_162(_swig_i_5), C.swig_type_163(_swig_i_6), C.uintptr_t(_swig_i_7), C.swig_voidp(_swig_i_8), C.swig_type_164(_swig_i_9), C.swig_voidp(_swig_i_10), C.uintptr_t(_swig_i_11)))
+	swig_r = (int32)(C._wrap_sgo_transfer_start_raw_e2876bbee506b3ac(C.swig_intgo(_swig_i_0), C.uintptr_t(_swig_i_1), *(*C.swig_type_166)(unsafe.Pointer(&_swig_i_2)), C.uintptr_t(_swig_i_3), C.swig_voidp(_swig_i_4), C.swig_type_167(_swig_i_5), C.swig_type_168(_swig_i_6), C.uintptr_t(_swig_i_7), C.swig_voidp(_swig_i_8), C.swig_type_169(_swig_i_9), C.swig_voidp(_swig_i_10), C.uintptr_t(_swig_i_11)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg3
 	}
@@ -3110,7 +3158,7 @@ func Sgo_context_stats_new() (_swig_ret Sg_context_stats_t) {
 func Sgo_pointers_new(arg1 uint64) (_swig_ret *uintptr) {
 	var swig_r *uintptr
 	_swig_i_0 := arg1
-	swig_r = (*uintptr)(C._wrap_sgo_pointers_new_raw_e2876bbee506b3ac(C.swig_type_166(_swig_i_0)))
+	swig_r = (*uintptr)(C._wrap_sgo_pointers_new_raw_e2876bbee506b3ac(C.swig_type_171(_swig_i_0)))
 	return swig_r
 }
 
@@ -3118,7 +3166,7 @@ func Sgo_pointers_set(arg1 *uintptr, arg2 uint64, arg3 uintptr) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
-	C._wrap_sgo_pointers_set_raw_e2876bbee506b3ac(C.swig_voidp(_swig_i_0), C.swig_type_167(_swig_i_1), C.uintptr_t(_swig_i_2))
+	C._wrap_sgo_pointers_set_raw_e2876bbee506b3ac(C.swig_voidp(_swig_i_0), C.swig_type_172(_swig_i_1), C.uintptr_t(_swig_i_2))
 }
 
 func Sgo_pointers_free(arg1 *uintptr) {
@@ -3131,7 +3179,7 @@ func Sgo_kv_layout_set_bases(arg1 Sg_kv_layout_t, arg2 *uintptr, arg3 *uintptr, 
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	C._wrap_sgo_kv_layout_set_bases_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_168(_swig_i_3))
+	C._wrap_sgo_kv_layout_set_bases_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_173(_swig_i_3))
 }
 
 func Sgo_sg_context_destroy(arg1 uintptr, arg2 Sg_error_info_t) (_swig_ret int32) {
@@ -3165,7 +3213,7 @@ func Sgo_sg_context_provider(arg1 uintptr, arg2 *byte, arg3 uint64, arg4 Sg_erro
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := getSwigcptr(arg4)
-	swig_r = (int32)(C._wrap_sgo_sg_context_provider_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_169(_swig_i_2), C.uintptr_t(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sgo_sg_context_provider_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_174(_swig_i_2), C.uintptr_t(_swig_i_3)))
 	return swig_r
 }
 
@@ -3175,7 +3223,7 @@ func Sgo_sg_context_set_param(arg1 uintptr, arg2 uint32, arg3 uint64, arg4 Sg_er
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := getSwigcptr(arg4)
-	swig_r = (int32)(C._wrap_sgo_sg_context_set_param_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_type_170(_swig_i_2), C.uintptr_t(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sgo_sg_context_set_param_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_type_175(_swig_i_2), C.uintptr_t(_swig_i_3)))
 	return swig_r
 }
 
@@ -3205,7 +3253,7 @@ func Sgo_sg_context_metrics_text(arg1 uintptr, arg2 *byte, arg3 uint64, arg4 *ui
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sgo_sg_context_metrics_text_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_171(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sgo_sg_context_metrics_text_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_176(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	return swig_r
 }
 
@@ -3216,7 +3264,7 @@ func Sgo_sg_context_get_metadata(arg1 uintptr, arg2 *byte, arg3 uint64, arg4 *ui
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sgo_sg_context_get_metadata_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_172(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sgo_sg_context_get_metadata_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_177(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	return swig_r
 }
 
@@ -3268,7 +3316,7 @@ func Sgo_sg_session_wait_ready(arg1 uintptr, arg2 uint64, arg3 Sg_error_info_t) 
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := getSwigcptr(arg3)
-	swig_r = (int32)(C._wrap_sgo_sg_session_wait_ready_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_173(_swig_i_1), C.uintptr_t(_swig_i_2)))
+	swig_r = (int32)(C._wrap_sgo_sg_session_wait_ready_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_178(_swig_i_1), C.uintptr_t(_swig_i_2)))
 	return swig_r
 }
 
@@ -3287,7 +3335,7 @@ func Sgo_sg_session_provider(arg1 uintptr, arg2 *byte, arg3 uint64, arg4 Sg_erro
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := getSwigcptr(arg4)
-	swig_r = (int32)(C._wrap_sgo_sg_session_provider_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_174(_swig_i_2), C.uintptr_t(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sgo_sg_session_provider_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_179(_swig_i_2), C.uintptr_t(_swig_i_3)))
 	return swig_r
 }
 
@@ -3297,7 +3345,7 @@ func Sgo_sg_session_notify(arg1 uintptr, arg2 *byte, arg3 uint64, arg4 Sg_error_
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := getSwigcptr(arg4)
-	swig_r = (int32)(C._wrap_sgo_sg_session_notify_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_175(_swig_i_2), C.uintptr_t(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sgo_sg_session_notify_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_180(_swig_i_2), C.uintptr_t(_swig_i_3)))
 	return swig_r
 }
 
@@ -3308,7 +3356,7 @@ func Sgo_sg_session_next_notification(arg1 uintptr, arg2 *byte, arg3 uint64, arg
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sgo_sg_session_next_notification_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_176(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sgo_sg_session_next_notification_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_181(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	return swig_r
 }
 
@@ -3319,7 +3367,7 @@ func Sgo_sg_session_error(arg1 uintptr, arg2 *int32, arg3 *byte, arg4 uint64, ar
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sgo_sg_session_error_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_177(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sgo_sg_session_error_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_182(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	return swig_r
 }
 
@@ -3328,7 +3376,7 @@ func Sgo_sg_session_close(arg1 uintptr, arg2 uint64, arg3 Sg_error_info_t) (_swi
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := getSwigcptr(arg3)
-	swig_r = (int32)(C._wrap_sgo_sg_session_close_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_178(_swig_i_1), C.uintptr_t(_swig_i_2)))
+	swig_r = (int32)(C._wrap_sgo_sg_session_close_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_183(_swig_i_1), C.uintptr_t(_swig_i_2)))
 	return swig_r
 }
 
@@ -3347,7 +3395,7 @@ func Sgo_sg_profile_to_json(arg1 uintptr, arg2 *byte, arg3 uint64, arg4 *uint64,
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sgo_sg_profile_to_json_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_179(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sgo_sg_profile_to_json_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_184(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	return swig_r
 }
 
@@ -3387,7 +3435,7 @@ func Sgo_sg_transfer_wait_layer_state(arg1 uintptr, arg2 uint32, arg3 uint32, ar
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_layer_state_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.int(_swig_i_2), C.swig_type_180(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_layer_state_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.int(_swig_i_2), C.swig_type_185(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	return swig_r
 }
 
@@ -3399,7 +3447,7 @@ func Sgo_sg_transfer_digests(arg1 uintptr, arg2 uint32, arg3 *float32, arg4 uint
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := getSwigcptr(arg6)
-	swig_r = (int32)(C._wrap_sgo_sg_transfer_digests_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_181(_swig_i_3), C.swig_voidp(_swig_i_4), C.uintptr_t(_swig_i_5)))
+	swig_r = (int32)(C._wrap_sgo_sg_transfer_digests_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_186(_swig_i_3), C.swig_voidp(_swig_i_4), C.uintptr_t(_swig_i_5)))
 	return swig_r
 }
 
@@ -3410,7 +3458,7 @@ func Sgo_sg_transfer_fetch(arg1 uintptr, arg2 uint32, arg3 *uint32, arg4 uint64,
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sgo_sg_transfer_fetch_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_182(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sgo_sg_transfer_fetch_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_187(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	return swig_r
 }
 
@@ -3422,7 +3470,7 @@ func Sgo_sg_transfer_wait_blocks(arg1 uintptr, arg2 uint32, arg3 *uint32, arg4 u
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := getSwigcptr(arg6)
-	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_blocks_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_183(_swig_i_3), C.swig_type_184(_swig_i_4), C.uintptr_t(_swig_i_5)))
+	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_blocks_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_188(_swig_i_3), C.swig_type_189(_swig_i_4), C.uintptr_t(_swig_i_5)))
 	return swig_r
 }
 
@@ -3439,7 +3487,7 @@ func Sgo_sg_transfer_wait(arg1 uintptr, arg2 uint64, arg3 Sg_error_info_t) (_swi
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := getSwigcptr(arg3)
-	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_185(_swig_i_1), C.uintptr_t(_swig_i_2)))
+	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_190(_swig_i_1), C.uintptr_t(_swig_i_2)))
 	return swig_r
 }
 
@@ -3449,7 +3497,7 @@ func Sgo_sg_transfer_wait_layer(arg1 uintptr, arg2 uint32, arg3 uint64, arg4 Sg_
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := getSwigcptr(arg4)
-	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_layer_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_type_186(_swig_i_2), C.uintptr_t(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_layer_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_type_191(_swig_i_2), C.uintptr_t(_swig_i_3)))
 	return swig_r
 }
 
@@ -3471,7 +3519,7 @@ func Sgo_sg_transfer_residency(arg1 uintptr, arg2 uint32, arg3 *byte, arg4 uint6
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := getSwigcptr(arg6)
-	swig_r = (int32)(C._wrap_sgo_sg_transfer_residency_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_187(_swig_i_3), C.swig_voidp(_swig_i_4), C.uintptr_t(_swig_i_5)))
+	swig_r = (int32)(C._wrap_sgo_sg_transfer_residency_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_192(_swig_i_3), C.swig_voidp(_swig_i_4), C.uintptr_t(_swig_i_5)))
 	return swig_r
 }
 
@@ -3482,7 +3530,7 @@ func Sgo_sg_transfer_status(arg1 uintptr, arg2 *int32, arg3 *byte, arg4 uint64, 
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sgo_sg_transfer_status_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_188(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sgo_sg_transfer_status_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_193(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	return swig_r
 }
 
@@ -3518,7 +3566,7 @@ func Sgo_sg_transfer_wait_quiesced(arg1 uintptr, arg2 uint64, arg3 Sg_error_info
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := getSwigcptr(arg3)
-	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_quiesced_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_189(_swig_i_1), C.uintptr_t(_swig_i_2)))
+	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_quiesced_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_194(_swig_i_1), C.uintptr_t(_swig_i_2)))
 	return swig_r
 }
 

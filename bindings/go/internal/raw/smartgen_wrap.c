@@ -246,6 +246,34 @@ sg_status_t sgo_directory_lookup(sg_directory_t dir, const char *name, uint64_t 
 {
     return sgo_capture(sg_directory_lookup(dir, name, timeout_ns, buf, cap, len), err);
 }
+sg_status_t sgo_directory_list(sg_directory_t dir, const char *prefix, uint64_t timeout_ns, void *buf, size_t cap,
+                               size_t *len, size_t *count, sg_error_info_t *err)
+{
+    return sgo_capture(sg_directory_list(dir, prefix, timeout_ns, (char *)buf, cap, len, count), err);
+}
+sg_status_t sgo_directory_wait(sg_directory_t dir, const char *name, int32_t present, uint64_t timeout_ns,
+                               sg_error_info_t *err)
+{
+    return sgo_capture(sg_directory_wait(dir, name, present, timeout_ns), err);
+}
+/* The statistics as eight counters in the caller's array, in sg_directory_stats_t's order. */
+sg_status_t sgo_directory_stats(sg_directory_t dir, uint64_t *counters, sg_error_info_t *err)
+{
+    sg_directory_stats_t s;
+    sg_directory_stats_init(&s);
+    sg_status_t st = sgo_capture(sg_directory_stats(dir, &s), err);
+    if (st == SG_OK) {
+        counters[0] = s.requests;
+        counters[1] = s.failovers;
+        counters[2] = s.keepalives;
+        counters[3] = s.leases_granted;
+        counters[4] = s.sessions_accepted;
+        counters[5] = s.requests_refused;
+        counters[6] = s.names_taken_over;
+        counters[7] = s.names_restored;
+    }
+    return st;
+}
 sg_status_t sgo_directory_connect(sg_directory_t dir, const char *name, uint64_t timeout_ns, sg_session_t *out,
                                   sg_error_info_t *err)
 {
@@ -4354,6 +4382,81 @@ int _wrap_sgo_directory_lookup_raw_e2876bbee506b3ac(sg_directory_t _swig_go_0, _
   result = (sg_status_t)sgo_directory_lookup(arg1,(char const *)arg2,arg3,arg4,arg5,arg6,arg7);
   _swig_go_result = result; 
   free(arg2); 
+  return _swig_go_result;
+}
+
+
+int _wrap_sgo_directory_list_raw_e2876bbee506b3ac(sg_directory_t _swig_go_0, _gostring_ _swig_go_1, long long _swig_go_2, char *_swig_go_3, long long _swig_go_4, long long *_swig_go_5, long long *_swig_go_6, struct sg_error_info *_swig_go_7) {
+  sg_directory_t arg1 = (sg_directory_t) 0 ;
+  char *arg2 = (char *) 0 ;
+  uint64_t arg3 ;
+  void *arg4 = (void *) 0 ;
+  size_t arg5 ;
+  size_t *arg6 = (size_t *) 0 ;
+  size_t *arg7 = (size_t *) 0 ;
+  sg_error_info_t *arg8 = (sg_error_info_t *) 0 ;
+  sg_status_t result;
+  int _swig_go_result;
+  
+  arg1 = (sg_directory_t)_swig_go_0; 
+  
+  arg2 = (char *)malloc(_swig_go_1.n + 1);
+  memcpy(arg2, _swig_go_1.p, _swig_go_1.n);
+  arg2[_swig_go_1.n] = '\0';
+  
+  arg3 = (uint64_t)_swig_go_2; 
+  arg4 = *(void **)&_swig_go_3; 
+  arg5 = (size_t)_swig_go_4; 
+  arg6 = *(size_t **)&_swig_go_5; 
+  arg7 = *(size_t **)&_swig_go_6; 
+  arg8 = *(sg_error_info_t **)&_swig_go_7; 
+  
+  result = (sg_status_t)sgo_directory_list(arg1,(char const *)arg2,arg3,arg4,arg5,arg6,arg7,arg8);
+  _swig_go_result = result; 
+  free(arg2); 
+  return _swig_go_result;
+}
+
+
+int _wrap_sgo_directory_wait_raw_e2876bbee506b3ac(sg_directory_t _swig_go_0, _gostring_ _swig_go_1, int _swig_go_2, long long _swig_go_3, struct sg_error_info *_swig_go_4) {
+  sg_directory_t arg1 = (sg_directory_t) 0 ;
+  char *arg2 = (char *) 0 ;
+  int32_t arg3 ;
+  uint64_t arg4 ;
+  sg_error_info_t *arg5 = (sg_error_info_t *) 0 ;
+  sg_status_t result;
+  int _swig_go_result;
+  
+  arg1 = (sg_directory_t)_swig_go_0; 
+  
+  arg2 = (char *)malloc(_swig_go_1.n + 1);
+  memcpy(arg2, _swig_go_1.p, _swig_go_1.n);
+  arg2[_swig_go_1.n] = '\0';
+  
+  arg3 = (int32_t)_swig_go_2; 
+  arg4 = (uint64_t)_swig_go_3; 
+  arg5 = *(sg_error_info_t **)&_swig_go_4; 
+  
+  result = (sg_status_t)sgo_directory_wait(arg1,(char const *)arg2,arg3,arg4,arg5);
+  _swig_go_result = result; 
+  free(arg2); 
+  return _swig_go_result;
+}
+
+
+int _wrap_sgo_directory_stats_raw_e2876bbee506b3ac(sg_directory_t _swig_go_0, long long *_swig_go_1, struct sg_error_info *_swig_go_2) {
+  sg_directory_t arg1 = (sg_directory_t) 0 ;
+  uint64_t *arg2 = (uint64_t *) 0 ;
+  sg_error_info_t *arg3 = (sg_error_info_t *) 0 ;
+  sg_status_t result;
+  int _swig_go_result;
+  
+  arg1 = (sg_directory_t)_swig_go_0; 
+  arg2 = *(uint64_t **)&_swig_go_1; 
+  arg3 = *(sg_error_info_t **)&_swig_go_2; 
+  
+  result = (sg_status_t)sgo_directory_stats(arg1,arg2,arg3);
+  _swig_go_result = result; 
   return _swig_go_result;
 }
 

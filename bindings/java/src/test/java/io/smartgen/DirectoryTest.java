@@ -1,6 +1,7 @@
 package io.smartgen;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.io.File;
@@ -61,6 +62,15 @@ class DirectoryTest {
                 }
             }
             try (Directory pub = da; Directory db = b.openDirectory(client, null, null, null)) {
+                Duration t = Duration.ofSeconds(5);
+                assertEquals(java.util.List.of("prefill/java-0"), db.list("prefill/", t));
+                assertEquals(java.util.List.of(), db.list("decode/", t));
+                assertTrue(db.lookup("prefill/java-0", t).orElseThrow().length > 0);
+                assertTrue(db.lookup("prefill/none", t).isEmpty());
+                assertTrue(db.await("prefill/java-0", true, t));
+                long before = System.nanoTime();
+                assertFalse(db.await("prefill/none", true, Duration.ofMillis(300)));
+                assertTrue(System.nanoTime() - before >= 250_000_000L);
                 CompletableFuture<Session> accepted = CompletableFuture.supplyAsync(() -> pub.accept(Duration.ofSeconds(20)));
                 try (Session sb = db.connect("prefill/java-0", Duration.ofSeconds(20));
                      Session sa = accepted.get(20, TimeUnit.SECONDS);
@@ -77,7 +87,12 @@ class DirectoryTest {
                     }
                     assertEquals(0, Pair.mismatches(dst, DST_BLOCKS));
                 }
+                Directory.Stats st = pub.stats();
+                assertEquals(1, st.sessionsAccepted());
+                assertTrue(st.requests() > 0 && st.leasesGranted() > 0, st.toString());
                 pub.unpublish("prefill/java-0", Duration.ofSeconds(5));
+                assertTrue(db.await("prefill/java-0", false, t));
+                assertTrue(db.lookup("prefill/java-0", t).isEmpty());
             }
         } finally {
             etcd.destroyForcibly().waitFor();
