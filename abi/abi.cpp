@@ -1483,6 +1483,10 @@ struct DirectoryObj {
                 if (req) answer(*req);
             } catch (const sg::Error &) {
                 out_of_reach = true;
+            } catch (...) {
+                // Out of memory or another library's exception: never the host's end from this
+                // thread. Backs off as from an unreachable cluster.
+                out_of_reach = true;
             }
             lock.lock();
             if (out_of_reach) cv.wait_for(lock, std::chrono::milliseconds(500), [&] { return stopping; });

@@ -396,6 +396,9 @@ void Client::keepalive_loop() {
             check_names(deadline);
         } catch (const Error &) {
             // Unreachable now: try again next period; the lease lives on for its TTL meanwhile.
+        } catch (...) {
+            // Anything else (out of memory, say) must not end the host process from this thread:
+            // the same as unreachable, tried again next period.
         }
         lock.lock();
     }

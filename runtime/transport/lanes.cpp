@@ -231,12 +231,14 @@ class StripedTransport final : public Transport {
             }
         }
         peer->failed.assign(n, false);
+        for (size_t i = 0; i < n; ++i) peer->failed[i] = lanes_[i]->broken.load();
         peer->outstanding.assign(n, 0);
         peer->last_ok_ns.assign(n, 0);
         // Framed copies are this transport's own memory, which a provider wanting local
         // descriptors could not send.
         peer->framed = peer_frames_lanes && n > 1 && !caps_.needs_local_desc;
         peer->origin = address_hash(addresses[0]);
+        for (size_t i = 0; i < n && peer->failed[peer->control]; ++i) peer->control = i;
         std::lock_guard lock(peers_mu_);
         peers_.push_back(std::move(peer));
         const PeerAddr id = PeerAddr(peers_.size() - 1);
@@ -516,6 +518,7 @@ class StripedTransport final : public Transport {
         int kick_fd = -1;
         std::atomic<bool> sleeping{false};
         std::atomic<uint64_t> bytes_completed{0};
+        std::atomic<bool> broken{false};  // its thread failed (lose_lane_everywhere): no peer uses it
     };
 
     struct Event {
@@ -810,6 +813,36 @@ class StripedTransport final : public Transport {
         return true;
     }
 
+    // A lane whose thread cannot go on: what it holds (queued or posted) goes through the path of a
+    // broken connection, so writes move to live lanes and sends to the new control lane, and no
+    // more is queued on it.
+    void lose_lane_everywhere(size_t lane_index) noexcept {
+        Lane &lane = *lanes_[lane_index];
+        lane.broken = true;
+        try {
+            size_t n;
+            {
+                std::lock_guard lock(peers_mu_);
+                n = peers_.size();
+            }
+            for (size_t id = 0; id < n; ++id) lose_lane(PeerAddr(id), lane_index, /*tell_peer=*/true);
+            std::lock_guard lock(lane.mu);
+            std::deque<Op> queued;
+            {
+                std::lock_guard q(lane.queue_mu);
+                queued.swap(lane.pending);
+            }
+            for (Op &op : queued) {
+                void *cookie = op.own ? static_cast<void *>(op.own.get()) : op.cookie;
+                lane.in_flight.emplace(cookie, std::move(op));
+            }
+            std::vector<void *> cookies;
+            for (auto &[cookie, op] : lane.in_flight) cookies.push_back(cookie);
+            for (void *c : cookies) lane_completed(lane_index, c, -ECONNRESET, "the lane's thread failed");
+        } catch (...) {
+        }
+    }
+
     Op own_send(PeerAddr id, std::vector<uint8_t> bytes) {
         Op op;
         op.peer = id;
@@ -1077,7 +1110,22 @@ class StripedTransport final : public Transport {
         // do) then finds no lane thread inside libfabric holding a lock the child would inherit.
         uint64_t last_work = 0;
         while (!stop_.load(std::memory_order_acquire)) {
-            size_t n = drive_lane(lane_index);
+            size_t n;
+            try {
+                n = drive_lane(lane_index);
+            } catch (...) {
+                // Out of memory inside the provider or our queues, say: never the host's end from
+                // this thread. The lane is given up for every peer (its writes move, its loss is
+                // told), and the thread idles until the transport closes.
+                lose_lane_everywhere(lane_index);
+                while (!stop_.load(std::memory_order_acquire)) {
+                    pollfd kick{lane.kick_fd, POLLIN, 0};
+                    (void)::poll(&kick, 1, 1000);
+                    uint64_t v;
+                    (void)!::read(lane.kick_fd, &v, sizeof v);
+                }
+                return;
+            }
             const uint64_t now = now_ns();
             if (n) {
                 last_work = now;
