@@ -100,18 +100,18 @@ std::string trim(const std::string &s) {
     return a == std::string::npos ? std::string() : s.substr(a, b - a + 1);
 }
 
-json::Value parse_or_fail(const std::string &body, const char *what) {
+std::unique_ptr<json::Document> parse_or_fail(const std::string &body, const char *what) {
     std::string why;
-    auto v = json::parse(body, &why, kMaxResponseBytes);
-    if (!v || v->kind != json::Value::Kind::object)
-        fail(SG_ERR_PROTOCOL, std::string("etcd's answer to ") + what + " is not a JSON object: " + why);
-    return std::move(*v);
+    auto doc = json::parse(body, &why, kMaxResponseBytes);
+    if (!doc || !doc->root().is_object())
+        fail(SG_ERR_PROTOCOL, std::string("etcd's answer to ") + what + " is not a JSON object" + (why.empty() ? "" : ": ") + why);
+    return doc;
 }
 
 int64_t header_revision(const json::Value &v) {
-    const json::Value *h = v.get("header");
-    const json::Value *r = h ? h->get("revision") : nullptr;
-    const auto rev = r ? r->as_int() : std::nullopt;
+    const json::Value *h = json::get(v, "header");
+    const json::Value *r = h ? json::get(*h, "revision") : nullptr;
+    const auto rev = r ? json::as_int(*r) : std::nullopt;
     if (!rev) fail(SG_ERR_PROTOCOL, "etcd's answer has no header revision");
     return *rev;
 }
@@ -119,14 +119,16 @@ int64_t header_revision(const json::Value &v) {
 // The decoded kvs of a range answer: (key, value).
 std::vector<std::pair<std::string, std::string>> kvs_of(const json::Value &v) {
     std::vector<std::pair<std::string, std::string>> out;
-    const json::Value *kvs = v.get("kvs");
+    const json::Value *kvs = json::get(v, "kvs");
     if (!kvs) return out;
-    if (kvs->kind != json::Value::Kind::array) fail(SG_ERR_PROTOCOL, "etcd's kvs is not an array");
-    for (const json::Value &kv : kvs->items) {
-        const json::Value *k = kv.get("key");
-        const json::Value *val = kv.get("value");
-        auto key = k && k->as_string() ? json::base64_decode(*k->as_string()) : std::nullopt;
-        auto value = val && val->as_string() ? json::base64_decode(*val->as_string()) : std::optional<std::string>("");
+    if (!kvs->is_array()) fail(SG_ERR_PROTOCOL, "etcd's kvs is not an array");
+    for (const json::Value &kv : *kvs) {
+        const json::Value *k = json::get(kv, "key");
+        const json::Value *val = json::get(kv, "value");
+        const std::string *ks = k ? json::as_string(*k) : nullptr;
+        const std::string *vs = val ? json::as_string(*val) : nullptr;
+        auto key = ks ? json::base64_decode(*ks) : std::nullopt;
+        auto value = vs ? json::base64_decode(*vs) : val ? std::nullopt : std::optional<std::string>("");
         if (!key || !value) fail(SG_ERR_PROTOCOL, "etcd's kvs holds a key or value that is not base64");
         out.emplace_back(std::move(*key), std::move(*value));
     }
@@ -316,11 +318,12 @@ Client::Response Client::call(const std::string &path, const std::string &body, 
             preferred_ = idx;
         }
         if (r.http != 200) {
-            auto v = json::parse(r.body);
-            const json::Value *m = v ? v->get("message") : nullptr;
-            if (!m && v) m = v->get("error");
+            auto doc = json::parse(r.body, nullptr, kMaxResponseBytes);
+            const json::Value *m = doc ? json::get(doc->root(), "message") : nullptr;
+            if (!m && doc) m = json::get(doc->root(), "error");
+            const std::string *text = m ? json::as_string(*m) : nullptr;
             fail(SG_ERR_REMOTE, "etcd " + options_.endpoints[idx] + path + ": HTTP " + std::to_string(r.http) + ": " +
-                                    (m && m->as_string() ? *m->as_string() : r.body.substr(0, 200)));
+                                    (text ? *text : r.body.substr(0, 200)));
         }
         return r;
     }
@@ -329,7 +332,7 @@ Client::Response Client::call(const std::string &path, const std::string &body, 
 
 void Client::ping(uint64_t deadline_ns) {
     const Response r = call("/v3/maintenance/status", "{}", deadline_ns);
-    (void)header_revision(parse_or_fail(r.body, "status"));
+    (void)header_revision(parse_or_fail(r.body, "status")->root());
 }
 
 int64_t Client::ensure_lease(uint64_t deadline_ns) {
@@ -339,9 +342,9 @@ int64_t Client::ensure_lease(uint64_t deadline_ns) {
     }
     const int64_t ttl_s = int64_t((options_.lease_ttl_ms + 999) / 1000);
     const Response r = call("/v3/lease/grant", "{\"TTL\":" + std::to_string(ttl_s) + ",\"ID\":0}", deadline_ns);
-    const json::Value v = parse_or_fail(r.body, "lease grant");
-    const json::Value *id = v.get("ID");
-    const auto lease = id ? id->as_int() : std::nullopt;
+    const auto doc = parse_or_fail(r.body, "lease grant");
+    const json::Value *id = json::get(doc->root(), "ID");
+    const auto lease = id ? json::as_int(*id) : std::nullopt;
     if (!lease || *lease <= 0) fail(SG_ERR_PROTOCOL, "etcd granted a lease without an ID");
     leases_granted_++;
     std::lock_guard lock(mu_);
@@ -363,10 +366,10 @@ bool Client::keepalive_once(uint64_t deadline_ns) {
     const Response r = call("/v3/lease/keepalive", "{\"ID\":" + std::to_string(lease) + "}", deadline_ns);
     // One answer a line ({"result": {...}}); a lease that ended answers TTL 0 or none.
     const std::string first = r.body.substr(0, r.body.find('\n'));
-    const json::Value v = parse_or_fail(first, "lease keep-alive");
-    const json::Value *res = v.get("result");
-    const json::Value *ttl = res ? res->get("TTL") : nullptr;
-    const auto t = ttl ? ttl->as_int() : std::nullopt;
+    const auto doc = parse_or_fail(first, "lease keep-alive");
+    const json::Value *res = json::get(doc->root(), "result");
+    const json::Value *ttl = res ? json::get(*res, "TTL") : nullptr;
+    const auto t = ttl ? json::as_int(*ttl) : std::nullopt;
     if (t && *t > 0) {
         keepalives_++;
         return true;
@@ -447,18 +450,19 @@ void Client::unpublish(const std::string &name, uint64_t deadline_ns) {
 
 namespace {
 int64_t int_field(const json::Value &v, const char *name) {
-    const json::Value *f = v.get(name);
-    const auto i = f ? f->as_int() : std::nullopt;
+    const json::Value *f = json::get(v, name);
+    const auto i = f ? json::as_int(*f) : std::nullopt;
     return i ? *i : 0;  // etcd leaves zero values out
 }
 }  // namespace
 
 std::optional<Client::Held> Client::holder(const std::string &key, uint64_t deadline_ns) {
     const Response r = call("/v3/kv/range", "{\"key\":" + b64(key) + "}", deadline_ns);
-    const json::Value v = parse_or_fail(r.body, "range");
-    const json::Value *kvs = v.get("kvs");
-    if (!kvs || kvs->kind != json::Value::Kind::array || kvs->items.empty()) return std::nullopt;
-    const json::Value &kv = kvs->items[0];
+    const auto doc = parse_or_fail(r.body, "range");
+    const json::Value &v = doc->root();
+    const json::Value *kvs = json::get(v, "kvs");
+    if (!kvs || !kvs->is_array() || kvs->empty()) return std::nullopt;
+    const json::Value &kv = (*kvs)[0];
     Held h;
     h.lease = int_field(kv, "lease");
     h.mod_revision = int_field(kv, "mod_revision");
@@ -492,24 +496,23 @@ std::optional<Client::Held> Client::put_if(const std::string &key, std::span<con
             if (lease_ == lease) lease_ = 0;
             continue;
         }
-        const json::Value v = parse_or_fail(r.body, "txn");
-        const json::Value *ok = v.get("succeeded");
-        if (ok && ok->kind == json::Value::Kind::boolean && ok->b) return std::nullopt;
+        const auto doc = parse_or_fail(r.body, "txn");
+        const json::Value &v = doc->root();
+        if (json::is_true(json::get(v, "succeeded"))) return std::nullopt;
         // The failure branch's range: who holds the key now (gone again meanwhile: try to create it).
-        const json::Value *resps = v.get("responses");
-        const json::Value *range = resps && resps->kind == json::Value::Kind::array && !resps->items.empty()
-                                       ? resps->items[0].get("response_range")
-                                       : nullptr;
+        const json::Value *resps = json::get(v, "responses");
+        const json::Value *range =
+            resps && resps->is_array() && !resps->empty() ? json::get((*resps)[0], "response_range") : nullptr;
         if (!range) fail(SG_ERR_PROTOCOL, "etcd's failed transaction carries no range answer");
-        const json::Value *kvs = range->get("kvs");
-        if (!kvs || kvs->kind != json::Value::Kind::array || kvs->items.empty()) {
+        const json::Value *kvs = json::get(*range, "kvs");
+        if (!kvs || !kvs->is_array() || kvs->empty()) {
             if (!mod_revision) fail(SG_ERR_PROTOCOL, "etcd refused to create a key it says is absent");
             mod_revision = 0;
             continue;
         }
         Held h;
-        h.lease = int_field(kvs->items[0], "lease");
-        h.mod_revision = int_field(kvs->items[0], "mod_revision");
+        h.lease = int_field((*kvs)[0], "lease");
+        h.mod_revision = int_field((*kvs)[0], "mod_revision");
         h.value = kvs_of(*range)[0].second;
         if (h.mod_revision <= 0) fail(SG_ERR_PROTOCOL, "etcd's range answer has no mod_revision");
         return h;
@@ -549,7 +552,7 @@ void Client::check_names(uint64_t deadline_ns) {
 std::optional<std::vector<uint8_t>> Client::lookup(const std::string &name, uint64_t deadline_ns) {
     check_name(name);
     const Response r = call("/v3/kv/range", "{\"key\":" + b64(options_.prefix + "engines/" + name) + "}", deadline_ns);
-    auto kvs = kvs_of(parse_or_fail(r.body, "range"));
+    auto kvs = kvs_of(parse_or_fail(r.body, "range")->root());
     if (kvs.empty()) return std::nullopt;
     return std::vector<uint8_t>(kvs[0].second.begin(), kvs[0].second.end());
 }
@@ -561,7 +564,7 @@ std::vector<std::string> Client::list(const std::string &name_prefix, uint64_t d
                             "{\"key\":" + b64(from) + ",\"range_end\":" + b64(prefix_end(from)) + ",\"keys_only\":true}",
                             deadline_ns);
     std::vector<std::string> names;
-    for (auto &[key, value] : kvs_of(parse_or_fail(r.body, "range")))
+    for (auto &[key, value] : kvs_of(parse_or_fail(r.body, "range")->root()))
         if (key.size() > base.size() && key.compare(0, base.size(), base) == 0) names.push_back(key.substr(base.size()));
     std::sort(names.begin(), names.end());
     return names;
@@ -572,7 +575,8 @@ bool Client::wait(const std::string &name, bool present, uint64_t deadline_ns) {
     const std::string key = options_.prefix + "engines/" + name;
     for (;;) {
         const Response r = call("/v3/kv/range", "{\"key\":" + b64(key) + ",\"keys_only\":true}", deadline_ns);
-        const json::Value v = parse_or_fail(r.body, "range");
+        const auto doc = parse_or_fail(r.body, "range");
+        const json::Value &v = doc->root();
         if (kvs_of(v).empty() != present) return true;
         if (now_ns() >= deadline_ns || interrupted_) return false;
         if (watch_once(key, "", header_revision(v) + 1, present, !present, deadline_ns)) return true;
@@ -617,15 +621,16 @@ std::optional<InboxEntry> Client::take_request(const std::string &name, uint64_t
                                 "{\"key\":" + b64(dir) + ",\"range_end\":" + b64(prefix_end(dir)) +
                                     ",\"sort_order\":\"ASCEND\",\"sort_target\":\"CREATE\",\"limit\":1}",
                                 call_deadline);
-        const json::Value v = parse_or_fail(r.body, "range");
+        const auto doc = parse_or_fail(r.body, "range");
+        const json::Value &v = doc->root();
         auto kvs = kvs_of(v);
         if (!kvs.empty()) {
             // Whoever deletes it takes it: two takers of one inbox never get the same request.
             const Response d = call("/v3/kv/deleterange", "{\"key\":" + b64(kvs[0].first) + "}",
                                     now_ns() + uint64_t(options_.request_timeout_ms) * 1000000);
-            const json::Value answer = parse_or_fail(d.body, "deleterange");
-            const json::Value *deleted = answer.get("deleted");
-            if (deleted && deleted->as_int().value_or(0) > 0)
+            const auto answer = parse_or_fail(d.body, "deleterange");
+            const json::Value *deleted = json::get(answer->root(), "deleted");
+            if (deleted && json::as_int(*deleted).value_or(0) > 0)
                 return InboxEntry{kvs[0].first.substr(dir.size()),
                                   std::vector<uint8_t>(kvs[0].second.begin(), kvs[0].second.end())};
             continue;
@@ -655,18 +660,19 @@ size_t on_watch_bytes(char *data, size_t size, size_t n, void *user) {
     while ((nl = w->buffer.find('\n')) != std::string::npos) {
         const std::string line = w->buffer.substr(0, nl);
         w->buffer.erase(0, nl + 1);
-        auto v = json::parse(line);
-        const json::Value *res = v ? v->get("result") : nullptr;
+        auto doc = json::parse(line, nullptr, kMaxResponseBytes);
+        const json::Value *res = doc ? json::get(doc->root(), "result") : nullptr;
         if (!res) continue;
-        if (const json::Value *c = res->get("canceled"); c && c->kind == json::Value::Kind::boolean && c->b) {
+        if (json::is_true(json::get(*res, "canceled"))) {
             w->canceled = true;  // compacted past our revision, say: the caller reads the state again
             return 0;
         }
-        const json::Value *events = res->get("events");
-        if (!events || events->kind != json::Value::Kind::array) continue;
-        for (const json::Value &e : events->items) {
-            const json::Value *type = e.get("type");
-            const bool is_delete = type && type->as_string() && *type->as_string() == "DELETE";
+        const json::Value *events = json::get(*res, "events");
+        if (!events || !events->is_array()) continue;
+        for (const json::Value &e : *events) {
+            const json::Value *type = json::get(e, "type");
+            const std::string *t = type ? json::as_string(*type) : nullptr;
+            const bool is_delete = t && *t == "DELETE";
             if ((is_delete && w->want_delete) || (!is_delete && w->want_put)) {
                 w->matched = true;
                 return 0;  // stops the stream: curl_easy_perform returns CURLE_WRITE_ERROR

@@ -1,34 +1,34 @@
-// runtime/directory: the JSON that etcd's gateway speaks, and base64 (its keys and values) — only as
-// much as the directory needs. Internal to directory/ (its tests read it too).
+// runtime/directory: reading etcd's gateway answers (through common/json_input.hpp, the runtime's
+// one bounded JSON reader) and the encodings the directory writes (JSON string literals, base64 of
+// keys and values). Internal to directory/ (its tests read it too).
 #pragma once
 
+#include "common/json_input.hpp"
+
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <vector>
 
 namespace sg::directory::json {
 
-// A parsed value. Numbers keep their text: etcd writes int64 fields as strings or numbers, and
-// as_int reads either.
-struct Value {
-    enum class Kind { null, boolean, number, string, array, object } kind = Kind::null;
-    bool b = false;
-    std::string text;  // number or string
-    std::vector<Value> items;
-    std::map<std::string, Value> members;
+using Value = nlohmann::ordered_json;
 
-    const Value *get(std::string_view key) const;  // object member or null
-    std::optional<int64_t> as_int() const;           // number, or a string of digits
-    const std::string *as_string() const;
+// A parsed answer; freed without allocating, even when memory has run out (json_input::Dom).
+struct Document {
+    json_input::Dom<Value> dom;
+    const Value &root() const { return dom.value; }
 };
 
-// Parses a whole document; nullopt (with why) for anything malformed, nested deeper than 64, or
-// longer than max_bytes.
-std::optional<Value> parse(std::string_view text, std::string *why = nullptr, size_t max_bytes = 64u << 20);
+// Parses a whole document; nullptr (with why) for anything malformed, a field given twice, nested
+// deeper than 64, or longer than max_bytes. Never throws.
+std::unique_ptr<Document> parse(std::string_view text, std::string *why = nullptr, size_t max_bytes = 64u << 20) noexcept;
+
+const Value *get(const Value &v, std::string_view key);  // object member, else nullptr
+std::optional<int64_t> as_int(const Value &v);          // an int64 number, or a string of its digits
+const std::string *as_string(const Value &v);            // a string, else nullptr
+bool is_true(const Value *v);                            // present and the literal true
 
 // A JSON string literal, quotes included.
 std::string quote(std::string_view s);

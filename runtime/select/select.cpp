@@ -1,6 +1,6 @@
 #include "select/select.hpp"
 
-#include "select/profile_input.hpp"
+#include "common/json_input.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -433,11 +433,13 @@ Profile parse_profile(std::string_view text) {
         fail(SG_ERR_INVALID_ARGUMENT,
              "profile: byte " + std::to_string(static_cast<const char *>(nul) - text.data()) +
                  " is a NUL: only whitespace may follow the JSON value within len");
-    input::check<Json>(text);
-    input::Dom<Json> dom;  // first, so it is freed last
+    // The schema's deepest value is a budget inside a head inside a layer entry (6 levels); its
+    // largest object, the top level, has 10 fields.
+    json_input::check<Json>(text, json_input::Limits{16, 16, SG_ERR_INVALID_ARGUMENT, "profile"});
+    json_input::Dom<Json> dom;  // first, so it is freed last
     try {
-        input::parse_into(text, dom);
-    } catch (const Json::exception &e) {  // input::check refused what this could throw: not expected
+        json_input::parse_into(text, dom);
+    } catch (const Json::exception &e) {  // the check refused what this could throw: not expected
         fail(SG_ERR_INVALID_ARGUMENT, std::string("profile: not valid JSON: ") + e.what());
     }
     const Json &j = dom.value;

@@ -1,4 +1,5 @@
-// Fuzzer: what the directory reads from an etcd member (runtime/directory/json.hpp): answers
+// Fuzzer: what the directory reads from an etcd member (runtime/directory/json.hpp over the bounded
+// reader of common/json_input.hpp): answers
 // parsed as JSON, and keys and values decoded from base64. A member is infrastructure, but one
 // that is compromised or confused must cost a refusal, never a crash or an unbounded walk.
 //
@@ -26,11 +27,12 @@ void check_base64(const std::string &text) {
 }
 
 void walk(const json::Value &v, int depth) {
-    if (const std::string *s = v.as_string()) check_base64(*s);
-    (void)v.as_int();
-    for (const json::Value &item : v.items) walk(item, depth + 1);
-    for (const auto &[key, member] : v.members) walk(member, depth + 1);
-    if (const json::Value *h = v.get("header")) (void)(h->get("revision") ? h->get("revision")->as_int() : std::nullopt);
+    if (const std::string *s = json::as_string(v)) check_base64(*s);
+    (void)json::as_int(v);
+    if (v.is_array() || v.is_object())
+        for (const json::Value &item : v) walk(item, depth + 1);
+    if (const json::Value *h = json::get(v, "header"))
+        if (const json::Value *r = json::get(*h, "revision")) (void)json::as_int(*r);
 }
 
 }  // namespace
@@ -38,7 +40,7 @@ void walk(const json::Value &v, int depth) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const std::string_view text(reinterpret_cast<const char *>(data), size);
     std::string why;
-    if (auto v = json::parse(text, &why, 1u << 20)) walk(*v, 0);
+    if (auto doc = json::parse(text, &why, 1u << 20)) walk(doc->root(), 0);
     const std::string raw(text);
     const auto back = json::base64_decode(json::base64_encode(raw));
     if (!back || *back != raw) {

@@ -1,7 +1,7 @@
-// The directory's JSON and base64 (runtime/directory/json.hpp): what etcd's gateway writes parses,
-// escapes and surrogate pairs decode to UTF-8, int64 fields read from strings or numbers, and
-// malformed or hostile text is refused with a reason instead of read past its end or recursed into
-// without bound.
+// The directory's JSON and base64 (runtime/directory/json.hpp over common/json_input.hpp): what
+// etcd's gateway writes parses, escapes and surrogate pairs decode to UTF-8, int64 fields read from
+// strings or numbers, and malformed or hostile text (a field given twice included) is refused with a
+// reason instead of read past its end or recursed into without bound.
 #include "directory/directory.hpp"
 #include "directory/json.hpp"
 
@@ -15,32 +15,39 @@ TEST(DirectoryJson, AnEtcdRangeAnswerParses) {
     const std::string text =
         R"({"header":{"cluster_id":"3249","revision":"17","raft_term":"2"},)"
         R"("kvs":[{"key":"Zm9v","create_revision":"2","value":"YmFy","lease":"7587"}],"count":"1"})";
-    auto v = json::parse(text);
-    ASSERT_TRUE(v);
-    EXPECT_EQ(v->get("header")->get("revision")->as_int(), 17);
-    const json::Value &kv = v->get("kvs")->items.at(0);
-    EXPECT_EQ(json::base64_decode(*kv.get("key")->as_string()), "foo");
-    EXPECT_EQ(json::base64_decode(*kv.get("value")->as_string()), "bar");
-    EXPECT_EQ(v->get("missing"), nullptr);
+    auto doc = json::parse(text);
+    ASSERT_TRUE(doc);
+    const json::Value &v = doc->root();
+    EXPECT_EQ(json::as_int(*json::get(*json::get(v, "header"), "revision")), 17);
+    const json::Value &kv = json::get(v, "kvs")->at(0);
+    EXPECT_EQ(json::base64_decode(*json::as_string(*json::get(kv, "key"))), "foo");
+    EXPECT_EQ(json::base64_decode(*json::as_string(*json::get(kv, "value"))), "bar");
+    EXPECT_EQ(json::get(v, "missing"), nullptr);
+    EXPECT_EQ(json::get(kv.at("key"), "x"), nullptr) << "a string has no members";
 }
 
 TEST(DirectoryJson, StringsNumbersAndLiterals) {
-    auto v = json::parse(R"( ["a\"b\\c\/\n\t", "\u00e9\ud83d\ude00", -12, 9223372036854775807, "x1", 1.5, true, false, null, {}] )");
-    ASSERT_TRUE(v);
-    EXPECT_EQ(v->items[0].text, "a\"b\\c/\n\t");
-    EXPECT_EQ(v->items[1].text, "\xc3\xa9\xf0\x9f\x98\x80");
-    EXPECT_EQ(v->items[2].as_int(), -12);
-    EXPECT_EQ(v->items[3].as_int(), INT64_MAX);
-    EXPECT_FALSE(v->items[4].as_int());
-    EXPECT_FALSE(v->items[5].as_int()) << "not an integer";
-    EXPECT_TRUE(v->items[6].b);
-    EXPECT_EQ(v->items[8].kind, json::Value::Kind::null);
-    EXPECT_FALSE(json::parse(R"("9223372036854775808")")->as_int()) << "beyond int64";
+    auto doc = json::parse(R"( ["a\"b\\c\/\n\t", "\u00e9\ud83d\ude00", -12, 9223372036854775807, "x1", 1.5, true, false, null, {}, 9223372036854775808, "-42"] )");
+    ASSERT_TRUE(doc);
+    const json::Value &v = doc->root();
+    EXPECT_EQ(*json::as_string(v[0]), "a\"b\\c/\n\t");
+    EXPECT_EQ(*json::as_string(v[1]), "\xc3\xa9\xf0\x9f\x98\x80");
+    EXPECT_EQ(json::as_int(v[2]), -12);
+    EXPECT_EQ(json::as_int(v[3]), INT64_MAX);
+    EXPECT_FALSE(json::as_int(v[4]));
+    EXPECT_FALSE(json::as_int(v[5])) << "not an integer";
+    EXPECT_TRUE(json::is_true(&v[6]));
+    EXPECT_FALSE(json::is_true(&v[7]));
+    EXPECT_TRUE(v[8].is_null());
+    EXPECT_FALSE(json::as_int(v[10])) << "a number beyond int64";
+    EXPECT_EQ(json::as_int(v[11]), -42);
+    EXPECT_FALSE(json::as_int(json::parse(R"("9223372036854775808")")->root())) << "beyond int64";
 }
 
 TEST(DirectoryJson, MalformedAndHostileTextIsRefusedWithAReason) {
     for (const char *bad : {"", "{", "[1,]", "{\"a\" 1}", "{\"a\":1,}", "\"abc", "\"\\x\"", "\"\\ud800\"",
-                            "\"\\udc00\"", "\"\\u12\"", "tru", "[1] 2", "\"a\nb\"", "-", "{1:2}"}) {
+                            "\"\\udc00\"", "\"\\u12\"", "tru", "[1] 2", "\"a\nb\"", "-", "{1:2}", "01", "NaN", "'a'",
+                            "{\"a\":1,\"a\":2}"}) {
         std::string why;
         EXPECT_FALSE(json::parse(bad, &why)) << bad;
         EXPECT_FALSE(why.empty()) << bad;
@@ -49,6 +56,8 @@ TEST(DirectoryJson, MalformedAndHostileTextIsRefusedWithAReason) {
     std::string why;
     EXPECT_FALSE(json::parse(deep, &why));
     EXPECT_NE(why.find("deep"), std::string::npos) << why;
+    EXPECT_FALSE(json::parse(R"({"kvs":[{"key":"a","key":"b"}]})", &why));
+    EXPECT_NE(why.find("kvs[0].key: given twice"), std::string::npos) << why;
     EXPECT_TRUE(json::parse(std::string(60, '[') + std::string(60, ']')));
     EXPECT_FALSE(json::parse(std::string(100, ' ') + "1", &why, 50)) << "longer than the bound";
 }
@@ -64,9 +73,9 @@ TEST(DirectoryJson, Base64IsCanonicalBothWays) {
 
 TEST(DirectoryJson, QuoteEscapesWhatJsonNeeds) {
     EXPECT_EQ(json::quote("a\"b\\c\x01"), "\"a\\\"b\\\\c\\u0001\"");
-    auto v = json::parse(json::quote(std::string("x\0y\n\"", 5)));
-    ASSERT_TRUE(v);
-    EXPECT_EQ(v->text, std::string("x\0y\n\"", 5));
+    auto doc = json::parse(json::quote(std::string("x\0y\n\"", 5)));
+    ASSERT_TRUE(doc);
+    EXPECT_EQ(*json::as_string(doc->root()), std::string("x\0y\n\"", 5));
 }
 
 TEST(DirectoryNames, AndEndpointsAreChecked) {

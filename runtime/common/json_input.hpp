@@ -1,18 +1,18 @@
-// runtime/select: the bounds a profile's JSON text is read under, before any DOM is built. Included
-// by select.cpp only (header-only: it is the reading half of parse_profile).
+// runtime/common: the one bounded JSON reader of the runtime (nlohmann underneath), for the text
+// that comes from outside: selection profiles (select/) and etcd's answers (directory/).
+// Header-only; each caller gives its Limits.
 //
 // nlohmann's DOM costs more than the text in three ways, each refused here in one linear pass that
-// names the JSON path it stopped at:
+// names the JSON path it stopped at, before any DOM is built:
 //   - an ordered_json object inserts each field in linear time, so an object with n fields costs
-//     n^2: an object may hold at most kMaxFields fields, each once (a repeated field used to win
-//     silently);
+//     n^2: an object may hold at most max_fields fields, each once (a repeated field would otherwise
+//     win silently);
 //   - a value nested n deep costs n stack frames when it is printed in an error message: at most
-//     kMaxDepth levels;
-//   - a number beyond a double is an out_of_range exception, not a parse error: it becomes
-//     SG_ERR_INVALID_ARGUMENT naming the field.
-// The byte bound (SG_PROFILE_MAX_BYTES) and the NUL check come before this pass; the bounds on the
-// shape a profile declares (layers, heads) are in validate(). Below: building and freeing the DOM
-// so that running out of memory is an exception the ABI reports, never std::terminate.
+//     max_depth levels;
+//   - a number beyond a double is an out_of_range exception, not a parse error: it becomes the
+//     caller's status naming the field.
+// Byte bounds come before this pass (each caller's). Below: building and freeing the DOM so that
+// running out of memory is an exception the ABI reports, never std::terminate.
 #pragma once
 
 #include "common/common.hpp"
@@ -23,16 +23,21 @@
 #include <string_view>
 #include <vector>
 
-namespace sg::select::input {
+namespace sg::json_input {
 
-// The schema's deepest value is a budget inside a head inside a layer entry: 6 levels.
-inline constexpr size_t kMaxDepth = 16;
-// The schema's largest object (the top level) has 10 fields.
-inline constexpr size_t kMaxFields = 16;
+// What a caller reads under, and how it names a refusal: fail(status, what + ": " + path + ...).
+struct Limits {
+    size_t max_depth;
+    size_t max_fields;  // per object
+    sg_status_t status;
+    const char *what;   // "profile", "etcd's answer"
+};
 
 template <class Json>
 class Guard : public nlohmann::json_sax<Json> {
   public:
+    explicit Guard(const Limits &limits) : limits_(limits) {}
+
     using number_integer_t = typename Json::number_integer_t;
     using number_unsigned_t = typename Json::number_unsigned_t;
     using number_float_t = typename Json::number_float_t;
@@ -57,8 +62,8 @@ class Guard : public nlohmann::json_sax<Json> {
         f.key = k;
         for (const std::string &seen : f.keys)
             if (seen == k) bad(path(), "given twice");
-        if (f.keys.size() == kMaxFields)
-            bad(path(), "an object may have at most " + std::to_string(kMaxFields) + " fields");
+        if (f.keys.size() == limits_.max_fields)
+            bad(path(), "an object may have at most " + std::to_string(limits_.max_fields) + " fields");
         f.keys.push_back(k);
         return true;
     }
@@ -68,8 +73,8 @@ class Guard : public nlohmann::json_sax<Json> {
         if (ex.id == 406)
             bad(path(), "number out of range: " + token.substr(0, 64));
         const std::string where = frames_.empty() ? "" : " (in " + (path().empty() ? "the top level" : path()) + ")";
-        fail(SG_ERR_INVALID_ARGUMENT, "profile: not valid JSON at byte " + std::to_string(position) + where + ": " +
-                                          ex.what());
+        fail(limits_.status, std::string(limits_.what) + ": not valid JSON at byte " + std::to_string(position) + where +
+                                 ": " + ex.what());
     }
 
   private:
@@ -80,8 +85,9 @@ class Guard : public nlohmann::json_sax<Json> {
         std::vector<std::string> keys;  // objects: fields seen (at most kMaxFields)
     };
 
-    [[noreturn]] static void bad(const std::string &where, const std::string &why) {
-        fail(SG_ERR_INVALID_ARGUMENT, "profile: " + (where.empty() ? std::string("(top level)") : where) + ": " + why);
+    [[noreturn]] void bad(const std::string &where, const std::string &why) const {
+        fail(limits_.status, std::string(limits_.what) + ": " + (where.empty() ? std::string("(top level)") : where) + ": " +
+                                 why);
     }
 
     // The path of the value being read now (before value() or open() counts it).
@@ -103,8 +109,8 @@ class Guard : public nlohmann::json_sax<Json> {
         return true;
     }
     bool open(bool array) {
-        if (frames_.size() == kMaxDepth)
-            bad(path(), "nested deeper than " + std::to_string(kMaxDepth) + " levels (the schema has 6)");
+        if (frames_.size() == limits_.max_depth)
+            bad(path(), "nested deeper than " + std::to_string(limits_.max_depth) + " levels");
         frames_.push_back(Frame{array});
         return true;
     }
@@ -113,13 +119,14 @@ class Guard : public nlohmann::json_sax<Json> {
         return value();  // the object or array just closed is one element of its parent
     }
 
+    const Limits limits_;
     std::vector<Frame> frames_;
 };
 
-// Checks `text` under the bounds above; throws Error(SG_ERR_INVALID_ARGUMENT) naming the path.
+// Checks `text` under `limits`; throws Error(limits.status) naming the path.
 template <class Json>
-void check(std::string_view text) {
-    Guard<Json> guard;
+void check(std::string_view text, const Limits &limits) {
+    Guard<Json> guard(limits);
     Json::sax_parse(text.begin(), text.end(), &guard);
 }
 
@@ -155,7 +162,7 @@ void dismantle(Json &root) noexcept {
     }
 }
 
-// The DOM of a profile's text, dismantled (not destroyed) when it goes out of scope.
+// The DOM of a checked text, dismantled (not destroyed) when it goes out of scope.
 template <class Json>
 struct Dom {
     Json value;
@@ -173,4 +180,4 @@ void parse_into(std::string_view text, Dom<Json> &dom) {
     Json::sax_parse(text.begin(), text.end(), &builder);
 }
 
-}  // namespace sg::select::input
+}  // namespace sg::json_input
