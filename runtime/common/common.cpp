@@ -17,6 +17,12 @@ namespace sg {
 
 void fail(sg_status_t status, std::string message) { throw Error(status, std::move(message)); }
 
+void assert_failed(const char *condition, const std::string &what, const char *file, int line) noexcept {
+    std::fprintf(stderr, "smartgen: invariant broken at %s:%d: %s (%s)\n", file, line, condition, what.c_str());
+    std::fflush(stderr);
+    std::abort();
+}
+
 namespace {
 std::atomic<uint64_t> g_allocations{0};
 }

@@ -31,6 +31,18 @@ class Error : public std::exception {
 
 [[noreturn]] void fail(sg_status_t status, std::string message);
 
+// ---- executable invariants ----
+// SG_ASSERT(cond, what): in debug and sanitizer builds (SMARTGEN_ASSERTS, set by CMake for the
+// Debug build type and every SMARTGEN_SANITIZE build) a false cond prints file, line, the condition
+// and `what` (a std::string expression, evaluated only then) and aborts: an invariant the runtime
+// relies on is broken, and going on would corrupt a transfer. Compiled out of release builds.
+[[noreturn]] void assert_failed(const char *condition, const std::string &what, const char *file, int line) noexcept;
+#if defined(SMARTGEN_ASSERTS)
+#define SG_ASSERT(cond, what) ((cond) ? (void)0 : ::sg::assert_failed(#cond, (what), __FILE__, __LINE__))
+#else
+#define SG_ASSERT(cond, what) ((void)0)
+#endif
+
 inline void check(bool ok, sg_status_t status, const char *message) {
     if (!ok) fail(status, message);
 }

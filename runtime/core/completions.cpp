@@ -88,6 +88,7 @@ void Context::settle(OpCookie *c, int status, const char *error_text) {
         lose_session(*c->session, SG_ERR_PEER_LOST,
                      std::string("connection to the peer broke: ") + (error_text ? error_text : ""));
     if (t) {
+        SG_ASSERT(t->inflight > 0, "transfer '" + t->request_id + "': a completion with nothing in flight");
         t->inflight--;
         if (status) {
             // Once the transfer has failed (its session lost, say), the rest of its operations
@@ -112,9 +113,12 @@ void Context::settle(OpCookie *c, int status, const char *error_text) {
                 send(*c->session, std::vector<uint8_t>(c->bytes.begin(), c->bytes.end()), t);
             }
             if (c->unit) {
+                SG_ASSERT(c->unit->outstanding > 0, "transfer '" + t->request_id + "': a unit's write completed twice");
                 c->unit->outstanding--;
                 selective_notices(*t);
             } else {
+                SG_ASSERT(t->layers[c->layer].out.outstanding > 0,
+                          "transfer '" + t->request_id + "': layer " + std::to_string(c->layer) + "'s write completed twice");
                 t->layers[c->layer].out.outstanding--;
                 maybe_send_notices(*t);
             }

@@ -325,6 +325,8 @@ bool Context::post_pack(Pack &p) {
     } else {
         c->bytes.assign(p.notice.begin(), p.notice.end());  // sent when the write completes
     }
+    SG_ASSERT((p.unit ? p.unit->packs_pending : t.layers[p.layer].out.packs_pending) > 0,
+              "transfer '" + t.request_id + "': a pack handed over twice");
     if (p.unit) {
         p.unit->packs_pending--;
         selective_notices(t);
@@ -342,6 +344,8 @@ void Context::drop_pack(Pack &p) {
     s.bytes_inflight -= p.used;
     s.free_peer_slots |= 1u << p.rslot;  // never written
     s.free_send_slots |= 1u << p.lslot;
+    SG_ASSERT(t.inflight > 0 && (p.unit ? p.unit->packs_pending : t.layers[p.layer].out.packs_pending) > 0,
+              "transfer '" + t.request_id + "': a pack dropped that was never reserved");
     t.inflight--;
     if (p.unit) {
         p.unit->outstanding--;
@@ -483,6 +487,7 @@ void Context::finish_unpack(Unpack &u) {
     Transfer &t = *u.t;
     Session &s = *t.session;
     const wire::StagedChunk &m = u.chunk;
+    SG_ASSERT(t.decode.unpacks_pending > 0, "transfer '" + t.request_id + "': an unpack finished twice");
     t.decode.unpacks_pending--;
     if (!t.finished()) {
         for (const wire::Segment &seg : m.segments) {

@@ -445,6 +445,44 @@ void Transfer::advance(plan::TransferState to) {
         fail(SG_ERR_INTERNAL, "transfer '" + request_id + "': no transition " + plan::state_name(from) + " -> " +
                                   plan::state_name(to));
     state_.store(to, std::memory_order_release);
+    SG_ASSERT(invariant_violation().empty(), "transfer '" + request_id + "' entering " + plan::state_name(to) + ": " +
+                                                 invariant_violation());
+}
+
+std::string Transfer::invariant_violation() const {
+    // Every write is counted in `inflight` and in exactly one of its layer's `out` (full path) or
+    // its send unit (selective paths); a staged one from its slot's reservation, when it also
+    // becomes a pending pack until handed to the provider. Sends count in `inflight` only.
+    uint64_t outstanding = 0;
+    for (size_t l = 0; l < layers.size(); ++l) {
+        const auto &o = layers[l].out;
+        if (o.packs_pending > o.outstanding)
+            return "layer " + std::to_string(l) + ": " + std::to_string(o.packs_pending) + " packs pending of " +
+                   std::to_string(o.outstanding) + " writes outstanding";
+        outstanding += o.outstanding;
+    }
+    auto units = [&](const auto &list) -> std::string {
+        for (const auto &u : list) {
+            if (u->packs_pending > u->outstanding)
+                return "a unit of layer " + std::to_string(u->layer) + ": " + std::to_string(u->packs_pending) +
+                       " packs pending of " + std::to_string(u->outstanding) + " writes outstanding";
+            outstanding += u->outstanding;
+        }
+        return "";
+    };
+    for (const auto *list : {&sel.demand_queue, &sel.proactive_queue, &sel.speculative_queue})
+        if (std::string why = units(*list); !why.empty()) return why;
+    if (std::string why = units(sel.posted_units); !why.empty()) return why;
+    // Once finished, operations still queued are dropped from `inflight` alone (drop_queued): the
+    // per-layer and per-unit counts no longer matter, only `inflight` (the quiesce condition).
+    if (!finished() && outstanding > inflight)
+        return std::to_string(outstanding) + " writes outstanding but " + std::to_string(inflight) +
+               " operations in flight (" + plan::state_name(state()) + ")";
+    if (post_side && is_quiesced() && inflight)
+        return "quiesced with " + std::to_string(inflight) + " operations in flight";
+    if (!post_side && is_quiesced() && decode.unpacks_pending)
+        return "quiesced with " + std::to_string(decode.unpacks_pending) + " staged chunks still to unpack";
+    return "";
 }
 
 bool Transfer::quiesce_condition() const {

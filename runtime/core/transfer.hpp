@@ -88,6 +88,10 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
     bool is_quiesced() const { return state() >= plan::TransferState::Quiesced; }
     // What moves a Finished transfer to Quiesced (Context::note_quiesced makes the move).
     bool quiesce_condition() const;
+    // The counters quiesce depends on, checked against each other (with the context's mutex held):
+    // "" when they agree, else the first disagreement. SG_ASSERTed at every state change; the fake
+    // fabric's random schedules call it after every step in every build.
+    std::string invariant_violation() const;
     // The host released it (sg_transfer_release): its events are dropped from then on.
     std::atomic<bool> released{false};
 

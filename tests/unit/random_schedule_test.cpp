@@ -146,6 +146,13 @@ std::string run_schedule(uint64_t seed) {
             }
         }
         p.step();
+        // The counters quiesce depends on agree after every step (in every build; debug and
+        // sanitizer builds also assert them at each state change).
+        for (auto &x : xs)
+            for (const auto *t : {x.post.get(), x.expect.get()})
+                if (std::string why = t->invariant_violation(); !why.empty())
+                    return x.id + " (" + (t == x.post.get() ? "prefill" : "decode") + ") after round " +
+                           std::to_string(round) + ": " + why + "; ";
     }
 
     std::string why;
