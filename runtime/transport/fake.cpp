@@ -619,4 +619,10 @@ std::unique_ptr<Transport> open_fake(const OpenOptions &options) {
     return std::make_unique<FakeTransport>(std::move(fabric), options);
 }
 
+namespace {
+// This file is linked into the tests only (smartgen_transport_fake): wherever it is, a context that
+// names "fake" gets it.
+const bool g_registered = (register_test_provider("fake", &open_fake), true);
+}  // namespace
+
 }  // namespace sg::transport::fake

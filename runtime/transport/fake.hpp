@@ -117,7 +117,8 @@ class Fabric {
     std::shared_ptr<State> state_;
 };
 
-// The transport for provider "fake" (transport::open dispatches here). Throws SG_ERR_NO_PROVIDER
+// The transport for provider "fake" (registered with transport::register_test_provider by this
+// library, which only the tests link; transport::open dispatches here). Throws SG_ERR_NO_PROVIDER
 // when no fabric is installed.
 std::unique_ptr<Transport> open_fake(const OpenOptions &options);
 

@@ -1,7 +1,6 @@
 // libfabric implementation of Transport: one RDM endpoint, one completion queue for transmit and
 // receive, an address vector, and a ring of pre-posted receive buffers for control messages.
 #include "transport/transport.hpp"
-#include "transport/fake.hpp"
 
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
@@ -27,6 +26,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <map>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -575,10 +575,35 @@ std::unique_ptr<Transport> open_libfabric(const OpenOptions &options) {
     return std::make_unique<LibfabricTransport>(options);
 }
 
-// "fake" is never a libfabric provider name, and discovery (fi_getinfo) never lists it, so only a
-// context that names it gets the in-memory fabric.
+namespace {
+struct TestProviders {
+    std::mutex mu;
+    std::map<std::string, OpenFn> by_name;
+};
+TestProviders &test_providers() {
+    static TestProviders *p = new TestProviders;  // never destroyed: registrations run at static init
+    return *p;
+}
+}  // namespace
+
+void register_test_provider(const std::string &name, OpenFn open) {
+    auto &t = test_providers();
+    std::lock_guard lock(t.mu);
+    if (open)
+        t.by_name[name] = open;
+    else
+        t.by_name.erase(name);
+}
+
+// A test fabric's name is never a libfabric provider's, and discovery (fi_getinfo) never lists it, so
+// only a context that names it gets it; in the shipped library none is registered.
 std::unique_ptr<Transport> open(const OpenOptions &options) {
-    auto open_one = options.provider == "fake" ? &fake::open_fake : &open_libfabric;
+    OpenFn open_one = &open_libfabric;
+    {
+        auto &t = test_providers();
+        std::lock_guard lock(t.mu);
+        if (auto it = t.by_name.find(options.provider); it != t.by_name.end()) open_one = it->second;
+    }
     if (options.lanes > 1 || options.rail_addrs.size() > 1) return open_striped(options, open_one);
     return open_one(options);
 }

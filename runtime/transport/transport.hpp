@@ -192,8 +192,13 @@ std::unique_ptr<Transport> open_libfabric(const OpenOptions &options);
 // A striped transport over options.lanes endpoints that open_one opens (lanes.cpp).
 std::unique_ptr<Transport> open_striped(const OpenOptions &options,
                                         std::unique_ptr<Transport> (*open_one)(const OpenOptions &));
-// Opens the transport that options.provider names: a libfabric provider, or "fake" (an in-memory
-// fabric for deterministic tests, transport/fake.hpp).
+// Opens the transport that options.provider names: a libfabric provider, or a test fabric that
+// registered under that name.
 std::unique_ptr<Transport> open(const OpenOptions &options);
+
+// Test fabrics (transport/fake.hpp, "fake") live in a library only the tests link, and register
+// their opener here when they are linked in; a name no libfabric provider has. nullptr removes it.
+using OpenFn = std::unique_ptr<Transport> (*)(const OpenOptions &);
+void register_test_provider(const std::string &name, OpenFn open);
 
 }  // namespace sg::transport
