@@ -6,7 +6,7 @@
 #include "core/auth.hpp"
 #include "core/cuda_plugin.hpp"
 #include "core/transfer.hpp"
-#include "core/wire_quant.hpp"
+#include "quant/quant.hpp"
 
 namespace sg::core {
 
@@ -234,7 +234,7 @@ class Context : public transport::CompletionSink {
     struct Unpack {
         std::shared_ptr<Transfer> t;  // holds the pool and the session (whose slot is read)
         wire::StagedChunk chunk;
-        std::vector<wire_quant::Shape> shapes;  // quantized chunks: each segment's, as checked on arrival
+        std::vector<quant::Shape> shapes;  // quantized chunks: each segment's, as checked on arrival
         uint64_t wire_bytes = 0;  // quantized chunks: the slot bytes their segments took
         std::string error;        // the device copy failed: the transfer fails with this
     };
@@ -264,7 +264,7 @@ class Context : public transport::CompletionSink {
             uint32_t pieces;
             uint32_t region_in_layer;
             uint64_t offset, length;
-            wire_quant::Shape shape;
+            quant::Shape shape;
         };
         std::vector<QuantSegment> quant_segments;
         std::vector<uint8_t> notice;  // its StagedChunk frame

@@ -160,7 +160,7 @@ bool Context::post_staged_chunk(Transfer &t, uint32_t layer, const Vec<plan::Op>
         // blocks) travels raw, in a chunk of raw ranges: a chunk is quantized or not as a whole.
         const bool quantized =
             t.options.wire_quant &&
-            wire_quant::shape_of(t.prefill.dst->layout, op.dst_region, op.dst_offset, op.len, q.shape);
+            quant::shape_of(t.prefill.dst->layout, op.dst_region, op.dst_offset, op.len, q.shape);
         if (k == first)
             p.wire_quant = chunk.wire_quant = quantized ? t.options.wire_quant : 0;
         else if (quantized != (p.wire_quant != 0))
@@ -280,9 +280,9 @@ void Context::pack_into(Pack &p, uint8_t *slot) {
         return;
     }
     kernels::QuantCode code{};
-    wire_quant::code_of(p.wire_quant, code);  // checked when the transfer was posted
+    quant::code_of(p.wire_quant, code);  // checked when the transfer was posted
     for (const Pack::QuantSegment &q : p.quant_segments) {
-        wire_quant::encode(p.t->prefill.dst->layout, q.region_in_layer, q.offset, q.length, q.shape,
+        quant::encode(p.t->prefill.dst->layout, q.region_in_layer, q.offset, q.length, q.shape,
                            pieces.first(q.pieces), code, slot);
         pieces = pieces.subspan(q.pieces);
         slot += q.shape.wire_bytes();
@@ -378,13 +378,13 @@ void Context::on_staged_chunk(Session &s, wire::StagedChunk &m) {
         uint64_t pos = m.slot_offset;
         // Quantized chunks come only for a transfer both sides agreed to quantize, in its code.
         if (m.wire_quant && m.wire_quant != t.options.wire_quant)
-            fail(SG_ERR_PROTOCOL, std::string("StagedChunk quantized as ") + wire_quant::name_of(m.wire_quant) +
+            fail(SG_ERR_PROTOCOL, std::string("StagedChunk quantized as ") + quant::name_of(m.wire_quant) +
                                       " for a transfer expected with wire_quant " +
-                                      wire_quant::name_of(t.options.wire_quant));
+                                      quant::name_of(t.options.wire_quant));
         // The peer is trusted with the keys of this pool, not with our address space: every
         // segment must fall inside the slot and inside the pool's region. All are checked
         // before the first byte is copied.
-        std::vector<wire_quant::Shape> shapes;
+        std::vector<quant::Shape> shapes;
         if (m.wire_quant) shapes.reserve(m.segments.size());
         for (const wire::Segment &seg : m.segments) {
             const uint32_t layer = seg.region / L.regions_per_layer();
@@ -396,8 +396,8 @@ void Context::on_staged_chunk(Session &s, wire::StagedChunk &m) {
                 fail(SG_ERR_PROTOCOL, "StagedChunk segment outside the pool or the staging slot");
             uint64_t wire_len = seg.length;
             if (m.wire_quant) {
-                wire_quant::Shape &shape = shapes.emplace_back();
-                if (!wire_quant::shape_of(L, seg.region % L.regions_per_layer(), seg.offset, seg.length, shape))
+                quant::Shape &shape = shapes.emplace_back();
+                if (!quant::shape_of(L, seg.region % L.regions_per_layer(), seg.offset, seg.length, shape))
                     fail(SG_ERR_PROTOCOL, "quantized StagedChunk segment is not whole head rows of the pool");
                 wire_len = shape.wire_bytes();
                 if (!in_bounds(pos, wire_len, StagingArea::kSlotBytes))
@@ -450,7 +450,7 @@ void Context::unpack_from(Unpack &u) {
     const uint8_t *src = u.t->session->recv_staging.base + u.chunk.slot * StagingArea::kSlotBytes;
     uint64_t pos = u.chunk.slot_offset;
     kernels::QuantCode code{};
-    const bool quantized = wire_quant::code_of(u.chunk.wire_quant, code);
+    const bool quantized = quant::code_of(u.chunk.wire_quant, code);
     const bool device = L.mem_kind == SG_MEM_CUDA;
     thread_local std::vector<std::pair<uint8_t *, uint64_t>> pieces;
     thread_local std::vector<uint8_t> decoded;
@@ -467,9 +467,9 @@ void Context::unpack_from(Unpack &u) {
         uint8_t *dst = u.t->pool->region(layer, region) + seg.offset;
         if (device) pieces.emplace_back(dst, seg.length);
         if (quantized) {
-            const wire_quant::Shape &shape = u.shapes[i];
+            const quant::Shape &shape = u.shapes[i];
             uint8_t *out = device ? decoded.data() + decoded_bytes : dst;
-            wire_quant::decode(L, region, seg.offset, seg.length, shape, src + pos, code, out);
+            quant::decode(L, region, seg.offset, seg.length, shape, src + pos, code, out);
             decoded_bytes += seg.length;
             u.wire_bytes += shape.wire_bytes();
             pos += shape.wire_bytes();

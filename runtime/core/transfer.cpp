@@ -20,10 +20,10 @@ void check_request_id(const char *rid) {
 void check_wire_quant(uint32_t wire_quant, const kv::Layout &pool) {
     if (wire_quant == SG_WIRE_QUANT_NONE) return;
     kernels::QuantCode code;
-    if (!wire_quant::code_of(wire_quant, code))
+    if (!quant::code_of(wire_quant, code))
         fail(SG_ERR_INVALID_ARGUMENT, "options.wire_quant " + std::to_string(wire_quant) + " is not an SG_WIRE_QUANT_* value");
     if (pool.dtype != SG_DTYPE_FP32 && pool.dtype != SG_DTYPE_FP16 && pool.dtype != SG_DTYPE_BF16)
-        fail(SG_ERR_INVALID_ARGUMENT, std::string("options.wire_quant ") + wire_quant::name_of(wire_quant) +
+        fail(SG_ERR_INVALID_ARGUMENT, std::string("options.wire_quant ") + quant::name_of(wire_quant) +
                                           " needs an fp32, fp16 or bf16 pool");
 }
 
@@ -214,8 +214,8 @@ void Context::match(Session &s, const std::shared_ptr<Transfer> &t, const wire::
         kv::check_block_table(rp->second.layout, e.block_ids, e.num_tokens);
         if (e.wire_quant != t->options.wire_quant)
             fail(SG_ERR_LAYOUT_MISMATCH, std::string("wire quantization differs: posted ") +
-                                             wire_quant::name_of(t->options.wire_quant) + ", expected " +
-                                             wire_quant::name_of(e.wire_quant) + " (options.wire_quant)");
+                                             quant::name_of(t->options.wire_quant) + ", expected " +
+                                             quant::name_of(e.wire_quant) + " (options.wire_quant)");
         t->prefill.dst = &rp->second;
         t->prefill.dst_table.assign(e.block_ids.begin(), e.block_ids.end());
         start_selective(*t);

@@ -159,7 +159,7 @@ struct StagedChunk {
     uint32_t slot = 0;           // staging slot on the receiver
     uint64_t slot_offset = 0;    // byte offset of the first segment inside the slot
     std::vector<Segment> segments;  // packed back to back in the slot, in this order
-    // Since 1.3: SG_WIRE_QUANT_* of every segment (core/wire_quant.hpp gives their wire form; a
+    // Since 1.3: SG_WIRE_QUANT_* of every segment (quant/quant.hpp gives their wire form; a
     // segment's length stays its length in the pool). 0: raw bytes.
     uint32_t wire_quant = 0;
 };

@@ -12,7 +12,7 @@
 // rate is the transfer's bottleneck (docs/benchmarks.md, "In-flight quantization").
 //
 // Flags: --bytes SIZE (4M), --reps N (15; --quick 5).
-#include "core/wire_quant.hpp"
+#include "quant/quant.hpp"
 
 #include <smartgen/smartgen.h>
 
@@ -72,15 +72,15 @@ int run_quant(const Common &c) {
                 std::memcpy(&pool[i], &h, 2);
             }
         }
-        core::wire_quant::Shape shape;
-        if (!core::wire_quant::shape_of(L, 0, 0, len, shape)) throw std::logic_error("the segment has no shape");
+        quant::Shape shape;
+        if (!quant::shape_of(L, 0, 0, len, shape)) throw std::logic_error("the segment has no shape");
         std::vector<uint8_t> wire(shape.wire_bytes());
         const std::pair<const uint8_t *, uint64_t> piece{pool.data(), len};
-        const core::wire_quant::Simd best = core::wire_quant::simd_in_use();
-        for (core::wire_quant::Simd simd : {core::wire_quant::Simd::sse2, core::wire_quant::Simd::avx2}) {
-        core::wire_quant::use_simd(simd);
-        if (core::wire_quant::simd_in_use() != simd) continue;  // the CPU lacks it
-        const char *simd_name = simd == core::wire_quant::Simd::avx2 ? "avx2" : "sse2";
+        const quant::Simd best = quant::simd_in_use();
+        for (quant::Simd simd : {quant::Simd::sse2, quant::Simd::avx2}) {
+        quant::use_simd(simd);
+        if (quant::simd_in_use() != simd) continue;  // the CPU lacks it
+        const char *simd_name = simd == quant::Simd::avx2 ? "avx2" : "sse2";
         for (kernels::QuantCode code : {kernels::QuantCode::int8, kernels::QuantCode::fp8_e4m3}) {
             const char *code_name = code == kernels::QuantCode::int8 ? "int8" : "fp8_e4m3";
             const char *dtype_name = dtype == SG_DTYPE_FP16 ? "fp16" : dtype == SG_DTYPE_BF16 ? "bf16" : "fp32";
@@ -89,9 +89,9 @@ int run_quant(const Common &c) {
             std::vector<double> enc, dec, copy;
             for (int r = 0; r < reps + 1; ++r) {  // the first round warms up and is not counted
                 uint64_t t0 = now_ns();
-                core::wire_quant::encode(L, 0, 0, len, shape, std::span(&piece, 1), code, wire.data());
+                quant::encode(L, 0, 0, len, shape, std::span(&piece, 1), code, wire.data());
                 uint64_t t1 = now_ns();
-                core::wire_quant::decode(L, 0, 0, len, shape, wire.data(), code, back.data());
+                quant::decode(L, 0, 0, len, shape, wire.data(), code, back.data());
                 uint64_t t2 = now_ns();
                 const double m = memcpy_gbps_on(back.data(), pool.data(), len);
                 if (r == 0) continue;
@@ -121,7 +121,7 @@ int run_quant(const Common &c) {
             }
         }
         }
-        core::wire_quant::use_simd(best);
+        quant::use_simd(best);
     }
     if (!c.json) report.print_table();
     return 0;

@@ -6,7 +6,7 @@
 // the match.
 #include "fake_pair.hpp"
 
-#include "core/wire_quant.hpp"
+#include "quant/quant.hpp"
 #include "kernels.hpp"
 
 #include <gtest/gtest.h>
@@ -79,10 +79,10 @@ TEST_P(WireQuantCodec, AWholePlaneIsTheCpuTwinsScalesAndCodesBitForBit) {
     const kernels::QuantCode code = GetParam();
     int cases = 0;
     // Every vector path the CPU has (AVX2 where it is there, SSE2 always on x86-64), then the default.
-    const core::wire_quant::Simd best = core::wire_quant::simd_in_use();
-    for (core::wire_quant::Simd simd : {core::wire_quant::Simd::sse2, core::wire_quant::Simd::avx2}) {
-    core::wire_quant::use_simd(simd);
-    SCOPED_TRACE(simd == core::wire_quant::Simd::avx2 ? "avx2" : "sse2");
+    const quant::Simd best = quant::simd_in_use();
+    for (quant::Simd simd : {quant::Simd::sse2, quant::Simd::avx2}) {
+    quant::use_simd(simd);
+    SCOPED_TRACE(simd == quant::Simd::avx2 ? "avx2" : "sse2");
     for (sg_dtype_t dtype : {SG_DTYPE_FP32, SG_DTYPE_FP16, SG_DTYPE_BF16})
         for (sg_kv_packing_t packing : {SG_KV_SEPARATE, SG_KV_FUSED})
             for (sg_block_order_t order : {SG_BLOCK_TOKEN_MAJOR, SG_BLOCK_HEAD_MAJOR}) {
@@ -93,14 +93,14 @@ TEST_P(WireQuantCodec, AWholePlaneIsTheCpuTwinsScalesAndCodesBitForBit) {
                 for (uint64_t block = 0; block < L.num_blocks; ++block)
                     for (uint32_t plane = 0; plane < 2; ++plane) {
                         const kv::Layout::Loc at = L.plane(plane, block);
-                        core::wire_quant::Shape shape;
-                        ASSERT_TRUE(core::wire_quant::shape_of(L, at.region, at.offset, L.plane_bytes, shape));
+                        quant::Shape shape;
+                        ASSERT_TRUE(quant::shape_of(L, at.region, at.offset, L.plane_bytes, shape));
                         const uint32_t planes_per_block = packing == SG_KV_FUSED ? 2 : 1;
                         ASSERT_EQ(shape.groups, uint64_t(planes_per_block) * g.heads);
                         ASSERT_EQ(shape.elements, L.plane_bytes / L.elem_bytes);
                         std::vector<uint8_t> wire(shape.wire_bytes());
                         const std::pair<const uint8_t *, uint64_t> piece{region.data() + at.offset, L.plane_bytes};
-                        core::wire_quant::encode(L, at.region, at.offset, L.plane_bytes, shape, std::span(&piece, 1), code,
+                        quant::encode(L, at.region, at.offset, L.plane_bytes, shape, std::span(&piece, 1), code,
                                                  wire.data());
 
                         const void *data = region.data() + at.offset;
@@ -124,7 +124,7 @@ TEST_P(WireQuantCodec, AWholePlaneIsTheCpuTwinsScalesAndCodesBitForBit) {
 
                         // And back: the twin's dequantization of the same codes, bit for bit.
                         std::vector<uint8_t> back(L.plane_bytes), twin(L.plane_bytes);
-                        core::wire_quant::decode(L, at.region, at.offset, L.plane_bytes, shape, wire.data(), code,
+                        quant::decode(L, at.region, at.offset, L.plane_bytes, shape, wire.data(), code,
                                                  back.data());
                         const kernels::View out = order == SG_BLOCK_TOKEN_MAJOR
                                                       ? kernels::token_major(twin.data(), kd, g.tpb, g.heads, g.dim)
@@ -135,7 +135,7 @@ TEST_P(WireQuantCodec, AWholePlaneIsTheCpuTwinsScalesAndCodesBitForBit) {
                 ++cases;
             }
     }
-    core::wire_quant::use_simd(best);
+    quant::use_simd(best);
     EXPECT_EQ(cases, 24);
 }
 
@@ -147,10 +147,10 @@ INSTANTIATE_TEST_SUITE_P(Codes, WireQuantCodec, ::testing::Values(kernels::Quant
 // other element of the head as it would without them (the scale of its finite values).
 TEST_P(WireQuantCodec, ANonFiniteElementArrivesAsNaNAndSpreadsToNothing) {
     const kernels::QuantCode code = GetParam();
-    const core::wire_quant::Simd best = core::wire_quant::simd_in_use();
-    for (core::wire_quant::Simd simd : {core::wire_quant::Simd::sse2, core::wire_quant::Simd::avx2}) {
-        core::wire_quant::use_simd(simd);
-        SCOPED_TRACE(simd == core::wire_quant::Simd::avx2 ? "avx2" : "sse2");
+    const quant::Simd best = quant::simd_in_use();
+    for (quant::Simd simd : {quant::Simd::sse2, quant::Simd::avx2}) {
+        quant::use_simd(simd);
+        SCOPED_TRACE(simd == quant::Simd::avx2 ? "avx2" : "sse2");
         for (sg_dtype_t dtype : {SG_DTYPE_FP32, SG_DTYPE_FP16, SG_DTYPE_BF16}) {
             const Geometry g{dtype, SG_KV_SEPARATE, SG_BLOCK_TOKEN_MAJOR, 1, 64, 16, 0};  // one head, 1,024 elements
             const kv::Layout L = layout_of(g, 1);
@@ -170,14 +170,14 @@ TEST_P(WireQuantCodec, ANonFiniteElementArrivesAsNaNAndSpreadsToNothing) {
                 }
             }
             const kv::Layout::Loc at = L.plane(0, 0);
-            core::wire_quant::Shape shape;
-            ASSERT_TRUE(core::wire_quant::shape_of(L, at.region, at.offset, L.plane_bytes, shape));
+            quant::Shape shape;
+            ASSERT_TRUE(quant::shape_of(L, at.region, at.offset, L.plane_bytes, shape));
             std::vector<uint8_t> wire(shape.wire_bytes()), back(L.plane_bytes);
             const std::pair<const uint8_t *, uint64_t> piece{region.data() + at.offset, L.plane_bytes};
-            core::wire_quant::encode(L, at.region, at.offset, L.plane_bytes, shape, std::span(&piece, 1), code, wire.data());
+            quant::encode(L, at.region, at.offset, L.plane_bytes, shape, std::span(&piece, 1), code, wire.data());
             const float scale = scale_at(wire.data(), 0);
             EXPECT_TRUE(std::isfinite(scale) && scale > 0) << scale;
-            core::wire_quant::decode(L, at.region, at.offset, L.plane_bytes, shape, wire.data(), code, back.data());
+            quant::decode(L, at.region, at.offset, L.plane_bytes, shape, wire.data(), code, back.data());
             int bad = 0;
             for (uint64_t i = 0; i < n; ++i) {
                 float got;
@@ -201,16 +201,16 @@ TEST_P(WireQuantCodec, ANonFiniteElementArrivesAsNaNAndSpreadsToNothing) {
             EXPECT_EQ(bad, 0) << "dtype " << dtype << ": elements beside the non-finite ones changed";
         }
     }
-    core::wire_quant::use_simd(best);
+    quant::use_simd(best);
 }
 
 TEST(WireQuant, ASegmentOverSeveralBlocksHasAScaleForEachBlockPlaneAndHead) {
     const Geometry g{SG_DTYPE_FP16, SG_KV_SEPARATE, SG_BLOCK_TOKEN_MAJOR, 2, 4, 4, 0};
     const kv::Layout L = layout_of(g, 8);
-    core::wire_quant::Shape shape;
+    quant::Shape shape;
     // Blocks 2..4 whole, then one token of block 5: four blocks, two heads.
     const uint64_t len = 3 * L.block_stride + L.row_bytes() * g.heads;
-    ASSERT_TRUE(core::wire_quant::shape_of(L, 1, 2 * L.block_stride, len, shape));
+    ASSERT_TRUE(quant::shape_of(L, 1, 2 * L.block_stride, len, shape));
     EXPECT_EQ(shape.groups, 4u * 2);
     EXPECT_EQ(shape.elements, len / 2);
     EXPECT_EQ(shape.wire_bytes(), 4 * 8 + len / 2);
@@ -219,14 +219,14 @@ TEST(WireQuant, ASegmentOverSeveralBlocksHasAScaleForEachBlockPlaneAndHead) {
 TEST(WireQuant, RangesThatAreNotWholeRowsOfAPlaneAreRefused) {
     const Geometry g{SG_DTYPE_FP16, SG_KV_FUSED, SG_BLOCK_TOKEN_MAJOR, 2, 4, 4, 16};
     const kv::Layout L = layout_of(g, 4);
-    core::wire_quant::Shape shape;
-    EXPECT_TRUE(core::wire_quant::shape_of(L, 0, 0, 2 * L.plane_bytes, shape));
-    EXPECT_FALSE(core::wire_quant::shape_of(L, 0, 0, L.block_stride + L.plane_bytes, shape)) << "covers the padding";
-    EXPECT_FALSE(core::wire_quant::shape_of(L, 0, 2, L.row_bytes(), shape)) << "a cut row";
-    EXPECT_FALSE(core::wire_quant::shape_of(L, 0, 0, L.row_bytes() / 2, shape)) << "half a row";
-    EXPECT_FALSE(core::wire_quant::shape_of(L, 1, 0, L.row_bytes(), shape)) << "a fused pool has one region a layer";
+    quant::Shape shape;
+    EXPECT_TRUE(quant::shape_of(L, 0, 0, 2 * L.plane_bytes, shape));
+    EXPECT_FALSE(quant::shape_of(L, 0, 0, L.block_stride + L.plane_bytes, shape)) << "covers the padding";
+    EXPECT_FALSE(quant::shape_of(L, 0, 2, L.row_bytes(), shape)) << "a cut row";
+    EXPECT_FALSE(quant::shape_of(L, 0, 0, L.row_bytes() / 2, shape)) << "half a row";
+    EXPECT_FALSE(quant::shape_of(L, 1, 0, L.row_bytes(), shape)) << "a fused pool has one region a layer";
     const kv::Layout fp8 = layout_of({SG_DTYPE_FP8_E4M3, SG_KV_SEPARATE, SG_BLOCK_TOKEN_MAJOR, 2, 4, 4, 0}, 4);
-    EXPECT_FALSE(core::wire_quant::shape_of(fp8, 0, 0, fp8.row_bytes(), shape)) << "fp8 has no quantized form";
+    EXPECT_FALSE(quant::shape_of(fp8, 0, 0, fp8.row_bytes(), shape)) << "fp8 has no quantized form";
 }
 
 // ---- on the fake fabric ----
@@ -286,7 +286,7 @@ TEST_P(WireQuantTransfer, EveryElementArrivesWithinHalfAStepAndTheWireCarriesCod
     ASSERT_EQ(r.post->status, SG_OK) << r.post->error;
     ASSERT_EQ(r.expect->status, SG_OK) << r.expect->error;
     kernels::QuantCode code;
-    ASSERT_TRUE(core::wire_quant::code_of(c.wire_quant, code));
+    ASSERT_TRUE(quant::code_of(c.wire_quant, code));
     EXPECT_TRUE(within_a_step(r.src, r.st, r.dst, r.dt, r.tokens, code));
     // fp16, one head: each block plane is 4 x 64 elements, 512 bytes, sent as 256 codes + one scale.
     const uint64_t payload = uint64_t(r.tokens) * 64 * 2 * 2 * 3;

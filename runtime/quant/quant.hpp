@@ -1,5 +1,6 @@
-// In-flight quantization of staged segments (sg_transfer_options_t.wire_quant): how a segment of
-// the destination pool travels as one-byte codes and scales, and back.
+// runtime/quant: in-flight quantization of staged segments (sg_transfer_options_t.wire_quant), a
+// pure codec: how a segment of the destination pool travels as one-byte codes and scales, and back.
+// Uses kv/ (the layout) and kernels/ (the per-element code the CUDA kernels share); core/ calls it.
 //
 // A segment is a byte range of one destination region, in the destination layout's element order
 // (the staging path's unit). Its scales are per (block, plane, KV head), as the CUDA plugin's
@@ -19,7 +20,7 @@
 #include <span>
 #include <utility>
 
-namespace sg::core::wire_quant {
+namespace sg::quant {
 
 // The vector path the codec runs (the widest the CPU has by default: AVX2 with F16C, else SSE2 on
 // x86-64; "sse2" means the portable loops elsewhere). use_simd is for tests and benchmarks, which
@@ -52,4 +53,4 @@ void encode(const kv::Layout &dst, uint32_t region_in_layer, uint64_t offset, ui
 void decode(const kv::Layout &dst, uint32_t region_in_layer, uint64_t offset, uint64_t length, const Shape &shape,
             const uint8_t *in, kernels::QuantCode code, uint8_t *pool_bytes);
 
-}  // namespace sg::core::wire_quant
+}  // namespace sg::quant

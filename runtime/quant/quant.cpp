@@ -1,5 +1,5 @@
-// In-flight quantization of staged segments; the format is in wire_quant.hpp.
-#include "core/wire_quant.hpp"
+// In-flight quantization of staged segments (runtime/quant); the format is in quant.hpp.
+#include "quant/quant.hpp"
 
 #include <algorithm>
 #include <array>
@@ -16,7 +16,7 @@
 #include <emmintrin.h>
 #endif
 
-namespace sg::core::wire_quant {
+namespace sg::quant {
 
 namespace {
 
@@ -572,4 +572,4 @@ void decode(const kv::Layout &dst, uint32_t, uint64_t offset, uint64_t length, c
     });
 }
 
-}  // namespace sg::core::wire_quant
+}  // namespace sg::quant
