@@ -4,6 +4,7 @@
 // side of this loop got SG_ERR_PEER_LOST with megabytes of a 16 MiB transfer missing in 3-6 runs of
 // 10 over tcp.
 #include "pair_harness.hpp"
+#include "support/host_pool.hpp"
 
 #include <chrono>
 #include <thread>
@@ -16,29 +17,8 @@ using sgtest::kSecond;
 constexpr uint32_t kLayers = 4, kHeads = 8, kDim = 128, kTpb = 16;
 constexpr uint64_t kBlocks = 64;  // 4 layers x K,V x 64 blocks x 32 KiB = 16 MiB
 
-struct Pool {
-    std::vector<std::vector<uint16_t>> k, v;
-    std::vector<void *> kp, vp;
-    sg_kv_layout_t layout;
-    Pool() {
-        const size_t elems = size_t(kBlocks) * kTpb * kHeads * kDim;
-        k.assign(kLayers, std::vector<uint16_t>(elems));
-        v.assign(kLayers, std::vector<uint16_t>(elems));
-        for (uint32_t l = 0; l < kLayers; ++l) {
-            kp.push_back(k[l].data());
-            vp.push_back(v[l].data());
-        }
-        sg_kv_layout_init(&layout);
-        layout.num_layers = kLayers;
-        layout.num_kv_heads = kHeads;
-        layout.head_dim = kDim;
-        layout.tokens_per_block = kTpb;
-        layout.num_blocks = kBlocks;
-        layout.dtype = SG_DTYPE_FP16;
-        layout.layer_k_base = kp.data();
-        layout.layer_v_base = vp.data();
-        layout.layer_base_count = kLayers;
-    }
+struct Pool : sgtest::HostPool {
+    Pool() : HostPool({kLayers, kHeads, kDim, kTpb, kBlocks}) {}
     static uint16_t value(uint32_t round, uint32_t layer, uint32_t plane, size_t i) {
         return uint16_t(round * 40503u + layer * 7919u + plane * 104729u + i * 2654435761u);
     }

@@ -4,6 +4,7 @@
 #include <smartgen/smartgen.h>
 
 #include "../test_key.h"
+#include "support/host_pool.hpp"
 
 #include <gtest/gtest.h>
 
@@ -21,29 +22,9 @@ constexpr uint64_t kSecond = 1000000000ull;
 constexpr uint32_t kLayers = 2, kHeads = 2, kDim = 32, kTpb = 8, kBlocks = 256;
 constexpr int kSessions = 4, kThreads = 8, kPerThread = 12;
 
-struct Pool {
-    std::vector<std::vector<uint16_t>> k, v;
-    std::vector<void *> kp, vp;
-    sg_kv_layout_t layout;
+struct Pool : sgtest::HostPool {
     sg_kv_handle_t h = nullptr;
-    explicit Pool(sg_context_t ctx) {
-        for (uint32_t l = 0; l < kLayers; ++l) {
-            k.emplace_back(size_t(kBlocks) * kTpb * kHeads * kDim);
-            v.emplace_back(size_t(kBlocks) * kTpb * kHeads * kDim);
-        }
-        for (uint32_t l = 0; l < kLayers; ++l) {
-            kp.push_back(k[l].data());
-            vp.push_back(v[l].data());
-        }
-        sg_kv_layout_init(&layout);
-        layout.num_layers = kLayers;
-        layout.num_kv_heads = kHeads;
-        layout.head_dim = kDim;
-        layout.tokens_per_block = kTpb;
-        layout.num_blocks = kBlocks;
-        layout.layer_k_base = kp.data();
-        layout.layer_v_base = vp.data();
-        layout.layer_base_count = kLayers;
+    explicit Pool(sg_context_t ctx) : HostPool({kLayers, kHeads, kDim, kTpb, kBlocks}) {
         EXPECT_EQ(sg_kv_register(ctx, &layout, &h, nullptr), SG_OK);
     }
 };

@@ -3,6 +3,7 @@
 // transfer never quiesced, and the context's operation budget stayed taken, so a new peer's transfer
 // on the same pool stayed SG_IN_PROGRESS for 30 s and more (every run). Over tcp it recovered.
 #include "pair_harness.hpp"
+#include "support/host_pool.hpp"
 
 #include <atomic>
 #include <chrono>
@@ -19,29 +20,8 @@ using sgtest::kSecond;
 constexpr uint32_t kLayers = 4, kHeads = 8, kDim = 128, kTpb = 16;
 constexpr uint64_t kBlocks = 64;  // 4 MiB a layer
 
-struct Pool {
-    std::vector<std::vector<uint16_t>> k, v;
-    std::vector<void *> kp, vp;
-    sg_kv_layout_t layout;
-    explicit Pool(uint16_t fill) {
-        const size_t elems = size_t(kBlocks) * kTpb * kHeads * kDim;
-        k.assign(kLayers, std::vector<uint16_t>(elems, fill));
-        v.assign(kLayers, std::vector<uint16_t>(elems, uint16_t(fill + 1)));
-        for (uint32_t l = 0; l < kLayers; ++l) {
-            kp.push_back(k[l].data());
-            vp.push_back(v[l].data());
-        }
-        sg_kv_layout_init(&layout);
-        layout.num_layers = kLayers;
-        layout.num_kv_heads = kHeads;
-        layout.head_dim = kDim;
-        layout.tokens_per_block = kTpb;
-        layout.num_blocks = kBlocks;
-        layout.dtype = SG_DTYPE_FP16;
-        layout.layer_k_base = kp.data();
-        layout.layer_v_base = vp.data();
-        layout.layer_base_count = kLayers;
-    }
+struct Pool : sgtest::HostPool {
+    explicit Pool(uint16_t fill) : HostPool({kLayers, kHeads, kDim, kTpb, kBlocks}, fill, uint16_t(fill + 1)) {}
 };
 
 std::vector<uint32_t> all_blocks() {

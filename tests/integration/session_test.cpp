@@ -4,6 +4,7 @@
 #include <smartgen/smartgen.h>
 
 #include "../test_key.h"
+#include "support/host_pool.hpp"
 
 #include <gtest/gtest.h>
 
@@ -39,31 +40,13 @@ struct Ctx {
     ~Ctx() { EXPECT_EQ(sg_context_destroy(h), SG_OK); }
 };
 
-struct Pool {
+struct Pool : sgtest::HostPool {
     uint32_t layers, heads, dim, tpb;
     uint64_t blocks;
-    std::vector<std::vector<uint16_t>> k, v;
-    std::vector<void *> kp, vp;
-    sg_kv_layout_t layout;
     sg_kv_handle_t kv = nullptr;
     Pool(sg_context_t ctx, uint32_t layers_, uint32_t heads_, uint32_t dim_, uint32_t tpb_, uint64_t blocks_)
-        : layers(layers_), heads(heads_), dim(dim_), tpb(tpb_), blocks(blocks_) {
-        const size_t n = size_t(blocks) * tpb * heads * dim;
-        k.assign(layers, std::vector<uint16_t>(n));
-        v.assign(layers, std::vector<uint16_t>(n));
-        for (uint32_t l = 0; l < layers; ++l) {
-            kp.push_back(k[l].data());
-            vp.push_back(v[l].data());
-        }
-        sg_kv_layout_init(&layout);
-        layout.num_layers = layers;
-        layout.num_kv_heads = heads;
-        layout.head_dim = dim;
-        layout.tokens_per_block = tpb;
-        layout.num_blocks = blocks;
-        layout.layer_k_base = kp.data();
-        layout.layer_v_base = vp.data();
-        layout.layer_base_count = layers;
+        : HostPool({layers_, heads_, dim_, tpb_, blocks_}), layers(layers_), heads(heads_), dim(dim_), tpb(tpb_),
+          blocks(blocks_) {
         EXPECT_EQ(sg_kv_register(ctx, &layout, &kv, nullptr), SG_OK) << sg_last_error_message();
     }
     ~Pool() { sg_kv_deregister(kv); }
