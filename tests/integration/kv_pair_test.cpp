@@ -3,6 +3,7 @@
 // sides, over >= 100 randomised transfers per provider. The decode process checks every byte of a
 // layer as soon as that layer is reported ready, while later layers are still moving.
 #include "pair_harness.hpp"
+#include "support/host_pool.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -45,36 +46,11 @@ inline void expected_row(uint64_t seed, uint32_t layer, uint32_t plane, uint64_t
     for (uint32_t d = 0; d < head_dim; ++d) out[d] = uint16_t((h >> 16) + d * 0x9e37u);
 }
 
-struct Pool {
+struct Pool : sgtest::HostPool {
     Shape shape;
-    std::vector<std::vector<uint16_t>> k, v;
-    std::vector<void *> kp, vp;
-    sg_kv_layout_t layout;
 
-    explicit Pool(const Shape &s) : shape(s) {
-        const size_t elems = size_t(s.blocks) * s.tpb * s.heads * s.head_dim;
-        k.resize(s.layers);
-        v.resize(s.layers);
-        for (uint32_t l = 0; l < s.layers; ++l) {
-            k[l].resize(elems);
-            v[l].resize(elems);
-        }
-        for (uint32_t l = 0; l < s.layers; ++l) {
-            kp.push_back(k[l].data());
-            vp.push_back(v[l].data());
-        }
-        sg_kv_layout_init(&layout);
-        layout.num_layers = s.layers;
-        layout.num_kv_heads = s.heads;
-        layout.head_dim = s.head_dim;
-        layout.tokens_per_block = s.tpb;
-        layout.num_blocks = s.blocks;
-        layout.dtype = SG_DTYPE_FP16;
-        layout.packing = SG_KV_SEPARATE;
+    explicit Pool(const Shape &s) : HostPool({s.layers, s.heads, s.head_dim, s.tpb, s.blocks}), shape(s) {
         layout.block_order = s.order;
-        layout.layer_k_base = kp.data();
-        layout.layer_v_base = vp.data();
-        layout.layer_base_count = s.layers;
     }
 
     uint16_t *row(uint32_t layer, uint32_t plane, uint32_t block, uint32_t tok_in_block, uint32_t head) {
