@@ -184,6 +184,13 @@ class StripedTransport final : public Transport {
 
     ~StripedTransport() override {
         stop_threads();
+        // Each endpoint closes before the operations it still holds are freed: closing may complete
+        // them into their cookies' provider space, and the transport's own sends (acks, notices,
+        // messages sent again) own theirs in the lane's in_flight map.
+        for (auto &lane : lanes_) {
+            std::lock_guard lock(lane->mu);
+            lane->t.reset();
+        }
         for (auto &lane : lanes_)
             if (lane->kick_fd >= 0) ::close(lane->kick_fd);
         if (event_fd_ >= 0) ::close(event_fd_);
@@ -384,6 +391,13 @@ class StripedTransport final : public Transport {
         send_acks(false);
         uint64_t drained;
         (void)!::read(event_fd_, &drained, sizeof drained);
+        // An idle poll allocates nothing (a std::deque allocates when it is made): the progress
+        // thread polls all the time, and a host that forks under a sanitizer's allocator, which
+        // does not hand its locks over at fork, must find none held by this loop.
+        {
+            std::lock_guard lock(events_mu_);
+            if (events_.empty()) return 0;
+        }
         std::deque<Event> batch;
         {
             std::lock_guard lock(events_mu_);
@@ -607,7 +621,7 @@ class StripedTransport final : public Transport {
     void release(LaneRegistrations &regs) noexcept {
         for (size_t i = 0; i < regs.per_lane.size(); ++i) {
             std::lock_guard lock(lanes_[i]->mu);
-            lanes_[i]->t->deregister(regs.per_lane[i]);
+            if (lanes_[i]->t) lanes_[i]->t->deregister(regs.per_lane[i]);  // closed: its registrations went with it
         }
         regs.per_lane.clear();
     }
@@ -813,9 +827,11 @@ class StripedTransport final : public Transport {
         return true;
     }
 
-    // A lane whose thread cannot go on: what it holds (queued or posted) goes through the path of a
-    // broken connection, so writes move to live lanes and sends to the new control lane, and no
-    // more is queued on it.
+    // A lane whose thread cannot go on: what is queued on it and not yet posted goes through the path
+    // of a broken connection, so writes move to live lanes and sends to the new control lane, and no
+    // more is queued on it. What the provider already holds stays where it is: the provider keeps
+    // its own state in those operations' cookies until they complete, so they are neither freed nor
+    // reported here (their transfers end by their deadline or the peer's loss).
     void lose_lane_everywhere(size_t lane_index) noexcept {
         Lane &lane = *lanes_[lane_index];
         lane.broken = true;
@@ -835,10 +851,8 @@ class StripedTransport final : public Transport {
             for (Op &op : queued) {
                 void *cookie = op.own ? static_cast<void *>(op.own.get()) : op.cookie;
                 lane.in_flight.emplace(cookie, std::move(op));
+                lane_completed(lane_index, cookie, -ECONNRESET, "the lane's thread failed");
             }
-            std::vector<void *> cookies;
-            for (auto &[cookie, op] : lane.in_flight) cookies.push_back(cookie);
-            for (void *c : cookies) lane_completed(lane_index, c, -ECONNRESET, "the lane's thread failed");
         } catch (...) {
         }
     }

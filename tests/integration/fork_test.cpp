@@ -80,10 +80,27 @@ TEST_P(Fork, ChildrenExitNormallyWithOrWithoutAContextOfTheirOwn) {
     sg_listener_t listener = nullptr;
     ASSERT_EQ(sg_listener_create(a, "127.0.0.1", 0, &listener, nullptr), SG_OK) << sg_last_error_message();
     std::atomic<bool> stop{false};
+    // Under AddressSanitizer the busy threads park around each fork: GCC 12's ASan allocator does
+    // not hand its locks over at fork, so a child that allocates hangs on one a parent thread held
+    // (seen in 1 of ~10 runs: the child's own progress thread in the size-class allocator's mutex).
+    // The release build forks while they run.
+#if defined(__SANITIZE_ADDRESS__)
+    constexpr bool kParkAtFork = true;
+#else
+    constexpr bool kParkAtFork = false;
+#endif
+    std::atomic<bool> park{false};
+    std::atomic<int> parked{0};
     std::vector<std::thread> busy;
     for (sg_context_t c : {a, b})
-        busy.emplace_back([c, &stop] {
+        busy.emplace_back([c, &stop, &park, &parked] {
             while (!stop.load()) {
+                if (park.load()) {
+                    parked++;
+                    while (park.load() && !stop.load()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+                    parked--;
+                    continue;
+                }
                 sg_context_stats_t st;
                 sg_context_stats_init(&st);
                 sg_context_stats(c, &st);
@@ -94,9 +111,14 @@ TEST_P(Fork, ChildrenExitNormallyWithOrWithoutAContextOfTheirOwn) {
     std::string failures;
     for (int i = 0; i < kForks; ++i) {
         const Child what = Child(i % 3);
+        if (kParkAtFork) {
+            park = true;
+            while (parked.load() < int(busy.size())) std::this_thread::sleep_for(std::chrono::microseconds(100));
+        }
         const pid_t pid = fork();
         ASSERT_GE(pid, 0);
         if (pid == 0) run_child(what, a, provider);
+        park = false;
         const int ws = wait_for(pid, std::chrono::seconds(20));
         if (ws == -1)
             failures += " child " + std::to_string(i) + " hung in exit;";
