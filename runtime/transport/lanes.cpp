@@ -255,12 +255,8 @@ class StripedTransport final : public Transport {
 
     void remove_peer(PeerAddr id) override {
         Peer *p = peer(id);
-        for (size_t i = 0; i < p->addr.size(); ++i) {
-            std::lock_guard lock(lanes_[i]->mu);
-            // Operations still queued for this peer complete as canceled: their cookies come back.
-            for (Op &op : take_pending(*lanes_[i], id)) fail_op(std::move(op), -ECANCELED, "the peer was removed");
-            lanes_[i]->t->remove_peer(p->addr[i]);
-        }
+        // Removed first, so nothing is queued for it from now on (acks, notices, messages sent again)
+        // and nothing still queued is posted to an address the endpoint no longer has.
         {
             std::lock_guard lock(peers_mu_);
             p->removed = true;
@@ -268,10 +264,24 @@ class StripedTransport final : public Transport {
             auto it = by_origin_.find(p->origin);
             if (it != by_origin_.end() && it->second == id) by_origin_.erase(it);
         }
+        for (size_t i = 0; i < p->addr.size(); ++i) {
+            Lane &lane = *lanes_[i];
+            std::lock_guard lock(lane.mu);
+            // Operations still queued for this peer complete as canceled: their cookies come back.
+            for (Op &op : take_pending(lane, id)) fail_op(std::move(op), -ECANCELED, "the peer was removed");
+            // The provider keeps a peer's connection state until its operations complete; the
+            // transport's own sends (acks) are unknown to the runtime, which may remove the peer
+            // while one is in flight. Its address goes once none is left (drive_lane).
+            if (has_in_flight(lane, id))
+                lane.removals.emplace_back(id, p->addr[i]);
+            else
+                lane.t->remove_peer(p->addr[i]);
+        }
         std::lock_guard lock(streams_mu_);
         for (auto it = streams_.begin(); it != streams_.end();)
             it = it->first.origin == p->origin ? streams_.erase(it) : std::next(it);
     }
+
 
     Registration register_memory(void *addr, uint64_t len, uint64_t requested_key) override {
         return register_on_every_lane([&](Transport &t) { return t.register_memory(addr, len, requested_key); }, false);
@@ -533,6 +543,7 @@ class StripedTransport final : public Transport {
         std::atomic<bool> sleeping{false};
         std::atomic<uint64_t> bytes_completed{0};
         std::atomic<bool> broken{false};  // its thread failed (lose_lane_everywhere): no peer uses it
+        std::vector<std::pair<PeerAddr, PeerAddr>> removals;  // (peer, its address here) to remove once idle; under mu
     };
 
     struct Event {
@@ -798,8 +809,16 @@ class StripedTransport final : public Transport {
             if (p.framed && p.failed[p.control]) {
                 const size_t old = p.control;
                 p.control = size_t(live);
-                for (Op &q : take_pending(*lanes_[old], id))
-                    if (q.send && !q.own) done.push_back(q.cookie);
+                for (Op &q : take_pending(*lanes_[old], id)) {
+                    if (q.send) {
+                        if (!q.own) done.push_back(q.cookie);  // sent again below, from unacked
+                        continue;
+                    }
+                    // A write queued on the broken lane and never posted: the new control lane takes it.
+                    p.outstanding[old] -= std::min(p.outstanding[old], q.bytes);
+                    p.outstanding[p.control] += q.bytes;
+                    enqueue(p.control, std::move(q));
+                }
                 // Queued on the new lane behind whatever waits there (acks, notices), before any
                 // message posted from now on.
                 for (auto &[seq, bytes] : p.unacked) {
@@ -1033,6 +1052,13 @@ class StripedTransport final : public Transport {
                 fail_op(std::move(op), status ? status : -ECANCELED, text);
     }
 
+    // With lane.mu held.
+    static bool has_in_flight(const Lane &lane, PeerAddr id) {
+        for (const auto &[cookie, op] : lane.in_flight)
+            if (op.peer == id) return true;
+        return false;
+    }
+
     // Takes a peer's queued operations (or only its writes) out of a lane's queue.
     std::deque<Op> take_pending(Lane &lane, PeerAddr id, bool writes_only = false) {
         std::deque<Op> taken;
@@ -1099,6 +1125,14 @@ class StripedTransport final : public Transport {
         LaneSink sink(*this, lane_index);
         const size_t n = lane.t->poll(sink);
         if (n) post_pending(lane_index);  // completions free queue entries
+        for (auto it = lane.removals.begin(); it != lane.removals.end();) {
+            if (has_in_flight(lane, it->first)) {
+                ++it;
+                continue;
+            }
+            lane.t->remove_peer(it->second);
+            it = lane.removals.erase(it);
+        }
         return n;
     }
 
