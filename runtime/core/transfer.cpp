@@ -478,9 +478,12 @@ std::string Transfer::invariant_violation() const {
     if (!finished() && outstanding > inflight)
         return std::to_string(outstanding) + " writes outstanding but " + std::to_string(inflight) +
                " operations in flight (" + plan::state_name(state()) + ")";
-    if (post_side && is_quiesced() && inflight)
+    // Quiesced only: Released may follow Finished directly when operations outlived the release
+    // wait (kept until the context goes), which is no quiesce.
+    const bool quiesced_now = state() == plan::TransferState::Quiesced;
+    if (post_side && quiesced_now && inflight)
         return "quiesced with " + std::to_string(inflight) + " operations in flight";
-    if (!post_side && is_quiesced() && decode.unpacks_pending)
+    if (!post_side && quiesced_now && decode.unpacks_pending)
         return "quiesced with " + std::to_string(decode.unpacks_pending) + " staged chunks still to unpack";
     return "";
 }
