@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"syscall"
 	"time"
+	"unsafe"
 
 	smartgen "github.com/smartgen/smartgen/bindings/go"
 )
@@ -19,6 +21,7 @@ type run struct {
 	table   []uint32 // this side's block table
 	ramp    []byte
 	pool    *smartgen.Pool
+	regions [][]byte // the memory this program allocated for the pool, as an engine owns its cache
 	ctx     *smartgen.Context
 	kv      *smartgen.KV
 	session *smartgen.Session
@@ -63,12 +66,7 @@ func (r *run) execute() (err error) {
 			err = cerr
 		}
 	}()
-	r.pool, err = smartgen.NewPool(smartgen.Layout{
-		NumLayers: c.layers, NumKVHeads: kvHeads, HeadDim: headDim, TokensPerBlock: blockTokens,
-		NumBlocks: uint64(c.blocks), DType: smartgen.FP16, Packing: smartgen.Separate,
-		BlockOrder: smartgen.TokenMajor,
-	})
-	if err != nil {
+	if err = r.makePool(); err != nil {
 		return err
 	}
 	// The prefill side writes request 0 before it has a session, so the decode side's full_s
@@ -98,6 +96,37 @@ func (r *run) execute() (err error) {
 	ctx, cancel := r.bounded()
 	defer cancel()
 	return r.session.Shutdown(ctx)
+}
+
+// makePool registers memory this program mapped itself (one K and one V region per layer), the way
+// a serving engine registers the KV cache it owns; cleanup unmaps it after the pool is closed.
+func (r *run) makePool() error {
+	c := r.cfg
+	layout := smartgen.Layout{
+		NumLayers: c.layers, NumKVHeads: kvHeads, HeadDim: headDim, TokensPerBlock: blockTokens,
+		NumBlocks: uint64(c.blocks), DType: smartgen.FP16, Packing: smartgen.Separate,
+		BlockOrder: smartgen.TokenMajor,
+	}
+	regionBytes := int(c.blocks) * blockTokens * kvHeads * headDim * 2
+	mem := smartgen.Memory{Kind: smartgen.MemHost}
+	for l := 0; l < int(c.layers); l++ {
+		for plane := 0; plane < 2; plane++ {
+			b, err := syscall.Mmap(-1, 0, regionBytes, syscall.PROT_READ|syscall.PROT_WRITE,
+				syscall.MAP_PRIVATE|syscall.MAP_ANONYMOUS)
+			if err != nil {
+				return fail("SG_ERR_NO_MEMORY", "mmap of a %d-byte region: %v", regionBytes, err)
+			}
+			r.regions = append(r.regions, b)
+			if plane == 0 {
+				mem.K = append(mem.K, unsafe.Pointer(&b[0]))
+			} else {
+				mem.V = append(mem.V, unsafe.Pointer(&b[0]))
+			}
+		}
+	}
+	var err error
+	r.pool, err = smartgen.NewPoolFromMemory(layout, mem)
+	return err
 }
 
 func (r *run) openSession() error {
@@ -360,8 +389,17 @@ func (r *run) cleanup() error {
 	if r.ctx != nil {
 		note(r.ctx.Close())
 	}
+	poolClosed := true
 	if r.pool != nil {
-		note(r.pool.Close())
+		perr := r.pool.Close()
+		note(perr)
+		poolClosed = perr == nil
+	}
+	// Only once the pool is closed: until then the library may still address the memory.
+	if poolClosed {
+		for _, b := range r.regions {
+			note(syscall.Munmap(b))
+		}
 	}
 	return first
 }

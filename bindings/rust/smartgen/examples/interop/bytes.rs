@@ -4,7 +4,9 @@
 //! 256. 7 is odd, so with k = base * 7^-1 mod 256 (7^-1 = 183) that is 7 (o + k) mod 256 = ramp[o + k]:
 //! every plane is a slice of one precomputed ramp, written with a copy and checked with a compare.
 
-use smartgen::{BlockOrder, Dtype, Plane, Pool, PoolLayout};
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+
+use smartgen::{BlockOrder, Dtype, Plane, Pool, PoolLayout, RawMemory};
 
 use crate::args::{Config, BLOCK_TOKENS, DECODE_OFFSET, DECODE_STRIDE, PREFILL_OFFSET, PREFILL_STRIDE};
 use crate::failure::Failure;
@@ -28,6 +30,50 @@ pub fn pool_layout(cfg: &Config) -> PoolLayout {
         num_blocks: u64::from(cfg.blocks),
         dtype: Dtype::FP16,
         block_order: BlockOrder::TOKEN_MAJOR,
+    }
+}
+
+/// The pool's memory, allocated by this program as a serving engine owns its KV cache (one K and
+/// one V region per layer, page-aligned) and freed on drop. It must outlive the `KvHandle` that
+/// registers a pool over it and every transfer made with that.
+pub struct HostMemory {
+    regions: Vec<*mut u8>,
+    layout: Layout,
+}
+
+impl HostMemory {
+    pub fn new(cfg: &Config) -> Result<HostMemory, Failure> {
+        let bytes = PLANE_BYTES * cfg.blocks as usize;
+        let layout = Layout::from_size_align(bytes, 4096)
+            .map_err(|e| Failure::new("SG_ERR_INVALID_ARGUMENT", format!("a {bytes}-byte region: {e}")))?;
+        let mut memory = HostMemory { regions: Vec::new(), layout };
+        for _ in 0..2 * cfg.layers {
+            // SAFETY: the layout's size is non-zero (blocks >= 1 and PLANE_BYTES > 0).
+            let p = unsafe { alloc_zeroed(layout) };
+            if p.is_null() {
+                return Err(Failure::new("SG_ERR_NO_MEMORY", format!("allocating a {bytes}-byte region")));
+            }
+            memory.regions.push(p);
+        }
+        Ok(memory)
+    }
+
+    /// A pool over this memory: K of layer l is region 2l, V region 2l + 1.
+    pub fn pool(&self, cfg: &Config) -> smartgen::Result<Pool> {
+        let k = self.regions.iter().step_by(2).copied().collect();
+        let v = self.regions.iter().skip(1).step_by(2).copied().collect();
+        // SAFETY: each region is PLANE_BYTES × blocks = region_bytes() long, touched only through
+        // the pool, and freed only when `self` drops, which run() orders after the KvHandle.
+        unsafe { Pool::from_raw(pool_layout(cfg), RawMemory::new(k, v)) }
+    }
+}
+
+impl Drop for HostMemory {
+    fn drop(&mut self) {
+        for &p in &self.regions {
+            // SAFETY: allocated in new() with this layout, freed once.
+            unsafe { dealloc(p, self.layout) };
+        }
     }
 }
 

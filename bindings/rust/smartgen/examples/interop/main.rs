@@ -22,7 +22,7 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use smartgen::{
-    Context, ContextOptions, KvHandle, LayerState, Listener, Paths, Pool, Profile, Session, Status, Transfer,
+    Context, ContextOptions, KvHandle, LayerState, Listener, Paths, Profile, Session, Status, Transfer,
     TransferFlags, TransferOptions,
 };
 
@@ -293,7 +293,9 @@ fn run(cfg: &Config) -> Result<Outcome, Failure> {
     let timeout = Duration::from_secs(u64::from(cfg.timeout_s));
     let table = bytes::table(cfg);
     let pattern = Pattern::new();
-    let mut pool = Pool::new(bytes::pool_layout(cfg)).map_err(Failure::call("allocating the pool"))?;
+    // Declared before the KvHandle and the Run, so dropped after them: the memory outlives its use.
+    let memory = bytes::HostMemory::new(cfg)?;
+    let mut pool = memory.pool(cfg).map_err(Failure::call("sg_kv_layout_validate"))?;
     // The prefill side writes request 0 before it has a session, so the decode side's full_s (from
     // its expect) counts the transfer and the ready round trip, not the time the peer took to write.
     if cfg.prefill {

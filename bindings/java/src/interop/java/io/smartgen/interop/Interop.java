@@ -69,6 +69,8 @@ public final class Interop {
     private Listener listener;
     private Session session;
     private Pool pool;
+    /** The pool's memory, allocated by this program as an engine owns its KV cache: [layer][plane]. */
+    private ByteBuffer[][] regions;
     private Profile profile;
     private final Transfer[] xfer = new Transfer[2];
     private String step = "setup";
@@ -109,7 +111,8 @@ public final class Interop {
     }
 
     private ByteBuffer planeAt(int layer, int plane, int logical) {
-        return pool.plane(layer, plane, table[logical]);
+        int start = Math.multiplyExact(table[logical], PLANE_BYTES);
+        return regions[layer][plane].slice(start, PLANE_BYTES);
     }
 
     private long requestBytes() {
@@ -163,11 +166,25 @@ public final class Interop {
     }
 
     private void openContext() {
+        regions = new ByteBuffer[cfg.layers][PLANES];
+        for (ByteBuffer[] layer : regions) {
+            for (int p = 0; p < PLANES; p++) {
+                layer[p] = ByteBuffer.allocateDirect(Math.multiplyExact(cfg.blocks, PLANE_BYTES));
+            }
+        }
         step = "sg_context_create";
         // provider tcp;ofi_rxm, local_addr 127.0.0.1, the key from SG_AUTH_KEY_FILE.
         ctx = Context.builder().provider("tcp").build();
         step = "sg_kv_register";
-        pool = ctx.registerPool(KvLayout.of(cfg.layers, KV_HEADS, HEAD_DIM, BLOCK_TOKENS, cfg.blocks));
+        // Memory this program allocated, registered as it is (nothing copied): one K and one V
+        // region per layer, the engine-owned registration a serving engine uses.
+        ByteBuffer[] k = new ByteBuffer[cfg.layers];
+        ByteBuffer[] v = new ByteBuffer[cfg.layers];
+        for (int l = 0; l < cfg.layers; l++) {
+            k[l] = regions[l][0];
+            v[l] = regions[l][1];
+        }
+        pool = ctx.registerPool(KvLayout.of(cfg.layers, KV_HEADS, HEAD_DIM, BLOCK_TOKENS, cfg.blocks), k, v);
     }
 
     private void openSession() {
