@@ -217,7 +217,7 @@ class FakeTransport final : public Transport {
 
     const Capabilities &caps() const override { return caps_; }
 
-    std::vector<uint8_t> local_address() const override {
+    std::vector<uint8_t> local_address() override {
         const uint64_t v = kAddressTag | id_;
         std::vector<uint8_t> out(sizeof v);
         std::memcpy(out.data(), &v, sizeof v);

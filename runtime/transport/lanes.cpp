@@ -155,7 +155,6 @@ class StripedTransport final : public Transport {
                                               "striping over lanes needs application-chosen keys");
         caps_.send_after_write = false;
         caps_.lanes = n;
-        origin_ = address_hash(lanes_[0]->t->local_address());
         nonce_ = (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}() ^ now_ns();
         caps_.bulk_apart = n > 1;
         event_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -207,11 +206,16 @@ class StripedTransport final : public Transport {
 
     const Capabilities &caps() const override { return caps_; }
 
-    std::vector<uint8_t> local_address() const override { return lanes_[0]->t->local_address(); }
+    std::vector<uint8_t> local_address() override { return lane_addresses()[0]; }
 
-    std::vector<std::vector<uint8_t>> lane_addresses() const override {
+    // The first call opens every lane's endpoint, each under its lane's lock (its thread polls it).
+    std::vector<std::vector<uint8_t>> lane_addresses() override {
         std::vector<std::vector<uint8_t>> out;
-        for (auto &lane : lanes_) out.push_back(lane->t->local_address());
+        for (auto &lane : lanes_) {
+            std::lock_guard lock(lane->mu);
+            out.push_back(lane->t->local_address());
+        }
+        if (origin_.load(std::memory_order_acquire) == 0) origin_.store(address_hash(out[0]), std::memory_order_release);
         return out;
     }
 
@@ -223,6 +227,7 @@ class StripedTransport final : public Transport {
     // Lane i talks to the peer's lane i; lanes beyond the shorter side's count stay unused for it.
     PeerAddr insert_peer_lanes(std::span<const std::vector<uint8_t>> addresses, bool peer_frames_lanes) override {
         if (addresses.empty()) fail(SG_ERR_PROTOCOL, "the peer named no endpoint");
+        (void)lane_addresses();  // opens the endpoints and fixes this side's origin first
         const size_t n = std::min(addresses.size(), lanes_.size());
         auto peer = std::make_unique<Peer>();
         for (size_t i = 0; i < n; ++i) {
@@ -375,7 +380,7 @@ class StripedTransport final : public Transport {
             std::lock_guard lock(peers_mu_);
             Envelope e;
             e.stream = id;
-            e.origin = origin_;
+            e.origin = origin_.load(std::memory_order_relaxed);
             e.nonce = nonce_;
             e.seq = ++p->next_seq;
             op.message = seal(e, bytes);
@@ -836,7 +841,7 @@ class StripedTransport final : public Transport {
                 e.kind = FrameKind::LaneLost;
                 e.lane = uint8_t(lane);
                 e.stream = id;
-                e.origin = origin_;
+                e.origin = origin_.load(std::memory_order_relaxed);
                 e.nonce = nonce_;
                 enqueue(p.control, own_send(id, seal(e, {})));
             }
@@ -1008,7 +1013,7 @@ class StripedTransport final : public Transport {
                 Envelope e;
                 e.kind = FrameKind::Ack;
                 e.stream = key.stream;
-                e.origin = origin_;
+                e.origin = origin_.load(std::memory_order_relaxed);
                 e.nonce = key.nonce;
                 e.seq = seq;
                 enqueue(control, own_send(id, seal(e, {})));
@@ -1220,7 +1225,8 @@ class StripedTransport final : public Transport {
     int wait_epoll_ = -1;
     std::atomic<bool> stop_{false};
     std::atomic<uint64_t> failovers_{0}, lanes_lost_{0};
-    uint64_t origin_ = 0, nonce_ = 0;
+    std::atomic<uint64_t> origin_{0};  // lane 0's address hashed, once its endpoint is open
+    uint64_t nonce_ = 0;
     std::unordered_map<uint64_t, PeerAddr> by_origin_;  // framed peers by their origin; under peers_mu_
     std::mutex streams_mu_;  // taken before peers_mu_ and events_mu_, never while holding either
     std::map<StreamKey, Stream> streams_;

@@ -219,7 +219,8 @@ class LibfabricTransport final : public Transport {
 
     const Capabilities &caps() const override { return caps_; }
 
-    std::vector<uint8_t> local_address() const override {
+    std::vector<uint8_t> local_address() override {
+        open_endpoint();
         std::vector<uint8_t> name(256);
         size_t len = name.size();
         int rc = fi_getname(&ep_->fid, name.data(), &len);
@@ -233,6 +234,7 @@ class LibfabricTransport final : public Transport {
     }
 
     PeerAddr insert_peer(std::span<const uint8_t> address) override {
+        open_endpoint();
         // fi_av_insert reads as many bytes as the provider's names have (a string name: up to its
         // NUL), whatever the span holds: a peer's name of another length (empty, say) or a string
         // without its NUL would be read past its end.
@@ -463,11 +465,40 @@ class LibfabricTransport final : public Transport {
         } else if (fi_control(&cq_->fid, FI_GETWAIT, &wait_fd_)) {
             wait_fd_ = -1;
         }
+        // Without send-after-write ordering, a notice may only follow writes that are complete at the
+        // target, so writes ask for delivery completion.
+        write_flags_ = FI_COMPLETION | (caps_.send_after_write && !opt.delivery_complete ? 0 : FI_DELIVERY_COMPLETE);
+        shm_ = prov == "shm";
+        recv_buffers_ = opt.recv_buffers ? opt.recv_buffers : 32;
+        recv_bytes_ = opt.recv_buffer_bytes ? opt.recv_buffer_bytes : 256 * 1024;
+        // The endpoint waits for the first session (open_endpoint): enabling it is where the provider
+        // allocates and touches its buffers, most of a context's memory.
+    }
+
+    void open_endpoint() {
+        if (ep_) return;
+        try {
+            enable_endpoint();
+        } catch (...) {
+            // Nothing half-open stays behind: the next call tries again from the start.
+            if (ep_) fi_close(&ep_->fid);
+            ep_ = nullptr;
+            if (recv_reg_.mr) deregister(recv_reg_);
+            slots_.clear();
+            recv_area_.reset();
+            if (shm_lock_fd_ >= 0) ::close(shm_lock_fd_);
+            shm_lock_fd_ = -1;
+            throw;
+        }
+    }
+
+    void enable_endpoint() {
+        int rc;
         if ((rc = fi_endpoint(domain_, info_.get(), &ep_, nullptr))) fi_fail("fi_endpoint", rc);
         if ((rc = fi_ep_bind(ep_, &av_->fid, 0))) fi_fail("fi_ep_bind(av)", rc);
         if ((rc = fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV))) fi_fail("fi_ep_bind(cq)", rc);
         std::string shm_name;
-        if (prov == "shm") {
+        if (shm_) {
             reap_orphaned_shm_regions();
             shm_name = fresh_shm_name();
             if ((rc = fi_setname(&ep_->fid, shm_name.data(), shm_name.size() + 1))) fi_fail("fi_setname(shm)", rc);
@@ -478,17 +509,14 @@ class LibfabricTransport final : public Transport {
             if (shm_lock_fd_ < 0 || flock(shm_lock_fd_, LOCK_SH) != 0)
                 fail(SG_ERR_TRANSPORT, "cannot mark shm region " + shm_name + " as in use: " + std::strerror(errno));
         }
-        // Without send-after-write ordering, a notice may only follow writes that are complete at the
-        // target, so writes ask for delivery completion.
-        write_flags_ = FI_COMPLETION | (caps_.send_after_write && !opt.delivery_complete ? 0 : FI_DELIVERY_COMPLETE);
 
-        const size_t nbuf = opt.recv_buffers ? opt.recv_buffers : 32;
-        recv_bytes_ = opt.recv_buffer_bytes ? opt.recv_buffer_bytes : 256 * 1024;
-        recv_area_.resize(nbuf * recv_bytes_);
-        if (caps_.needs_local_desc) recv_reg_ = register_memory(recv_area_.data(), recv_area_.size(), 0x5347524356ull);
-        slots_.resize(nbuf);
-        for (size_t i = 0; i < nbuf; ++i) {
-            slots_[i].buf = recv_area_.data() + i * recv_bytes_;
+        // Left uninitialized: pages are touched only as messages land in them.
+        recv_area_.reset(new uint8_t[recv_buffers_ * recv_bytes_]);
+        if (caps_.needs_local_desc)
+            recv_reg_ = register_memory(recv_area_.get(), recv_buffers_ * recv_bytes_, 0x5347524356ull);
+        slots_.resize(recv_buffers_);
+        for (size_t i = 0; i < recv_buffers_; ++i) {
+            slots_[i].buf = recv_area_.get() + i * recv_bytes_;
             repost(&slots_[i]);
         }
     }
@@ -562,8 +590,10 @@ class LibfabricTransport final : public Transport {
     std::mutex shm_peers_mu_;  // a lane's thread may post while the core inserts or removes peers
     std::unordered_map<fi_addr_t, ShmPeer> shm_peers_;
     uint64_t write_flags_ = FI_COMPLETION;
+    bool shm_ = false;
+    size_t recv_buffers_ = 0;
     size_t recv_bytes_ = 0;
-    std::vector<uint8_t> recv_area_;
+    std::unique_ptr<uint8_t[]> recv_area_;
     Registration recv_reg_;
     uint64_t live_registrations_ = 0;
     std::vector<RecvSlot> slots_;

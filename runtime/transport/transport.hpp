@@ -105,7 +105,11 @@ class Transport {
   public:
     virtual ~Transport() = default;
     virtual const Capabilities &caps() const = 0;
-    virtual std::vector<uint8_t> local_address() const = 0;
+    // The endpoint's name for peers. A libfabric endpoint opens on the first call (this, or
+    // insert_peer): until a context makes its first session it has a fabric, domain and completion
+    // queue but no endpoint, whose provider buffers (rxm: ~70 MB a tcp lane) it does not need yet.
+    // Callers serialize it with poll() as with every other call.
+    virtual std::vector<uint8_t> local_address() = 0;
     virtual PeerAddr insert_peer(std::span<const uint8_t> address) = 0;
     virtual void remove_peer(PeerAddr peer) = 0;
     // Registers [addr, addr+len) for local and remote read/write. requested_key is used unless the
@@ -143,7 +147,7 @@ class Transport {
     // Lanes (several endpoints striped as one, lanes.cpp). A plain endpoint has one lane and these
     // fall back to the calls above. lane_addresses()[0] is local_address(); a peer that names only
     // its first lane (an older or single-lane peer) gets every operation on lane 0.
-    virtual std::vector<std::vector<uint8_t>> lane_addresses() const { return {local_address()}; }
+    virtual std::vector<std::vector<uint8_t>> lane_addresses() { return {local_address()}; }
     // peer_frames_lanes: the peer's striped transport frames its messages (sequence numbers, acks,
     // lane-loss notices; wire minor 1.5), so this side may frame its own and move a session's
     // messages off a lane that breaks. An older peer gets plain messages on lane 0.

@@ -6,8 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -21,6 +23,16 @@ sg_status_t create(const char *provider, uint32_t lanes, const char *local_addr,
     SG_TEST_USE_KEY(o);
     *out = nullptr;
     return sg_context_create(&o, out, nullptr);
+}
+
+// Resident set of this process, in bytes.
+uint64_t resident_bytes() {
+    FILE *f = std::fopen("/proc/self/statm", "r");
+    if (!f) return 0;
+    unsigned long pages = 0, resident = 0;
+    const int n = std::fscanf(f, "%lu %lu", &pages, &resident);
+    std::fclose(f);
+    return n == 2 ? uint64_t(resident) * 4096 : 0;
 }
 
 uint64_t lanes_of(sg_context_t c) {
@@ -77,6 +89,30 @@ TEST(LaneOptions, BadCountsAndAddressesAreRefusedWithTheReason) {
     EXPECT_EQ(create("tcp", 0, nullptr, &c), SG_ERR_INVALID_ARGUMENT);
     EXPECT_NE(std::string(sg_last_error_message()).find("SG_LANES"), std::string::npos) << sg_last_error_message();
     ::unsetenv("SG_LANES");
+}
+
+// A context pays for its endpoints on first use: enabling a tcp;ofi_rxm endpoint is where the
+// provider allocates and touches its bounce-buffer pools (~70 MB a lane), which a context that
+// holds no session does not need. Three lanes cost ~230 MB at creation before 0.5.
+TEST(LaneOptions, AContextWithoutASessionIsSmallAndOpensItsEndpointsOnFirstUse) {
+    sg_context_t c = nullptr;
+    // Once first, so that what libfabric loads and keeps per process is not counted.
+    ASSERT_EQ(create("tcp", 3, nullptr, &c), SG_OK) << sg_last_error_message();
+    sg_context_destroy(c);
+    const uint64_t before = resident_bytes();
+    ASSERT_GT(before, 0u);
+    ASSERT_EQ(create("tcp", 3, nullptr, &c), SG_OK) << sg_last_error_message();
+    const uint64_t idle = resident_bytes();
+    EXPECT_LT(idle - before, uint64_t(24) << 20) << "a context with no session grew the process by "
+                                                 << (idle - before) / 1024 << " KiB";
+    // The metadata names every lane's endpoint, so producing it opens them.
+    size_t len = 0;
+    (void)sg_context_get_metadata(c, nullptr, 0, &len);
+    ASSERT_GT(len, 0u);
+    std::vector<uint8_t> blob(len);
+    ASSERT_EQ(sg_context_get_metadata(c, blob.data(), blob.size(), &len), SG_OK) << sg_last_error_message();
+    EXPECT_EQ(lanes_of(c), 3u);
+    sg_context_destroy(c);
 }
 
 }  // namespace

@@ -40,6 +40,14 @@ sg_context_t make_shm_context(uint32_t peer_timeout_ms = 0) {
     return c;
 }
 
+// A context's endpoint (and so its region) opens on first use; its metadata names it, so asking for
+// the metadata opens it.
+void open_endpoint(sg_context_t c) {
+    std::vector<uint8_t> blob(4096);
+    size_t len = 0;
+    EXPECT_EQ(sg_context_get_metadata(c, blob.data(), blob.size(), &len), SG_OK) << sg_last_error_message();
+}
+
 bool shm_exists(const std::string &name) {
     struct stat st {};
     return ::stat(("/dev/shm/" + name).c_str(), &st) == 0;
@@ -78,6 +86,8 @@ TEST(ShmRegions, LeftoversOfAnEarlierProcessWithThisPidDoNotBlockAContext) {
     sg_context_t b = make_shm_context();
     ASSERT_NE(a, nullptr);
     ASSERT_NE(b, nullptr);
+    open_endpoint(a);
+    open_endpoint(b);
     sg_context_destroy(b);
     sg_context_destroy(a);
     for (const auto &name : stale) shm_unlink(name.c_str());
@@ -87,6 +97,10 @@ TEST(ShmRegions, EachContextHoldsOneRegionThatGoesWithIt) {
     ASSERT_TRUE(regions_of_this_process().empty());
     sg_context_t a = make_shm_context();
     sg_context_t b = make_shm_context();
+    EXPECT_TRUE(regions_of_this_process().empty()) << "a context's endpoint opens on first use";
+    open_endpoint(a);
+    open_endpoint(b);
+    open_endpoint(a);  // once
     EXPECT_EQ(regions_of_this_process().size(), 2u);
     sg_context_destroy(a);
     EXPECT_EQ(regions_of_this_process().size(), 1u);
@@ -109,6 +123,7 @@ TEST(ShmRegions, AnOrphanedRegionIsRemovedWhileLiveAndNewbornOnesStay) {
 
     sg_context_t c = make_shm_context();
     ASSERT_NE(c, nullptr);
+    open_endpoint(c);  // reaps the orphans before it makes its own region
     EXPECT_FALSE(shm_exists(orphan)) << "an unlocked region two minutes old has no owner and is removed";
     EXPECT_TRUE(shm_exists(live)) << "a region whose owner holds its lock is in use";
     EXPECT_TRUE(shm_exists(newborn)) << "a region younger than a minute may not be locked yet";

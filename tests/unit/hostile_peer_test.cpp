@@ -317,7 +317,7 @@ class ThrowingTransport : public transport::Transport {
     explicit ThrowingTransport(std::shared_ptr<transport::Transport> inner) : inner_(std::move(inner)) {}
     std::atomic<bool> armed{false};
     const transport::Capabilities &caps() const override { return inner_->caps(); }
-    std::vector<uint8_t> local_address() const override { return inner_->local_address(); }
+    std::vector<uint8_t> local_address() override { return inner_->local_address(); }
     transport::PeerAddr insert_peer(std::span<const uint8_t> a) override { return inner_->insert_peer(a); }
     void remove_peer(transport::PeerAddr p) override { inner_->remove_peer(p); }
     transport::Registration register_memory(void *addr, uint64_t len, uint64_t key) override {
