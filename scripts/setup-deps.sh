@@ -40,6 +40,13 @@ TEST_PACKAGES=(
   openjdk-17-jdk-headless
   default-jdk-headless
   junit5
+  # Maven and the plugins its default build uses, from Debian (/usr/share/maven-repo): the install
+  # test builds a Maven project outside the repository against the installed binding, offline.
+  maven
+  libmaven-compiler-plugin-java
+  libmaven-jar-plugin-java
+  libmaven-resources-plugin-java
+  libsurefire-java
   bindgen
   # Python (bindings/python): headers for the extension, NumPy, torch (CPU) and pytest for its tests.
   python3-dev

@@ -150,8 +150,8 @@ run_asan_phase() {
     "$ROOT/${BUILD_PREFIX}asan/tools/soak/smartgen-soak" --short --rss-bound-mib 512
 }
 
-# ThreadSanitizer: the tests that run threads against each other (concurrency, sessions, failures,
-# and a rail killed under the lanes' threads);
+# ThreadSanitizer: the tests labelled tsan (tests/CMakeLists.txt: those that run threads against
+# each other: concurrency, sessions, failures, and a rail killed under the lanes' threads);
 # they all live in integration_tests (and link_peer for Failure.NetnsLinkDown), so only those are
 # built. die_after_fork=0: the failure tests fork a peer process that starts its own threads, which is
 # allowed by SmartGen's fork rule (a child makes its own context) but TSan refuses by default.
@@ -170,7 +170,7 @@ run_tsan_phase() {
   . "$ROOT/scripts/sanitizer-env.sh"
   SG_PEER_TIMEOUT_MS=10000 \
     preset_build_and_test tsan --targets "integration_tests link_peer" \
-      -R '^(Concurrency|Session|Failure|Paths|Bootstrap|Reconnect|GracefulClose)\.|^KvPairTcp\.ARail|^sanitizer\.' \
+      -L '^tsan$' \
       --repeat until-pass:2
 }
 

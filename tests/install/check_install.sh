@@ -57,9 +57,44 @@ else
   bad "transfer_pair built against the uninstalled tree failed:"; tail -20 "$work/tp_tree.log" 2>/dev/null
 fi
 
-# A Cargo project outside the repository (the smartgen crate by path: no registry here) links the
-# installed library through pkg-config alone (no SMARTGEN_LIB_DIR). This scratch prefix is not on
-# the loader's path, as /usr/lib of the packages is: the binary runs with LD_LIBRARY_PATH.
+# Each binding's interop program (docs/bindings.md), copied out of the repository into a project of
+# that ecosystem's own kind, built against this install with the ecosystem's usual steps, then run
+# as both sides of a transfer pair over memory the program allocated itself. This scratch prefix is
+# not on the loader's path, as /usr/lib of the packages is: the programs run with LD_LIBRARY_PATH.
+# shellcheck source=../interop/pair.sh
+. "$src/tests/interop/pair.sh"
+interop_make_key "$work"
+PAIR_ARGS=(--layers 4 --tokens 256 --blocks 80 --timeout-s 60)
+# launcher NAME COMMAND...: a script running COMMAND with the install's library path.
+launcher() {
+  local name=$1
+  shift
+  printf '#!/bin/sh\nLD_LIBRARY_PATH=%q exec' "$libdir" >"$work/launch-$name"
+  printf ' %q' "$@" >>"$work/launch-$name"
+  printf ' "$@"\n' >>"$work/launch-$name"
+  chmod +x "$work/launch-$name"
+}
+# pair LANG: both sides of a pair through $work/launch-LANG; true when both report every byte.
+pair() {
+  local dir="$work/pair-$1" why
+  mkdir -p "$dir"
+  if ! interop_run_pair "$work/launch-$1" "$work/launch-$1" "$dir" 120; then
+    bad "$1: the pair did not run"
+    return
+  fi
+  why=$(interop_pair_verdict "$1" "$1" "$dir")
+  if [ -z "$why" ]; then
+    ok
+    echo "install: $1 outside the repository: $(tail -n 1 "$dir/decode.out")"
+  else
+    bad "$1 interop pair built outside the repository: $why"
+    interop_print_logs "$dir"
+  fi
+}
+trap 'interop_kill_children; rm -rf "$work"' EXIT
+
+# Cargo: a package with the smartgen crate by path (no registry here), which finds the installed
+# library through pkg-config alone (no SMARTGEN_LIB_DIR).
 if command -v cargo >/dev/null && command -v rustc >/dev/null; then
   mkdir -p "$work/cargo_consumer/src"
   cat >"$work/cargo_consumer/Cargo.toml" <<EOT
@@ -71,18 +106,18 @@ edition = "2021"
 smartgen = { path = "$src/bindings/rust/smartgen" }
 [workspace]
 EOT
-  printf 'fn main() { println!("{}", smartgen::version()); }\n' >"$work/cargo_consumer/src/main.rs"
+  cp "$src"/bindings/rust/smartgen/examples/interop/*.rs "$work/cargo_consumer/src/"
   if (cd "$work/cargo_consumer" && env -u SMARTGEN_LIB_DIR -u LD_LIBRARY_PATH CARGO_TARGET_DIR="$work/cargo_target" \
-        cargo build --offline --quiet >"$work/cargo.log" 2>&1) &&
-     got=$(LD_LIBRARY_PATH=$libdir "$work/cargo_target/debug/consumer") && [ "$got" = "$version" ]; then
-    ok
+        cargo build --offline --quiet >"$work/cargo.log" 2>&1); then
+    launcher rust "$work/cargo_target/debug/consumer"
+    pair rust
   else
-    bad "a Cargo project against the install (pkg-config) failed:"; tail -20 "$work/cargo.log"
+    bad "a Cargo project against the install (pkg-config) does not build:"; tail -20 "$work/cargo.log"
   fi
 fi
 
-# A Go module outside the repository (the binding by a replace directive: no proxy here) builds with
-# the flags cgo takes from pkg-config alone (no CGO_CFLAGS / CGO_LDFLAGS) and runs.
+# Go: a module with the binding by a replace directive (no proxy here), built with the flags cgo
+# takes from pkg-config alone (no CGO_CFLAGS / CGO_LDFLAGS).
 if command -v go >/dev/null; then
   mkdir -p "$work/go_consumer"
   cat >"$work/go_consumer/go.mod" <<EOT
@@ -93,23 +128,62 @@ go 1.19
 require github.com/smartgen/smartgen/bindings/go v0.0.0
 replace github.com/smartgen/smartgen/bindings/go => $src/bindings/go
 EOT
-  cat >"$work/go_consumer/main.go" <<'EOT'
-package main
-
-import (
-	"fmt"
-
-	smartgen "github.com/smartgen/smartgen/bindings/go"
-)
-
-func main() { fmt.Println(smartgen.LibraryVersion()) }
-EOT
+  cp "$src"/bindings/go/cmd/smartgen-interop/*.go "$work/go_consumer/"
   if (cd "$work/go_consumer" && env -u CGO_CFLAGS -u CGO_LDFLAGS GOFLAGS=-mod=mod GOPROXY=off GOSUMDB=off \
-        GOCACHE="$work/gocache" GOPATH="$work/gopath" go build -o consumer . >"$work/go.log" 2>&1) &&
-     got=$(LD_LIBRARY_PATH=$libdir "$work/go_consumer/consumer") && [ "$got" = "$version" ]; then
-    ok
+        GOCACHE="$work/gocache" GOPATH="$work/gopath" go build -o consumer . >"$work/go.log" 2>&1); then
+    launcher go "$work/go_consumer/consumer"
+    pair go
   else
-    bad "a Go module against the install (cgo pkg-config) failed:"; tail -20 "$work/go.log"
+    bad "a Go module against the install (cgo pkg-config) does not build:"; tail -20 "$work/go.log"
+  fi
+fi
+
+# Maven: a project depending on io.smartgen:smartgen:VERSION, resolved from the install's
+# share/maven-repo (on Debian: /usr/share/maven-repo, with the plugins Maven itself needs), built
+# offline with `mvn package`. The JNI library comes from java.library.path, as on Debian.
+jni_dir=$libdir/jni
+if [ -f "$prefix/share/java/smartgen-$version.jar" ] && command -v mvn >/dev/null; then
+  [ -f "$prefix/share/maven-repo/io/smartgen/smartgen/$version/smartgen-$version.pom" ] && ok ||
+    bad "no io.smartgen:smartgen:$version in $prefix/share/maven-repo"
+  m=$work/maven_consumer
+  mkdir -p "$m/src/main"
+  cp -r "$src/bindings/java/src/interop/java" "$m/src/main/java"
+  cat >"$m/settings.xml" <<EOT
+<settings>
+  <localRepository>$work/m2</localRepository>
+  <mirrors>
+    <mirror><id>debian</id><mirrorOf>*,!smartgen</mirrorOf><url>file:///usr/share/maven-repo</url></mirror>
+  </mirrors>
+  <profiles>
+    <profile>
+      <id>install</id>
+      <repositories><repository><id>smartgen</id><url>file://$prefix/share/maven-repo</url></repository></repositories>
+    </profile>
+  </profiles>
+  <activeProfiles><activeProfile>install</activeProfile></activeProfiles>
+</settings>
+EOT
+  cat >"$m/pom.xml" <<EOT
+<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>com.example</groupId>
+  <artifactId>consumer</artifactId>
+  <version>1</version>
+  <properties>
+    <maven.compiler.release>17</maven.compiler.release>
+    <project.build.sourceEncoding>UTF-8</project.build.sourceEncoding>
+  </properties>
+  <dependencies>
+    <dependency><groupId>io.smartgen</groupId><artifactId>smartgen</artifactId><version>$version</version></dependency>
+  </dependencies>
+</project>
+EOT
+  if (cd "$m" && mvn -B -q -s settings.xml package >"$work/maven.log" 2>&1); then
+    launcher java java "-Djava.library.path=$jni_dir" \
+      -cp "$m/target/consumer-1.jar:$work/m2/io/smartgen/smartgen/$version/smartgen-$version.jar" io.smartgen.interop.Interop
+    pair java
+  else
+    bad "a Maven project against the install does not build:"; tail -20 "$work/maven.log"
   fi
 fi
 
