@@ -12,6 +12,7 @@
 #include "core/core.hpp"
 
 #include "../test_key.h"
+#include "support/host_pool.hpp"
 
 #include <smartgen/smartgen.h>
 
@@ -24,8 +25,8 @@
 
 namespace sg::fuzz {
 
-// The C API's defaults (abi/abi.cpp), without linking the ABI: progress driven by the harness,
-// peers never time out (a slow input must not look like a lost peer), logging off.
+// The C API's defaults (sg::defaults, common/common.hpp: the table abi/ applies), without linking
+// the ABI; progress driven by the harness, peers never time out (a slow input must not look like a lost peer), logging off.
 inline sg_context_options_t context_options(bool keyed = true, const char *provider = "tcp") {
     sg_context_options_t o{};
     o.struct_size = sizeof o;
@@ -34,12 +35,12 @@ inline sg_context_options_t context_options(bool keyed = true, const char *provi
     o.local_addr = "127.0.0.1";
     o.manual_progress = 1;
     o.progress_spin_us = 0;
-    o.max_ops_in_flight = 64;
+    o.max_ops_in_flight = sg::defaults::kMaxOpsInFlight;
     o.log_level = SG_LOG_OFF;
     o.peer_timeout_ms = 3600u * 1000u;
-    o.max_bytes_in_flight = 64ull << 20;
-    o.max_session_bytes_in_flight = 32ull << 20;
-    o.max_transfers_per_session = 1024;
+    o.max_bytes_in_flight = sg::defaults::kMaxBytesInFlight;
+    o.max_session_bytes_in_flight = sg::defaults::kMaxSessionBytesInFlight;
+    o.max_transfers_per_session = sg::defaults::kMaxTransfersPerSession;
     if (keyed)
         SG_TEST_USE_KEY(o);
     else
@@ -73,37 +74,15 @@ inline std::unique_ptr<core::Context> make_context(bool keyed = true, const char
 }
 
 // A small host pool: fp16, separate K and V, token-major.
-struct HostPool {
+struct HostPool : sgtest::HostPool {
     static constexpr uint32_t kLayers = 2, kHeads = 2, kDim = 16, kTokensPerBlock = 4;
     static constexpr uint64_t kBlocks = 8;
     static constexpr size_t kElems = size_t(kBlocks) * kTokensPerBlock * kHeads * kDim;
-    std::vector<std::vector<uint16_t>> k, v;
-    std::vector<void *> kp, vp;
-    sg_kv_layout_t layout{};
     std::shared_ptr<core::KvPool> pool;
 
-    explicit HostPool(core::Context &ctx) {
-        k.assign(kLayers, std::vector<uint16_t>(kElems, 0x3c00));
-        v.assign(kLayers, std::vector<uint16_t>(kElems, 0x3c00));
-        for (uint32_t l = 0; l < kLayers; ++l) {
-            kp.push_back(k[l].data());
-            vp.push_back(v[l].data());
-        }
-        layout.struct_size = sizeof layout;
-        layout.num_layers = kLayers;
-        layout.num_kv_heads = kHeads;
-        layout.head_dim = kDim;
-        layout.tokens_per_block = kTokensPerBlock;
-        layout.num_blocks = kBlocks;
-        layout.dtype = SG_DTYPE_FP16;
-        layout.packing = SG_KV_SEPARATE;
-        layout.block_order = SG_BLOCK_TOKEN_MAJOR;
-        layout.mem_kind = SG_MEM_HOST;
-        layout.layer_k_base = kp.data();
-        layout.layer_v_base = vp.data();
-        layout.layer_base_count = kLayers;
-        pool = std::make_shared<core::KvPool>(&ctx, layout);
-    }
+    explicit HostPool(core::Context &ctx)
+        : sgtest::HostPool({kLayers, kHeads, kDim, kTokensPerBlock, kBlocks}, 0x3c00, 0x3c00),
+          pool(std::make_shared<core::KvPool>(&ctx, layout)) {}
 };
 
 }  // namespace sg::fuzz

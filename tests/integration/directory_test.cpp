@@ -5,6 +5,7 @@
 // of reach fails lookups with a clear status and leaves open sessions alone.
 #include "etcd_cluster.hpp"
 #include "pair_harness.hpp"
+#include "support/host_pool.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -85,32 +86,14 @@ std::vector<std::string> list_names(sg_directory_t d, const char *prefix) {
 }
 
 // A small host pool: 2 layers, 1 KV head of 64, 16-token blocks, fp16, K and V separate.
-struct SmallPool {
+struct SmallPool : sgtest::HostPool {
     static constexpr uint32_t kLayers = 2, kBlocks = 8, kTpb = 16, kDim = 64;
-    std::vector<std::vector<uint16_t>> k, v;
-    std::vector<void *> kp, vp;
-    sg_kv_layout_t layout;
-    explicit SmallPool(uint16_t seed) {
-        for (uint32_t l = 0; l < kLayers; ++l) {
-            k.emplace_back(size_t(kBlocks) * kTpb * kDim);
-            v.emplace_back(size_t(kBlocks) * kTpb * kDim);
+    explicit SmallPool(uint16_t seed) : HostPool({kLayers, 1, kDim, kTpb, kBlocks}) {
+        for (uint32_t l = 0; l < kLayers; ++l)
             for (size_t i = 0; i < k[l].size(); ++i) {
                 k[l][i] = seed ? uint16_t((i * 7 + l + seed) & 0x3bff) : 0;
                 v[l][i] = seed ? uint16_t((i * 13 + l + seed) & 0x3bff) : 0;
             }
-            kp.push_back(k[l].data());
-            vp.push_back(v[l].data());
-        }
-        sg_kv_layout_init(&layout);
-        layout.num_layers = kLayers;
-        layout.num_kv_heads = 1;
-        layout.head_dim = kDim;
-        layout.tokens_per_block = kTpb;
-        layout.num_blocks = kBlocks;
-        layout.dtype = SG_DTYPE_FP16;
-        layout.layer_k_base = kp.data();
-        layout.layer_v_base = vp.data();
-        layout.layer_base_count = kLayers;
     }
     bool same(const SmallPool &o) const { return k == o.k && v == o.v; }
 };

@@ -2,6 +2,7 @@
 // within 3 s (peer_timeout_ms defaults to 2000; a broken connection is noticed sooner) and its
 // transfer and session must report SG_ERR_PEER_LOST.
 #include "pair_harness.hpp"
+#include "support/host_pool.hpp"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -22,28 +23,13 @@ constexpr uint32_t kDetectMs = 2000;
 
 using sgtest::kSecond;
 
-struct SmallPool {
-    std::vector<std::vector<uint16_t>> k, v;
-    std::vector<void *> kp, vp;
-    sg_kv_layout_t layout;
-    explicit SmallPool(uint32_t layers, uint64_t blocks = 64) {
+// 2 KV heads of 64, 16-token blocks; layer l's K elements hold l and its V elements l + 100.
+struct SmallPool : sgtest::HostPool {
+    explicit SmallPool(uint32_t layers, uint64_t blocks = 64) : HostPool({layers, 2, 64, 16, blocks}) {
         for (uint32_t l = 0; l < layers; ++l) {
-            k.emplace_back(size_t(blocks) * 16 * 2 * 64, uint16_t(l));
-            v.emplace_back(size_t(blocks) * 16 * 2 * 64, uint16_t(l + 100));
+            std::fill(k[l].begin(), k[l].end(), uint16_t(l));
+            std::fill(v[l].begin(), v[l].end(), uint16_t(l + 100));
         }
-        for (uint32_t l = 0; l < layers; ++l) {
-            kp.push_back(k[l].data());
-            vp.push_back(v[l].data());
-        }
-        sg_kv_layout_init(&layout);
-        layout.num_layers = layers;
-        layout.num_kv_heads = 2;
-        layout.head_dim = 64;
-        layout.tokens_per_block = 16;
-        layout.num_blocks = blocks;
-        layout.layer_k_base = kp.data();
-        layout.layer_v_base = vp.data();
-        layout.layer_base_count = layers;
     }
 };
 

@@ -4,6 +4,7 @@
 #include <smartgen/smartgen.h>
 
 #include "../test_key.h"
+#include "support/host_pool.hpp"
 
 #include <gtest/gtest.h>
 
@@ -343,24 +344,11 @@ TEST(SelectorApi, OutOfAddressSpaceIsNoMemory) {
 
 // ---- transfer argument checks (two contexts in this process, joined by metadata) ----
 
-struct Pool {
-    std::vector<uint16_t> k, v;
-    void *kp[1], *vp[1];
-    sg_kv_layout_t layout;
+// One layer, one KV head, head_dim 8, 4 tokens per block, `blocks` blocks (4 * blocks tokens),
+// registered with the context.
+struct Pool : sgtest::HostPool {
     sg_kv_handle_t kv = nullptr;
-    // One layer, one KV head, head_dim 8, 4 tokens per block, `blocks` blocks: 4 * blocks tokens.
-    Pool(sg_context_t ctx, uint64_t blocks) : k(size_t(blocks) * 4 * 8), v(k.size()) {
-        kp[0] = k.data();
-        vp[0] = v.data();
-        sg_kv_layout_init(&layout);
-        layout.num_layers = 1;
-        layout.num_kv_heads = 1;
-        layout.head_dim = 8;
-        layout.tokens_per_block = 4;
-        layout.num_blocks = blocks;
-        layout.layer_k_base = kp;
-        layout.layer_v_base = vp;
-        layout.layer_base_count = 1;
+    Pool(sg_context_t ctx, uint64_t blocks) : HostPool({1, 1, 8, 4, blocks}) {
         EXPECT_EQ(sg_kv_register(ctx, &layout, &kv, nullptr), SG_OK) << sg_last_error_message();
     }
     ~Pool() { sg_kv_deregister(kv); }

@@ -25,7 +25,12 @@ class HostPool {
             kp.push_back(k[l].data());
             vp.push_back(v[l].data());
         }
-        sg_kv_layout_init(&layout);
+        // The fields sg_kv_layout_init sets, set here: the fake-fabric tests and the fuzzers link
+        // the runtime without the C ABI.
+        layout = sg_kv_layout_t{};
+        layout.struct_size = sizeof layout;
+        layout.packing = SG_KV_SEPARATE;
+        layout.mem_kind = SG_MEM_HOST;
         layout.num_layers = s.layers;
         layout.num_kv_heads = s.heads;
         layout.head_dim = s.head_dim;

@@ -5,6 +5,7 @@
 // close_session, progress_once, stats) and Transfer's status, finished(), is_quiesced(), residency.
 #pragma once
 
+#include "support/host_pool.hpp"
 #include "core/core.hpp"
 #include "transport/fake.hpp"
 
@@ -41,30 +42,14 @@ struct TestClock {
 };
 
 // A host-memory fp16 pool, one KV head, K and V separate, filled from a seed.
-struct HostPool {
+struct HostPool : sgtest::HostPool {
     uint32_t layers, blocks, head_dim, tpb;
-    std::vector<std::vector<uint16_t>> k, v;
-    std::vector<void *> kp, vp;
-    sg_kv_layout_t layout{};
     HostPool(uint32_t layers_, uint32_t blocks_, uint32_t head_dim_ = 64, uint32_t tpb_ = 4)
-        : layers(layers_), blocks(blocks_), head_dim(head_dim_), tpb(tpb_) {
-        for (uint32_t l = 0; l < layers; ++l) {
-            k.emplace_back(size_t(blocks) * tpb * head_dim);
-            v.emplace_back(size_t(blocks) * tpb * head_dim);
-            kp.push_back(k.back().data());
-            vp.push_back(v.back().data());
-        }
-        layout.struct_size = sizeof layout;
-        layout.num_layers = layers;
-        layout.num_kv_heads = 1;
-        layout.head_dim = head_dim;
-        layout.tokens_per_block = tpb;
-        layout.num_blocks = blocks;
-        layout.dtype = SG_DTYPE_FP16;
-        layout.layer_k_base = kp.data();
-        layout.layer_v_base = vp.data();
-        layout.layer_base_count = layers;
-    }
+        : sgtest::HostPool({layers_, 1, head_dim_, tpb_, blocks_}),
+          layers(layers_),
+          blocks(blocks_),
+          head_dim(head_dim_),
+          tpb(tpb_) {}
     size_t block_elems() const { return size_t(tpb) * head_dim; }
     // Finite fp16 values (exponent bits never all ones), so selection's digests stay numbers.
     void fill(uint64_t seed) {

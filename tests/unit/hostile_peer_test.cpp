@@ -2,6 +2,7 @@
 // if they came from the peer (Context::inject_frame), a transport that throws on the progress
 // thread, and the deadline sweep. Each test failed before its fix (out-of-bounds read, process
 // ended by std::terminate, use-after-free under ASan).
+#include "support/host_pool.hpp"
 #include "core/core.hpp"
 
 #include "../test_key.h"
@@ -32,28 +33,8 @@ sg_context_options_t options(bool progress_thread) {
 }
 
 // A small fp16 pool: 2 layers, 1 head of 64, 4-token blocks, 8 blocks.
-struct Pool {
-    std::vector<std::vector<uint16_t>> k, v;
-    std::vector<void *> kp, vp;
-    sg_kv_layout_t layout{};
-    explicit Pool(uint32_t layers = 2) {
-        for (uint32_t l = 0; l < layers; ++l) {
-            k.emplace_back(8 * 4 * 64);
-            v.emplace_back(8 * 4 * 64);
-            kp.push_back(k.back().data());
-            vp.push_back(v.back().data());
-        }
-        layout.struct_size = sizeof layout;
-        layout.num_layers = layers;
-        layout.num_kv_heads = 1;
-        layout.head_dim = 64;
-        layout.tokens_per_block = 4;
-        layout.num_blocks = 8;
-        layout.dtype = SG_DTYPE_FP16;
-        layout.layer_k_base = kp.data();
-        layout.layer_v_base = vp.data();
-        layout.layer_base_count = layers;
-    }
+struct Pool : sgtest::HostPool {
+    explicit Pool(uint32_t layers = 2) : HostPool({layers, 1, 64, 4, 8}) {}
 };
 
 sg_transfer_options_t transfer_options() {
