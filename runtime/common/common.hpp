@@ -31,6 +31,21 @@ class Error : public std::exception {
 
 [[noreturn]] void fail(sg_status_t status, std::string message);
 
+// ---- option defaults ----
+// What a field left 0 in an options struct means (docs/abi.md), in one table: the ABI's _init
+// functions write these, and the layers that apply the options start from the same values.
+namespace defaults {
+inline constexpr uint32_t kProgressSpinUs = 50;            // sg_context_options_t.progress_spin_us
+inline constexpr uint32_t kMaxOpsInFlight = 64;            // .max_ops_in_flight
+inline constexpr uint32_t kMaxOpsInFlightLimit = 4096;     //   (its largest allowed value)
+inline constexpr uint64_t kMaxBytesInFlight = 64ull << 20;          // .max_bytes_in_flight
+inline constexpr uint64_t kMaxSessionBytesInFlight = 32ull << 20;   // .max_session_bytes_in_flight
+inline constexpr uint32_t kMaxTransfersPerSession = 1024;  // .max_transfers_per_session
+inline constexpr uint64_t kPeerTimeoutMs = 2000;           // .peer_timeout_ms (0; SG_PEER_TIMEOUT_MS overrides)
+inline constexpr uint32_t kLeaseTtlMs = 5000;              // sg_directory_options_t.lease_ttl_ms
+inline constexpr uint32_t kRequestTimeoutMs = 1000;        // sg_directory_options_t.request_timeout_ms
+}  // namespace defaults
+
 // ---- executable invariants ----
 // SG_ASSERT(cond, what): in debug and sanitizer builds (SMARTGEN_ASSERTS, set by CMake for the
 // Debug build type and every SMARTGEN_SANITIZE build) a false cond prints file, line, the condition

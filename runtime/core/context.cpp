@@ -70,10 +70,10 @@ Context::Context(const sg_context_options_t &opt) : id(random_u64()), opt_(opt) 
     opt_.auth_key_len = 0;
     spin_us_ = opt.progress_spin_us;
     if (uint64_t v; env_param("SG_PROGRESS_SPIN_US", SG_PARAM_PROGRESS_SPIN_US, v)) spin_us_ = uint32_t(v);
-    budget_.max_ops = opt.max_ops_in_flight ? opt.max_ops_in_flight : 64;
+    budget_.max_ops = opt.max_ops_in_flight ? opt.max_ops_in_flight : defaults::kMaxOpsInFlight;
     // SG_PEER_TIMEOUT_MS changes the default (not an explicit option): for hosts, and for test runs
     // under ThreadSanitizer, whose slowdown can keep a progress thread from its keep-alives for 2 s.
-    uint64_t default_timeout_ms = 2000;
+    uint64_t default_timeout_ms = defaults::kPeerTimeoutMs;
     if (const char *env = std::getenv("SG_PEER_TIMEOUT_MS"); env && *env) {
         errno = 0;
         char *end = nullptr;

@@ -105,6 +105,7 @@ class Context : public transport::CompletionSink {
 
     // The counters, with the registrations the transports hold now. Takes mu.
     sg_context_stats_t stats();
+    std::string metrics_text();  // the statistics in Prometheus's text format (queries.cpp)
     // ---- What the host reads (queries.cpp); each takes mu ----
     Outcome outcome(const Transfer &t);
     Outcome session_error(const Session &s);
@@ -338,11 +339,11 @@ class Context : public transport::CompletionSink {
     uint64_t staging_threshold_ = 256 * 1024;
     uint64_t staging_policy_ = SG_STAGING_AUTO;
     uint64_t max_op_bytes_ = 16ull << 20;
-    uint32_t spin_us_ = 50;
-    uint64_t peer_timeout_ns_ = 2000000000ull;
+    uint32_t spin_us_ = defaults::kProgressSpinUs;
+    uint64_t peer_timeout_ns_ = defaults::kPeerTimeoutMs * 1000000ull;
     uint64_t next_timer_check_ns_ = 0;
     plan::InflightBudget budget_;  // the scheduler's in-flight bounds (plan/schedule.hpp)
-    uint32_t max_transfers_per_session_ = 1024;
+    uint32_t max_transfers_per_session_ = defaults::kMaxTransfersPerSession;
     uint64_t next_xfer_id_ = 1;
     std::map<uint64_t, std::weak_ptr<Session>> sessions_;  // by peer context id
     std::vector<std::shared_ptr<Transfer>> active_;        // prefill transfers with work to do

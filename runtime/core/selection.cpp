@@ -181,4 +181,81 @@ select::Profile default_profile(uint32_t num_layers, uint32_t num_kv_heads, uint
     return p;
 }
 
+namespace {
+// The largest request a selector holds: its logical block indices are uint32_t (sg_selector_select
+// returns them), and one layer's digests are counted, as floats and as bytes, in size_t. Computed
+// so that nothing wraps, for any num_tokens.
+void check_selector_size(const kv::Layout &kl, uint64_t num_tokens) {
+    const uint64_t blocks = kv::blocks_for(num_tokens, kl.tokens_per_block);
+    if (blocks > UINT32_MAX)
+        fail(SG_ERR_OUT_OF_RANGE, "num_tokens " + std::to_string(num_tokens) + " makes " + std::to_string(blocks) +
+                                      " blocks of " + std::to_string(kl.tokens_per_block) +
+                                      " tokens; a selector holds at most 2^32 - 1 blocks");
+    const unsigned __int128 digest_bytes =
+        (unsigned __int128)blocks * kl.num_kv_heads * 2 * kl.head_dim * sizeof(float);
+    if (digest_bytes > SIZE_MAX)
+        fail(SG_ERR_OUT_OF_RANGE, "num_tokens " + std::to_string(num_tokens) + ": one layer's digests (" +
+                                      std::to_string(blocks) + " blocks x " + std::to_string(kl.num_kv_heads) +
+                                      " KV heads x 2 x " + std::to_string(kl.head_dim) + " floats) exceed size_t");
+}
+
+const kv::Layout &checked_shape(const select::Profile &p, const kv::Layout &kl, uint64_t num_tokens) {
+    if (num_tokens == 0) fail(SG_ERR_INVALID_ARGUMENT, "num_tokens is 0");
+    check_selector_size(kl, num_tokens);
+    if (p.block_tokens != kl.tokens_per_block || p.num_layers != kl.num_layers)
+        fail(SG_ERR_LAYOUT_MISMATCH, "the profile is for " + std::to_string(p.num_layers) + " layers of " +
+                                         std::to_string(p.block_tokens) + "-token blocks, the layout has " +
+                                         std::to_string(kl.num_layers) + " of " + std::to_string(kl.tokens_per_block));
+    return kl;
+}
+}  // namespace
+
+RequestSelector::RequestSelector(const select::Profile &profile, const kv::Layout &shape, uint64_t num_tokens)
+    : shape_(checked_shape(profile, shape, num_tokens)),
+      num_tokens_(num_tokens),
+      sel_(profile, shape.num_kv_heads, shape.head_dim, num_tokens, 2 * shape.row_bytes()) {}
+
+uint64_t RequestSelector::digest_floats() const {
+    return kernels::digest_floats(kernels::num_blocks(num_tokens_, shape_.tokens_per_block), shape_.num_kv_heads,
+                                  shape_.head_dim);
+}
+
+void RequestSelector::check_pool(const kv::Layout &pool, std::span<const uint32_t> table) const {
+    if (pool.num_kv_heads != shape_.num_kv_heads || pool.head_dim != shape_.head_dim ||
+        pool.tokens_per_block != shape_.tokens_per_block || pool.dtype != shape_.dtype)
+        fail(SG_ERR_LAYOUT_MISMATCH, "the layout's shape differs from the one the selector was made for");
+    kv::check_block_table(pool, table, num_tokens_);
+}
+
+void RequestSelector::digest(const kv::Layout &pool, const uint8_t *k_region, std::span<const uint32_t> table,
+                             float *out, uint64_t cap) const {
+    check_pool(pool, table);
+    const uint64_t need = digest_floats();
+    if (cap < need) fail(SG_ERR_BUFFER_TOO_SMALL, "digests need " + std::to_string(need) + " floats");
+    // A device pool's are computed on the device (layer_digest).
+    layer_digest(pool, k_region, table, num_tokens_, out);
+}
+
+const Vec<uint32_t> &RequestSelector::select(uint32_t layer, ScoreInput in, const kv::Layout *keys_pool,
+                                                     const uint8_t *k_region, std::span<const uint32_t> table) {
+    HostKeys keys;
+    if (keys_pool) {
+        check_pool(*keys_pool, table);
+        keys = host_keys(*keys_pool, k_region, table);
+        in.keys_layout = &keys.layout;
+        in.k_region = keys.k_region;
+        in.table = keys.table;
+    }
+    sel_.select(layer, in, out_);
+    return out_.blocks;
+}
+
+uint64_t RequestSelector::budget_blocks(uint32_t layer) const {
+    if (layer >= shape_.num_layers) fail(SG_ERR_OUT_OF_RANGE, "layer is beyond the profile");
+    uint64_t most = 0;
+    for (uint32_t k = 0; k < shape_.num_kv_heads; ++k) most = std::max(most, sel_.selector().budget(layer, k));
+    return most;
+}
+
 }  // namespace sg::core
+

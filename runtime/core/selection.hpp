@@ -61,6 +61,34 @@ class LayerSelector {
     std::vector<uint8_t> gathered_;
 };
 
+// A host's own selector (sg_selector_t): a profile applied to one request, made for a pool shape,
+// that checks each pool and block table it is handed against that shape.
+class RequestSelector {
+  public:
+    // SG_ERR_INVALID_ARGUMENT (num_tokens 0), SG_ERR_OUT_OF_RANGE (more blocks than a uint32_t counts,
+    // or one layer's digests beyond size_t), SG_ERR_LAYOUT_MISMATCH (the profile's blocks or layers).
+    RequestSelector(const select::Profile &profile, const kv::Layout &shape, uint64_t num_tokens);
+    uint64_t digest_floats() const;
+    // A pool of the selector's shape and a block table for its request: SG_ERR_LAYOUT_MISMATCH, or
+    // the table's own errors (kv::check_block_table).
+    void check_pool(const kv::Layout &pool, std::span<const uint32_t> table) const;
+    // One layer's page digests (layer_digest) into out, which holds cap floats (SG_ERR_BUFFER_TOO_SMALL).
+    void digest(const kv::Layout &pool, const uint8_t *k_region, std::span<const uint32_t> table, float *out,
+                uint64_t cap) const;
+    // One layer's essential blocks; keys_pool (nullable) with k_region and table gives the keys a
+    // policy reads (snapkv). Valid until the next call.
+    const Vec<uint32_t> &select(uint32_t layer, ScoreInput in, const kv::Layout *keys_pool,
+                                        const uint8_t *k_region, std::span<const uint32_t> table);
+    // The largest budget of a layer's KV heads (SG_ERR_OUT_OF_RANGE beyond the profile's layers).
+    uint64_t budget_blocks(uint32_t layer) const;
+
+  private:
+    kv::Layout shape_;
+    uint64_t num_tokens_;
+    LayerSelector sel_;
+    select::LayerSelection out_;
+};
+
 // The profile used when a proactive transfer names none: sinks and recent window, 1/8 of blocks.
 select::Profile default_profile(uint32_t num_layers, uint32_t num_kv_heads, uint32_t block_tokens);
 

@@ -41,8 +41,8 @@ namespace sg::directory {
 struct Options {
     std::vector<std::string> endpoints;  // "http://host:port" of the cluster's members
     std::string prefix = "/smartgen/";
-    uint32_t lease_ttl_ms = 5000;
-    uint32_t request_timeout_ms = 1000;  // one HTTP request to one member
+    uint32_t lease_ttl_ms = defaults::kLeaseTtlMs;
+    uint32_t request_timeout_ms = defaults::kRequestTimeoutMs;  // one HTTP request to one member
 };
 
 // Parses "http://a:2379,http://b:2379" (spaces around commas allowed; "host:port" gets http://).
@@ -145,6 +145,43 @@ class Client {
     std::thread keepalive_;
     std::atomic<uint64_t> requests_{0}, failovers_{0}, keepalives_{0}, leases_granted_{0};
     std::atomic<uint64_t> names_taken_over_{0}, names_restored_{0};
+};
+
+// A published name's inbox, answered the moment a request arrives (both sides must load each
+// other's blob within the peer timeout) by a thread of its own. The thread never ends the host
+// process: whatever taking or answering a request throws (an unreachable cluster, out of memory,
+// another library's exception) is counted in failures() and backed off from for 500 ms.
+class Inbox {
+  public:
+    // take: the oldest request to `name` before the deadline, or nullopt (Client::take_request);
+    // interrupt: ends a take in progress at once (Client::interrupt); answer: handles one request.
+    using Take = std::function<std::optional<InboxEntry>(const std::string &name, uint64_t deadline_ns)>;
+    using Answer = std::function<void(const InboxEntry &)>;
+    Inbox(Take take, std::function<void()> interrupt, Answer answer);
+    ~Inbox();  // stop()
+    Inbox(const Inbox &) = delete;
+    Inbox &operator=(const Inbox &) = delete;
+
+    // Starts answering requests to `name`; true. An inbox serves one name: false (and nothing
+    // changes) once it serves one already.
+    bool serve(const std::string &name);
+    bool serving() const;
+    // Interrupts the take in progress and joins the thread; idempotent.
+    void stop();
+    uint64_t failures() const { return failures_.load(); }
+
+  private:
+    void loop();
+
+    Take take_;
+    std::function<void()> interrupt_;
+    Answer answer_;
+    mutable std::mutex mu_;
+    std::condition_variable cv_;
+    std::string name_;  // "" while it serves none
+    bool stopping_ = false;
+    std::thread thread_;
+    std::atomic<uint64_t> failures_{0};
 };
 
 }  // namespace sg::directory

@@ -3,6 +3,8 @@
 // context owns (posting needs the sessions and transports, which live in core/).
 #pragma once
 
+#include "common/common.hpp"
+
 #include <cstdint>
 
 namespace sg::plan {
@@ -22,9 +24,9 @@ inline constexpr uint32_t kTurnQuota = 16;
 // change of priority takes effect quickly and a fetch never queues behind much.
 class InflightBudget {
   public:
-    uint32_t max_ops = 64;
-    uint64_t max_bytes = 64ull << 20;
-    uint64_t max_session_bytes = 32ull << 20;
+    uint32_t max_ops = defaults::kMaxOpsInFlight;
+    uint64_t max_bytes = defaults::kMaxBytesInFlight;
+    uint64_t max_session_bytes = defaults::kMaxSessionBytesInFlight;
 
     bool has_op_slot() const { return ops_ < max_ops; }
     // Whether an operation of len bytes fits the context's and the session's byte bounds. One

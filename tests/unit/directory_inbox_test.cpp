@@ -1,0 +1,74 @@
+// The directory's inbox thread (runtime/directory, Inbox) with its cluster replaced by a function:
+// what taking or answering a request throws never leaves the thread, which goes on serving.
+#include "directory/directory.hpp"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <new>
+#include <stdexcept>
+#include <thread>
+
+namespace {
+
+using sg::directory::Inbox;
+using sg::directory::InboxEntry;
+
+// Waits up to 10 s for pred.
+template <class P>
+bool eventually(P pred) {
+    for (int i = 0; i < 1000; ++i) {
+        if (pred()) return true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return pred();
+}
+
+TEST(DirectoryInbox, AnOutOfMemoryWhileAnsweringIsCountedAndTheNextRequestIsAnswered) {
+    std::atomic<int> taken{0}, answered{0};
+    Inbox inbox([&](const std::string &name, uint64_t) -> std::optional<InboxEntry> {
+                    EXPECT_EQ(name, "prefill/0");
+                    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+                    return InboxEntry{"peer-" + std::to_string(taken++), {1, 2, 3}};
+                },
+                [] {},
+                [&](const InboxEntry &req) {
+                    if (req.from == "peer-0") throw std::bad_alloc();
+                    if (req.from == "peer-1") throw std::runtime_error("another library's exception");
+                    answered++;
+                });
+    EXPECT_FALSE(inbox.serving());
+    ASSERT_TRUE(inbox.serve("prefill/0"));
+    EXPECT_FALSE(inbox.serve("prefill/1")) << "an inbox serves one name";
+    ASSERT_TRUE(eventually([&] { return answered.load() >= 2; }))
+        << "the thread stopped after " << inbox.failures() << " failures";
+    EXPECT_EQ(inbox.failures(), 2u);
+    EXPECT_TRUE(inbox.serving());
+    inbox.stop();
+    EXPECT_FALSE(inbox.serving());
+}
+
+TEST(DirectoryInbox, AFailingClusterIsBackedOffFromAndStopEndsAWaitAtOnce) {
+    std::atomic<int> takes{0};
+    std::atomic<bool> interrupted{false};
+    Inbox inbox(
+        [&](const std::string &, uint64_t) -> std::optional<InboxEntry> {
+            if (++takes <= 2) throw std::bad_alloc();  // then a watch that waits until interrupted
+            while (!interrupted.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            return std::nullopt;
+        },
+        [&] { interrupted = true; }, [](const InboxEntry &) { FAIL() << "nothing was requested"; });
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSERT_TRUE(inbox.serve("decode/0"));
+    ASSERT_TRUE(eventually([&] { return takes.load() >= 3; }));
+    // Two failures, each followed by 500 ms without a take: not a spin against a dead cluster.
+    EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(900));
+    EXPECT_EQ(inbox.failures(), 2u);
+    const auto t1 = std::chrono::steady_clock::now();
+    inbox.stop();
+    EXPECT_LT(std::chrono::steady_clock::now() - t1, std::chrono::seconds(2));
+    EXPECT_TRUE(interrupted.load());
+}
+
+}  // namespace
