@@ -385,9 +385,10 @@ SG_API void sg_context_options_init_sized(sg_context_options_t *options, size_t 
 #define sg_context_options_init(options) sg_context_options_init_sized((options), sizeof *(options))
 
 /* Creates a context: opens the fabric and, unless disabled, the progress thread. Its endpoints (one
- * per lane) open on first use: its first session, listener handshake or metadata blob. Until then a
- * context costs well under 1 MB (after the first in a process); an open tcp;ofi_rxm lane about
- * 70 MB more (the provider's buffers), a shm endpoint 4-8 MB (README.md, "What a context costs").
+ * per lane) on a network provider open on first use: its first session, listener handshake or
+ * metadata blob. Until then a tcp context costs well under 1 MB (after the first in a process); an
+ * open tcp;ofi_rxm lane about 70 MB more (the provider's buffers). A shm context opens its endpoint
+ * at creation: 4-8 MB (README.md, "What a context costs").
  * An endpoint that cannot open fails that first use
  * (SG_ERR_TRANSPORT), and the next use tries again.
  * options: borrowed, may be NULL for defaults. out: receives the context.

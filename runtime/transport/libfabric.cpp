@@ -471,8 +471,13 @@ class LibfabricTransport final : public Transport {
         shm_ = prov == "shm";
         recv_buffers_ = opt.recv_buffers ? opt.recv_buffers : 32;
         recv_bytes_ = opt.recv_buffer_bytes ? opt.recv_buffer_bytes : 256 * 1024;
-        // The endpoint waits for the first session (open_endpoint): enabling it is where the provider
-        // allocates and touches its buffers, most of a context's memory.
+        // A network endpoint waits for the first session (open_endpoint): enabling it is where the
+        // provider allocates and touches its buffers (rxm: ~70 MB a tcp lane), most of a context's
+        // memory. A shm endpoint (4-8 MB) opens now, as before 0.5: opened during a handshake
+        // instead, the soak (a peer process killed and restarted twice, seeds 8 and 12) lost a
+        // process to a SIGSEGV inside libfabric's shm progress, or hung, in 3 of 14 runs, against
+        // 0 of 14 with it opened here; the cause inside the provider is not found yet.
+        if (shm_) open_endpoint();
     }
 
     void open_endpoint() {

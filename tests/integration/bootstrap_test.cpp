@@ -5,7 +5,7 @@
 #include <smartgen/smartgen.h>
 
 #include "../test_key.h"
-#include "test_context.hpp"
+#include "support/test_context.hpp"
 
 #include <gtest/gtest.h>
 

@@ -3,7 +3,7 @@
 // byte. Before the decode side acknowledged transfers (TransferAck) and answered Byes, the decode
 // side of this loop got SG_ERR_PEER_LOST with megabytes of a 16 MiB transfer missing in 3-6 runs of
 // 10 over tcp.
-#include "pair_harness.hpp"
+#include "support/pair_harness.hpp"
 #include "support/host_pool.hpp"
 
 #include <chrono>

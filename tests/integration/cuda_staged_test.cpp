@@ -4,7 +4,7 @@
 // device to device, host to device and back, the selective paths, quantized on the wire, and the
 // engine's stream in sg_transfer_layer_written. Each test is its own process (ctest), and ctest sets
 // SG_CUDA_PLUGIN to the emulation, which the test opens too for its hooks.
-#include "pair_harness.hpp"
+#include "support/pair_harness.hpp"
 
 #include "cuda_emu/emu_hooks.hpp"
 #include "kernels.hpp"

@@ -6,8 +6,8 @@
 //
 // Short form (every CI run): P = 16, in 4 + 2 processes. SG_DIRECTORY_SCALE=64 runs the issue's
 // 64 + 64 (8 prefill processes of 8, 4 decode processes of 16).
-#include "etcd_cluster.hpp"
-#include "pair_harness.hpp"
+#include "support/etcd_cluster.hpp"
+#include "support/pair_harness.hpp"
 
 #include <sys/prctl.h>
 

@@ -1,10 +1,10 @@
-// The cluster directory against a real three-member etcd cluster (etcd_cluster.hpp, Debian's
+// The cluster directory against a real three-member etcd cluster (support/etcd_cluster.hpp, Debian's
 // etcd-server): publish, look up, list and watch names; two processes that know only the cluster's
 // endpoints and a name complete an authenticated transfer; a forged entry produces no session; a
 // killed engine's entry vanishes within its lease; the loss of one member is survived; a cluster out
 // of reach fails lookups with a clear status and leaves open sessions alone.
-#include "etcd_cluster.hpp"
-#include "pair_harness.hpp"
+#include "support/etcd_cluster.hpp"
+#include "support/pair_harness.hpp"
 #include "support/host_pool.hpp"
 
 #include <arpa/inet.h>

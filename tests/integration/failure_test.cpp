@@ -1,7 +1,7 @@
 // Failures: deadlines, and a peer killed with SIGKILL at five points. The survivor must learn it
 // within 3 s (peer_timeout_ms defaults to 2000; a broken connection is noticed sooner) and its
 // transfer and session must report SG_ERR_PEER_LOST.
-#include "pair_harness.hpp"
+#include "support/pair_harness.hpp"
 #include "support/host_pool.hpp"
 
 #include <arpa/inet.h>

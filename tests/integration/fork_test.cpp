@@ -7,7 +7,7 @@
 // lock held at the fork.
 #include <smartgen/smartgen.h>
 
-#include "test_context.hpp"
+#include "support/test_context.hpp"
 
 #include <gtest/gtest.h>
 

@@ -2,7 +2,7 @@
 // blocks, fp16, K and V separate, 256 MiB pool per side) with random scattered block tables on both
 // sides, over >= 100 randomised transfers per provider. The decode process checks every byte of a
 // layer as soon as that layer is reported ready, while later layers are still moving.
-#include "pair_harness.hpp"
+#include "support/pair_harness.hpp"
 #include "support/host_pool.hpp"
 
 #include <algorithm>

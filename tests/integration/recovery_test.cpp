@@ -2,7 +2,7 @@
 // side's writes were in flight used to leave them "in flight until the context is destroyed": the
 // transfer never quiesced, and the context's operation budget stayed taken, so a new peer's transfer
 // on the same pool stayed SG_IN_PROGRESS for 30 s and more (every run). Over tcp it recovered.
-#include "pair_harness.hpp"
+#include "support/pair_harness.hpp"
 #include "support/host_pool.hpp"
 
 #include <atomic>

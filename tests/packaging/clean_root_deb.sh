@@ -99,6 +99,9 @@ step "smartgen-info runs" in_root smartgen-info
 step "the JNI libraries are on the JVM's JNI path and find libsmartgen.so.0" \
   in_root sh -c 'ldd /usr/lib/*/jni/libsmartgen_jni.so | grep -q "libsmartgen.so.0 => /"'
 step "smartgen.jar is in /usr/share/java" in_root test -f /usr/share/java/smartgen.jar
+step "io.smartgen:smartgen (pom, and the jar it links to) is in /usr/share/maven-repo" \
+  in_root sh -c 'set -- /usr/share/maven-repo/io/smartgen/smartgen/*/smartgen-*.pom /usr/share/maven-repo/io/smartgen/smartgen/*/smartgen-*.jar
+                 [ $# = 2 ] && test -f "$1" && test -f "$2"'
 step "python3 -c 'import smartgen' (python3-smartgen; python3 from the archive)" \
   in_root python3 -c 'import smartgen; assert smartgen.version().startswith("0."), smartgen.version()'
 step "a Python context opens and closes (no NumPy in this root: the module needs none)" \

@@ -1,5 +1,6 @@
-// tests/support: what the test programs share. HostPool: a KV pool of 16-bit elements (fp16) in host
-// memory, K and V separate, one allocation per layer and plane, token-major and packed, with the
+// tests/support: what the test programs share: host_pool.hpp (this), pair_harness.hpp (the
+// two-process harness), etcd_cluster.hpp (a real etcd cluster), test_context.hpp (the integration
+// tests' context). HostPool: a KV pool of 16-bit elements (fp16) in host memory, K and V separate, one allocation per layer and plane, token-major and packed, with the
 // sg_kv_layout_t that describes it; the tests' own pool types derive from it and add what they
 // check (fills, expected values, a registration).
 #pragma once
