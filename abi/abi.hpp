@@ -181,22 +181,17 @@ void copy_string(const std::string &s, char *buf, size_t cap);
 // rather than resolved into an address the caller did not name.
 void check_ip_literal(const char *addr, const char *field);
 
-// The defaults' one table is sg::defaults (common/common.hpp), read by core/, plan/ and directory/
-// too.
-constexpr uint32_t kDefaultSpinUs = defaults::kProgressSpinUs;
-constexpr uint32_t kDefaultMaxOpsInFlight = defaults::kMaxOpsInFlight;
-constexpr uint32_t kMaxOpsInFlightLimit = defaults::kMaxOpsInFlightLimit;
-
-// Replaces the fields left 0 by their defaults (and SG_PROGRESS_SPIN_NONE by the runtime's 0 µs)
-// and refuses values outside a field's domain, naming the field.
+// Replaces the fields left 0 by their defaults (the one table: sg::defaults, common/common.hpp;
+// SG_PROGRESS_SPIN_NONE by the runtime's 0 µs) and refuses values outside a field's domain,
+// naming the field.
 void resolve_option_defaults(sg_context_options_t &o);
 
 inline sg_context_options_t default_context_options() {
     sg_context_options_t o{};
     o.struct_size = sizeof o;
     o.header_version = SG_VERSION_NUMBER;
-    o.progress_spin_us = kDefaultSpinUs;
-    o.max_ops_in_flight = kDefaultMaxOpsInFlight;
+    o.progress_spin_us = defaults::kProgressSpinUs;
+    o.max_ops_in_flight = defaults::kMaxOpsInFlight;
     o.log_level = SG_LOG_WARN;
     o.peer_timeout_ms = 0;  // the core's default: defaults::kPeerTimeoutMs, or SG_PEER_TIMEOUT_MS
     o.max_bytes_in_flight = defaults::kMaxBytesInFlight;

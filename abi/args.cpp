@@ -90,12 +90,12 @@ void resolve_option_defaults(sg_context_options_t &o) {
     if (o.log_level > SG_LOG_DEBUG) fail(SG_ERR_INVALID_ARGUMENT, "options.log_level is out of range");
     if (o.log_level == SG_LOG_DEFAULT) o.log_level = SG_LOG_WARN;
     if (o.progress_spin_us == 0)
-        o.progress_spin_us = kDefaultSpinUs;
+        o.progress_spin_us = defaults::kProgressSpinUs;
     else if (o.progress_spin_us == SG_PROGRESS_SPIN_NONE)
         o.progress_spin_us = 0;
-    if (o.max_ops_in_flight == 0) o.max_ops_in_flight = kDefaultMaxOpsInFlight;
-    if (o.max_ops_in_flight > kMaxOpsInFlightLimit)
-        fail(SG_ERR_INVALID_ARGUMENT, "options.max_ops_in_flight must be <= " + std::to_string(kMaxOpsInFlightLimit));
+    if (o.max_ops_in_flight == 0) o.max_ops_in_flight = defaults::kMaxOpsInFlight;
+    if (o.max_ops_in_flight > defaults::kMaxOpsInFlightLimit)
+        fail(SG_ERR_INVALID_ARGUMENT, "options.max_ops_in_flight must be <= " + std::to_string(defaults::kMaxOpsInFlightLimit));
 }
 
 }  // namespace sg::abi

@@ -219,6 +219,12 @@ class StripedTransport final : public Transport {
         return out;
     }
 
+    // Opens every lane's endpoint and fixes this side's origin, once: origin_ is set only after
+    // the last lane opened, so later sessions skip the lanes' locks and addresses.
+    void open_endpoints() {
+        if (origin_.load(std::memory_order_acquire) == 0) (void)lane_addresses();
+    }
+
     PeerAddr insert_peer(std::span<const uint8_t> address) override {
         std::vector<std::vector<uint8_t>> one{std::vector<uint8_t>(address.begin(), address.end())};
         return insert_peer_lanes(one, false);
@@ -227,7 +233,7 @@ class StripedTransport final : public Transport {
     // Lane i talks to the peer's lane i; lanes beyond the shorter side's count stay unused for it.
     PeerAddr insert_peer_lanes(std::span<const std::vector<uint8_t>> addresses, bool peer_frames_lanes) override {
         if (addresses.empty()) fail(SG_ERR_PROTOCOL, "the peer named no endpoint");
-        (void)lane_addresses();  // opens the endpoints and fixes this side's origin first
+        open_endpoints();
         const size_t n = std::min(addresses.size(), lanes_.size());
         auto peer = std::make_unique<Peer>();
         for (size_t i = 0; i < n; ++i) {

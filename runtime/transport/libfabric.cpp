@@ -241,9 +241,9 @@ class LibfabricTransport final : public Transport {
         if (info_->addr_format == FI_ADDR_STR) {
             if (address.empty() || std::memchr(address.data(), 0, address.size()) == nullptr)
                 fail(SG_ERR_PROTOCOL, "the peer's " + caps_.provider + " endpoint name is not a terminated string");
-        } else if (address.size() != local_address().size()) {
+        } else if (const size_t ours = local_address().size(); address.size() != ours) {
             fail(SG_ERR_PROTOCOL, "the peer's " + caps_.provider + " endpoint name has " + std::to_string(address.size()) +
-                                      " bytes, this provider's have " + std::to_string(local_address().size()));
+                                      " bytes, this provider's have " + std::to_string(ours));
         }
         fi_addr_t addr = FI_ADDR_UNSPEC;
         int rc = fi_av_insert(av_, address.data(), 1, &addr, 0, nullptr);
