@@ -213,7 +213,13 @@ struct Client::Response {
     std::string body;
 };
 
-Client::Client(Options options) : options_(std::move(options)) {
+Client::Client(Options options)
+    : options_(std::move(options)),
+      keepalive_(std::chrono::milliseconds(std::max<uint32_t>(200, options_.lease_ttl_ms / 3)),
+                 // Up to two thirds of the TTL for a round: on a loaded host a late answer still
+                 // counts, and one more try fits before the lease would end.
+                 std::chrono::milliseconds(options_.lease_ttl_ms * 2 / 3),
+                 [this](uint64_t deadline_ns) { keepalive_round(deadline_ns); }) {
     if (options_.endpoints.empty()) fail(SG_ERR_INVALID_ARGUMENT, "endpoints: none given");
     if (options_.prefix.empty()) options_.prefix = "/smartgen/";
     if (options_.prefix.back() != '/') options_.prefix += '/';
@@ -224,12 +230,7 @@ Client::Client(Options options) : options_(std::move(options)) {
 }
 
 Client::~Client() {
-    {
-        std::lock_guard lock(mu_);
-        stopping_ = true;
-    }
-    cv_.notify_all();
-    if (keepalive_.joinable()) keepalive_.join();
+    keepalive_.stop();
     if (lease_) {
         // Everything this client wrote goes at once, not when the TTL runs out. Best effort: an
         // unreachable cluster ends the lease by its TTL instead.
@@ -352,7 +353,7 @@ int64_t Client::ensure_lease(uint64_t deadline_ns) {
         return lease_;
     }
     lease_ = *lease;
-    if (!keepalive_.joinable()) keepalive_ = std::thread([this] { keepalive_loop(); });
+    keepalive_.start();
     return lease_;
 }
 
@@ -377,34 +378,14 @@ bool Client::keepalive_once(uint64_t deadline_ns) {
     return false;
 }
 
-void Client::keepalive_loop() {
-    const auto period = std::chrono::milliseconds(std::max<uint32_t>(200, options_.lease_ttl_ms / 3));
-    std::unique_lock lock(mu_);
-    while (!stopping_) {
-        cv_.wait_for(lock, period, [&] { return stopping_; });
-        if (stopping_) break;
-        lock.unlock();
-        // Up to two thirds of the TTL for this renewal: on a loaded host a late answer still
-        // counts, and one more try fits before the lease would end.
-        const uint64_t deadline = now_ns() + uint64_t(options_.lease_ttl_ms * 2 / 3) * 1000000;
-        try {
-            if (!keepalive_once(deadline)) {
-                // The lease ended (the cluster was out of reach for longer than the TTL): a new
-                // one, and every published name again.
-                {
-                    std::lock_guard relock(mu_);
-                    lease_ = 0;
-                }
-            }
-            check_names(deadline);
-        } catch (const Error &) {
-            // Unreachable now: try again next period; the lease lives on for its TTL meanwhile.
-        } catch (...) {
-            // Anything else (out of memory, say) must not end the host process from this thread:
-            // the same as unreachable, tried again next period.
-        }
-        lock.lock();
+void Client::keepalive_round(uint64_t deadline_ns) {
+    if (!keepalive_once(deadline_ns)) {
+        // The lease ended (the cluster was out of reach for longer than the TTL): a new one, and
+        // every published name again.
+        std::lock_guard lock(mu_);
+        lease_ = 0;
     }
+    check_names(deadline_ns);
 }
 
 void Client::publish(const std::string &name, std::span<const uint8_t> blob, uint64_t deadline_ns,
@@ -690,10 +671,7 @@ int on_watch_progress(void *user, curl_off_t, curl_off_t, curl_off_t, curl_off_t
 
 }  // namespace
 
-void Client::interrupt() {
-    interrupted_ = true;
-    cv_.notify_all();
-}
+void Client::interrupt() { interrupted_ = true; }
 
 bool Client::watch_once(const std::string &key, const std::string &range_end, int64_t start_revision, bool want_put,
                         bool want_delete, uint64_t deadline_ns) {
@@ -750,6 +728,7 @@ Stats Client::stats() const {
     s.leases_granted = leases_granted_.load();
     s.names_taken_over = names_taken_over_.load();
     s.names_restored = names_restored_.load();
+    s.keepalive_failures = keepalive_.failures();
     return s;
 }
 

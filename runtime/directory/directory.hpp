@@ -24,6 +24,7 @@
 #include "common/common.hpp"
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -66,6 +67,37 @@ struct Stats {
     uint64_t leases_granted = 0;    // the first one, and again after one ended
     uint64_t names_taken_over = 0;  // a published name found held under another handle's lease
     uint64_t names_restored = 0;    // a published name found gone (or free again) and written back
+    uint64_t keepalive_failures = 0;  // keep-alive rounds that threw (unreachable, out of memory...)
+};
+
+// A lease's keep-alive thread (a Client owns one): every period, one round (renew the lease, read
+// the published names back) before a deadline of round_budget from its start. The thread never
+// ends the host process: whatever a round throws (an unreachable cluster, out of memory, another
+// library's exception) is counted in failures() and the round is tried again next period; the
+// lease lives on for its TTL meanwhile.
+class KeepAlive {
+  public:
+    using Round = std::function<void(uint64_t deadline_ns)>;
+    KeepAlive(std::chrono::milliseconds period, std::chrono::milliseconds round_budget, Round round);
+    ~KeepAlive();  // stop()
+    KeepAlive(const KeepAlive &) = delete;
+    KeepAlive &operator=(const KeepAlive &) = delete;
+
+    void start();  // the thread, once; later calls (and calls after stop) do nothing
+    void stop();   // ends the wait for the next period and joins; a round under way finishes first
+    uint64_t rounds() const { return rounds_.load(); }
+    uint64_t failures() const { return failures_.load(); }
+
+  private:
+    void loop();
+
+    const std::chrono::milliseconds period_, round_budget_;
+    Round round_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    bool stopping_ = false;
+    std::thread thread_;
+    std::atomic<uint64_t> rounds_{0}, failures_{0};
 };
 
 // Decides whether publish may replace the entry another handle holds under the name, from its blob.
@@ -130,19 +162,20 @@ class Client {
                                uint64_t deadline_ns);
     std::optional<Held> holder(const std::string &key, uint64_t deadline_ns);
     void check_names(uint64_t deadline_ns);
-    void keepalive_loop();
+    // The keep-alive thread's round: renews the lease (forgets it when it ended, so the next call
+    // grants a new one and publishes every name again) and reads the names back.
+    void keepalive_round(uint64_t deadline_ns);
     bool keepalive_once(uint64_t deadline_ns);
 
     Options options_;
     mutable std::mutex mu_;
-    std::condition_variable cv_;
     int64_t lease_ = 0;                                 // 0: none
     std::map<std::string, std::vector<uint8_t>> published_;  // engines/<name> -> blob, re-put on a new lease
     std::set<std::string> taken_;                            // published keys last seen held elsewhere
     size_t preferred_ = 0;                              // the member that answered last
-    bool stopping_ = false;
     std::atomic<bool> interrupted_{false};
-    std::thread keepalive_;
+    // Declared after everything its round reads, so it is stopped before they go.
+    KeepAlive keepalive_;
     std::atomic<uint64_t> requests_{0}, failovers_{0}, keepalives_{0}, leases_granted_{0};
     std::atomic<uint64_t> names_taken_over_{0}, names_restored_{0};
 };

@@ -1,5 +1,6 @@
-// The directory's inbox thread (runtime/directory, Inbox) with its cluster replaced by a function:
-// what taking or answering a request throws never leaves the thread, which goes on serving.
+// The directory's two threads (runtime/directory: Inbox, KeepAlive) with the cluster replaced by
+// functions: what a request or a keep-alive round throws never leaves the thread (which would end
+// the host process); it is counted and the thread goes on.
 #include "directory/directory.hpp"
 
 #include <gtest/gtest.h>
@@ -13,6 +14,7 @@
 namespace {
 
 using sg::directory::Inbox;
+using sg::directory::KeepAlive;
 using sg::directory::InboxEntry;
 
 // Waits up to 10 s for pred.
@@ -69,6 +71,43 @@ TEST(DirectoryInbox, AFailingClusterIsBackedOffFromAndStopEndsAWaitAtOnce) {
     inbox.stop();
     EXPECT_LT(std::chrono::steady_clock::now() - t1, std::chrono::seconds(2));
     EXPECT_TRUE(interrupted.load());
+}
+
+TEST(DirectoryKeepAlive, AnOutOfMemoryInARoundIsCountedAndTheNextPeriodRenewsAgain) {
+    std::atomic<int> calls{0};
+    std::atomic<uint64_t> budget_seen{0};
+    KeepAlive keepalive(std::chrono::milliseconds(20), std::chrono::milliseconds(400), [&](uint64_t deadline_ns) {
+        budget_seen = deadline_ns - sg::now_ns();
+        const int n = calls++;
+        if (n == 0) throw std::bad_alloc();
+        if (n == 1) throw std::runtime_error("another library's exception");
+        if (n == 2) sg::fail(SG_ERR_CONNECT, "no etcd member answered");
+    });
+    keepalive.start();
+    keepalive.start();  // one thread
+    ASSERT_TRUE(eventually([&] { return keepalive.rounds() >= 2; }))
+        << "the thread stopped after " << keepalive.failures() << " failures";
+    EXPECT_EQ(keepalive.failures(), 3u);
+    EXPECT_GT(budget_seen.load(), 300u * 1000000) << "each round gets its budget from its start";
+    EXPECT_LE(budget_seen.load(), 400u * 1000000);
+    keepalive.stop();
+    const int after_stop = calls.load();
+    std::this_thread::sleep_for(std::chrono::milliseconds(60));
+    EXPECT_EQ(calls.load(), after_stop) << "no round after stop";
+}
+
+TEST(DirectoryKeepAlive, StopEndsTheWaitForTheNextPeriodAtOnceAndStartAfterStopRunsNothing) {
+    std::atomic<int> calls{0};
+    KeepAlive keepalive(std::chrono::hours(1), std::chrono::seconds(1), [&](uint64_t) { calls++; });
+    keepalive.start();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const auto t0 = std::chrono::steady_clock::now();
+    keepalive.stop();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+    keepalive.start();
+    keepalive.stop();
+    EXPECT_EQ(calls.load(), 0);
+    EXPECT_EQ(keepalive.rounds(), 0u);
 }
 
 }  // namespace
