@@ -47,8 +47,8 @@ SG_API sg_status_t sg_context_destroy(sg_context_t h) {
         // Its names first: an entry left published would send peers to a context that is gone.
         destroy_directories_of(raw(h));
         core::Context *c = ctx.get();
-        for (auto &t : transfers().remove_if([c](const core::Transfer &t) { return t.ctx == c; })) c->release(*t);
-        for (auto &s : sessions().remove_if([c](const core::Session &s) { return s.ctx == c; })) c->close_session(*s);
+        for (auto &t : transfers().remove_if([c](const core::Transfer &t) { return t.ctx == c; })) t->release();
+        for (auto &s : sessions().remove_if([c](const core::Session &s) { return s.ctx == c; })) s->close();
         listeners().remove_if([c](const core::Listener &l) { return l.ctx == c; });
         pools().remove_if([c](const core::KvPool &p) { return p.ctx == c; });
         return SG_OK;

@@ -115,7 +115,7 @@ SG_API sg_status_t sg_session_wait_ready(sg_session_t sh, uint64_t timeout_ns) {
     return guard(nullptr, [&] {
         not_in_callback("sg_session_wait_ready");
         auto s = lookup(sessions(), raw(sh), "session");
-        return s->ctx->wait_ready(*s, timeout_ns);
+        return s->wait_ready(timeout_ns);
     });
 }
 
@@ -124,7 +124,7 @@ SG_API sg_status_t sg_session_export_kv(sg_session_t sh, sg_kv_handle_t kh) {
         auto s = lookup(sessions(), raw(sh), "session");
         auto p = lookup(pools(), raw(kh), "KV");
         if (p->ctx != s->ctx) fail(SG_ERR_INVALID_ARGUMENT, "the KV handle belongs to another context");
-        s->ctx->export_kv(*s, *p);
+        s->export_kv(*p);
         return SG_OK;
     });
 }
@@ -140,7 +140,7 @@ SG_API sg_status_t sg_session_notify(sg_session_t sh, const void *data, size_t l
     return guard(nullptr, [&] {
         auto s = lookup(sessions(), raw(sh), "session");
         if (!data && len) fail(SG_ERR_INVALID_ARGUMENT, "data is NULL");
-        s->ctx->notify(*s, std::span(static_cast<const uint8_t *>(data), len));
+        s->notify(std::span(static_cast<const uint8_t *>(data), len));
         return SG_OK;
     });
 }
@@ -151,7 +151,7 @@ SG_API sg_status_t sg_session_next_notification(sg_session_t sh, void *buf, size
         need(len, "len");
         const bool query = size_query(buf, cap, "buf");
         // SG_ERR_AGAIN is the normal "nothing yet", not recorded as an error.
-        return s->ctx->next_notification(*s, buf, cap, query, *len);
+        return s->next_notification(buf, cap, query, *len);
     });
 }
 
@@ -160,7 +160,7 @@ SG_API sg_status_t sg_session_error(sg_session_t sh, sg_status_t *status, char *
         auto s = lookup(sessions(), raw(sh), "session");
         need(status, "status");
         check_detail_buffer(msg, cap);
-        const core::Outcome o = s->ctx->session_error(*s);
+        const core::Outcome o = s->outcome();
         *status = o.status;
         copy_detail(o.message, msg, cap);
         return SG_OK;
@@ -171,7 +171,7 @@ SG_API sg_status_t sg_session_close(sg_session_t sh, uint64_t timeout_ns) {
     return guard(nullptr, [&] {
         not_in_callback("sg_session_close");
         auto s = lookup(sessions(), raw(sh), "session");
-        s->ctx->close_gracefully(*s, timeout_ns);
+        s->close_gracefully(timeout_ns);
         return SG_OK;
     });
 }
@@ -182,7 +182,7 @@ SG_API sg_status_t sg_session_destroy(sg_session_t sh) {
         if (!sh) return SG_OK;
         auto s = sessions().remove(raw(sh));
         if (!s) fail(SG_ERR_INVALID_HANDLE, "session handle is not live");
-        s->ctx->close_session(*s);
+        s->close();
         return SG_OK;
     });
 }

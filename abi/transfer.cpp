@@ -32,7 +32,7 @@ sg_status_t start_transfer(bool post_side, sg_session_t sh, const char *rid, sg_
                            : s->ctx->expect(s, rid, p, table, num_tokens, o);
         core::Transfer &xfer = *t;
         *out = wrap<sg_transfer_t>(transfers().add(std::move(t)));
-        xfer.ctx->set_api_handle(xfer, *out);
+        xfer.set_api_handle(*out);
         return SG_OK;
     });
 }
@@ -53,7 +53,7 @@ SG_API sg_status_t sg_transfer_post(sg_session_t s, const char *rid, sg_kv_handl
 SG_API sg_status_t sg_transfer_layer_written(sg_transfer_t h, uint32_t layer, void *cuda_stream) {
     return guard(nullptr, [&] {
         auto t = lookup(transfers(), raw(h), "transfer");
-        t->ctx->layer_written(*t, layer, nullptr, 0, 0, cuda_stream);
+        t->layer_written(layer, nullptr, 0, 0, cuda_stream);
         return SG_OK;
     });
 }
@@ -61,7 +61,7 @@ SG_API sg_status_t sg_transfer_layer_written(sg_transfer_t h, uint32_t layer, vo
 SG_API sg_status_t sg_transfer_test(sg_transfer_t h) {
     return guard(nullptr, [&] {
         auto t = lookup(transfers(), raw(h), "transfer");
-        const core::Outcome o = t->ctx->outcome(*t);
+        const core::Outcome o = t->outcome();
         const sg_status_t st = o.status;
         if (st < 0) record(st, o.message, nullptr);
         if (st == SG_IN_PROGRESS) t->ctx->progress_once();
@@ -76,7 +76,7 @@ void record_failure(core::Transfer &t, sg_status_t st) {
     if (st == SG_ERR_TIMEOUT)
         record(st, "the wait's timeout passed first; the transfer goes on", nullptr);
     else if (st < 0)
-        record(st, t.ctx->outcome(t).message, nullptr);
+        record(st, t.outcome().message, nullptr);
 }
 }  // namespace
 
@@ -84,7 +84,7 @@ SG_API sg_status_t sg_transfer_wait(sg_transfer_t h, uint64_t timeout_ns) {
     return guard(nullptr, [&] {
         not_in_callback("sg_transfer_wait");
         auto t = lookup(transfers(), raw(h), "transfer");
-        sg_status_t st = t->ctx->wait(*t, -1, timeout_ns);
+        sg_status_t st = t->wait(-1, timeout_ns);
         record_failure(*t, st);
         return st;
     });
@@ -95,7 +95,7 @@ SG_API sg_status_t sg_transfer_wait_layer(sg_transfer_t h, uint32_t layer, uint6
         not_in_callback("sg_transfer_wait_layer");
         auto t = lookup(transfers(), raw(h), "transfer");
         if (layer >= t->num_layers()) fail(SG_ERR_OUT_OF_RANGE, "layer " + std::to_string(layer) + " >= num_layers");
-        sg_status_t st = t->ctx->wait(*t, layer, timeout_ns);
+        sg_status_t st = t->wait(layer, timeout_ns);
         record_failure(*t, st);
         return st;
     });
@@ -105,7 +105,7 @@ SG_API sg_status_t sg_transfer_layer_state(sg_transfer_t h, uint32_t layer, uint
     return guard(nullptr, [&] {
         auto t = lookup(transfers(), raw(h), "transfer");
         need(state, "state");
-        *state = t->ctx->layer_state(*t, layer);
+        *state = t->layer_state(layer);
         return SG_OK;
     });
 }
@@ -117,7 +117,7 @@ SG_API sg_status_t sg_transfer_layer_written_q(sg_transfer_t h, uint32_t layer, 
         if (num_queries && (!queries || !num_q_heads))
             fail(SG_ERR_INVALID_ARGUMENT, "queries is NULL or num_q_heads is 0 with num_queries > 0");
         // Queries feed the proactive path's selection; a SG_PATH_FULL transfer sends the whole layer.
-        t->ctx->layer_written(*t, layer, queries, num_queries, num_q_heads);
+        t->layer_written(layer, queries, num_queries, num_q_heads);
         return SG_OK;
     });
 }
@@ -139,7 +139,7 @@ SG_API sg_status_t sg_transfer_layer_written_ex(sg_transfer_t h, uint32_t layer,
             fail(SG_ERR_INVALID_ARGUMENT, "args.queries is NULL or args.num_q_heads is 0 with num_queries > 0");
         if (a.queries_mem_kind == SG_MEM_CUDA && a.num_queries && !a.cuda_stream)
             fail(SG_ERR_INVALID_ARGUMENT, "device queries need args.cuda_stream (they are read once it passes the layer)");
-        t->ctx->layer_written(*t, layer, a.queries, a.num_queries, a.num_q_heads, a.cuda_stream,
+        t->layer_written(layer, a.queries, a.num_queries, a.num_q_heads, a.cuda_stream,
                               a.queries_mem_kind == SG_MEM_CUDA);
         return SG_OK;
     });
@@ -150,7 +150,7 @@ SG_API sg_status_t sg_transfer_wait_layer_state(sg_transfer_t h, uint32_t layer,
         not_in_callback("sg_transfer_wait_layer_state");
         auto t = lookup(transfers(), raw(h), "transfer");
         check_bits(bits, kLayerBits, "bits", "SG_LAYER_*");
-        const sg_status_t st = t->ctx->wait_layer_state(*t, layer, bits, timeout_ns);
+        const sg_status_t st = t->wait_layer_state(layer, bits, timeout_ns);
         record_failure(*t, st);
         return st;
     });
@@ -163,7 +163,7 @@ SG_API sg_status_t sg_transfer_digests(sg_transfer_t h, uint32_t layer, float *o
         const bool query = size_query(out, cap, "out");
         if (layer >= t->num_layers()) fail(SG_ERR_OUT_OF_RANGE, "layer " + std::to_string(layer) + " >= num_layers");
         size_t n = 0;
-        if (!t->ctx->digests(*t, layer, query ? std::span<float>() : std::span<float>(out, cap), n))
+        if (!t->digests(layer, query ? std::span<float>() : std::span<float>(out, cap), n))
             fail(SG_ERR_INVALID_STATE, t->post_side ? "digests are read on the decode side"
                                                     : "the layer is not SG_LAYER_ESSENTIAL (or the transfer lacks SG_PATH_PROACTIVE)");
         *count = n;
@@ -177,7 +177,7 @@ SG_API sg_status_t sg_transfer_fetch(sg_transfer_t h, uint32_t layer, const uint
     return guard(nullptr, [&] {
         auto t = lookup(transfers(), raw(h), "transfer");
         if (count && !blocks) fail(SG_ERR_INVALID_ARGUMENT, "blocks is NULL");
-        t->ctx->fetch(*t, layer, std::span<const uint32_t>(blocks, count));
+        t->fetch(layer, std::span<const uint32_t>(blocks, count));
         return SG_OK;
     });
 }
@@ -188,7 +188,7 @@ SG_API sg_status_t sg_transfer_wait_blocks(sg_transfer_t h, uint32_t layer, cons
         not_in_callback("sg_transfer_wait_blocks");
         auto t = lookup(transfers(), raw(h), "transfer");
         if (count && !blocks) fail(SG_ERR_INVALID_ARGUMENT, "blocks is NULL");
-        const sg_status_t st = t->ctx->wait_blocks(*t, layer, std::span<const uint32_t>(blocks, count), timeout_ns);
+        const sg_status_t st = t->wait_blocks(layer, std::span<const uint32_t>(blocks, count), timeout_ns);
         record_failure(*t, st);
         return st;
     });
@@ -199,7 +199,7 @@ SG_API sg_status_t sg_transfer_residency(sg_transfer_t h, uint32_t layer, uint8_
         auto t = lookup(transfers(), raw(h), "transfer");
         need(num_bits, "num_bits");
         const bool query = size_query(bitmap, cap, "bitmap");
-        t->ctx->residency(*t, layer, query ? nullptr : bitmap, cap, *num_bits);
+        t->residency_bitmap(layer, query ? nullptr : bitmap, cap, *num_bits);
         return SG_OK;
     });
 }
@@ -209,7 +209,7 @@ SG_API sg_status_t sg_transfer_status(sg_transfer_t h, sg_status_t *status, char
         auto t = lookup(transfers(), raw(h), "transfer");
         need(status, "status");
         check_detail_buffer(msg, cap);
-        const core::Outcome o = t->ctx->outcome(*t);
+        const core::Outcome o = t->outcome();
         *status = o.status;
         copy_detail(o.message, msg, cap);
         return SG_OK;
@@ -225,7 +225,7 @@ SG_API sg_status_t sg_transfer_stats(sg_transfer_t h, sg_transfer_stats_t *out) 
         auto t = lookup(transfers(), raw(h), "transfer");
         need(out, "out");
         if (out->struct_size < sizeof(size_t)) fail(SG_ERR_INVALID_ARGUMENT, "out->struct_size is not set");
-        sg_transfer_stats_t s = t->ctx->transfer_stats(*t);
+        sg_transfer_stats_t s = t->stats_snapshot();
         const size_t n = std::min(out->struct_size, sizeof s);
         s.struct_size = n;
         std::memcpy(static_cast<void *>(out), &s, n);
@@ -237,7 +237,7 @@ SG_API sg_status_t sg_transfer_layer_time(sg_transfer_t h, uint32_t layer, uint6
     return guard(nullptr, [&] {
         auto t = lookup(transfers(), raw(h), "transfer");
         need(ns, "ns");
-        *ns = t->ctx->layer_time(*t, layer);
+        *ns = t->layer_time(layer);
         return SG_OK;
     });
 }
@@ -245,7 +245,7 @@ SG_API sg_status_t sg_transfer_layer_time(sg_transfer_t h, uint32_t layer, uint6
 SG_API sg_status_t sg_transfer_cancel(sg_transfer_t h) {
     return guard(nullptr, [&] {
         auto t = lookup(transfers(), raw(h), "transfer");
-        t->ctx->cancel(*t, SG_ERR_CANCELED, "canceled by the application");
+        t->cancel(SG_ERR_CANCELED, "canceled by the application");
         return SG_OK;
     });
 }
@@ -254,7 +254,7 @@ SG_API sg_status_t sg_transfer_wait_quiesced(sg_transfer_t h, uint64_t timeout_n
     return guard(nullptr, [&] {
         not_in_callback("sg_transfer_wait_quiesced");
         auto t = lookup(transfers(), raw(h), "transfer");
-        t->ctx->wait_quiesced(*t, timeout_ns);
+        t->wait_quiesced(timeout_ns);
         return SG_OK;
     });
 }
@@ -265,7 +265,7 @@ SG_API sg_status_t sg_transfer_release(sg_transfer_t h) {
         not_in_callback("sg_transfer_release");
         auto t = transfers().remove(raw(h));
         if (!t) fail(SG_ERR_INVALID_HANDLE, "transfer handle is not live");
-        t->ctx->release(*t);
+        t->release();
         return SG_OK;
     });
 }

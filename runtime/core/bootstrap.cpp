@@ -318,7 +318,7 @@ std::shared_ptr<Session> open_agreed(int fd, Context &ctx, const wire::Hello &pe
             fail(st, "the peer could not open its side of the session: " + theirs.message);
         }
     } catch (...) {
-        if (s) ctx.discard_session(*s);
+        if (s) s->discard();
         throw;
     }
     return s;

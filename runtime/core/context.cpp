@@ -217,19 +217,6 @@ void Context::signal_event() {
     (void)!::write(event_fd_, &one, sizeof one);
 }
 
-void Context::notify(Session &s, std::span<const uint8_t> data) {
-    if (data.empty() || data.size() > wire::kMaxNotifyBytes)
-        fail(SG_ERR_INVALID_ARGUMENT, "a notification holds 1 to SG_NOTIFY_MAX (4096) bytes");
-    std::lock_guard lock(mu);
-    if (s.closed()) fail(s.error ? s.error : SG_ERR_PEER_LOST, "session is closed: " + s.error_message);
-    wire::Notify m;
-    m.payload.assign(data.begin(), data.end());
-    std::vector<uint8_t> out;
-    wire::encode(out, id, m);
-    send(s, out);
-    wake();
-}
-
 void Context::wake() {
     uint64_t one = 1;
     if (wake_fd_ >= 0) (void)!::write(wake_fd_, &one, sizeof one);

@@ -29,17 +29,7 @@ class Context : public transport::CompletionSink {
     // authenticated: the peer proved the key during bootstrap (or neither side has one); false makes
     // the session run the fabric challenge-response before anything else.
     std::shared_ptr<Session> open_session(const wire::Hello &peer, const sg_session_options_t &opt, bool authenticated);
-    // Waits until the session is authenticated (SG_OK); throws its error when it failed, and
-    // SG_ERR_TIMEOUT when timeout_ns passed first.
-    sg_status_t wait_ready(Session &s, uint64_t timeout_ns);
-    void export_kv(Session &s, KvPool &pool);
-    // Says Bye and closes; waits until the peer answered the Bye (or was lost) and our sends that
-    // name the session drained, or until deadline_ns (CLOCK_MONOTONIC; 0: kDestroyDrainNs from now,
-    // what sg_session_destroy allows).
-    void close_session(Session &s, uint64_t deadline_ns = 0);
-    // Forgets a session the peer never opened (bootstrap outcome): no Bye, nothing drained.
-    void discard_session(Session &s);
-    void detach_session(Session &s);
+    // How long sg_session_destroy lets a session's Bye and sends drain (Session::close).
     static constexpr uint64_t kDestroyDrainNs = 200000000ull;
     std::shared_ptr<Transfer> expect(const std::shared_ptr<Session> &s, const char *request_id,
                                      const std::shared_ptr<KvPool> &pool, std::span<const uint32_t> table,
@@ -49,30 +39,8 @@ class Context : public transport::CompletionSink {
                                    const std::shared_ptr<KvPool> &pool, std::span<const uint32_t> table,
                                    uint64_t num_tokens, const sg_transfer_options_t &opt,
                                    const select::Profile *profile = nullptr);
-    // cuda_stream (a device pool's layer written by kernels on the engine's stream): the layer counts
-    // as written once an event recorded on that stream now has completed, polled on the worker thread.
-    // device_queries: queries is memory of the pool's device, read (staged out) once the stream has
-    // passed the event.
-    void layer_written(Transfer &t, uint32_t layer, const float *queries = nullptr, uint32_t num_queries = 0,
-                       uint32_t num_q_heads = 0, void *cuda_stream = nullptr, bool device_queries = false);
-    // Selective paths (paths.cpp).
-    void fetch(Transfer &t, uint32_t layer, std::span<const uint32_t> blocks);
-    // Copies the layer's received digests as fp32; false before the layer is essential.
-    // Decode side: the layer's digests as fp32 into out when it holds them all (floats: how many
-    // there are); false while the layer is not essential.
-    bool digests(Transfer &t, uint32_t layer, std::span<float> out, size_t &floats);
-    // Waits until pred() (evaluated with mu held) or the transfer finished; SG_ERR_TIMEOUT on timeout.
-    sg_status_t wait_for(Transfer &t, uint64_t timeout_ns, const std::function<bool()> &pred);
-    sg_status_t wait(Transfer &t, int64_t layer, uint64_t timeout_ns);  // layer -1: whole transfer
-    void cancel(Transfer &t, sg_status_t why, const std::string &message);
-    void release(Transfer &t);
-    // sg_session_close: drain, then say Bye. Throws SG_ERR_TIMEOUT (still draining) on timeout.
-    void close_gracefully(Session &s, uint64_t timeout_ns);
-    void set_api_handle(Transfer &t, void *handle);
     // Runs queued transfer event callbacks; call without mu held.
     void dispatch_events();
-    // Waits until t is quiesced; throws SG_ERR_TIMEOUT when timeout_ns passes first.
-    void wait_quiesced(Transfer &t, uint64_t timeout_ns);
     // One pass of progress on the caller's thread. Event callbacks run only when run_callbacks is
     // set (sg_context_progress) and the context has no progress thread: the header promises they
     // run on the progress thread, or without one inside sg_context_progress, nowhere else.
@@ -90,7 +58,6 @@ class Context : public transport::CompletionSink {
     // A frame's cost in those budgets: its bytes plus the bookkeeping around it, so that floods of
     // tiny frames count too.
     static constexpr uint64_t frame_cost(size_t bytes) { return uint64_t(bytes) + 64; }
-    void notify(Session &s, std::span<const uint8_t> data);
     int event_fd() const { return event_fd_; }
     void signal_event();
 
@@ -105,20 +72,7 @@ class Context : public transport::CompletionSink {
 
     // The counters, with the registrations the transports hold now. Takes mu.
     sg_context_stats_t stats();
-    std::string metrics_text();  // the statistics in Prometheus's text format (queries.cpp)
-    // ---- What the host reads (queries.cpp); each takes mu ----
-    Outcome outcome(const Transfer &t);
-    Outcome session_error(const Session &s);
-    // The oldest notification into buf (SG_ERR_AGAIN when none; query: only its size into len).
-    sg_status_t next_notification(Session &s, void *buf, size_t cap, bool query, size_t &len);
-    uint32_t layer_state(const Transfer &t, uint32_t layer);  // SG_LAYER_* bits
-    uint64_t layer_time(const Transfer &t, uint32_t layer);   // written (or start) to ready, ns
-    // The layer's residency bitmap into bitmap (NULL: only its size); num_bits gets the number of
-    // bits, also when cap is too small (SG_ERR_BUFFER_TOO_SMALL).
-    void residency(const Transfer &t, uint32_t layer, uint8_t *bitmap, size_t cap, size_t &num_bits);
-    sg_transfer_stats_t transfer_stats(const Transfer &t);
-    sg_status_t wait_layer_state(Transfer &t, uint32_t layer, uint32_t bits, uint64_t timeout_ns);
-    sg_status_t wait_blocks(Transfer &t, uint32_t layer, std::span<const uint32_t> blocks, uint64_t timeout_ns);
+    std::string metrics_text();  // the statistics in Prometheus's text format (metrics.cpp)
     // Counts (and logs) a session that bootstrap refused for authentication (session_auth.cpp).
     void count_refused_session(const Error &e);
 
@@ -134,6 +88,10 @@ class Context : public transport::CompletionSink {
     std::string primary_provider;
 
   private:
+    // A session's and a transfer's own verbs (session_host.cpp, transfer_host.cpp) drive the
+    // engine below: they send, emit, wait a step and fail transfers through it.
+    friend class Session;
+    friend class Transfer;
     // CompletionSink, called with mu held.
     void on_complete(void *cookie, int status, const char *error_text) override;
     void on_message(std::span<const uint8_t> bytes) override;

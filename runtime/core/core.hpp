@@ -1,14 +1,17 @@
 // runtime/core: the context and what it owns — sessions and their bootstrap, KV pools, transfers and
-// the progress engine that runs them. Uses every other runtime folder; abi/ is its only user, and
-// it calls the Context's member functions, never reading sessions' or transfers' fields itself.
+// the progress engine that runs them. Uses every other runtime folder; abi/ is its only user: it
+// calls the host's verbs on a Session or a Transfer (session_host.cpp, transfer_host.cpp) and the
+// Context's own, never reading sessions' or transfers' fields itself.
 //
 // Where things are: context.hpp (the Context), session.hpp, transfer.hpp (with the transfer state
 // machine of plan/transfer_state.hpp); the .cpp files by responsibility — context (lifetime and
-// parameters), progress (loop, waits, events), session (open, close, export, outbox, timers),
-// session_auth, protocol (message type -> handler), transfer (expect, post, match, notices,
-// cancel, quiesce, release), scheduler, staging, completions, paths_prefill, paths_decode,
-// queries (what the host reads), bootstrap, selection, auth (the MACs), cuda_plugin (loading
-// the CUDA plugin on the first CUDA pool).
+// parameters), progress (loop, waits, events), session (open, outbox, staging slots, timers),
+// session_host (a session's verbs: wait until proven, export, notify, close), session_auth,
+// protocol (message type -> handler), transfer (expect, post, match, notices, quiesce),
+// transfer_host (a transfer's verbs and what the host reads of it: layer written, fetch, digests,
+// waits, cancel, release), scheduler, staging, completions, paths_prefill, paths_decode, metrics
+// (the Prometheus text), bootstrap, selection, auth (the MACs), cuda_plugin (loading the CUDA
+// plugin on the first CUDA pool).
 //
 // Locking (docs/protocol.md §6 has the whole picture). Lock order, outermost first:
 //   Listener::mu -> Context::mu;  Context::dispatch_mu_ -> Context::mu;  Context::mu -> the logger's.

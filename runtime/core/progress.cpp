@@ -170,11 +170,6 @@ void Context::note_quiesced(Transfer &t) {
     emit(t, SG_EVENT_QUIESCED, 0, t.status);
 }
 
-void Context::set_api_handle(Transfer &t, void *handle) {
-    t.api_handle.store(handle, std::memory_order_release);
-    if (opt_.event_fn) wake();  // events that waited for the handle may go now
-}
-
 void Context::dispatch_events() {
     // One dispatcher at a time keeps each transfer's events in order.
     if (t_in_event_callback) return;
@@ -295,58 +290,6 @@ void Context::drop_unused_retired_transports() {
         if ((*it)->wait_fd() >= 0) ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, (*it)->wait_fd(), nullptr);
         it = retired_transports_.erase(it);
     }
-}
-
-sg_status_t Context::wait_ready(Session &s, uint64_t timeout_ns) {
-    const uint64_t deadline = now_ns() + std::min<uint64_t>(timeout_ns, uint64_t(1) << 62);
-    std::unique_lock lock(mu);
-    for (;;) {
-        if (s.closed()) fail(s.error ? s.error : SG_ERR_PEER_LOST, "session failed: " + s.error_message);
-        if (s.proven) return SG_OK;
-        const uint64_t now = now_ns();
-        if (now >= deadline) fail(SG_ERR_TIMEOUT, "the session is not authenticated yet");
-        wait_step(lock, deadline);
-    }
-}
-
-void Context::wait_quiesced(Transfer &t, uint64_t timeout_ns) {
-    const uint64_t deadline = now_ns() + std::min<uint64_t>(timeout_ns, uint64_t(1) << 62);
-    std::unique_lock lock(mu);
-    for (note_quiesced(t); !t.is_quiesced(); note_quiesced(t)) {
-        const uint64_t now = now_ns();
-        if (now >= deadline)
-            fail(SG_ERR_TIMEOUT, t.finished() ? "the peer has not confirmed that its writes stopped"
-                                              : "the transfer is still in progress");
-        wait_step(lock, deadline);
-    }
-    drain_events(t, lock, deadline);
-}
-
-sg_status_t Context::wait(Transfer &t, int64_t layer, uint64_t timeout_ns) {
-    const uint64_t deadline = now_ns() + std::min<uint64_t>(timeout_ns, uint64_t(1) << 62);
-    std::unique_lock lock(mu);
-    auto done = [&] {
-        if (t.finished()) return true;
-        return layer >= 0 && t.layers[size_t(layer)].ready;
-    };
-    while (!done()) {
-        const uint64_t now = now_ns();
-        if (now >= deadline) return SG_ERR_TIMEOUT;
-        if (progress_.joinable()) {
-            cv.wait_for(lock, std::chrono::nanoseconds(std::min<uint64_t>(deadline - now, 50000000)));
-        } else {
-            if (!poll_locked()) {
-                lock.unlock();
-                ::usleep(20);
-                lock.lock();
-            }
-            schedule_locked();
-            run_copies(lock);
-        }
-    }
-    drain_events(t, lock, deadline);
-    if (layer >= 0 && t.layers[size_t(layer)].ready) return SG_OK;
-    return t.status;
 }
 
 }  // namespace sg::core

@@ -144,123 +144,6 @@ std::shared_ptr<Session> Context::open_session(const wire::Hello &peer, const sg
     return s;
 }
 
-void Context::export_kv(Session &s, KvPool &pool) {
-    std::unique_lock lock(mu);
-    // The same status as a post or expect on the session gets (one status per state).
-    if (s.closed()) fail(s.error ? s.error : SG_ERR_PEER_LOST, "session is closed: " + s.error_message);
-    if (s.local_regs.count(pool.id)) return;
-    Session::LocalReg reg;
-    const uint64_t bytes = pool.layout.region_bytes();
-    const bool device = pool.layout.mem_kind == SG_MEM_CUDA;
-    // Device memory is registered only where the provider reaches it (FI_HMEM: GPUDirect RDMA);
-    // otherwise, or when the provider refuses it, its bytes go through the staging slots.
-    const bool register_regions = !device || s.tp->caps().hmem;
-    try {
-        // One region at a time with the lock let go in between: registering a large pool (pinning,
-        // on some providers) must not keep the progress thread from keep-alives for that long.
-        for (uint8_t *base : register_regions ? pool.bases : std::vector<uint8_t *>{}) {
-            reg.regions.push_back(device ? s.tp->register_device_memory(base, bytes, random_u64(), pool.layout.device)
-                                         : s.tp->register_memory(base, bytes, random_u64()));
-            lock.unlock();
-            lock.lock();
-            if (s.closed()) fail(s.error ? s.error : SG_ERR_PEER_LOST, "session is closed: " + s.error_message);
-        }
-        reg.device_direct = device && register_regions;
-    } catch (const Error &e) {
-        for (auto &r : reg.regions) s.tp->deregister(r);
-        if (!device || e.status() == SG_ERR_PEER_LOST) throw;
-        reg.regions.clear();
-        log.log(SG_LOG_WARN, "device pool " + std::to_string(pool.id) + " stays staged: " + e.message());
-    } catch (...) {
-        for (auto &r : reg.regions) s.tp->deregister(r);
-        throw;
-    }
-    if (s.local_regs.count(pool.id)) {  // exported by another thread meanwhile
-        for (auto &r : reg.regions) s.tp->deregister(r);
-        return;
-    }
-    wire::HandleExport ex;
-    ex.handle_id = pool.id;
-    ex.layout = pool.layout.to_desc();
-    ex.regions_per_layer = pool.layout.regions_per_layer();
-    for (auto &r : reg.regions) ex.regions.push_back({r.key, r.remote_base, bytes});
-    ex.device_direct = reg.device_direct;
-    if (device && !reg.device_direct)
-        ex.regions.assign(pool.bases.size(), wire::Region{0, 0, bytes});  // no key: never written directly
-    s.local_regs[pool.id] = std::move(reg);
-    std::vector<uint8_t> out;
-    wire::encode(out, id, ex);
-    send(s, out);
-}
-
-void Context::close_session(Session &s, uint64_t deadline) {
-    if (!deadline) deadline = now_ns() + kDestroyDrainNs;
-    std::unique_lock lock(mu);
-    if (!s.closed() && !s.bye_sent) {
-        wire::Bye bye;
-        std::vector<uint8_t> out;
-        wire::encode(out, id, bye);
-        send(s, out);
-        s.bye_sent = true;
-        if (s.state() == SessionState::Open) s.advance(SessionState::Draining);
-    }
-    // fail_transfer takes an unmatched post out of its map: walk a copy.
-    auto fail_all = [&](auto &m) {
-        std::vector<std::shared_ptr<Transfer>> ts;
-        for (auto &[k, t] : m) ts.push_back(t);
-        for (auto &t : ts) fail_transfer(*t, SG_ERR_CANCELED, "session closed", false);
-    };
-    fail_all(s.expects);
-    fail_all(s.posts);
-    fail_all(s.unmatched_posts);
-    // Let queued sends (the Bye) and in-flight writes that name this session drain, and the peer
-    // answer the Bye (peers of 1.1 and newer): until it has, frames we sent may still be in the
-    // provider's or the kernel's buffers, and closing the endpoint could drop them.
-    auto busy = [&] {
-        // A Bye that cannot leave — the peer has not proven its key, or we may not speak first and
-        // never heard from it — gets no answer to wait for.
-        if (!s.closed() && s.proven && s.may_send && s.peer_minor >= 1 && !s.bye_received) return true;
-        for (auto &c : cookie_store_)
-            if (c->in_use && !c->abandoned && c->session == &s) return true;
-        return false;
-    };
-    while (busy() && now_ns() < deadline) {
-        if (progress_.joinable()) {
-            cv.wait_for(lock, std::chrono::milliseconds(1));
-        } else {
-            poll_locked();
-            run_copies(lock);
-            flush_outbox(s);
-        }
-    }
-    detach_session(s);
-}
-
-void Context::discard_session(Session &s) {
-    std::lock_guard lock(mu);
-    detach_session(s);
-}
-
-// The end of a session on this side, with mu held: closed, its unsent frames dropped, operations
-// still in the provider no longer naming it, and the context's entry for the peer gone.
-void Context::detach_session(Session &s) {
-    if (!s.closed()) {
-        s.lost_ns = now_ns();
-        s.advance(SessionState::Closed);
-    }
-    forget_held_frames(s);
-    drop_unsent(s, false);
-    // The session object goes away with its handle; a provider that never completes operations to
-    // a peer that stopped answering would leave them naming it forever.
-    if (s.tp->caps().local_only) abandon_ops(s);
-    forget_session_in_cookies(s);
-    auto it = sessions_.find(s.peer_ctx_id);
-    if (it != sessions_.end() && it->second.lock().get() == &s) {
-        sessions_.erase(it);
-        counters.sessions_open--;
-    }
-}
-
 // Sends that never left are dropped — all of them when the session ends here, or only those of
 // transfers when it was lost (its transfers have failed; a Bye answer may still go out) — their
 // cookies go back to the pool and their transfers stop counting them, so those can quiesce.
@@ -281,39 +164,6 @@ void Context::drop_unsent(Session &s, bool transfer_frames_only) {
     for (auto &[k, t] : s.posts) note_quiesced(*t);
 }
 
-void Context::close_gracefully(Session &s, uint64_t timeout_ns) {
-    const uint64_t deadline = now_ns() + std::min<uint64_t>(timeout_ns, uint64_t(1) << 62);
-    {
-        std::unique_lock lock(mu);
-        if (s.state() == SessionState::Open || s.state() == SessionState::Authenticating)
-            s.advance(SessionState::Draining);
-        auto running = [&] {
-            size_t n = s.unmatched_posts.size();
-            auto count = [&](auto &transfers) {
-                for (auto &[k, t] : transfers) {
-                    note_quiesced(*t);
-                    n += !t->is_quiesced();
-                }
-            };
-            count(s.expects);
-            count(s.posts);
-            return n;
-        };
-        for (size_t n; !s.closed() && (n = running()) > 0;) {
-            const uint64_t now = now_ns();
-            if (now >= deadline)
-                fail(SG_ERR_TIMEOUT, std::to_string(n) + " transfer(s) still running on the session; it keeps draining");
-            wait_step(lock, deadline);
-        }
-    }
-    close_session(s, deadline);  // nothing left to cancel: says Bye and closes
-    std::lock_guard lock(mu);
-    if (s.error == SG_OK) {
-        s.error = SG_ERR_INVALID_STATE;
-        s.error_message = "closed by sg_session_close";
-    }
-}
-
 size_t Session::unfinished() const {
     size_t n = 0;
     for (auto &[k, t] : expects) n += !t->finished();
@@ -332,7 +182,6 @@ void Context::drop_registrations(Session &s) {
     }
     s.regs_dropped = true;
 }
-
 
 void Context::send(Session &s, const std::vector<uint8_t> &frame, Transfer *t, bool bulk) {
     if (s.closed()) return;
@@ -387,7 +236,6 @@ void Context::flush_outbox(Session &s) {
     if (!s.may_send || !drain(s.auth_outbox)) return;
     if (s.proven && drain(s.outbox)) drain(s.bulk_outbox);
 }
-
 
 // Keep-alives, peer loss and deadlines; cheap, and run at most every 10 ms.
 void Context::check_timers_locked() {

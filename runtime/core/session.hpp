@@ -28,6 +28,7 @@ namespace sg::core {
 class Context;
 class Session;
 class Transfer;
+class KvPool;
 struct SendUnit;
 
 // A transfer's or session's status and its detail, as one snapshot.
@@ -176,7 +177,31 @@ class Session {
     // Unfinished transfers of the session, against max_transfers_per_session.
     size_t unfinished() const;
 
+    // ---- The host's verbs (session_host.cpp): the ABI's calls, each taking the context's mutex
+    // itself. ----
+    // Until the peer proved its key (SG_OK); throws the session's error when it failed, and
+    // SG_ERR_TIMEOUT when timeout_ns passed first.
+    sg_status_t wait_ready(uint64_t timeout_ns);
+    // Registers the pool for this session and tells the peer (HandleExport); once per pool.
+    void export_kv(KvPool &pool);
+    void notify(std::span<const uint8_t> data);
+    // The oldest notification into buf (SG_ERR_AGAIN when none; query: only its size into len).
+    sg_status_t next_notification(void *buf, size_t cap, bool query, size_t &len);
+    Outcome outcome() const;  // the session's error, if any
+    // sg_session_close: drain, then say Bye. Throws SG_ERR_TIMEOUT (still draining) on timeout.
+    void close_gracefully(uint64_t timeout_ns);
+    // Says Bye and closes; waits until the peer answered the Bye (or was lost) and our sends that
+    // name the session drained, or until deadline_ns (CLOCK_MONOTONIC; 0: kDestroyDrainNs from
+    // now, what sg_session_destroy allows).
+    void close(uint64_t deadline_ns = 0);
+    // Forgets a session the peer never opened (bootstrap outcome): no Bye, nothing drained.
+    void discard();
+
   private:
+    // The end of the session on this side, with the context's mutex held: closed, its unsent
+    // frames dropped, operations still in the provider no longer naming it, and the context's
+    // entry for the peer gone.
+    void detach_locked();
     SessionState state_ = SessionState::Authenticating;
 };
 

@@ -228,37 +228,6 @@ void Context::match(Session &s, const std::shared_ptr<Transfer> &t, const wire::
     }
 }
 
-void Context::layer_written(Transfer &t, uint32_t layer, const float *queries, uint32_t num_queries,
-                            uint32_t num_q_heads, void *cuda_stream, bool device_queries) {
-    if (!t.post_side) fail(SG_ERR_INVALID_STATE, "layer_written is for the prefill (posting) side");
-    if (layer >= t.layers.size())
-        fail(SG_ERR_OUT_OF_RANGE, "layer " + std::to_string(layer) + " >= num_layers " + std::to_string(t.layers.size()));
-    std::shared_ptr<StreamEvent> written;
-    if (cuda_stream) {
-        if (t.pool->layout.mem_kind != SG_MEM_CUDA)
-            fail(SG_ERR_INVALID_ARGUMENT, "cuda_stream is for SG_MEM_CUDA pools (this one is host memory)");
-        written = std::make_shared<StreamEvent>(t.pool->layout.device, cuda_stream);
-    }
-    if (device_queries && num_queries && t.pool->layout.mem_kind != SG_MEM_CUDA)
-        fail(SG_ERR_INVALID_ARGUMENT, "device queries are for SG_MEM_CUDA pools (this one is host memory)");
-    if (t.selective() && !written && commit_whole_layer(t, layer)) return;
-    if (t.selective()) {
-        check_selection_inputs(t, layer, queries, num_queries, num_q_heads);
-        SelectJob job{t.shared_from_this(), layer, {}, num_queries, num_q_heads, std::move(written), true};
-        if (queries && num_queries && device_queries)
-            job.device_queries = queries;
-        else if (queries && num_queries)
-            job.queries.assign(queries, queries + size_t(num_queries) * num_q_heads * t.pool->layout.head_dim);
-        queue_job(std::move(job));
-        return;
-    }
-    if (written) {
-        queue_job(SelectJob{t.shared_from_this(), layer, {}, 0, 0, std::move(written), false});
-        return;
-    }
-    mark_written(t, layer);
-}
-
 void Context::queue_job(SelectJob job) {
     std::lock_guard lock(select_mu_);
     if (!select_thread_.joinable()) select_thread_ = std::thread([this] { select_loop(); });
@@ -492,59 +461,6 @@ bool Transfer::quiesce_condition() const {
     if (post_side) return inflight == 0;
     // A lost session's registrations are closed (drop_registrations), so nothing can land.
     return (decode.peer_quiesced || session->closed()) && decode.unpacks_pending == 0;
-}
-
-void Context::cancel(Transfer &t, sg_status_t why, const std::string &message) {
-    std::lock_guard lock(mu);
-    if (t.finished()) return;
-    fail_transfer(t, why, message, true);
-}
-
-void Context::release(Transfer &t) {
-    t.released.store(true, std::memory_order_release);  // its events are dropped from now on
-    std::unique_lock lock(mu);
-    if (!t.finished()) {
-        if (!t.post_side && t.selective())
-            end_by_release(t);
-        else
-            fail_transfer(t, SG_ERR_CANCELED, "released before completion", true);
-    }
-    // Quiesce: no operation of ours may still reference the transfer, and on the decode side the
-    // peer must have confirmed that its writes stopped. A silent peer is lost after
-    // peer_timeout_ms anyway; one that keeps talking but never confirms is treated as broken.
-    const uint64_t deadline = now_ns() + std::max<uint64_t>(5000000000ull, 2 * peer_timeout_ns_ + 1000000000ull);
-    for (note_quiesced(t); !t.is_quiesced() && now_ns() < deadline; note_quiesced(t)) wait_step(lock, deadline);
-    if (!t.post_side && !t.is_quiesced())
-        lose_session(*t.session, SG_ERR_PROTOCOL,
-                     "the peer did not confirm that its writes for '" + t.request_id + "' stopped");
-    Session &s = *t.session;
-    if (t.inflight) {
-        // Completions still name this transfer: keep it alive until the context goes away rather
-        // than let a late completion touch freed memory.
-        log.log(SG_LOG_ERROR, "transfer '" + t.request_id + "' released with " + std::to_string(t.inflight) +
-                                  " operation(s) still in flight after the release wait; kept until the context is destroyed");
-        lingering_.push_back(t.shared_from_this());
-    }
-    if (t.post_side) {
-        auto p = s.posts.find(t.request_id);
-        if (p != s.posts.end() && p->second.get() == &t) s.posts.erase(p);
-        auto u = s.unmatched_posts.find(t.request_id);
-        if (u != s.unmatched_posts.end() && u->second.get() == &t) s.unmatched_posts.erase(u);
-    } else {
-        s.expects.erase(t.id);
-    }
-    active_.erase(std::remove_if(active_.begin(), active_.end(), [&](const auto &p) { return p.get() == &t; }),
-                  active_.end());
-    if (t.finished()) t.advance(plan::TransferState::Released);
-    if (!t.inflight) {
-        // Nothing of ours references it now: its queued events (never delivered once released) go,
-        // and the pool may be deregistered at once.
-        const auto ours = [&](const Event &e) { return e.t.get() == &t; };
-        const auto n = std::count_if(events_.begin(), events_.end(), ours);
-        events_.erase(std::remove_if(events_.begin(), events_.end(), ours), events_.end());
-        t.events_queued.fetch_sub(uint32_t(n), std::memory_order_acq_rel);
-        t.let_go_of_pool();
-    }
 }
 
 }  // namespace sg::core

@@ -221,6 +221,41 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
     // Once released and quiesced: the pool no longer counts it (idempotent; the destructor too).
     void let_go_of_pool();
 
+    // ---- The host's verbs (transfer_host.cpp): the ABI's calls, each taking the context's mutex
+    // itself; the engine that moves the bytes stays the context's. ----
+    // Prefill side. cuda_stream (a device pool's layer written by kernels on the engine's stream):
+    // the layer counts as written once an event recorded on that stream now has completed, polled
+    // on the selection worker. device_queries: queries is memory of the pool's device, read
+    // (staged out) once the stream has passed the event.
+    void layer_written(uint32_t layer, const float *queries = nullptr, uint32_t num_queries = 0,
+                       uint32_t num_q_heads = 0, void *cuda_stream = nullptr, bool device_queries = false);
+    // Decode side, selective paths: asks for blocks of a layer (SG_EVENT_BLOCKS_READY when all are
+    // resident), and the layer's digests as fp32 into out when it holds them all (floats: how many
+    // there are); false while the layer is not essential.
+    void fetch(uint32_t layer, std::span<const uint32_t> blocks);
+    bool digests(uint32_t layer, std::span<float> out, size_t &floats);
+    // Waits until pred() (evaluated with the mutex held) or the transfer finished; SG_ERR_TIMEOUT
+    // on timeout. Every event emitted before it returns has been delivered.
+    sg_status_t wait_for(uint64_t timeout_ns, const std::function<bool()> &pred);
+    sg_status_t wait(int64_t layer, uint64_t timeout_ns);  // layer -1: the whole transfer
+    sg_status_t wait_layer_state(uint32_t layer, uint32_t bits, uint64_t timeout_ns);
+    sg_status_t wait_blocks(uint32_t layer, std::span<const uint32_t> blocks, uint64_t timeout_ns);
+    // Until quiesced; throws SG_ERR_TIMEOUT when timeout_ns passes first.
+    void wait_quiesced(uint64_t timeout_ns);
+    void cancel(sg_status_t why, const std::string &message);
+    // Ends it (a selective decode transfer: done early, not a failure) and waits until it is
+    // quiesced; its events are dropped from the call on.
+    void release();
+    void set_api_handle(void *handle);
+    // What the host reads: snapshots.
+    Outcome outcome() const;
+    uint32_t layer_state(uint32_t layer) const;  // SG_LAYER_* bits
+    uint64_t layer_time(uint32_t layer) const;   // written (or start) to ready, ns
+    // The layer's residency bitmap into bitmap (NULL: only its size); num_bits gets the number of
+    // bits, also when cap is too small (SG_ERR_BUFFER_TOO_SMALL).
+    void residency_bitmap(uint32_t layer, uint8_t *bitmap, size_t cap, size_t &num_bits) const;
+    sg_transfer_stats_t stats_snapshot() const;
+
   private:
     std::atomic<bool> holds_pool_{true};
     std::atomic<plan::TransferState> state_{plan::TransferState::Unmatched};

@@ -112,7 +112,7 @@ inline void open_and_close(core::Context &ctx, wire::Hello peer, bool authentica
         return;  // refused: no common provider, an address the fabric does not take, ...
     }
     // Nothing was handed to the provider (the peer speaks first), so a short drain loses nothing.
-    ctx.close_session(*s, now_ns() + 1000000);
+    s->close(now_ns() + 1000000);
 }
 
 }  // namespace sg::fuzz

@@ -135,7 +135,7 @@ void refresh_transfers() {
         if (t && !t->finished()) return;
         if (t) {
             if (!t->is_quiesced()) return;
-            host([&] { F->b->release(*t); });
+            host([&] { t->release(); });
             t.reset();
         }
         t = make();
@@ -161,8 +161,8 @@ bool try_open_pair(bool authenticated) {
     try {
         F->sb = F->b->open_session(F->a->hello(), so, authenticated);
         F->sa = F->a->open_session(F->b->hello(), so, authenticated);
-        F->b->export_kv(*F->sb, *F->pb->pool);
-        F->a->export_kv(*F->sa, *F->pa->pool);
+        F->sb->export_kv(*F->pb->pool);
+        F->sa->export_kv(*F->pa->pool);
     } catch (const Error &e) {
         std::fprintf(stderr, "fuzz_handlers: cannot open the session pair: %s\n", e.message().c_str());
         std::abort();
@@ -248,9 +248,9 @@ void close_pair() {
         // (200 ms) for them. The auth messages it did hand over completed meanwhile (the peer
         // makes progress), so a short drain loses nothing there.
         if (s.closed() && !s.proven)
-            closing.close_session(s, now_ns() + kLostUnauthDrainNs);
+            s.close(now_ns() + kLostUnauthDrainNs);
         else
-            closing.close_session(s);
+            s.close();
         if (trace && now_ns() - t0 > 50000000) std::fprintf(stderr, "slow close (%s): %s\n", &closing == F->b.get() ? "b" : "a", before);
         stop = true;
         helper.join();
@@ -269,7 +269,7 @@ void close_pair() {
             for (auto &[k, t] : s->unmatched_posts) all.push_back(t);
         }
         for (auto &t : all)
-            if (settle([&] { return t->is_quiesced(); }, 100)) host([&] { ctx.release(*t); });
+            if (settle([&] { return t->is_quiesced(); }, 100)) host([&] { t->release(); });
     }
     F->ef.reset(), F->es.reset(), F->pf.reset(), F->ps.reset(), F->pw.reset();
     F->extra.clear();
@@ -657,21 +657,21 @@ void host_action(FuzzedDataProvider &p) {
     Context &b = *F->b;
     switch (p.ConsumeIntegralInRange<int>(0, 7)) {
         case 0:
-            if (auto t = pick_transfer(p)) host([&] { b.cancel(*t, SG_ERR_CANCELED, "canceled by the fuzz host"); });
+            if (auto t = pick_transfer(p)) host([&] { t->cancel(SG_ERR_CANCELED, "canceled by the fuzz host"); });
             return;
         case 1:
-            if (F->pw) host([&] { b.layer_written(*F->pw, pick_small(p, 2)); });
+            if (F->pw) host([&] { F->pw->layer_written(pick_small(p, 2)); });
             return;
         case 2:
             if (F->es) {
                 const uint32_t layer = pick_small(p, 2);
                 const auto blocks = pick_blocks(p, 4);
-                host([&] { b.fetch(*F->es, layer, blocks); });
+                host([&] { F->es->fetch(layer, blocks); });
             }
             return;
         case 3: {
             const auto payload = pick_bytes(p, 8, wire::kMaxNotifyBytes + 8);
-            host([&] { b.notify(*F->sb, payload); });
+            host([&] { F->sb->notify(payload); });
             return;
         }
         case 4:
@@ -681,13 +681,13 @@ void host_action(FuzzedDataProvider &p) {
                 std::vector<float> out(std::min<uint32_t>(pick_small(p, 4096), 1u << 20));
                 size_t floats = 0;
                 const uint32_t layer = pick_small(p, 2);
-                if (layer < t->layers.size()) host([&] { (void)b.digests(*t, layer, out, floats); });
+                if (layer < t->layers.size()) host([&] { (void)t->digests(layer, out, floats); });
             }
             return;
         case 5:
             // Releasing blocks until the transfer is quiesced; only a quiesced one is released here.
             if (auto t = pick_transfer(p); t && t->is_quiesced()) {
-                host([&] { b.release(*t); });
+                host([&] { t->release(); });
                 if (t == F->ef) F->ef.reset();
                 if (t == F->es) F->es.reset();
                 if (t == F->pf) F->pf.reset();

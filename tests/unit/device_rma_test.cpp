@@ -107,8 +107,8 @@ TEST_P(DeviceRma, EveryByteLandsAndOnlyAProviderWithoutHmemStages) {
     dst.upload();  // zeros
     auto src_kv = std::make_shared<core::KvPool>(p.prefill.get(), src.layout);
     auto dst_kv = std::make_shared<core::KvPool>(p.decode.get(), dst.layout);
-    p.prefill->export_kv(*p.at_prefill, *src_kv);
-    p.decode->export_kv(*p.at_decode, *dst_kv);
+    p.at_prefill->export_kv(*src_kv);
+    p.at_decode->export_kv(*dst_kv);
     const uint64_t tokens = 250;
     const std::vector<uint32_t> st = iota_table(63);
     std::vector<uint32_t> dt(63);
@@ -122,7 +122,7 @@ TEST_P(DeviceRma, EveryByteLandsAndOnlyAProviderWithoutHmemStages) {
     if (c.paths & SG_PATH_ON_DEMAND) {
         ASSERT_TRUE(p.run_until([&] { return expect->paths != 0; }));
         const uint32_t want[] = {7, 50};
-        p.decode->fetch(*expect, 2, want);
+        expect->fetch(2, want);
     }
     ASSERT_TRUE(p.run_until([&] { return quiesced(*p.prefill, *post) && quiesced(*p.decode, *expect); }))
         << "prefill " << post->status << " " << post->error << ", decode " << expect->status << " " << expect->error;
@@ -150,8 +150,8 @@ TEST_P(DeviceRma, EveryByteLandsAndOnlyAProviderWithoutHmemStages) {
         EXPECT_GE(post->stats.staged_bytes, uint64_t(tokens) * 64 * 2 * 2 * 3);
         EXPECT_GT(emu().staged() - staged_before, 0u);
     }
-    p.prefill->release(*post);
-    p.decode->release(*expect);
+    post->release();
+    expect->release();
     post.reset();
     expect.reset();
     src_kv.reset();
@@ -182,11 +182,11 @@ TEST(DeviceRmaMixed, APoolTheProviderRefusesIsStagedAndStillLandsWhole) {
     dst.upload();
     auto src_kv = std::make_shared<core::KvPool>(p.prefill.get(), src.layout);
     auto dst_kv = std::make_shared<core::KvPool>(p.decode.get(), dst.layout);
-    p.prefill->export_kv(*p.at_prefill, *src_kv);
+    p.at_prefill->export_kv(*src_kv);
     PairConfig refusing = hmem_config(true);
     refusing.knobs.refuse_device_memory = true;
     p.fabric.set_knobs(refusing.knobs);
-    p.decode->export_kv(*p.at_decode, *dst_kv);
+    p.at_decode->export_kv(*dst_kv);
     EXPECT_EQ(p.decode->stats().registrations, 0u) << "the refused registration left nothing behind";
     const std::vector<uint32_t> table = iota_table(16);
     auto expect = p.decode->expect(p.at_decode, "req", dst_kv, table, 64, transfer_options());
@@ -200,8 +200,8 @@ TEST(DeviceRmaMixed, APoolTheProviderRefusesIsStagedAndStillLandsWhole) {
     for (uint32_t l = 0; l < 2; ++l)
         for (size_t i = 0; i < table.size(); ++i) ASSERT_TRUE(same_tokens(src.host, table, dst.host, table, 64, l, i));
     EXPECT_EQ(post->stats.staged_bytes, uint64_t(64) * 64 * 2 * 2 * 2);
-    p.prefill->release(*post);
-    p.decode->release(*expect);
+    post->release();
+    expect->release();
     post.reset();
     expect.reset();
     p.close();

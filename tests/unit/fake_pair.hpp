@@ -126,7 +126,7 @@ inline sg_context_options_t context_options(const PairConfig &cfg) {
 // Whether the transfer is quiesced, asked the way a host asks (sg_transfer_wait_quiesced, 0 ns).
 inline bool quiesced(core::Context &c, core::Transfer &t) {
     try {
-        c.wait_quiesced(t, 0);
+        t.wait_quiesced(0);
         return true;
     } catch (const Error &e) {
         if (e.status() != SG_ERR_TIMEOUT) throw;
@@ -171,7 +171,7 @@ struct FakePair {
 
     static bool ready(core::Context &c, core::Session &s) {
         try {
-            return c.wait_ready(s, 0) == SG_OK;
+            return s.wait_ready(0) == SG_OK;
         } catch (const Error &e) {
             if (e.status() != SG_ERR_TIMEOUT) throw;
             return false;
@@ -215,8 +215,8 @@ struct FakePair {
 
     // Closes both sessions as a host does after releasing its transfers: Bye, answered by the peer.
     void close() {
-        if (at_prefill) blocking(*prefill, [&] { prefill->close_session(*at_prefill); });
-        if (at_decode) blocking(*decode, [&] { decode->close_session(*at_decode); });
+        if (at_prefill) blocking(*prefill, [&] { at_prefill->close(); });
+        if (at_decode) blocking(*decode, [&] { at_decode->close(); });
         // The sessions go (removing their peers cancels what the fabric still holds for them),
         // then what they leave behind drains.
         at_prefill.reset();
@@ -239,8 +239,8 @@ struct Request {
         src.fill(0x5eed);
         src_kv = std::make_shared<core::KvPool>(p.prefill.get(), src.layout);
         dst_kv = std::make_shared<core::KvPool>(p.decode.get(), dst.layout);
-        p.prefill->export_kv(*p.at_prefill, *src_kv);
-        p.decode->export_kv(*p.at_decode, *dst_kv);
+        p.at_prefill->export_kv(*src_kv);
+        p.at_decode->export_kv(*dst_kv);
         const size_t n = (tokens + src.tpb - 1) / src.tpb;
         st = iota_table(n);
         dt.resize(n);
@@ -265,8 +265,8 @@ struct Request {
     bool run_to_quiesce() { return p.run_until([&] { return both_quiesced(); }); }
     // As a host ends: release both (quiesced: returns at once), close, and nothing may be left.
     void finish() {
-        if (post) p.prefill->release(*post);
-        if (expect) p.decode->release(*expect);
+        if (post) post->release();
+        if (expect) expect->release();
         post.reset();
         expect.reset();
         p.close();

@@ -57,7 +57,7 @@ struct Pair {
     // hold each other until the transfer is released).
     ~Pair() {
         for (auto [ctx, s] : {std::pair{&prefill, at_prefill}, std::pair{&decode, at_decode}}) {
-            ctx->close_session(*s);
+            s->close();
             std::vector<std::shared_ptr<core::Transfer>> ts;
             {
                 std::lock_guard lock(ctx->mu);
@@ -65,7 +65,7 @@ struct Pair {
                 for (auto &[k, t] : s->posts) ts.push_back(t);
                 for (auto &[k, t] : s->unmatched_posts) ts.push_back(t);
             }
-            for (auto &t : ts) ctx->release(*t);
+            for (auto &t : ts) t->release();
         }
     }
 };
@@ -80,7 +80,7 @@ TEST(HostilePeer, AStagedChunkWhoseSlotOffsetWrapsFailsTheSessionAndTouchesNoMem
     Pair p;
     Pool pool;
     auto kv = std::make_shared<core::KvPool>(&p.decode, pool.layout);
-    p.decode.export_kv(*p.at_decode, *kv);
+    p.at_decode->export_kv(*kv);
     const auto tbl = table(8);
     auto t = p.decode.expect(p.at_decode, "req", kv, tbl, 32, transfer_options());
     // slot_offset + length wraps past 2^64 to a small number: a check written as
@@ -105,7 +105,7 @@ TEST(HostilePeer, AnOutOfRangeSegmentOffsetFailsTheSession) {
     Pair p;
     Pool pool;
     auto kv = std::make_shared<core::KvPool>(&p.decode, pool.layout);
-    p.decode.export_kv(*p.at_decode, *kv);
+    p.at_decode->export_kv(*kv);
     const auto tbl = table(8);
     auto t = p.decode.expect(p.at_decode, "req", kv, tbl, 32, transfer_options());
     wire::StagedChunk m;
@@ -124,7 +124,7 @@ TEST(HostilePeer, AQuantizedChunkTheTransferDidNotAgreeToFailsTheSession) {
     Pair p;
     Pool pool;
     auto kv = std::make_shared<core::KvPool>(&p.decode, pool.layout);
-    p.decode.export_kv(*p.at_decode, *kv);
+    p.at_decode->export_kv(*kv);
     const auto tbl = table(8);
     auto t = p.decode.expect(p.at_decode, "req", kv, tbl, 32, transfer_options());  // wire_quant 0
     wire::StagedChunk m;
@@ -144,7 +144,7 @@ TEST(HostilePeer, AQuantizedSegmentThatCutsARowFailsTheSession) {
     Pair p;
     Pool pool;
     auto kv = std::make_shared<core::KvPool>(&p.decode, pool.layout);
-    p.decode.export_kv(*p.at_decode, *kv);
+    p.at_decode->export_kv(*kv);
     const auto tbl = table(8);
     sg_transfer_options_t o = transfer_options();
     o.wire_quant = SG_WIRE_QUANT_INT8;
@@ -183,7 +183,7 @@ TEST(HostilePeer, ALayerReadyForALayerThatDoesNotExistFailsTheSession) {
     Pair p;
     Pool pool;
     auto kv = std::make_shared<core::KvPool>(&p.decode, pool.layout);
-    p.decode.export_kv(*p.at_decode, *kv);
+    p.at_decode->export_kv(*kv);
     const auto tbl = table(8);
     auto t = p.decode.expect(p.at_decode, "req", kv, tbl, 32, transfer_options());
     wire::LayerReady m;
@@ -259,7 +259,7 @@ TEST(Deadlines, PostsWhoseDeadlinePassesBeforeTheirExpectFailCleanly) {
     Pair p;
     Pool pool;
     auto kv = std::make_shared<core::KvPool>(&p.prefill, pool.layout);
-    p.prefill.export_kv(*p.at_prefill, *kv);
+    p.at_prefill->export_kv(*kv);
     const auto tbl = table(8);
     sg_transfer_options_t o = transfer_options();
     o.deadline_ns = 20'000'000;
@@ -280,7 +280,7 @@ TEST(Deadlines, ADeadlineOfUint64MaxNeverFires) {
     Pair p;
     Pool pool;
     auto kv = std::make_shared<core::KvPool>(&p.prefill, pool.layout);
-    p.prefill.export_kv(*p.at_prefill, *kv);
+    p.at_prefill->export_kv(*kv);
     const auto tbl = table(8);
     sg_transfer_options_t o = transfer_options();
     o.deadline_ns = UINT64_MAX;  // "now + deadline" wrapped to the past before
@@ -414,7 +414,7 @@ TEST(HostilePeer, AStatusOutsideTheEnumBecomesRemote) {
     Pair p;
     Pool pool;
     auto kv = std::make_shared<core::KvPool>(&p.decode, pool.layout);
-    p.decode.export_kv(*p.at_decode, *kv);
+    p.at_decode->export_kv(*kv);
     const auto tbl = table(8);
     auto t = p.decode.expect(p.at_decode, "req", kv, tbl, 32, transfer_options());
     wire::TransferError m;
@@ -487,12 +487,12 @@ TEST(Staging, SlotsComeOnFirstUseByRole) {
     }
     Pool pool;
     auto src = std::make_shared<core::KvPool>(&p.prefill, pool.layout);
-    p.prefill.export_kv(*p.at_prefill, *src);
+    p.at_prefill->export_kv(*src);
     const auto tbl = table(8);
     auto posted = p.prefill.post(p.at_prefill, "only-posts", src, tbl, 32, transfer_options());
     Pool pool2;
     auto dst = std::make_shared<core::KvPool>(&p.decode, pool2.layout);
-    p.decode.export_kv(*p.at_decode, *dst);
+    p.at_decode->export_kv(*dst);
     auto expected = p.decode.expect(p.at_decode, "expects", dst, tbl, 32, transfer_options());
     std::lock_guard lp(p.prefill.mu);
     EXPECT_EQ(p.at_prefill->recv_staging.base, nullptr) << "a session that only posts needs no receive slots";

@@ -73,8 +73,8 @@ std::string run_schedule(uint64_t seed) {
         x.src->fill(seed * 31 + i);
         x.src_kv = std::make_shared<core::KvPool>(p.prefill.get(), x.src->layout);
         x.dst_kv = std::make_shared<core::KvPool>(p.decode.get(), x.dst->layout);
-        p.prefill->export_kv(*p.at_prefill, *x.src_kv);
-        p.decode->export_kv(*p.at_decode, *x.dst_kv);
+        p.at_prefill->export_kv(*x.src_kv);
+        p.at_decode->export_kv(*x.dst_kv);
         const size_t used = 1 + rng.below(blocks);
         x.tokens = (used - 1) * 4 + 1 + rng.below(4);
         // Random permutations of the pool's blocks, so runs coalesce sometimes and scatter otherwise.
@@ -131,14 +131,14 @@ std::string run_schedule(uint64_t seed) {
         for (size_t i = 0; i < n; ++i) {
             Xfer &x = xs[i];
             if (round == cancel_at[i]) {
-                if (cancel_prefill[i]) p.prefill->cancel(*x.post, SG_ERR_CANCELED, "random cancel");
-                else p.decode->cancel(*x.expect, SG_ERR_CANCELED, "random cancel");
+                if (cancel_prefill[i]) x.post->cancel(SG_ERR_CANCELED, "random cancel");
+                else x.expect->cancel(SG_ERR_CANCELED, "random cancel");
             }
             if ((x.paths & SG_PATH_ON_DEMAND) && !x.expect->finished() && rng.below(50) == 0) {
                 const uint32_t layer = uint32_t(rng.below(x.src->layers));
                 std::vector<uint32_t> want{uint32_t(rng.below(x.st.size()))};
                 try {
-                    p.decode->fetch(*x.expect, layer, want);
+                    x.expect->fetch(layer, want);
                 } catch (const Error &e) {
                     // Refused before the match told the decode side the paths: a host retries later.
                     if (e.status() != SG_ERR_INVALID_STATE) throw;
@@ -192,8 +192,8 @@ std::string run_schedule(uint64_t seed) {
     }
     if (!why.empty()) return why;  // torn down by nobody: what is stuck would hang release
     for (auto &x : xs) {
-        p.prefill->release(*x.post);
-        p.decode->release(*x.expect);
+        x.post->release();
+        x.expect->release();
     }
     xs.clear();
     p.close();

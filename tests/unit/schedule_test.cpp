@@ -34,7 +34,7 @@ TEST(Schedule, ExpectBeforePostMovesEveryByte) {
     EXPECT_EQ(r.post->status, SG_OK);
     EXPECT_EQ(r.expect->status, SG_OK);
     EXPECT_TRUE(r.exact());
-    EXPECT_EQ(p.decode->wait(*r.expect, -1, 0), SG_OK);
+    EXPECT_EQ(r.expect->wait(-1, 0), SG_OK);
     r.finish();
 }
 
@@ -72,17 +72,17 @@ TEST_P(CancelSchedule, BothSidesEndAndQuiesce) {
         r.do_post();
         ASSERT_TRUE(p.run_until([&] { return !p.fabric.writes().empty(); }));
         std::shared_ptr<core::Transfer> &mine = c.prefill_cancels ? r.post : r.expect;
-        canceler.cancel(*mine, SG_ERR_CANCELED, "canceled by the test");
+        mine->cancel(SG_ERR_CANCELED, "canceled by the test");
         EXPECT_EQ(mine->status, SG_ERR_CANCELED);
         if (!c.prefill_cancels) EXPECT_FALSE(quiesced(*p.decode, *r.expect));  // the prefill side has not confirmed
     } else if (c.prefill_cancels) {
         r.do_post();
-        p.prefill->cancel(*r.post, SG_ERR_CANCELED, "canceled by the test");
+        r.post->cancel(SG_ERR_CANCELED, "canceled by the test");
         p.run_until([&] { return false; }, 20);
         r.do_expect();
     } else {
         r.do_expect();
-        p.decode->cancel(*r.expect, SG_ERR_CANCELED, "canceled by the test");
+        r.expect->cancel(SG_ERR_CANCELED, "canceled by the test");
         p.run_until([&] { return false; }, 20);
         sg_transfer_options_t o = transfer_options();
         o.deadline_ns = 50 * kMs;  // nothing will ask for this post again
@@ -113,7 +113,7 @@ TEST(Schedule, ReleaseEndsASelectiveTransferEarly) {
     r.do_post(transfer_options(SG_PATH_PROACTIVE | SG_PATH_ON_DEMAND));
     ASSERT_TRUE(p.run_until([&] { return r.expect->residency.count(1) > 0; }));
     EXPECT_FALSE(r.expect->finished());
-    p.blocking(*p.decode, [&] { p.decode->release(*r.expect); });
+    p.blocking(*p.decode, [&] { r.expect->release(); });
     EXPECT_TRUE(r.expect->is_quiesced());
     ASSERT_TRUE(p.run_until([&] { return quiesced(*p.prefill, *r.post); }));
     EXPECT_EQ(r.post->status, SG_OK);
@@ -200,7 +200,7 @@ TEST(Schedule, OnDemandGoesBeforeProactiveBeforeSpeculative) {
         return false;
     }));
     const std::vector<uint32_t> wanted = {40, 41, 50};
-    p.decode->fetch(*r.expect, layers - 1, wanted);
+    r.expect->fetch(layers - 1, wanted);
     // The fetch leaves with the decode side's next progress and arrives at the prefill side's.
     p.decode->progress_once();
     const size_t fetch_arrives = p.fabric.writes().size();
@@ -338,7 +338,7 @@ TEST(Schedule, ALocalOnlyPeerThatDiesIsLostAfterThePeerTimeout) {
     EXPECT_TRUE(quiesced(*p.prefill, *r.post));
     EXPECT_GT(p.fabric.stuck(), 0u);
     // The dead side is torn down without its peer: its session closes at once.
-    p.decode->close_session(*p.at_decode, p.clock.now);
+    p.at_decode->close(p.clock.now);
     EXPECT_TRUE(quiesced(*p.decode, *r.expect));
     r.finish();
 }
@@ -496,8 +496,8 @@ TEST(Lanes, LaneZeroBreakingMovesTheMessagesAndLosesNothing) {
             // Each side gave lane 0 up once, by its own error or by the other's notice.
             EXPECT_EQ(sp.lanes_lost, 1u);
             EXPECT_EQ(sd.lanes_lost, 1u);
-            p.prefill->release(*r.post);
-            p.decode->release(*r.expect);
+            r.post->release();
+            r.expect->release();
             r.post.reset();
             r.expect.reset();
             // The session still carries a second transfer whole.
@@ -592,7 +592,7 @@ TEST(Lanes, SpeculativeBulkTravelsApartFromFetchReplies) {
     };
     // The fetch goes as soon as the decode side may ask (the last layer's essential blocks are here).
     ASSERT_TRUE(p.run_until([&] { return r.expect->layers[layers - 1].essential; }));
-    p.decode->fetch(*r.expect, layers - 1, wanted);
+    r.expect->fetch(layers - 1, wanted);
     p.decode->progress_once();  // the fetch leaves; writes logged from here on were posted after it
     const size_t fetch_arrives = p.fabric.writes().size();
     ASSERT_TRUE(r.run_to_quiesce());

@@ -277,7 +277,7 @@ TEST_P(WireQuantTransfer, EveryElementArrivesWithinHalfAStepAndTheWireCarriesCod
         // Proactive and on-demand first: ask for two blocks of layer 1, then let the rest come.
         ASSERT_TRUE(p.run_until([&] { return r.expect->paths != 0; }));  // the Selective notice
         const uint32_t want[] = {5, 40};
-        p.decode->fetch(*r.expect, 1, want);
+        r.expect->fetch(1, want);
     }
     ASSERT_TRUE(r.run_to_quiesce()) << "prefill " << r.post->status << " " << r.post->error << ", decode "
                                     << r.expect->status << " " << r.expect->error << ", resident "
@@ -326,7 +326,7 @@ TEST(WireQuant, SidesThatDisagreeFailAtTheMatchAndMoveNothing) {
     ASSERT_TRUE(p.run_until([&] { return r.expect->finished(); }));
     EXPECT_EQ(r.expect->status, SG_ERR_LAYOUT_MISMATCH);
     EXPECT_EQ(r.expect->stats.bytes, 0u);
-    p.decode->release(*r.expect);
+    r.expect->release();
     r.expect.reset();
     p.close();
 }
@@ -346,7 +346,7 @@ TEST(WireQuant, BadValuesAndPoolsWithoutAQuantizedFormAreRefusedAtTheCall) {
     HostPool fp8(1, 8);
     fp8.layout.dtype = SG_DTYPE_FP8_E4M3;  // fp16 storage is twice what an fp8 pool needs: fine here
     auto fp8_kv = std::make_shared<core::KvPool>(p.prefill.get(), fp8.layout);
-    p.prefill->export_kv(*p.at_prefill, *fp8_kv);
+    p.at_prefill->export_kv(*fp8_kv);
     o.wire_quant = SG_WIRE_QUANT_INT8;
     try {
         p.prefill->post(p.at_prefill, "q", fp8_kv, r.st, r.tokens, o, nullptr);
