@@ -3,8 +3,9 @@
 // calls the host's verbs on a Session or a Transfer (session_host.cpp, transfer_host.cpp) and the
 // Context's own, never reading sessions' or transfers' fields itself.
 //
-// Where things are: context.hpp (the Context), session.hpp, transfer.hpp (with the transfer state
-// machine of plan/transfer_state.hpp); the .cpp files by responsibility — context (lifetime and
+// Where things are: context.hpp (the Context), session.hpp (with matchbook.hpp, its requests by
+// id and the cancels remembered across the match), transfer.hpp (with the transfer state machine
+// of plan/transfer_state.hpp); the .cpp files by responsibility — context (lifetime and
 // parameters), progress (loop, waits, events), session (open, outbox, staging slots, timers),
 // session_host (a session's verbs: wait until proven, export, notify, close), session_auth,
 // protocol (message type -> handler), transfer (expect, post, match, notices, quiesce),

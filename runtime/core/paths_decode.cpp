@@ -138,12 +138,11 @@ void Context::apply_held_notices(Transfer &t, uint32_t layer) {
 }
 
 Transfer *Context::running_expect(Session &s, uint64_t decode_xfer_id) {
-    auto it = s.expects.find(decode_xfer_id);
-    if (it == s.expects.end() || it->second->finished()) return nullptr;
-    Transfer &t = *it->second;
+    Transfer *t = s.matchbook.expect(decode_xfer_id);
+    if (!t || t->finished()) return nullptr;
     // The first word from the prefill side about it: it matched our Expect.
-    if (t.state() == plan::TransferState::Unmatched) t.advance(plan::TransferState::Running);
-    return &t;
+    if (t->state() == plan::TransferState::Unmatched) t->advance(plan::TransferState::Running);
+    return t;
 }
 
 void Context::on_selective(Session &s, wire::Selective &m) {

@@ -242,9 +242,9 @@ void Context::selective_notices(Transfer &t) {
 }
 
 void Context::on_fetch(Session &s, wire::Fetch &m) {
-    auto p = s.posts.find(m.request_id);
-    if (p == s.posts.end() || p->second->id != m.decode_xfer_id) return;  // released meanwhile
-    Transfer &t = *p->second;
+    Transfer *p = s.matchbook.matched_post(m.request_id);
+    if (!p || p->id != m.decode_xfer_id) return;  // released meanwhile
+    Transfer &t = *p;
     if (t.finished()) return;  // the decode side learns the status from the transfer
     // A peer whose values fail these checks loses its session, like any other range check of what
     // a peer sends (STYLE 25); its transfers end with SG_ERR_PROTOCOL.

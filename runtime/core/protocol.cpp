@@ -227,13 +227,13 @@ void Context::on_notify(Session &s, wire::Notify &m) {
 }
 
 void Context::on_expect(Session &s, wire::Expect &m) {
-    s.expect_canceled.erase(m.request_id);
-    if (auto c = s.canceled_unmatched.find(m.request_id); c != s.canceled_unmatched.end()) {
+    s.matchbook.forget_expect_canceled(m.request_id);
+    if (const RememberedCancel *c = s.matchbook.our_cancel(m.request_id)) {
         wire::TransferError e;
         e.request_id = m.request_id;
         e.decode_xfer_id = m.decode_xfer_id;
-        e.status = c->second.first;
-        e.message = c->second.second;
+        e.status = c->status;
+        e.message = c->message;
         e.from_post_side = 1;
         std::vector<uint8_t> out;
         wire::encode(out, id, e, e.status == SG_ERR_CANCELED ? wire::MsgType::Cancel : wire::MsgType::Error);
@@ -241,18 +241,10 @@ void Context::on_expect(Session &s, wire::Expect &m) {
         send_quiesced(s, m.decode_xfer_id);
         return;
     }
-    auto p = s.unmatched_posts.find(m.request_id);
-    if (p != s.unmatched_posts.end()) {
-        auto t = p->second;
-        s.unmatched_posts.erase(p);
+    if (auto t = s.matchbook.take_waiting_post(m.request_id))
         match(s, t, m);
-    } else {
-        // Bounded like the other per-id tables: a real decode side has at most its
-        // max_transfers_per_session expects outstanding.
-        if (s.unmatched_expects.size() >= 65536 && !s.unmatched_expects.count(m.request_id))
-            fail(SG_ERR_PROTOCOL, "more than 65536 Expects wait for a post");
-        s.unmatched_expects[m.request_id] = std::move(m);
-    }
+    else
+        s.matchbook.hold_expect(std::move(m));
 }
 
 void Context::on_layer_ready(Session &s, wire::LayerReady &m) {
@@ -272,17 +264,17 @@ void Context::on_layer_ready(Session &s, wire::LayerReady &m) {
 
 void Context::on_transfer_done(Session &s, wire::TransferDone &m) {
     running_expect(s, m.decode_xfer_id);
-    auto it = s.expects.find(m.decode_xfer_id);
-    if (it == s.expects.end()) return;
-    it->second->decode.done_received = true;
-    it->second->decode.peer_quiesced = true;  // every write completed before the peer sent this
-    complete_if_done(*it->second);
-    note_quiesced(*it->second);
+    Transfer *t = s.matchbook.expect(m.decode_xfer_id);
+    if (!t) return;
+    t->decode.done_received = true;
+    t->decode.peer_quiesced = true;  // every write completed before the peer sent this
+    complete_if_done(*t);
+    note_quiesced(*t);
     cv.notify_all();
 }
 
 void Context::on_transfer_ack(Session &s, wire::TransferAck &m) {
-    for (auto &[rid, t] : s.posts)
+    for (auto &[rid, t] : s.matchbook.matched_posts())
         if (t->id == m.decode_xfer_id) {
             t->prefill.done_acked = true;
             complete_if_done(*t);
@@ -291,10 +283,10 @@ void Context::on_transfer_ack(Session &s, wire::TransferAck &m) {
 }
 
 void Context::on_quiesced(Session &s, wire::Quiesced &m) {
-    auto it = s.expects.find(m.decode_xfer_id);
-    if (it == s.expects.end()) return;
-    it->second->decode.peer_quiesced = true;
-    note_quiesced(*it->second);
+    Transfer *t = s.matchbook.expect(m.decode_xfer_id);
+    if (!t) return;
+    t->decode.peer_quiesced = true;
+    note_quiesced(*t);
     signal_event();
     cv.notify_all();
 }
@@ -313,28 +305,23 @@ void Context::on_transfer_error(Session &s, wire::TransferError &m, wire::MsgTyp
         // We expect: the prefill side gave up. Its Quiesced (or, for a cancel before the
         // match, the answer to our Expect) tells us when its writes have stopped.
         if (m.decode_xfer_id) {
-            auto it = s.expects.find(m.decode_xfer_id);
-            if (it != s.expects.end()) {
-                if (st == SG_ERR_LEASE_EXPIRED && !it->second->finished())
-                    emit(*it->second, SG_EVENT_LEASE_EXPIRED, 0, st);
-                fail_transfer(*it->second, st, why, false);
+            if (Transfer *t = s.matchbook.expect(m.decode_xfer_id)) {
+                if (st == SG_ERR_LEASE_EXPIRED && !t->finished()) emit(*t, SG_EVENT_LEASE_EXPIRED, 0, st);
+                fail_transfer(*t, st, why, false);
             }
             return;
         }
         // It gave up before it knew our id: match by request id, and acknowledge so that
         // it knows which of our Expects were sent before we heard of this.
         bool any = false;
-        for (auto &[k, t] : s.expects)
+        for (auto &[k, t] : s.matchbook.expects())
             if (t->request_id == m.request_id && !t->finished()) {
                 fail_transfer(*t, st, why, false);
                 any = true;
             }
         wire::CancelAck ack;
         ack.request_id = m.request_id;
-        if (!any && s.peer_canceled.size() < 65536) {
-            s.peer_canceled[m.request_id] = {st, why};
-            ack.recorded = 1;
-        }
+        if (!any && s.matchbook.remember_peer_cancel(m.request_id, {st, why})) ack.recorded = 1;
         std::vector<uint8_t> out;
         wire::encode(out, id, ack);
         send(s, out);
@@ -342,27 +329,26 @@ void Context::on_transfer_error(Session &s, wire::TransferError &m, wire::MsgTyp
     }
     // We post: the decode side withdrew its Expect. Answer Quiesced once nothing of ours
     // can still land in its blocks.
-    auto p = s.posts.find(m.request_id);
-    const bool matched_here = p != s.posts.end() && p->second->id == m.decode_xfer_id;
-    if (matched_here && !p->second->is_quiesced()) {
-        fail_transfer(*p->second, st, why, false);  // Quiesced follows from maybe_send_quiesced
-        if (p->second->status != SG_OK) return;
+    Transfer *p = s.matchbook.matched_post(m.request_id);
+    const bool matched_here = p && p->id == m.decode_xfer_id;
+    if (matched_here && !p->is_quiesced()) {
+        fail_transfer(*p, st, why, false);  // Quiesced follows from maybe_send_quiesced
+        if (p->status != SG_OK) return;
     }
-    if (!matched_here && s.expect_canceled.size() < 65536) s.expect_canceled[m.request_id] = {st, why};
-    auto u = s.unmatched_expects.find(m.request_id);
-    if (u != s.unmatched_expects.end() && u->second.decode_xfer_id == m.decode_xfer_id) s.unmatched_expects.erase(u);
+    if (!matched_here) s.matchbook.remember_expect_canceled(m.request_id, {st, why});
+    s.matchbook.drop_held_expect(m.request_id, m.decode_xfer_id);
     send_quiesced(s, m.decode_xfer_id);
 }
 
 // The decode side released a selective transfer: done, not canceled. Quiesced answers once no
 // write of ours can still land in its blocks.
 void Context::on_release(Session &s, wire::Release &m) {
-    auto p = s.posts.find(m.request_id);
-    if (p == s.posts.end() || p->second->id != m.decode_xfer_id) {
+    Transfer *p = s.matchbook.matched_post(m.request_id);
+    if (!p || p->id != m.decode_xfer_id) {
         send_quiesced(s, m.decode_xfer_id);
         return;
     }
-    Transfer &t = *p->second;
+    Transfer &t = *p;
     if (!t.finished()) {
         t.prefill.peer_released = true;
         finish(t, SG_OK, {});
@@ -374,21 +360,21 @@ void Context::on_release(Session &s, wire::Release &m) {
 }
 
 void Context::on_cancel_ack(Session &s, wire::CancelAck &m) {
-    s.canceled_unmatched.erase(m.request_id);
+    s.matchbook.our_cancel_acknowledged(m.request_id);
     if (m.recorded) {
-        if (s.unmatched_posts.count(m.request_id) || s.posts.count(m.request_id)) {
+        if (s.matchbook.posted(m.request_id)) {
             // Posted again before the acknowledgement came: lift the remembered cancel now.
             std::vector<uint8_t> out;
             wire::encode(out, id, wire::Reposted{m.request_id});
             send(s, out);
-        } else if (s.repost_needed.size() < 65536) {
-            s.repost_needed.insert(m.request_id);
+        } else {
+            s.matchbook.remember_repost_needed(m.request_id);
         }
     }
 }
 
 void Context::on_reposted(Session &s, wire::Reposted &m) {
-    s.peer_canceled.erase(m.request_id);
+    s.matchbook.forget_peer_cancel(m.request_id);
 }
 
 }  // namespace sg::core

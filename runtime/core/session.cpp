@@ -51,15 +51,12 @@ void Context::lose_session(Session &s, sg_status_t status, const std::string &wh
     s.error = status;
     s.error_message = why;
     if (!peer_closed) log.log(SG_LOG_ERROR, "session with peer " + std::to_string(s.peer_ctx_id) + " lost: " + why);
-    std::vector<std::shared_ptr<Transfer>> ts;  // fail_transfer takes unmatched posts out of their map
-    for (auto &[k, t] : s.expects) ts.push_back(t);
-    for (auto &[k, t] : s.posts) ts.push_back(t);
-    for (auto &[k, t] : s.unmatched_posts) ts.push_back(t);
-    for (auto &t : ts) fail_transfer(*t, status, why, false);
+    // fail_transfer takes unmatched posts out of the book: a copy.
+    for (auto &t : s.matchbook.transfers()) fail_transfer(*t, status, why, false);
     drop_unsent(s, true);
     drop_registrations(s);
-    for (auto &[k, t] : s.expects) note_quiesced(*t);
-    for (auto &[k, t] : s.posts) note_quiesced(*t);
+    for (auto &[k, t] : s.matchbook.expects()) note_quiesced(*t);
+    for (auto &[k, t] : s.matchbook.matched_posts()) note_quiesced(*t);
     cv.notify_all();
 }
 
@@ -160,15 +157,15 @@ void Context::drop_unsent(Session &s, bool transfer_frames_only) {
         }
         queue->erase(keep, queue->end());
     }
-    for (auto &[k, t] : s.expects) note_quiesced(*t);
-    for (auto &[k, t] : s.posts) note_quiesced(*t);
+    for (auto &[k, t] : s.matchbook.expects()) note_quiesced(*t);
+    for (auto &[k, t] : s.matchbook.matched_posts()) note_quiesced(*t);
 }
 
 size_t Session::unfinished() const {
     size_t n = 0;
-    for (auto &[k, t] : expects) n += !t->finished();
-    for (auto &[k, t] : posts) n += !t->finished();
-    for (auto &[k, t] : unmatched_posts) n += !t->finished();
+    for (auto *filed : {&matchbook.matched_posts(), &matchbook.waiting_posts()})
+        for (auto &[k, t] : *filed) n += !t->finished();
+    for (auto &[k, t] : matchbook.expects()) n += !t->finished();
     return n;
 }
 
@@ -270,12 +267,8 @@ void Context::check_timers_locked() {
             wire::encode(out, id, ping);
             send(*s, out);
         }
-        // Failing a transfer takes an unmatched post out of its map: walk a snapshot.
-        std::vector<std::shared_ptr<Transfer>> timed;
-        for (auto &[k, t] : s->expects) timed.push_back(t);
-        for (auto &[k, t] : s->posts) timed.push_back(t);
-        for (auto &[k, t] : s->unmatched_posts) timed.push_back(t);
-        for (auto &t : timed) {
+        // Failing a transfer takes an unmatched post out of the book: walk a copy.
+        for (auto &t : s->matchbook.transfers()) {
             if (t->deadline_abs_ns && now > t->deadline_abs_ns && !t->finished())
                 fail_transfer(*t, SG_ERR_DEADLINE, "transfer '" + t->request_id + "' missed its deadline", true);
             // A transfer whose bytes are all delivered and that only waits for the decode side's

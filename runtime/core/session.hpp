@@ -4,6 +4,7 @@
 #pragma once
 
 #include "common/common.hpp"
+#include "core/matchbook.hpp"
 #include "kv/kv.hpp"
 #include "transport/transport.hpp"
 #include "wire/wire.hpp"
@@ -116,20 +117,9 @@ class Session {
     };
     std::map<uint64_t, LocalReg> local_regs;         // pool id -> registrations
     std::map<uint64_t, RemotePool> remote_pools;      // peer's pool id -> descriptor
-    std::map<std::string, std::shared_ptr<Transfer>> unmatched_posts;  // prefill: waiting for Expect
-    std::map<std::string, wire::Expect> unmatched_expects;             // prefill: waiting for post
-    // prefill: posts canceled before their Expect arrived. Until the decode side acknowledges the
-    // cancel (CancelAck), any Expect of the id was sent before it heard of the cancel and is
-    // answered with Cancel + Quiesced, even when the id has been posted again meanwhile.
-    std::map<std::string, std::pair<sg_status_t, std::string>> canceled_unmatched;
-    // prefill: Expects the decode side canceled before any post of the id matched them; the next
-    // post of the id ends with that status (a new Expect of the id forgets it: a new request).
-    std::map<std::string, std::pair<sg_status_t, std::string>> expect_canceled;
-    std::set<std::string> repost_needed;  // prefill: ids whose cancel the decode side remembers
-    // decode: cancels by request id that arrived before any expect of the id.
-    std::map<std::string, std::pair<sg_status_t, std::string>> peer_canceled;
-    std::map<uint64_t, std::shared_ptr<Transfer>> expects;             // decode: by decode xfer id
-    std::map<std::string, std::shared_ptr<Transfer>> posts;            // prefill: matched, by request id
+    // The transfers it runs by request id and transfer id, the halves still waiting for each other
+    // and the cancels remembered across the match (matchbook.hpp).
+    Matchbook matchbook;
     std::deque<OpCookie *> outbox;  // sends not yet accepted by the provider, kept in order
     // Page digests: megabytes of messages that may wait; the outbox (notices, fetches, the host's
     // notifications) goes first.

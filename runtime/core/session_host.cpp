@@ -97,15 +97,8 @@ void Session::close(uint64_t deadline) {
         bye_sent = true;
         if (state() == SessionState::Open) advance(SessionState::Draining);
     }
-    // fail_transfer takes an unmatched post out of its map: walk a copy.
-    auto fail_all = [&](auto &m) {
-        std::vector<std::shared_ptr<Transfer>> ts;
-        for (auto &[k, t] : m) ts.push_back(t);
-        for (auto &t : ts) ctx->fail_transfer(*t, SG_ERR_CANCELED, "session closed", false);
-    };
-    fail_all(expects);
-    fail_all(posts);
-    fail_all(unmatched_posts);
+    // fail_transfer takes an unmatched post out of the book: walk a copy.
+    for (auto &t : matchbook.transfers()) ctx->fail_transfer(*t, SG_ERR_CANCELED, "session closed", false);
     // Let queued sends (the Bye) and in-flight writes that name this session drain, and the peer
     // answer the Bye (peers of 1.1 and newer): until it has, frames we sent may still be in the
     // provider's or the kernel's buffers, and closing the endpoint could drop them.
@@ -140,15 +133,15 @@ void Session::close_gracefully(uint64_t timeout_ns) {
         std::unique_lock lock(ctx->mu);
         if (state() == SessionState::Open || state() == SessionState::Authenticating) advance(SessionState::Draining);
         auto running = [&] {
-            size_t n = unmatched_posts.size();
+            size_t n = matchbook.waiting_posts().size();
             auto count = [&](auto &transfers) {
                 for (auto &[k, t] : transfers) {
                     ctx->note_quiesced(*t);
                     n += !t->is_quiesced();
                 }
             };
-            count(expects);
-            count(posts);
+            count(matchbook.expects());
+            count(matchbook.matched_posts());
             return n;
         };
         for (size_t n; !closed() && (n = running()) > 0;) {

@@ -62,22 +62,21 @@ std::shared_ptr<Transfer> Context::expect(const std::shared_ptr<Session> &s, con
     if (s->unfinished() >= max_transfers_per_session_)
         fail(SG_ERR_AGAIN, "the session has " + std::to_string(max_transfers_per_session_) +
                                " unfinished transfers (max_transfers_per_session); retry after some finish");
-    for (auto &[k, t] : s->expects)
+    for (auto &[k, t] : s->matchbook.expects())
         if (t->request_id == rid && !t->finished()) fail(SG_ERR_DUPLICATE, std::string("request '") + rid + "' is already expected");
     auto t = std::make_shared<Transfer>(this, s, false, rid, pool, table, num_tokens, opt);
     t->id = next_xfer_id_++;
     t->stats.start_ns = now_ns();
     if (opt.deadline_ns) t->deadline_abs_ns = saturating_add(t->stats.start_ns, opt.deadline_ns);
-    if (auto c = s->peer_canceled.find(rid); c != s->peer_canceled.end()) {
+    if (auto c = s->matchbook.take_peer_cancel(rid)) {
         // The prefill side canceled this request before we expected it: nothing will be sent.
-        s->expects[t->id] = t;
+        s->matchbook.add_expect(t);
         t->decode.peer_quiesced = true;
-        fail_transfer(*t, c->second.first, c->second.second, false);
-        s->peer_canceled.erase(c);
+        fail_transfer(*t, c->status, c->message, false);
         return t;
     }
     offer_staging(*s);
-    s->expects[t->id] = t;
+    s->matchbook.add_expect(t);
     wire::Expect m;
     m.request_id = rid;
     m.decode_xfer_id = t->id;
@@ -88,7 +87,7 @@ std::shared_ptr<Transfer> Context::expect(const std::shared_ptr<Session> &s, con
     std::vector<uint8_t> out;
     wire::encode(out, id, m);
     if (out.size() > wire::kMaxFrameBytes) {
-        s->expects.erase(t->id);
+        s->matchbook.forget_expect(t->id);
         fail(SG_ERR_OUT_OF_RANGE, "block table too large for one control message (max about 60000 blocks)");
     }
     send(*s, out);
@@ -148,22 +147,20 @@ std::shared_ptr<Transfer> Context::post(const std::shared_ptr<Session> &s, const
     std::lock_guard lock(mu);
     if (s->closed()) fail(s->error ? s->error : SG_ERR_PEER_LOST, "session is closed");
     if (s->state() == SessionState::Draining) fail(SG_ERR_INVALID_STATE, "session is closing (sg_session_close)");
-    if (s->unmatched_posts.count(rid) || s->posts.count(rid))
+    if (s->matchbook.posted(rid))
         fail(SG_ERR_DUPLICATE, std::string("request '") + rid + "' is already posted on this session");
     if (!s->local_regs.count(pool->id))
         fail(SG_ERR_INVALID_STATE, "the source pool was not exported to this session (sg_session_export_kv)");
     if (s->unfinished() >= max_transfers_per_session_)
         fail(SG_ERR_AGAIN, "the session has " + std::to_string(max_transfers_per_session_) +
                                " unfinished transfers (max_transfers_per_session); retry after some finish");
-    if (auto c = s->expect_canceled.find(rid); c != s->expect_canceled.end()) {
+    if (auto c = s->matchbook.take_expect_canceled(rid)) {
         // The decode side canceled its Expect of this id before any post: this post answers that
         // cancel and ends with it.
-        const auto why = c->second;
-        s->expect_canceled.erase(c);
-        fail_transfer(*t, why.first, why.second, false);
+        fail_transfer(*t, c->status, c->message, false);
         return t;
     }
-    if (s->repost_needed.erase(rid)) {
+    if (s->matchbook.take_repost_needed(rid)) {
         // The decode side remembers that the id was canceled; this post is a new request.
         std::vector<uint8_t> out;
         wire::encode(out, id, wire::Reposted{rid});
@@ -181,19 +178,16 @@ std::shared_ptr<Transfer> Context::post(const std::shared_ptr<Session> &s, const
             L.out.written_ns = now;
         }
     }
-    auto e = s->unmatched_expects.find(rid);
-    if (e != s->unmatched_expects.end()) {
-        wire::Expect m = std::move(e->second);
-        s->unmatched_expects.erase(e);
-        match(*s, t, m);
+    if (auto m = s->matchbook.take_held_expect(rid)) {
+        match(*s, t, *m);
         if (t->status == SG_ERR_LAYOUT_MISMATCH || t->status == SG_ERR_OUT_OF_RANGE) {
             // The caller gets the error, not a handle: nothing of this post may stay behind, or the
             // id could never be posted again on the session.
-            if (auto p = s->posts.find(rid); p != s->posts.end() && p->second == t) s->posts.erase(p);
+            s->matchbook.forget_post(*t);
             fail(t->status, t->error);
         }
     } else {
-        s->unmatched_posts[rid] = t;
+        s->matchbook.add_waiting_post(t);
     }
     wake();
     return t;
@@ -201,7 +195,7 @@ std::shared_ptr<Transfer> Context::post(const std::shared_ptr<Session> &s, const
 
 void Context::match(Session &s, const std::shared_ptr<Transfer> &t, const wire::Expect &e) {
     t->id = e.decode_xfer_id;
-    s.posts[t->request_id] = t;
+    s.matchbook.add_matched_post(t);
     t->stats.start_ns = now_ns();
     try {
         auto rp = s.remote_pools.find(e.handle_id);
@@ -369,13 +363,11 @@ void Context::fail_transfer(Transfer &t, sg_status_t status, const std::string &
     finish(t, status, message);
     if (t.post_side && !was_matched) {
         Session &s = *t.session;
-        auto u = s.unmatched_posts.find(t.request_id);
-        if (u != s.unmatched_posts.end() && u->second.get() == &t) s.unmatched_posts.erase(u);
+        s.matchbook.forget_post(t);
         // The decode side may not have expected yet; its Expect will be answered when it comes.
         // (A post that failed at its match knows the decode side's id: its Error names it, and no
         // later Expect of the id is about this one.)
-        if (tell_peer && !t.id && s.canceled_unmatched.size() < 65536)
-            s.canceled_unmatched[t.request_id] = {status, message};
+        if (tell_peer && !t.id) s.matchbook.remember_our_cancel(t.request_id, {status, message});
     }
     if (tell_peer && !t.session->closed()) {
         wire::TransferError m;

@@ -301,12 +301,9 @@ void Transfer::release() {
         ctx->lingering_.push_back(shared_from_this());
     }
     if (post_side) {
-        auto p = s.posts.find(request_id);
-        if (p != s.posts.end() && p->second.get() == this) s.posts.erase(p);
-        auto u = s.unmatched_posts.find(request_id);
-        if (u != s.unmatched_posts.end() && u->second.get() == this) s.unmatched_posts.erase(u);
+        s.matchbook.forget_post(*this);
     } else {
-        s.expects.erase(id);
+        s.matchbook.forget_expect(id);
     }
     ctx->active_.erase(
         std::remove_if(ctx->active_.begin(), ctx->active_.end(), [&](const auto &p) { return p.get() == this; }),

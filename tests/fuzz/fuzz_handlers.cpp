@@ -264,9 +264,7 @@ void close_pair() {
         std::vector<std::shared_ptr<Transfer>> all;
         {
             std::scoped_lock lock(ctx.mu);
-            for (auto &[k, t] : s->expects) all.push_back(t);
-            for (auto &[k, t] : s->posts) all.push_back(t);
-            for (auto &[k, t] : s->unmatched_posts) all.push_back(t);
+            all = s->matchbook.transfers();
         }
         for (auto &t : all)
             if (settle([&] { return t->is_quiesced(); }, 100)) host([&] { t->release(); });
@@ -282,9 +280,9 @@ void close_pair() {
 bool needs_rebuild() {
     std::scoped_lock lock(F->a->mu, F->b->mu);
     const Session &s = *F->sb;
-    return s.closed() || F->sa->closed() || s.expects.size() > 32 || s.posts.size() > 16 ||
-           s.unmatched_expects.size() > 64 || s.remote_pools.size() > 64 || s.canceled_unmatched.size() > 64 ||
-           s.peer_canceled.size() > 64 || s.repost_needed.size() > 64 || s.held_frames.size() > 256 ||
+    return s.closed() || F->sa->closed() || s.matchbook.expects().size() > 32 ||
+           s.matchbook.matched_posts().size() > 16 || s.matchbook.held_expects() > 64 || s.remote_pools.size() > 64 ||
+           s.matchbook.remembered_cancels() > 256 || s.held_frames.size() > 256 ||
            s.outbox.size() > 1024 || s.bulk_outbox.size() > 1024 || F->sa->held_frames.size() > 256 ||
            F->sa->outbox.size() > 1024;
 }

@@ -61,9 +61,7 @@ struct Pair {
             std::vector<std::shared_ptr<core::Transfer>> ts;
             {
                 std::lock_guard lock(ctx->mu);
-                for (auto &[k, t] : s->expects) ts.push_back(t);
-                for (auto &[k, t] : s->posts) ts.push_back(t);
-                for (auto &[k, t] : s->unmatched_posts) ts.push_back(t);
+                ts = s->matchbook.transfers();
             }
             for (auto &t : ts) t->release();
         }
@@ -228,7 +226,7 @@ TEST(HostilePeer, ExpectsWithoutPostsAreBounded) {
     std::lock_guard lock(p.prefill.mu);
     EXPECT_TRUE(p.at_prefill->closed());
     EXPECT_EQ(p.at_prefill->error, SG_ERR_PROTOCOL) << p.at_prefill->error_message;
-    EXPECT_LE(p.at_prefill->unmatched_expects.size(), 65536u);
+    EXPECT_LE(p.at_prefill->matchbook.held_expects(), core::Matchbook::kMaxRemembered);
 }
 
 // The session's machine: only the diagram's transitions (docs/protocol.md 5.2) are legal, and an
