@@ -194,10 +194,10 @@ void Context::on_handle_export(Session &s, wire::HandleExport &m) {
 }
 
 void Context::on_bye(Session &s, wire::Bye &m) {
-    if (s.bye_sent) {
+    if (s.bye() != ByeExchange::None) {
         // The answer to ours, or the peer closing at the same time: either way it has read
-        // everything we sent before our Bye.
-        s.bye_received = true;
+        // everything we sent before our Bye. (A second one changes nothing.)
+        if (s.bye() == ByeExchange::ByeSent) s.advance_bye(ByeExchange::Answered);
         cv.notify_all();
         return;
     }
@@ -276,7 +276,7 @@ void Context::on_transfer_done(Session &s, wire::TransferDone &m) {
 void Context::on_transfer_ack(Session &s, wire::TransferAck &m) {
     for (auto &[rid, t] : s.matchbook.matched_posts())
         if (t->id == m.decode_xfer_id) {
-            t->prefill.done_acked = true;
+            if (t->prefill.end == Transfer::Prefill::End::DoneSent) t->prefill.end = Transfer::Prefill::End::Confirmed;
             complete_if_done(*t);
             break;
         }

@@ -37,7 +37,7 @@ void Context::schedule_locked() {
         }
     }
     active_.erase(std::remove_if(active_.begin(), active_.end(),
-                                 [](const auto &t) { return t->finished() || (t->prefill.done_sent && !t->inflight); }),
+                                 [](const auto &t) { return t->finished() || (t->prefill.done_sent() && !t->inflight); }),
                   active_.end());
 }
 

@@ -36,6 +36,13 @@ void Session::advance(SessionState to) {
     state_ = to;
 }
 
+void Session::advance_bye(ByeExchange to) {
+    if (uint8_t(to) != uint8_t(bye_) + 1)
+        fail(SG_ERR_INTERNAL, "session with peer " + std::to_string(peer_ctx_id) + ": close handshake step " +
+                                  std::to_string(int(bye_)) + " -> " + std::to_string(int(to)));
+    bye_ = to;
+}
+
 // The peer is gone (silent, connection broken, or closed): every pending transfer on the session
 // fails at once, and nothing more is sent on it.
 void Context::lose_session(Session &s, sg_status_t status, const std::string &why, bool peer_closed) {
@@ -273,7 +280,7 @@ void Context::check_timers_locked() {
                 fail_transfer(*t, SG_ERR_DEADLINE, "transfer '" + t->request_id + "' missed its deadline", true);
             // A transfer whose bytes are all delivered and that only waits for the decode side's
             // acknowledgement holds the decode side to nothing more: its lease cannot end it.
-            const bool delivered = t->prefill.done_sent && t->inflight == 0;
+            const bool delivered = t->prefill.done_sent() && t->inflight == 0;
             if (t->prefill.lease_deadline_ns && now > t->prefill.lease_deadline_ns && !t->finished() && !delivered) {
                 emit(*t, SG_EVENT_LEASE_EXPIRED, 0, SG_ERR_LEASE_EXPIRED);
                 fail_transfer(*t, SG_ERR_LEASE_EXPIRED,

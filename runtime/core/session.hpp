@@ -87,6 +87,13 @@ enum class SessionState : uint8_t { Authenticating, Open, Draining, Closed };
 bool legal_transition(SessionState from, SessionState to);
 const char *state_name(SessionState s);
 
+// Our side of the close handshake, each step once and in this order:
+//   None      no Bye sent
+//   ByeSent   we are closing: the peer's Bye (its answer, or its own crossing ours) ends it
+//   Answered  that Bye came: the peer has read everything we sent before ours
+// (A Bye the peer starts while we are in None loses the session at once: no step here.)
+enum class ByeExchange : uint8_t { None, ByeSent, Answered };
+
 class Session {
   public:
     Session(Context *ctx, const wire::Hello &peer, const sg_session_options_t &opt);
@@ -139,8 +146,9 @@ class Session {
     // other holds its outbox until it hears from the peer.
     bool may_send = false;
     uint16_t peer_minor = 0;     // the peer's wire protocol minor (what it understands)
-    bool bye_sent = false;       // we are closing: the peer's Bye (answer or its own) ends the session
-    bool bye_received = false;
+    ByeExchange bye() const { return bye_; }
+    // The next step of the close handshake; SG_ERR_INTERNAL for any other.
+    void advance_bye(ByeExchange to);
 
     StagingArea recv_staging;  // the peer writes here
     StagingArea send_staging;  // we pack here
@@ -193,6 +201,7 @@ class Session {
     // entry for the peer gone.
     void detach_locked();
     SessionState state_ = SessionState::Authenticating;
+    ByeExchange bye_ = ByeExchange::None;
 };
 
 }  // namespace sg::core

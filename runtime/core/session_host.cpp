@@ -89,12 +89,12 @@ void Session::export_kv(KvPool &pool) {
 void Session::close(uint64_t deadline) {
     if (!deadline) deadline = now_ns() + Context::kDestroyDrainNs;
     std::unique_lock lock(ctx->mu);
-    if (!closed() && !bye_sent) {
+    if (!closed() && bye() == ByeExchange::None) {
         wire::Bye bye;
         std::vector<uint8_t> out;
         wire::encode(out, ctx->id, bye);
         ctx->send(*this, out);
-        bye_sent = true;
+        advance_bye(ByeExchange::ByeSent);
         if (state() == SessionState::Open) advance(SessionState::Draining);
     }
     // fail_transfer takes an unmatched post out of the book: walk a copy.
@@ -105,7 +105,7 @@ void Session::close(uint64_t deadline) {
     auto busy = [&] {
         // A Bye that cannot leave — the peer has not proven its key, or we may not speak first and
         // never heard from it — gets no answer to wait for.
-        if (!closed() && proven && may_send && peer_minor >= 1 && !bye_received) return true;
+        if (!closed() && proven && may_send && peer_minor >= 1 && bye() != ByeExchange::Answered) return true;
         for (auto &c : ctx->cookie_store_)
             if (c->in_use && !c->abandoned && c->session == this) return true;
         return false;

@@ -273,13 +273,13 @@ void Context::maybe_send_notices(Transfer &t) {
 }
 
 void Context::send_done(Transfer &t) {
-    if (t.prefill.done_sent) return;
+    if (t.prefill.done_sent()) return;
     wire::TransferDone m;
     m.decode_xfer_id = t.id;
     m.bytes = t.stats.bytes;
     std::vector<uint8_t> out;
     wire::encode(out, id, m);
-    t.prefill.done_sent = true;
+    t.prefill.end = Transfer::Prefill::End::DoneSent;
     send(*t.session, out, &t);
 }
 
@@ -320,8 +320,8 @@ void Context::layers_ready_in_order(Transfer &t) {
 void Context::complete_if_done(Transfer &t) {
     if (t.finished()) return;
     if (t.post_side) {
-        if (!t.prefill.done_sent || t.inflight) return;
-        if (t.session->peer_minor >= 1 && !t.prefill.done_acked) return;
+        if (!t.prefill.done_sent() || t.inflight) return;
+        if (t.session->peer_minor >= 1 && t.prefill.end != Transfer::Prefill::End::Confirmed) return;
     } else {
         if (!t.decode.done_received || t.stats.layers_ready < t.layers.size()) return;
         // Digests travel behind the notices: a layer whose proactive notice came is not complete

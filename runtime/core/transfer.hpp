@@ -158,11 +158,14 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
         bool cur_staged = false;
         Vec<plan::Op> ops;
         size_t next_op = 0;
-        bool done_sent = false;
-        // The decode side confirmed that every byte is in place (TransferAck, peers of 1.1 and
-        // newer): only then is a prefill transfer complete, so a prefill process that exits after
-        // its wait and a graceful close loses nothing.
-        bool done_acked = false;
+        // How the end of the sending goes, each step once and in this order: Sending; DoneSent
+        // (TransferDone went: every layer's bytes and notices are out); Confirmed (the decode side
+        // said every byte is in place, TransferAck, peers of 1.1 and newer). Only then is a
+        // prefill transfer complete, so a prefill process that exits after its wait and a graceful
+        // close loses nothing. An acknowledgement before our TransferDone confirms nothing.
+        enum class End : uint8_t { Sending, DoneSent, Confirmed };
+        End end = End::Sending;
+        bool done_sent() const { return end != End::Sending; }
         bool quiesce_sent = false;  // Quiesced sent after a failure or a release
         bool stalled = false;       // waiting for the in-flight bounds (counted once per episode)
         bool peer_released = false; // the decode side released a selective transfer

@@ -239,9 +239,9 @@ void close_pair() {
         });
         const bool trace = std::getenv("SG_FUZZ_TRACE");
         char before[256];
-        if (trace) std::snprintf(before, sizeof before, "closed %d auth %d may_send %d outbox %zu/%zu/%zu bye %d/%d minor %d",
+        if (trace) std::snprintf(before, sizeof before, "closed %d auth %d may_send %d outbox %zu/%zu/%zu bye %d minor %d",
                                  s.closed(), s.proven, s.may_send, s.outbox.size(), s.bulk_outbox.size(), s.auth_outbox.size(),
-                                 s.bye_sent, s.bye_received, s.peer_minor);
+                                 int(s.bye()), s.peer_minor);
         const uint64_t t0 = now_ns();
         // A session lost before it was authenticated holds sends in its outbox that were never
         // handed to the provider and never will be; close_session would wait its whole drain time

@@ -253,6 +253,40 @@ TEST(SessionStateMachine, OnlyTheDiagramsTransitionsAreLegal) {
     EXPECT_EQ(p.at_decode->state(), S::Open);
 }
 
+// The close handshake goes None -> ByeSent -> Answered, one step at a time; any other step is
+// refused with SG_ERR_INTERNAL. A second Bye from the peer after its answer changes nothing.
+TEST(SessionStateMachine, TheCloseHandshakeTakesItsStepsOnceAndInOrder) {
+    using B = core::ByeExchange;
+    Pair p;
+    std::unique_lock lock(p.decode.mu);
+    core::Session &s = *p.at_decode;
+    EXPECT_EQ(s.bye(), B::None);
+    auto refused = [&](B to) {
+        try {
+            s.advance_bye(to);
+            return false;
+        } catch (const Error &e) {
+            return e.status() == SG_ERR_INTERNAL;
+        }
+    };
+    EXPECT_TRUE(refused(B::Answered)) << "an answer to a Bye never sent";
+    EXPECT_TRUE(refused(B::None));
+    s.advance_bye(B::ByeSent);
+    EXPECT_TRUE(refused(B::ByeSent)) << "a second Bye";
+    s.advance_bye(B::Answered);
+    EXPECT_TRUE(refused(B::Answered));
+    EXPECT_EQ(s.bye(), B::Answered);
+    // The peer's Bye after the exchange ended: taken without a step and without losing the session.
+    std::vector<uint8_t> frame;
+    wire::Bye again;
+    again.reply = 1;
+    wire::encode(frame, p.prefill.id, again);
+    lock.unlock();  // inject_frame takes the mutex
+    p.decode.inject_frame(frame);
+    lock.lock();
+    EXPECT_EQ(s.bye(), B::Answered);
+}
+
 TEST(Deadlines, PostsWhoseDeadlinePassesBeforeTheirExpectFailCleanly) {
     Pair p;
     Pool pool;
