@@ -106,7 +106,7 @@ void Context::settle(OpCookie *c, int status, const char *error_text) {
         } else if (c->kind == OpCookie::Kind::Send) {
             // Completions may come in any order (a rendezvous-sized notice can finish after the
             // done notice), so whichever is last completes the transfer.
-            if (t->prefill.done_sent()) complete_if_done(*t);
+            if (t->post_side && t->prefill().done_sent()) complete_if_done(*t);
         } else {
             if (c->kind == OpCookie::Kind::StagedWrite && !c->session->tp->caps().send_after_write) {
                 // Without send-after-write ordering the chunk notice waits for the write's completion.

@@ -76,8 +76,8 @@ void Context::digest_proactive_blocks(Transfer &t, uint32_t layer) {
 }
 
 void Context::check_fetches(Transfer &t, uint32_t layer) {
-    for (size_t i = 0; i < t.decode.fetches.size();) {
-        auto &f = t.decode.fetches[i];
+    for (size_t i = 0; i < t.decode().fetches.size();) {
+        auto &f = t.decode().fetches[i];
         bool all = f.layer == layer;
         for (size_t k = 0; all && k < f.blocks.size(); ++k) all = t.residency.test(layer, f.blocks[k]);
         if (!all) {
@@ -85,7 +85,7 @@ void Context::check_fetches(Transfer &t, uint32_t layer) {
             continue;
         }
         emit(t, SG_EVENT_BLOCKS_READY, layer, SG_OK, f.blocks);
-        t.decode.fetches.erase(t.decode.fetches.begin() + ptrdiff_t(i));
+        t.decode().fetches.erase(t.decode().fetches.begin() + ptrdiff_t(i));
     }
 }
 

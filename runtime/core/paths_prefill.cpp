@@ -44,10 +44,10 @@ Context::PreparedLayer Context::prepare_layer(Transfer &t, uint32_t layer, const
     layer_digest(L, t.pool->region(layer, 0), t.table, t.num_tokens, digest.data());
     select::LayerSelection sel;
     {
-        std::lock_guard lock(t.sel.select_mu);
+        std::lock_guard lock(t.sel().select_mu);
         // SnapKV reads the keys themselves: a device pool's through a host copy, made only then.
         HostKeys keys;
-        if (needs_keys(t.sel.selector->selector(), layer, L.num_kv_heads))
+        if (needs_keys(t.sel().selector->selector(), layer, L.num_kv_heads))
             keys = host_keys(L, t.pool->region(layer, 0), t.table);
         ScoreInput in;
         in.queries = queries;
@@ -57,7 +57,7 @@ Context::PreparedLayer Context::prepare_layer(Transfer &t, uint32_t layer, const
         in.keys_layout = keys.k_region ? &keys.layout : nullptr;
         in.k_region = keys.k_region;
         in.table = keys.table;
-        t.sel.selector->select(layer, in, sel);
+        t.sel().selector->select(layer, in, sel);
     }
     prep.selected.assign(sel.blocks.begin(), sel.blocks.end());
     prep.digests.resize(digest.size() * L.elem_bytes);
@@ -69,8 +69,8 @@ Context::PreparedLayer Context::prepare_layer(Transfer &t, uint32_t layer, const
 // transfer later on the worker.
 void Context::check_selection_inputs(Transfer &t, uint32_t layer, const float *queries, uint32_t num_queries,
                                      uint32_t num_q_heads) {
-    if (!t.sel.selector) return;
-    const select::Selector &sel = t.sel.selector->selector();
+    if (!t.sel().selector) return;
+    const select::Selector &sel = t.sel().selector->selector();
     if (!sel.needs_scores(layer)) return;
     const kv::Layout &L = t.pool->layout;
     for (uint32_t h = 0; h < L.num_kv_heads; ++h) {
@@ -149,7 +149,7 @@ void Context::select_loop() {
 // the in-flight bound, or for the pause the fetch itself causes): such units give their blocks
 // back, so the fetch takes them and the speculative path comes back for the rest later.
 void Context::release_unposted_speculative(Transfer &t, uint32_t layer, std::span<const uint32_t> wanted) {
-    auto &q = t.sel.speculative_queue;
+    auto &q = t.sel().speculative_queue;
     for (auto it = q.begin(); it != q.end();) {
         SendUnit &u = **it;
         if (u.next_op != 0) {
@@ -167,9 +167,9 @@ void Context::release_unposted_speculative(Transfer &t, uint32_t layer, std::spa
         }
         if (!u.blocks.empty()) L.out.spec_cursor = std::min(L.out.spec_cursor, u.blocks.front());
         // Send order: the speculative path resumes at the earliest layer that has blocks again.
-        for (uint32_t i = 0; i < t.sel.spec_order_pos; ++i)
-            if (t.prefill.order[i] == u.layer) {
-                t.sel.spec_order_pos = i;
+        for (uint32_t i = 0; i < t.sel().spec_order_pos; ++i)
+            if (t.prefill().order[i] == u.layer) {
+                t.sel().spec_order_pos = i;
                 break;
             }
         it = q.erase(it);
@@ -232,8 +232,8 @@ void Context::note_bulk_delivered(Session &s, uint64_t bytes) {
 void Context::queue_whole_layer(Transfer &t, uint32_t layer) {
     std::vector<uint32_t> every(t.layers[layer].out.claimed.size());
     for (uint32_t b = 0; b < every.size(); ++b) every[b] = b;
-    t.sel.proactive_queue.push_back(claim(t, layer, SG_PATH_PROACTIVE, every));
-    t.sel.layers_whole++;
+    t.sel().proactive_queue.push_back(claim(t, layer, SG_PATH_PROACTIVE, every));
+    t.sel().layers_whole++;
 }
 
 // A written layer of a selective transfer that goes whole (stream_whole): committed at once, with no
@@ -246,11 +246,11 @@ bool Context::commit_whole_layer(Transfer &t, uint32_t layer) {
     Transfer::Layer &L = t.layers[layer];
     if (L.out.written) return false;
     const uint64_t now = now_ns();
-    if (!stream_whole(t, t.sel.last_written_ns ? now - t.sel.last_written_ns : 0)) return false;
+    if (!stream_whole(t, t.sel().last_written_ns ? now - t.sel().last_written_ns : 0)) return false;
     L.out.written = true;
     L.out.written_ns = now;
-    t.sel.last_written_ns = now;
-    t.sel.layers_written++;
+    t.sel().last_written_ns = now;
+    t.sel().layers_written++;
     queue_whole_layer(t, layer);
     if (t.matched() && !t.finished()) pump_selective(t, 1, plan::kTurnQuota);
     wake();
@@ -262,9 +262,9 @@ void Context::commit_layer(Transfer &t, uint32_t layer, PreparedLayer &&prep) {
     if (L.out.written) return;
     L.out.written = true;
     L.out.written_ns = now_ns();
-    const uint64_t interval = t.sel.last_written_ns ? L.out.written_ns - t.sel.last_written_ns : 0;
-    t.sel.last_written_ns = L.out.written_ns;
-    t.sel.layers_written++;
+    const uint64_t interval = t.sel().last_written_ns ? L.out.written_ns - t.sel().last_written_ns : 0;
+    t.sel().last_written_ns = L.out.written_ns;
+    t.sel().layers_written++;
     if (t.paths & SG_PATH_PROACTIVE) {
         L.out.selected = std::move(prep.selected);
         L.digests = std::move(prep.digests);
@@ -272,17 +272,17 @@ void Context::commit_layer(Transfer &t, uint32_t layer, PreparedLayer &&prep) {
         if (stream_whole(t, interval)) {
             queue_whole_layer(t, layer);
         } else {
-            t.sel.proactive_queue.push_back(claim(t, layer, SG_PATH_PROACTIVE, L.out.selected));
+            t.sel().proactive_queue.push_back(claim(t, layer, SG_PATH_PROACTIVE, L.out.selected));
         }
     }
     if (!L.out.demand_waiting.empty()) {
         auto u = claim(t, layer, SG_PATH_ON_DEMAND, L.out.demand_waiting);
         t.stats.fetch_blocks += u->blocks.size();
-        if (!u->blocks.empty()) t.sel.demand_queue.push_back(std::move(u));
+        if (!u->blocks.empty()) t.sel().demand_queue.push_back(std::move(u));
         L.out.demand_waiting.clear();
     }
-    if (t.sel.layers_written == t.layers.size() && t.options.lease_ns)
-        t.prefill.lease_deadline_ns = saturating_add(now_ns(), t.options.lease_ns);
+    if (t.sel().layers_written == t.layers.size() && t.options.lease_ns)
+        t.prefill().lease_deadline_ns = saturating_add(now_ns(), t.options.lease_ns);
 }
 
 }  // namespace sg::core

@@ -13,10 +13,10 @@ using namespace paths;
 // Sends the Selective message that tells the decode side which paths this transfer runs; sent for
 // every matched transfer so that the decode side can answer calls about paths the transfer lacks.
 void Context::start_selective(Transfer &t) {
-    if (t.selective() && t.pool->layout.tokens_per_block != t.prefill.dst->layout.tokens_per_block)
+    if (t.selective() && t.pool->layout.tokens_per_block != t.prefill().dst->layout.tokens_per_block)
         fail(SG_ERR_LAYOUT_MISMATCH, "the selective paths need the same tokens_per_block on both sides (prefill " +
                                          std::to_string(t.pool->layout.tokens_per_block) + ", decode " +
-                                         std::to_string(t.prefill.dst->layout.tokens_per_block) + ")");
+                                         std::to_string(t.prefill().dst->layout.tokens_per_block) + ")");
     wire::Selective m;
     m.decode_xfer_id = t.id;
     m.paths = t.paths;
@@ -26,23 +26,23 @@ void Context::start_selective(Transfer &t) {
 }
 
 SendUnit *Context::next_unit(Transfer &t, int pass) {
-    if (pass == 0) return t.sel.demand_queue.empty() ? nullptr : t.sel.demand_queue.front().get();
-    if (pass == 1) return t.sel.proactive_queue.empty() ? nullptr : t.sel.proactive_queue.front().get();
+    if (pass == 0) return t.sel().demand_queue.empty() ? nullptr : t.sel().demand_queue.front().get();
+    if (pass == 1) return t.sel().proactive_queue.empty() ? nullptr : t.sel().proactive_queue.front().get();
     if (!(t.paths & SG_PATH_SPECULATIVE)) return nullptr;
     if (t.session->last_fetch_ns && now_ns() - t.session->last_fetch_ns < kSpeculativeYieldNs) {
         // Paused, except for a unit already under way that holds blocks a fetch asked for.
-        const bool urgent = !t.sel.speculative_queue.empty() && t.sel.speculative_queue.front()->urgent;
-        return urgent ? t.sel.speculative_queue.front().get() : nullptr;
+        const bool urgent = !t.sel().speculative_queue.empty() && t.sel().speculative_queue.front()->urgent;
+        return urgent ? t.sel().speculative_queue.front().get() : nullptr;
     }
-    if (!t.sel.speculative_queue.empty()) return t.sel.speculative_queue.front().get();
+    if (!t.sel().speculative_queue.empty()) return t.sel().speculative_queue.front().get();
     // Speculative units wait until every written layer's essential blocks are on their way.
-    if (!t.sel.proactive_queue.empty()) return nullptr;
+    if (!t.sel().proactive_queue.empty()) return nullptr;
     const uint64_t per_block = block_bytes(t.pool->layout);
     const size_t max_blocks =
         std::min<size_t>(kMaxBlocksPerMessage, std::max<uint64_t>(1, kSpeculativeUnitBytes / per_block));
     std::vector<uint32_t> want;
-    while (t.sel.spec_order_pos < t.prefill.order.size()) {
-        const uint32_t layer = t.prefill.order[t.sel.spec_order_pos];
+    while (t.sel().spec_order_pos < t.prefill().order.size()) {
+        const uint32_t layer = t.prefill().order[t.sel().spec_order_pos];
         Transfer::Layer &L = t.layers[layer];
         if (!L.out.written) return nullptr;  // layers go in send order
         const uint32_t nb = uint32_t(L.out.claimed.size());
@@ -51,10 +51,10 @@ SendUnit *Context::next_unit(Transfer &t, int pass) {
             L.out.spec_cursor++;
         }
         if (!want.empty()) {
-            t.sel.speculative_queue.push_back(claim(t, layer, SG_PATH_SPECULATIVE, want));
-            return t.sel.speculative_queue.front().get();
+            t.sel().speculative_queue.push_back(claim(t, layer, SG_PATH_SPECULATIVE, want));
+            return t.sel().speculative_queue.front().get();
         }
-        t.sel.spec_order_pos++;
+        t.sel().spec_order_pos++;
     }
     return nullptr;
 }
@@ -105,7 +105,7 @@ void Context::compile_unit(Transfer &t, SendUnit &u) {
     std::vector<uint32_t> src_ids(u.blocks.size()), dst_ids(u.blocks.size());
     for (size_t i = 0; i < u.blocks.size(); ++i) {
         src_ids[i] = t.table[u.blocks[i]];
-        dst_ids[i] = t.prefill.dst_table[u.blocks[i]];
+        dst_ids[i] = t.prefill().dst_table[u.blocks[i]];
     }
     const uint64_t last_first_token = uint64_t(u.blocks.back()) * L.tokens_per_block;
     const uint64_t tokens = uint64_t(u.blocks.size() - 1) * L.tokens_per_block +
@@ -113,7 +113,7 @@ void Context::compile_unit(Transfer &t, SendUnit &u) {
     const uint32_t rpl = L.regions_per_layer();
     const uint8_t *bases[2] = {t.pool->region(u.layer, 0), t.pool->region(u.layer, rpl - 1)};
     plan::Side src{&L, src_ids};
-    plan::Side dst{&t.prefill.dst->layout, dst_ids};
+    plan::Side dst{&t.prefill().dst->layout, dst_ids};
     plan::Limits limits;
     const uint64_t max_op = std::min(max_op_bytes_, t.session->tp->caps().max_msg_size);
     const transport::Capabilities &caps = t.session->tp->caps();
@@ -158,13 +158,13 @@ bool Context::pump_selective(Transfer &t, int pass, uint32_t quota) {
     flush_outbox(*t.session);
     Session &s = *t.session;
     uint32_t posted = 0;
-    auto &queue = pass == 0 ? t.sel.demand_queue : pass == 1 ? t.sel.proactive_queue : t.sel.speculative_queue;
+    auto &queue = pass == 0 ? t.sel().demand_queue : pass == 1 ? t.sel().proactive_queue : t.sel().speculative_queue;
     // Proactive writes' bound for this call (the context's mutex is held: neither a written layer nor
     // a fetch can come in meanwhile).
     const bool apart = s.tp->caps().bulk_apart;
     // (A transfer whose every layer went whole gives decode nothing to fetch.)
     const bool decode_may_fetch =
-        (t.sel.layers_written == t.layers.size() && t.sel.layers_whole < t.layers.size()) ||
+        (t.sel().layers_written == t.layers.size() && t.sel().layers_whole < t.layers.size()) ||
         (s.last_fetch_ns && now_ns() - s.last_fetch_ns < kSpeculativeYieldNs);
     const uint64_t proactive_bound = decode_may_fetch ? kProactiveFetchFriendlyBytes : kProactiveInflightBytes;
     const uint64_t speculative_bound = apart                      ? kApartSpeculativeInflightBytes
@@ -187,7 +187,7 @@ bool Context::pump_selective(Transfer &t, int pass, uint32_t quota) {
             posted++;
         }
         if (!u->fully_posted()) break;
-        t.sel.posted_units.push_back(std::move(queue.front()));
+        t.sel().posted_units.push_back(std::move(queue.front()));
         queue.pop_front();
     }
     selective_notices(t);
@@ -199,8 +199,8 @@ bool Context::pump_selective(Transfer &t, int pass, uint32_t quota) {
 void Context::selective_notices(Transfer &t) {
     if (t.finished() || !t.matched()) return;
     const bool saw = t.session->tp->caps().send_after_write;
-    for (size_t i = 0; i < t.sel.posted_units.size();) {
-        SendUnit &u = *t.sel.posted_units[i];
+    for (size_t i = 0; i < t.sel().posted_units.size();) {
+        SendUnit &u = *t.sel().posted_units[i];
         if (!u.notice_sent && u.packs_pending == 0 && (saw || u.outstanding == 0)) {
             for (size_t first = 0; first < std::max<size_t>(1, u.blocks.size()); first += kMaxBlocksPerMessage) {
                 wire::BlocksReady m;
@@ -235,7 +235,7 @@ void Context::selective_notices(Transfer &t) {
             emit(t, SG_EVENT_ESSENTIAL_READY, u.layer, SG_OK);
         }
         if (L.out.delivered_count == L.out.claimed.size() && !L.ready) mark_ready(t, u.layer);
-        t.sel.posted_units.erase(t.sel.posted_units.begin() + ptrdiff_t(i));
+        t.sel().posted_units.erase(t.sel().posted_units.begin() + ptrdiff_t(i));
         cv.notify_all();
     }
     if (t.stats.layers_ready == t.layers.size()) send_done(t);
@@ -269,7 +269,7 @@ void Context::on_fetch(Session &s, wire::Fetch &m) {
     auto u = claim(t, m.layer, SG_PATH_ON_DEMAND, m.blocks);
     t.stats.fetch_blocks += u->blocks.size();
     if (u->blocks.empty()) return;  // all on their way already
-    t.sel.demand_queue.push_back(std::move(u));
+    t.sel().demand_queue.push_back(std::move(u));
     pump_selective(t, 0, budget_.max_ops);
     wake();
 }

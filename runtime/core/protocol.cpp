@@ -257,7 +257,7 @@ void Context::on_layer_ready(Session &s, wire::LayerReady &m) {
         L.in.notice_received = true;
         L.in.chunks_announced = m.staged_chunks;
         t.stats.bytes += m.bytes;
-        t.decode.noticed.push_back(m.layer);
+        t.decode().noticed.push_back(m.layer);
     }
     layers_ready_in_order(t);
 }
@@ -266,8 +266,8 @@ void Context::on_transfer_done(Session &s, wire::TransferDone &m) {
     running_expect(s, m.decode_xfer_id);
     Transfer *t = s.matchbook.expect(m.decode_xfer_id);
     if (!t) return;
-    t->decode.done_received = true;
-    t->decode.peer_quiesced = true;  // every write completed before the peer sent this
+    t->decode().done_received = true;
+    t->decode().peer_quiesced = true;  // every write completed before the peer sent this
     complete_if_done(*t);
     note_quiesced(*t);
     cv.notify_all();
@@ -276,7 +276,7 @@ void Context::on_transfer_done(Session &s, wire::TransferDone &m) {
 void Context::on_transfer_ack(Session &s, wire::TransferAck &m) {
     for (auto &[rid, t] : s.matchbook.matched_posts())
         if (t->id == m.decode_xfer_id) {
-            if (t->prefill.end == Transfer::Prefill::End::DoneSent) t->prefill.end = Transfer::Prefill::End::Confirmed;
+            if (t->prefill().end == Transfer::Prefill::End::DoneSent) t->prefill().end = Transfer::Prefill::End::Confirmed;
             complete_if_done(*t);
             break;
         }
@@ -285,7 +285,7 @@ void Context::on_transfer_ack(Session &s, wire::TransferAck &m) {
 void Context::on_quiesced(Session &s, wire::Quiesced &m) {
     Transfer *t = s.matchbook.expect(m.decode_xfer_id);
     if (!t) return;
-    t->decode.peer_quiesced = true;
+    t->decode().peer_quiesced = true;
     note_quiesced(*t);
     signal_event();
     cv.notify_all();
@@ -350,7 +350,7 @@ void Context::on_release(Session &s, wire::Release &m) {
     }
     Transfer &t = *p;
     if (!t.finished()) {
-        t.prefill.peer_released = true;
+        t.prefill().peer_released = true;
         finish(t, SG_OK, {});
         maybe_send_quiesced(t);
         note_quiesced(t);

@@ -278,10 +278,11 @@ void Context::check_timers_locked() {
         for (auto &t : s->matchbook.transfers()) {
             if (t->deadline_abs_ns && now > t->deadline_abs_ns && !t->finished())
                 fail_transfer(*t, SG_ERR_DEADLINE, "transfer '" + t->request_id + "' missed its deadline", true);
+            if (!t->post_side) continue;  // leases are the prefill side's
             // A transfer whose bytes are all delivered and that only waits for the decode side's
             // acknowledgement holds the decode side to nothing more: its lease cannot end it.
-            const bool delivered = t->prefill.done_sent() && t->inflight == 0;
-            if (t->prefill.lease_deadline_ns && now > t->prefill.lease_deadline_ns && !t->finished() && !delivered) {
+            const bool delivered = t->prefill().done_sent() && t->inflight == 0;
+            if (t->prefill().lease_deadline_ns && now > t->prefill().lease_deadline_ns && !t->finished() && !delivered) {
                 emit(*t, SG_EVENT_LEASE_EXPIRED, 0, SG_ERR_LEASE_EXPIRED);
                 fail_transfer(*t, SG_ERR_LEASE_EXPIRED,
                               "the lease of '" + t->request_id + "' ended (" +

@@ -160,7 +160,7 @@ bool Context::post_staged_chunk(Transfer &t, uint32_t layer, const Vec<plan::Op>
         // blocks) travels raw, in a chunk of raw ranges: a chunk is quantized or not as a whole.
         const bool quantized =
             t.options.wire_quant &&
-            quant::shape_of(t.prefill.dst->layout, op.dst_region, op.dst_offset, op.len, q.shape);
+            quant::shape_of(t.prefill().dst->layout, op.dst_region, op.dst_offset, op.len, q.shape);
         if (k == first)
             p.wire_quant = chunk.wire_quant = quantized ? t.options.wire_quant : 0;
         else if (quantized != (p.wire_quant != 0))
@@ -176,7 +176,7 @@ bool Context::post_staged_chunk(Transfer &t, uint32_t layer, const Vec<plan::Op>
         p.used += wire_len;
         p.payload += op.len;
         if (p.wire_quant) p.quant_segments.push_back(q);
-        chunk.segments.push_back({layer * t.prefill.dst->regions_per_layer + op.dst_region, op.dst_offset, op.len});
+        chunk.segments.push_back({layer * t.prefill().dst->regions_per_layer + op.dst_region, op.dst_offset, op.len});
     }
     wire::encode(p.notice, id, chunk);
     p.t = t.shared_from_this();
@@ -282,7 +282,7 @@ void Context::pack_into(Pack &p, uint8_t *slot) {
     kernels::QuantCode code{};
     quant::code_of(p.wire_quant, code);  // checked when the transfer was posted
     for (const Pack::QuantSegment &q : p.quant_segments) {
-        quant::encode(p.t->prefill.dst->layout, q.region_in_layer, q.offset, q.length, q.shape,
+        quant::encode(p.t->prefill().dst->layout, q.region_in_layer, q.offset, q.length, q.shape,
                            pieces.first(q.pieces), code, slot);
         pieces = pieces.subspan(q.pieces);
         slot += q.shape.wire_bytes();
@@ -406,7 +406,7 @@ void Context::on_staged_chunk(Session &s, wire::StagedChunk &m) {
             pos += wire_len;
         }
         // The copy happens outside mu (run_unpacks); the slot stays ours until its credit goes.
-        t.decode.unpacks_pending++;
+        t.decode().unpacks_pending++;
         unpacks_.push_back({t.shared_from_this(), std::move(m), std::move(shapes)});
         wake();
         return;
@@ -487,8 +487,8 @@ void Context::finish_unpack(Unpack &u) {
     Transfer &t = *u.t;
     Session &s = *t.session;
     const wire::StagedChunk &m = u.chunk;
-    SG_ASSERT(t.decode.unpacks_pending > 0, "transfer '" + t.request_id + "': an unpack finished twice");
-    t.decode.unpacks_pending--;
+    SG_ASSERT(t.decode().unpacks_pending > 0, "transfer '" + t.request_id + "': an unpack finished twice");
+    t.decode().unpacks_pending--;
     if (!t.finished()) {
         for (const wire::Segment &seg : m.segments) {
             counters.staging_copies++;

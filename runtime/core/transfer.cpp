@@ -33,6 +33,12 @@ Transfer::Transfer(Context *c, std::shared_ptr<Session> s, bool post, std::strin
                    std::span<const uint32_t> tbl, uint64_t ntok, const sg_transfer_options_t &opt)
     : ctx(c), session(std::move(s)), post_side(post), request_id(std::move(rid)), pool(std::move(p)),
       table(tbl.begin(), tbl.end()), num_tokens(ntok), options(opt) {
+    if (post_side) {
+        prefill_ = std::make_unique<Prefill>();
+        sel_ = std::make_unique<Selective>();
+    } else {
+        decode_ = std::make_unique<Decode>();
+    }
     layers.resize(pool->layout.num_layers);
     residency.reset(pool->layout.num_layers, table.size());
     stats.struct_size = sizeof stats;
@@ -71,7 +77,7 @@ std::shared_ptr<Transfer> Context::expect(const std::shared_ptr<Session> &s, con
     if (auto c = s->matchbook.take_peer_cancel(rid)) {
         // The prefill side canceled this request before we expected it: nothing will be sent.
         s->matchbook.add_expect(t);
-        t->decode.peer_quiesced = true;
+        t->decode().peer_quiesced = true;
         fail_transfer(*t, c->status, c->message, false);
         return t;
     }
@@ -139,7 +145,7 @@ std::shared_ptr<Transfer> Context::post(const std::shared_ptr<Session> &s, const
                                                  std::to_string(p.block_tokens) + "-token blocks, the pool has " +
                                                  std::to_string(L.num_layers) + " of " +
                                                  std::to_string(L.tokens_per_block));
-            t->sel.selector = std::make_unique<LayerSelector>(p, L.num_kv_heads, L.head_dim, num_tokens, 2 * L.row_bytes());
+            t->sel().selector = std::make_unique<LayerSelector>(p, L.num_kv_heads, L.head_dim, num_tokens, 2 * L.row_bytes());
         }
         if (opt.flags & SG_TRANSFER_ALL_LAYERS_WRITTEN)
             for (uint32_t l = 0; l < nl; ++l) prepared.push_back(prepare_layer(*t, l, nullptr, 0, 0));
@@ -166,8 +172,8 @@ std::shared_ptr<Transfer> Context::post(const std::shared_ptr<Session> &s, const
         wire::encode(out, id, wire::Reposted{rid});
         send(*s, out);
     }
-    t->prefill.order = std::move(order);
-    t->prefill.src_reg = &s->local_regs.at(pool->id);  // map nodes are stable for the session's life
+    t->prefill().order = std::move(order);
+    t->prefill().src_reg = &s->local_regs.at(pool->id);  // map nodes are stable for the session's life
     if (opt.deadline_ns) t->deadline_abs_ns = saturating_add(now_ns(), opt.deadline_ns);
     if (t->selective()) {
         for (uint32_t l = 0; l < prepared.size(); ++l) commit_layer(*t, l, std::move(prepared[l]));
@@ -210,8 +216,8 @@ void Context::match(Session &s, const std::shared_ptr<Transfer> &t, const wire::
             fail(SG_ERR_LAYOUT_MISMATCH, std::string("wire quantization differs: posted ") +
                                              quant::name_of(t->options.wire_quant) + ", expected " +
                                              quant::name_of(e.wire_quant) + " (options.wire_quant)");
-        t->prefill.dst = &rp->second;
-        t->prefill.dst_table.assign(e.block_ids.begin(), e.block_ids.end());
+        t->prefill().dst = &rp->second;
+        t->prefill().dst_table.assign(e.block_ids.begin(), e.block_ids.end());
         start_selective(*t);
         t->advance(plan::TransferState::Running);
         active_.push_back(t);
@@ -246,8 +252,8 @@ void Context::maybe_send_notices(Transfer &t) {
     if (t.finished() || !t.matched()) return;
     const bool saw = t.session->tp->caps().send_after_write;
     // Layers before notice_pos are settled; each call only looks at the few still in flight.
-    for (size_t i = t.prefill.notice_pos; i < t.prefill.order.size(); ++i) {
-        const uint32_t l = t.prefill.order[i];
+    for (size_t i = t.prefill().notice_pos; i < t.prefill().order.size(); ++i) {
+        const uint32_t l = t.prefill().order[i];
         Transfer::Layer &L = t.layers[l];
         if (!L.out.posted) break;  // notices go in send order
         if (!L.out.notice_sent && L.out.packs_pending == 0 && (saw || L.out.outstanding == 0)) {
@@ -267,19 +273,19 @@ void Context::maybe_send_notices(Transfer &t) {
             t.residency.set_layer(l);
             mark_ready(t, l);
         }
-        if (i == t.prefill.notice_pos && L.ready) t.prefill.notice_pos++;
+        if (i == t.prefill().notice_pos && L.ready) t.prefill().notice_pos++;
     }
-    if (t.prefill.notice_pos == t.prefill.order.size()) send_done(t);
+    if (t.prefill().notice_pos == t.prefill().order.size()) send_done(t);
 }
 
 void Context::send_done(Transfer &t) {
-    if (t.prefill.done_sent()) return;
+    if (t.prefill().done_sent()) return;
     wire::TransferDone m;
     m.decode_xfer_id = t.id;
     m.bytes = t.stats.bytes;
     std::vector<uint8_t> out;
     wire::encode(out, id, m);
-    t.prefill.end = Transfer::Prefill::End::DoneSent;
+    t.prefill().end = Transfer::Prefill::End::DoneSent;
     send(*t.session, out, &t);
 }
 
@@ -298,7 +304,7 @@ void Context::mark_ready(Transfer &t, uint32_t layer) {
 // completed those messages. A layer whose chunks are still being copied (outside the mutex, see
 // run_unpacks) holds back the layers noticed after it, so readiness never runs ahead of that order.
 void Context::layers_ready_in_order(Transfer &t) {
-    auto &noticed = t.decode.noticed;
+    auto &noticed = t.decode().noticed;
     bool any = false;
     while (!noticed.empty()) {
         const uint32_t layer = noticed.front();
@@ -320,10 +326,10 @@ void Context::layers_ready_in_order(Transfer &t) {
 void Context::complete_if_done(Transfer &t) {
     if (t.finished()) return;
     if (t.post_side) {
-        if (!t.prefill.done_sent() || t.inflight) return;
-        if (t.session->peer_minor >= 1 && t.prefill.end != Transfer::Prefill::End::Confirmed) return;
+        if (!t.prefill().done_sent() || t.inflight) return;
+        if (t.session->peer_minor >= 1 && t.prefill().end != Transfer::Prefill::End::Confirmed) return;
     } else {
-        if (!t.decode.done_received || t.stats.layers_ready < t.layers.size()) return;
+        if (!t.decode().done_received || t.stats.layers_ready < t.layers.size()) return;
         // Digests travel behind the notices: a layer whose proactive notice came is not complete
         // before its digests are (SG_LAYER_ESSENTIAL then holds for every such layer at completion).
         for (const auto &L : t.layers)
@@ -393,10 +399,10 @@ void Context::send_quiesced(Session &s, uint64_t decode_xfer_id) {
 // Prefill: after a transfer that answered an Expect failed, tell the decode side once its last
 // write completed.
 void Context::maybe_send_quiesced(Transfer &t) {
-    if (!t.post_side || !t.id || !t.finished() || (t.status == SG_OK && !t.prefill.peer_released) || t.inflight ||
-        t.prefill.quiesce_sent)
+    if (!t.post_side || !t.id || !t.finished() || (t.status == SG_OK && !t.prefill().peer_released) || t.inflight ||
+        t.prefill().quiesce_sent)
         return;
-    t.prefill.quiesce_sent = true;
+    t.prefill().quiesce_sent = true;
     send_quiesced(*t.session, t.id);
 }
 
@@ -431,9 +437,11 @@ std::string Transfer::invariant_violation() const {
         }
         return "";
     };
-    for (const auto *list : {&sel.demand_queue, &sel.proactive_queue, &sel.speculative_queue})
-        if (std::string why = units(*list); !why.empty()) return why;
-    if (std::string why = units(sel.posted_units); !why.empty()) return why;
+    if (post_side) {
+        for (const auto *list : {&sel().demand_queue, &sel().proactive_queue, &sel().speculative_queue})
+            if (std::string why = units(*list); !why.empty()) return why;
+        if (std::string why = units(sel().posted_units); !why.empty()) return why;
+    }
     // Once finished, operations still queued are dropped from `inflight` alone (drop_queued): the
     // per-layer and per-unit counts no longer matter, only `inflight` (the quiesce condition).
     if (!finished() && outstanding > inflight)
@@ -444,15 +452,15 @@ std::string Transfer::invariant_violation() const {
     const bool quiesced_now = state() == plan::TransferState::Quiesced;
     if (post_side && quiesced_now && inflight)
         return "quiesced with " + std::to_string(inflight) + " operations in flight";
-    if (!post_side && quiesced_now && decode.unpacks_pending)
-        return "quiesced with " + std::to_string(decode.unpacks_pending) + " staged chunks still to unpack";
+    if (!post_side && quiesced_now && decode().unpacks_pending)
+        return "quiesced with " + std::to_string(decode().unpacks_pending) + " staged chunks still to unpack";
     return "";
 }
 
 bool Transfer::quiesce_condition() const {
     if (post_side) return inflight == 0;
     // A lost session's registrations are closed (drop_registrations), so nothing can land.
-    return (decode.peer_quiesced || session->closed()) && decode.unpacks_pending == 0;
+    return (decode().peer_quiesced || session->closed()) && decode().unpacks_pending == 0;
 }
 
 }  // namespace sg::core

@@ -170,18 +170,25 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
         bool stalled = false;       // waiting for the in-flight bounds (counted once per episode)
         bool peer_released = false; // the decode side released a selective transfer
         uint64_t lease_deadline_ns = 0;  // set when the last layer is written and lease_ns > 0
-    } prefill;
-    bool matched() const { return prefill.dst != nullptr; }
+    };
+    // A transfer holds its own side's part only: prefill() and sel() on the posting side, decode()
+    // on the expecting side. Asking for the other side's is a bug in the runtime: SG_ERR_INTERNAL
+    // (the session it happens on is lost, the process is not).
+    Prefill &prefill() { return part(prefill_, "prefill"); }
+    const Prefill &prefill() const { return part(prefill_, "prefill"); }
+    bool matched() const { return post_side && prefill_->dst != nullptr; }
     // Prefill side, once matched: every op goes through the staging slots, never as a plain write
     // (quantized on the wire, or a pool in device memory that the provider cannot reach).
     bool staged_only() const { return options.wire_quant || !rma_reaches_both_pools(); }
     bool device_side() const {
-        return pool->layout.mem_kind == SG_MEM_CUDA || (prefill.dst && prefill.dst->layout.mem_kind == SG_MEM_CUDA);
+        return pool->layout.mem_kind == SG_MEM_CUDA ||
+               (post_side && prefill_->dst && prefill_->dst->layout.mem_kind == SG_MEM_CUDA);
     }
     // Host memory, or device memory registered with the provider (FI_HMEM), on both sides.
     bool rma_reaches_both_pools() const {
-        const bool src = pool->layout.mem_kind != SG_MEM_CUDA || (prefill.src_reg && prefill.src_reg->device_direct);
-        const bool dst = !prefill.dst || prefill.dst->layout.mem_kind != SG_MEM_CUDA || prefill.dst->device_direct;
+        const Prefill &p = prefill();
+        const bool src = pool->layout.mem_kind != SG_MEM_CUDA || (p.src_reg && p.src_reg->device_direct);
+        const bool dst = !p.dst || p.dst->layout.mem_kind != SG_MEM_CUDA || p.dst->device_direct;
         return src && dst;
     }
 
@@ -196,7 +203,9 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
         uint32_t spec_order_pos = 0;  // first entry of `order` the speculative path has not exhausted
         uint64_t last_written_ns = 0;  // when the last layer was written (the layer interval)
         uint32_t layers_whole = 0;     // layers whose proactive unit took every block (stream_whole)
-    } sel;
+    };
+    Selective &sel() { return part(sel_, "selective paths' prefill"); }
+    const Selective &sel() const { return part(sel_, "selective paths' prefill"); }
 
     // Decode side.
     struct Decode {
@@ -213,7 +222,9 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
             std::vector<uint32_t> blocks;
         };
         std::vector<PendingFetch> fetches;  // BLOCKS_READY goes when all of one are resident
-    } decode;
+    };
+    Decode &decode() { return part(decode_, "decode"); }
+    const Decode &decode() const { return part(decode_, "decode"); }
 
     // The C handle, for event callbacks: set once the ABI has registered the transfer; events
     // wait until then and are dropped once the host released it.
@@ -260,6 +271,16 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
     sg_transfer_stats_t stats_snapshot() const;
 
   private:
+    template <class Part>
+    static Part &part(const std::unique_ptr<Part> &p, const char *which) {
+        if (!p) [[unlikely]]
+            fail(SG_ERR_INTERNAL, std::string("the ") + which + " side's part of a transfer of the other side");
+        return *p;
+    }
+    // One side's parts, made by the constructor: the other side's stay null.
+    std::unique_ptr<Prefill> prefill_;
+    std::unique_ptr<Selective> sel_;
+    std::unique_ptr<Decode> decode_;
     std::atomic<bool> holds_pool_{true};
     std::atomic<plan::TransferState> state_{plan::TransferState::Unmatched};
 };

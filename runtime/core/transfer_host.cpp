@@ -126,7 +126,7 @@ void Transfer::fetch(uint32_t layer, std::span<const uint32_t> blocks) {
         ctx->emit(*this, SG_EVENT_BLOCKS_READY, layer, SG_OK, blocks);
         return;
     }
-    decode.fetches.push_back({layer, {blocks.begin(), blocks.end()}});
+    decode().fetches.push_back({layer, {blocks.begin(), blocks.end()}});
     for (size_t first = 0; first < fresh.size(); first += kMaxBlocksPerMessage) {
         wire::Fetch m;
         m.request_id = request_id;

@@ -648,7 +648,7 @@ TEST(Schedule, OnALocalProviderSelectiveLayersGoWholeWithTheSpeculativePathOn) {
         for (uint32_t l = 0; l < layers; ++l)
             EXPECT_EQ(r.expect->layers[l].ready, speculative) << "layer " << l << (speculative ? " not" : "")
                                                                << " whole at its essential notice";
-        EXPECT_EQ(r.post->sel.layers_whole, speculative ? layers : 0u);
+        EXPECT_EQ(r.post->sel().layers_whole, speculative ? layers : 0u);
         EXPECT_EQ(r.post->stats.digest_bytes > 0, !speculative) << "digests go only for blocks left behind";
         if (speculative) {
             EXPECT_EQ(r.post->stats.bytes_proactive, r.post->stats.bytes) << "every byte proactive";
