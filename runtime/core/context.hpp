@@ -5,6 +5,7 @@
 
 #include "core/auth.hpp"
 #include "core/cuda_plugin.hpp"
+#include "core/staging.hpp"
 #include "core/transfer.hpp"
 #include "quant/quant.hpp"
 
@@ -188,57 +189,21 @@ class Context : public transport::CompletionSink {
     void note_quiesced(Transfer &t);
     void drop_registrations(Session &s);
     void drop_unsent(Session &s, bool transfer_frames_only);
-    // Staged chunks are checked under mu (on_staged_chunk) and copied into the pool outside it:
-    // a chunk is up to a 4 MiB slot, too long to keep API threads and the other sessions waiting.
-    struct Unpack {
-        std::shared_ptr<Transfer> t;  // holds the pool and the session (whose slot is read)
-        wire::StagedChunk chunk;
-        std::vector<quant::Shape> shapes;  // quantized chunks: each segment's, as checked on arrival
-        uint64_t wire_bytes = 0;  // quantized chunks: the slot bytes their segments took
-        std::string error;        // the device copy failed: the transfer fails with this
-    };
-    std::vector<Unpack> unpacks_;  // guarded by mu
+    // Staged chunks (staging.hpp), copied with mu let go by run_copies.
+    std::vector<UnpackJob> unpacks_;  // guarded by mu
     bool unpacking_ = false;       // a thread is copying a batch (one at a time)
     // With mu held through `lock`: copies the queued chunks with mu let go, then counts them.
     void run_unpacks(std::unique_lock<std::mutex> &lock);
-    void finish_unpack(Unpack &u);
-    void unpack_from(Unpack &u);
-    // The prefill side's half: post_staged_chunk reserves the slots and counts the chunk under mu,
-    // run_packs packs it with mu let go and then hands it to the provider under mu. Notices of its
-    // layer or unit wait until it is handed over (packs_pending), so none overtakes its data.
-    struct Pack {
-        std::shared_ptr<Transfer> t;  // holds the session (whose pack slot is written) and the unit
-        uint32_t layer = 0;
-        SendUnit *unit = nullptr;
-        uint32_t lslot = 0, rslot = 0;
-        uint64_t used = 0;      // bytes of the slot (and on the wire)
-        uint64_t payload = 0;   // pool bytes they carry: used, or more when quantized
-        std::vector<std::pair<const uint8_t *, uint64_t>> pieces;  // source ranges, in slot order
-        // Quantized chunks (wire_quant != 0): each segment's pieces (a count into `pieces`), where
-        // it lands on the peer, and its wire shape.
-        uint32_t wire_quant = 0;
-        int32_t src_device = -1;  // the source pool's CUDA device: pieces are device addresses
-        std::string error;        // the device copy failed: the transfer fails with this
-        struct QuantSegment {
-            uint32_t pieces;
-            uint32_t region_in_layer;
-            uint64_t offset, length;
-            quant::Shape shape;
-        };
-        std::vector<QuantSegment> quant_segments;
-        std::vector<uint8_t> notice;  // its StagedChunk frame
-        bool packed = false;          // copied; waiting for the provider (it answered EAGAIN)
-    };
-    std::deque<Pack> packs_;  // guarded by mu
+    void finish_unpack(UnpackJob &u);
+    std::deque<PackJob> packs_;  // guarded by mu
     bool packing_ = false;    // a thread is copying a batch (one at a time)
     // With mu held through `lock`: packs and posts the reserved chunks, then unpacks received ones.
     void run_copies(std::unique_lock<std::mutex> &lock);
     void run_packs(std::unique_lock<std::mutex> &lock);
-    void pack_into(Pack &p, uint8_t *slot);
     // Hands a packed chunk to the provider; false when it is full (the chunk stays queued).
-    bool post_pack(Pack &p);
+    bool post_pack(PackJob &p);
     // Gives back what a chunk reserved when it will never be posted (its transfer or session ended).
-    void drop_pack(Pack &p);
+    void drop_pack(PackJob &p);
     void send_quiesced(Session &s, uint64_t decode_xfer_id);
     void complete_if_done(Transfer &t);
     void layers_ready_in_order(Transfer &t);

@@ -10,7 +10,9 @@
 // session_host (a session's verbs: wait until proven, export, notify, close), session_auth,
 // protocol (message type -> handler), transfer (expect, post, match, notices, quiesce),
 // transfer_host (a transfer's verbs and what the host reads of it: layer written, fetch, digests,
-// waits, cancel, release), scheduler, staging, completions, paths_prefill, paths_decode, metrics
+// waits, cancel, release), scheduler, staging (slots, chunks reserved and checked, the path
+// policy), staging_copy (the staging variants: a chunk's copies per memory kind and wire coding,
+// staging.hpp), completions, paths_prefill, paths_decode, metrics
 // (the Prometheus text), bootstrap, selection, auth (the MACs), cuda_plugin (loading the CUDA
 // plugin on the first CUDA pool).
 //

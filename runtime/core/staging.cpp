@@ -2,7 +2,6 @@
 // unpacking them on the other side, and the policy that chooses per layer between plain writes
 // and staging from the throughput each achieved on the session.
 #include "core/core.hpp"
-#include "core/cuda_plugin.hpp"
 
 #include <sys/mman.h>
 
@@ -142,7 +141,7 @@ bool Context::post_staged_chunk(Transfer &t, uint32_t layer, const Vec<plan::Op>
         return false;
     }
     if (!s.free_peer_slots || !s.free_send_slots) return false;
-    Pack p;
+    PackJob p;
     p.rslot = uint32_t(__builtin_ctz(s.free_peer_slots));
     p.lslot = uint32_t(__builtin_ctz(s.free_send_slots));
     wire::StagedChunk chunk;
@@ -155,7 +154,7 @@ bool Context::post_staged_chunk(Transfer &t, uint32_t layer, const Vec<plan::Op>
     for (; k < ops.size() && chunk.segments.size() < kMaxSegmentsPerChunk; ++k) {
         const plan::Op &op = ops[k];
         uint64_t wire_len = op.len;
-        Pack::QuantSegment q{op.niov, op.dst_region, op.dst_offset, op.len, {}};
+        PackJob::QuantSegment q{op.niov, op.dst_region, op.dst_offset, op.len, {}};
         // A quantized transfer's range that is not whole head rows (padding coalesced between
         // blocks) travels raw, in a chunk of raw ranges: a chunk is quantized or not as a whole.
         const bool quantized =
@@ -179,6 +178,7 @@ bool Context::post_staged_chunk(Transfer &t, uint32_t layer, const Vec<plan::Op>
         chunk.segments.push_back({layer * t.prefill().dst->regions_per_layer + op.dst_region, op.dst_offset, op.len});
     }
     wire::encode(p.notice, id, chunk);
+    p.variant = &staging_variant(p.src_device >= 0, p.wire_quant != 0);
     p.t = t.shared_from_this();
     p.layer = layer;
     p.unit = unit;
@@ -219,16 +219,16 @@ void Context::run_copies(std::unique_lock<std::mutex> &lock) {
 
 void Context::run_packs(std::unique_lock<std::mutex> &lock) {
     if (packs_.empty() || packing_) return;
-    std::deque<Pack> batch;
+    std::deque<PackJob> batch;
     batch.swap(packs_);
     packing_ = true;
     lock.unlock();
-    for (Pack &p : batch) {
+    for (PackJob &p : batch) {
         // A transfer that ended meanwhile sends nothing more; its reservation is given back below.
         if (p.packed || p.t->finished()) continue;
         uint8_t *slot = p.t->session->send_staging.base + size_t(p.lslot) * StagingArea::kSlotBytes;
         try {
-            pack_into(p, slot);
+            p.variant->pack(p, slot);
         } catch (const Error &e) {
             p.error = e.message();
         }
@@ -236,8 +236,8 @@ void Context::run_packs(std::unique_lock<std::mutex> &lock) {
     }
     lock.lock();
     packing_ = false;
-    std::deque<Pack> waiting;  // the provider was full: retried on a later pass, in order
-    for (Pack &p : batch) {
+    std::deque<PackJob> waiting;  // the provider was full: retried on a later pass, in order
+    for (PackJob &p : batch) {
         if (!p.error.empty() && !p.t->finished()) fail_transfer(*p.t, SG_ERR_INTERNAL, p.error, true);
         if (p.t->finished() || p.t->session->closed()) {
             drop_pack(p);
@@ -246,52 +246,13 @@ void Context::run_packs(std::unique_lock<std::mutex> &lock) {
         }
     }
     // Chunks reserved while this batch was copied go after the ones still waiting for the provider.
-    for (Pack &p : packs_) waiting.push_back(std::move(p));
+    for (PackJob &p : packs_) waiting.push_back(std::move(p));
     packs_.swap(waiting);
-}
-
-// Without mu: a reserved chunk's bytes into its slot. From device memory through the CUDA plugin
-// (raw chunks straight into the slot; quantized ones into host memory first, then coded from there).
-void Context::pack_into(Pack &p, uint8_t *slot) {
-    std::span<const std::pair<const uint8_t *, uint64_t>> pieces(p.pieces);
-    thread_local std::vector<uint8_t> from_device;
-    thread_local std::vector<std::pair<const uint8_t *, uint64_t>> host_pieces;
-    if (p.src_device >= 0 && !p.wire_quant) {
-        cuda_stage_out(p.src_device, pieces, slot);
-        return;
-    }
-    if (p.src_device >= 0) {
-        from_device.resize(p.payload);
-        cuda_stage_out(p.src_device, pieces, from_device.data());
-        // The same pieces, now in host memory back to back.
-        host_pieces.clear();
-        uint64_t at = 0;
-        for (auto [src, len] : pieces) {
-            host_pieces.emplace_back(from_device.data() + at, len);
-            at += len;
-        }
-        pieces = host_pieces;
-    }
-    if (!p.wire_quant) {
-        for (auto [src, len] : pieces) {
-            std::memcpy(slot, src, len);
-            slot += len;
-        }
-        return;
-    }
-    kernels::QuantCode code{};
-    quant::code_of(p.wire_quant, code);  // checked when the transfer was posted
-    for (const Pack::QuantSegment &q : p.quant_segments) {
-        quant::encode(p.t->prefill().dst->layout, q.region_in_layer, q.offset, q.length, q.shape,
-                           pieces.first(q.pieces), code, slot);
-        pieces = pieces.subspan(q.pieces);
-        slot += q.shape.wire_bytes();
-    }
 }
 
 // Tried even while the provider's queue was lately full (tx_full): a chunk reserved before the
 // writes that filled it keeps its place instead of waiting behind every later write.
-bool Context::post_pack(Pack &p) {
+bool Context::post_pack(PackJob &p) {
     Transfer &t = *p.t;
     Session &s = *t.session;
     const wire::Region &peer_area = s.peer_staging.regions[0];
@@ -337,7 +298,7 @@ bool Context::post_pack(Pack &p) {
     return true;
 }
 
-void Context::drop_pack(Pack &p) {
+void Context::drop_pack(PackJob &p) {
     Transfer &t = *p.t;
     Session &s = *t.session;
     budget_.completed(p.used);
@@ -407,7 +368,8 @@ void Context::on_staged_chunk(Session &s, wire::StagedChunk &m) {
         }
         // The copy happens outside mu (run_unpacks); the slot stays ours until its credit goes.
         t.decode().unpacks_pending++;
-        unpacks_.push_back({t.shared_from_this(), std::move(m), std::move(shapes)});
+        const StagingVariant &variant = staging_variant(L.mem_kind == SG_MEM_CUDA, m.wire_quant != 0);
+        unpacks_.push_back({t.shared_from_this(), &variant, std::move(m), std::move(shapes)});
         wake();
         return;
     }
@@ -420,70 +382,33 @@ void Context::on_staged_chunk(Session &s, wire::StagedChunk &m) {
 
 void Context::run_unpacks(std::unique_lock<std::mutex> &lock) {
     if (unpacks_.empty() || unpacking_) return;
-    std::vector<Unpack> batch;
+    std::vector<UnpackJob> batch;
     batch.swap(unpacks_);
     unpacking_ = true;
     lock.unlock();
-    for (Unpack &u : batch) {
+    for (UnpackJob &u : batch) {
         // A transfer that ended meanwhile needs no bytes; its blocks are not reused before the
         // pending count is back to 0 either way.
         if (u.t->finished()) continue;
         try {
-            unpack_from(u);
+            const StagingArea &area = u.t->session->recv_staging;
+            u.variant->unpack(u, area.base + size_t(u.chunk.slot) * StagingArea::kSlotBytes + u.chunk.slot_offset);
         } catch (const Error &e) {
             u.error = e.message();
         }
     }
     lock.lock();
     unpacking_ = false;
-    for (Unpack &u : batch) {
+    for (UnpackJob &u : batch) {
         if (!u.error.empty() && !u.t->finished()) fail_transfer(*u.t, SG_ERR_INTERNAL, u.error, true);
         finish_unpack(u);
     }
     if (!unpacks_.empty()) wake();
 }
 
-// Without mu: a received chunk's bytes into the pool. Into device memory through the CUDA plugin
-// (quantized chunks decoded into host memory first).
-void Context::unpack_from(Unpack &u) {
-    const kv::Layout &L = u.t->pool->layout;
-    const uint8_t *src = u.t->session->recv_staging.base + u.chunk.slot * StagingArea::kSlotBytes;
-    uint64_t pos = u.chunk.slot_offset;
-    kernels::QuantCode code{};
-    const bool quantized = quant::code_of(u.chunk.wire_quant, code);
-    const bool device = L.mem_kind == SG_MEM_CUDA;
-    thread_local std::vector<std::pair<uint8_t *, uint64_t>> pieces;
-    thread_local std::vector<uint8_t> decoded;
-    pieces.clear();
-    uint64_t decoded_bytes = 0;
-    if (device && quantized) {
-        for (const wire::Segment &seg : u.chunk.segments) decoded_bytes += seg.length;
-        decoded.resize(decoded_bytes);
-        decoded_bytes = 0;
-    }
-    for (size_t i = 0; i < u.chunk.segments.size(); ++i) {  // checked by on_staged_chunk
-        const wire::Segment &seg = u.chunk.segments[i];
-        const uint32_t layer = seg.region / L.regions_per_layer(), region = seg.region % L.regions_per_layer();
-        uint8_t *dst = u.t->pool->region(layer, region) + seg.offset;
-        if (device) pieces.emplace_back(dst, seg.length);
-        if (quantized) {
-            const quant::Shape &shape = u.shapes[i];
-            uint8_t *out = device ? decoded.data() + decoded_bytes : dst;
-            quant::decode(L, region, seg.offset, seg.length, shape, src + pos, code, out);
-            decoded_bytes += seg.length;
-            u.wire_bytes += shape.wire_bytes();
-            pos += shape.wire_bytes();
-        } else {
-            if (!device) std::memcpy(dst, src + pos, seg.length);
-            pos += seg.length;
-        }
-    }
-    if (device) cuda_stage_in(L.device, pieces, quantized ? decoded.data() : src + u.chunk.slot_offset);
-}
-
 // With mu: the chunk is in place (or its transfer ended): count it, let the layer's notices that
 // waited for it apply, and give the slot back to the peer.
-void Context::finish_unpack(Unpack &u) {
+void Context::finish_unpack(UnpackJob &u) {
     Transfer &t = *u.t;
     Session &s = *t.session;
     const wire::StagedChunk &m = u.chunk;

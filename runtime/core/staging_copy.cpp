@@ -1,0 +1,133 @@
+// The staging variants (staging.hpp): a staged chunk's copies for each kind of pool memory and
+// wire coding, run without the context's mutex. Device memory goes through the CUDA plugin: raw
+// chunks straight between the slot and the device, quantized ones through host memory, where the
+// codec (quant/) runs.
+#include <cstring>
+#include <span>
+
+#include "core/core.hpp"
+#include "core/cuda_plugin.hpp"
+#include "core/staging.hpp"
+
+namespace sg::core {
+
+namespace {
+
+using SourcePieces = std::span<const std::pair<const uint8_t *, uint64_t>>;
+
+// ---- pack: pool pieces into the slot ----
+
+void copy_pieces(SourcePieces pieces, uint8_t *slot) {
+    for (auto [src, len] : pieces) {
+        std::memcpy(slot, src, len);
+        slot += len;
+    }
+}
+
+// Each segment's pieces (host memory) coded into the slot.
+void encode_segments(const PackJob &p, SourcePieces pieces, uint8_t *slot) {
+    kernels::QuantCode code{};
+    quant::code_of(p.wire_quant, code);  // checked when the transfer was posted
+    const kv::Layout &peer = p.t->prefill().dst->layout;
+    for (const PackJob::QuantSegment &q : p.quant_segments) {
+        quant::encode(peer, q.region_in_layer, q.offset, q.length, q.shape, pieces.first(q.pieces), code, slot);
+        pieces = pieces.subspan(q.pieces);
+        slot += q.shape.wire_bytes();
+    }
+}
+
+void pack_host_raw(PackJob &p, uint8_t *slot) { copy_pieces(p.pieces, slot); }
+
+void pack_host_quantized(PackJob &p, uint8_t *slot) { encode_segments(p, p.pieces, slot); }
+
+void pack_device_raw(PackJob &p, uint8_t *slot) { cuda_stage_out(p.src_device, p.pieces, slot); }
+
+void pack_device_quantized(PackJob &p, uint8_t *slot) {
+    thread_local std::vector<uint8_t> from_device;
+    thread_local std::vector<std::pair<const uint8_t *, uint64_t>> host_pieces;
+    from_device.resize(p.payload);
+    cuda_stage_out(p.src_device, p.pieces, from_device.data());
+    // The same pieces, now in host memory back to back.
+    host_pieces.clear();
+    uint64_t at = 0;
+    for (auto [src, len] : p.pieces) {
+        host_pieces.emplace_back(from_device.data() + at, len);
+        at += len;
+    }
+    encode_segments(p, host_pieces, slot);
+}
+
+// ---- unpack: the slot into the pool ----
+
+uint8_t *segment_in_pool(const UnpackJob &u, const wire::Segment &seg) {
+    const kv::Layout &L = u.t->pool->layout;
+    const uint32_t layer = seg.region / L.regions_per_layer(), region = seg.region % L.regions_per_layer();
+    return u.t->pool->region(layer, region) + seg.offset;  // checked by on_staged_chunk
+}
+
+// Each segment decoded from the slot into out(i, segment), one after the other.
+template <class Out>
+void decode_segments(UnpackJob &u, const uint8_t *src, Out out) {
+    const kv::Layout &L = u.t->pool->layout;
+    kernels::QuantCode code{};
+    quant::code_of(u.chunk.wire_quant, code);
+    for (size_t i = 0; i < u.chunk.segments.size(); ++i) {
+        const wire::Segment &seg = u.chunk.segments[i];
+        const quant::Shape &shape = u.shapes[i];
+        quant::decode(L, seg.region % L.regions_per_layer(), seg.offset, seg.length, shape, src, code, out(i, seg));
+        u.wire_bytes += shape.wire_bytes();
+        src += shape.wire_bytes();
+    }
+}
+
+void unpack_host_raw(UnpackJob &u, const uint8_t *src) {
+    for (const wire::Segment &seg : u.chunk.segments) {
+        std::memcpy(segment_in_pool(u, seg), src, seg.length);
+        src += seg.length;
+    }
+}
+
+void unpack_host_quantized(UnpackJob &u, const uint8_t *src) {
+    decode_segments(u, src, [&](size_t, const wire::Segment &seg) { return segment_in_pool(u, seg); });
+}
+
+thread_local std::vector<std::pair<uint8_t *, uint64_t>> device_pieces;
+
+void collect_device_pieces(const UnpackJob &u) {
+    device_pieces.clear();
+    for (const wire::Segment &seg : u.chunk.segments) device_pieces.emplace_back(segment_in_pool(u, seg), seg.length);
+}
+
+void unpack_device_raw(UnpackJob &u, const uint8_t *src) {
+    collect_device_pieces(u);
+    cuda_stage_in(u.t->pool->layout.device, device_pieces, src);
+}
+
+void unpack_device_quantized(UnpackJob &u, const uint8_t *src) {
+    thread_local std::vector<uint8_t> decoded;
+    uint64_t total = 0;
+    for (const wire::Segment &seg : u.chunk.segments) total += seg.length;
+    decoded.resize(total);
+    uint64_t at = 0;
+    decode_segments(u, src, [&](size_t, const wire::Segment &seg) {
+        uint8_t *out = decoded.data() + at;
+        at += seg.length;
+        return out;
+    });
+    collect_device_pieces(u);
+    cuda_stage_in(u.t->pool->layout.device, device_pieces, decoded.data());
+}
+
+constexpr StagingVariant kVariants[2][2] = {
+    {{"host, raw", pack_host_raw, unpack_host_raw}, {"host, quantized", pack_host_quantized, unpack_host_quantized}},
+    {{"device, raw", pack_device_raw, unpack_device_raw},
+     {"device, quantized", pack_device_quantized, unpack_device_quantized}},
+};
+
+}  // namespace
+
+const StagingVariant &staging_variant(bool device_memory, bool quantized) {
+    return kVariants[device_memory][quantized];
+}
+
+}  // namespace sg::core
