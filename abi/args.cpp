@@ -95,7 +95,8 @@ void resolve_option_defaults(sg_context_options_t &o) {
         o.progress_spin_us = 0;
     if (o.max_ops_in_flight == 0) o.max_ops_in_flight = defaults::kMaxOpsInFlight;
     if (o.max_ops_in_flight > defaults::kMaxOpsInFlightLimit)
-        fail(SG_ERR_INVALID_ARGUMENT, "options.max_ops_in_flight must be <= " + std::to_string(defaults::kMaxOpsInFlightLimit));
+        fail(SG_ERR_INVALID_ARGUMENT,
+             "options.max_ops_in_flight must be <= " + std::to_string(defaults::kMaxOpsInFlightLimit));
 }
 
 }  // namespace sg::abi

@@ -276,7 +276,8 @@ void Context::on_transfer_done(Session &s, wire::TransferDone &m) {
 void Context::on_transfer_ack(Session &s, wire::TransferAck &m) {
     for (auto &[rid, t] : s.matchbook.matched_posts())
         if (t->id == m.decode_xfer_id) {
-            if (t->prefill().end == Transfer::Prefill::End::DoneSent) t->prefill().end = Transfer::Prefill::End::Confirmed;
+            using End = Transfer::Prefill::End;
+            if (t->prefill().end == End::DoneSent) t->prefill().end = End::Confirmed;
             complete_if_done(*t);
             break;
         }

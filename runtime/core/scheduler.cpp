@@ -37,31 +37,34 @@ void Context::schedule_locked() {
         }
     }
     active_.erase(std::remove_if(active_.begin(), active_.end(),
-                                 [](const auto &t) { return t->finished() || (t->prefill().done_sent() && !t->inflight); }),
+                                 [](const auto &t) {
+                                     return t->finished() || (t->prefill().done_sent() && !t->inflight);
+                                 }),
                   active_.end());
 }
 
 // Compiles the next written layer in send order into t.ops. Returns false when none is ready.
 bool Context::start_next_layer(Transfer &t) {
-    if (t.prefill().order_pos >= t.prefill().order.size()) return false;
-    const uint32_t layer = t.prefill().order[t.prefill().order_pos];
+    Transfer::Prefill &P = t.prefill();
+    if (P.order_pos >= P.order.size()) return false;
+    const uint32_t layer = P.order[P.order_pos];
     if (!t.layers[layer].out.written) return false;
-    t.prefill().order_pos++;
+    P.order_pos++;
     const uint32_t rpl = t.pool->layout.regions_per_layer();
     const uint8_t *bases[2] = {t.pool->region(layer, 0), t.pool->region(layer, rpl - 1)};
     plan::Side src{&t.pool->layout, t.table};
-    plan::Side dst{&t.prefill().dst->layout, t.prefill().dst_table};
+    plan::Side dst{&P.dst->layout, P.dst_table};
     plan::Limits limits;
     limits.max_op_bytes = std::min(max_op_bytes_, t.session->tp->caps().max_msg_size);
     // A staged-only write (quantized, or device memory) is packed into one staging slot: no op may be
     // larger than a slot.
     if (t.staged_only()) limits.max_op_bytes = std::min<uint64_t>(limits.max_op_bytes, StagingArea::kSlotBytes);
     limits.max_iov = uint32_t(std::min<uint64_t>(plan::kMaxIov, std::max<uint64_t>(1, t.session->tp->caps().rma_iov_limit)));
-    const plan::LayerPlanStats ps = plan::compile_layer(src, bases, dst, t.num_tokens, limits, t.prefill().ops);
+    const plan::LayerPlanStats ps = plan::compile_layer(src, bases, dst, t.num_tokens, limits, P.ops);
     t.stats.segments += ps.segments;
-    t.prefill().cur_layer = layer;
-    t.prefill().next_op = 0;
-    const uint64_t mean = t.prefill().ops.empty() ? 0 : ps.bytes / t.prefill().ops.size();
+    P.cur_layer = layer;
+    P.next_op = 0;
+    const uint64_t mean = P.ops.empty() ? 0 : ps.bytes / P.ops.size();
     Transfer::Layer &L = t.layers[layer];
     if (t.staged_only()) {
         // Quantization and device copies happen while packing, so every op is staged (the staging
@@ -76,8 +79,8 @@ bool Context::start_next_layer(Transfer &t) {
     }
     L.out.start_ns = now_ns();
     L.out.bytes = ps.bytes;
-    t.prefill().cur_staged = L.out.staged;
-    if (t.prefill().ops.empty()) L.out.posted = true;
+    P.cur_staged = L.out.staged;
+    if (P.ops.empty()) L.out.posted = true;
     return true;
 }
 
@@ -85,14 +88,15 @@ bool Context::start_next_layer(Transfer &t) {
 // send unit; advances next_op when the provider took it.
 bool Context::post_write_op(Transfer &t, uint32_t layer, const Vec<plan::Op> &ops, size_t &next_op, SendUnit *unit) {
     if (tx_full(*t.session->tp)) return false;
+    Transfer::Prefill &P = t.prefill();
     const plan::Op &op = ops[next_op];
     Session &s = *t.session;
-    const Session::LocalReg &lr = *t.prefill().src_reg;
+    const Session::LocalReg &lr = *P.src_reg;
     const uint32_t rpl = t.pool->layout.regions_per_layer();
     transport::LocalIov iov[plan::kMaxIov];
     for (uint32_t i = 0; i < op.niov; ++i)
         iov[i] = {op.iov[i].addr, op.iov[i].len, lr.regions[size_t(layer) * rpl + op.iov[i].src_region].desc};
-    const wire::Region &dr = t.prefill().dst->regions[size_t(layer) * t.prefill().dst->regions_per_layer + op.dst_region];
+    const wire::Region &dr = P.dst->regions[size_t(layer) * P.dst->regions_per_layer + op.dst_region];
     OpCookie *c = take_cookie();
     c->kind = OpCookie::Kind::Write;
     c->xfer = &t;
@@ -139,28 +143,29 @@ bool Context::may_post_bytes(const Session &s, uint64_t len) const {
 // transfer another turn).
 bool Context::pump(Transfer &t, uint32_t quota) {
     if (!t.matched() || t.finished()) return false;
+    Transfer::Prefill &P = t.prefill();
     flush_outbox(*t.session);
     uint32_t posted = 0;
     for (;;) {
-        if (t.prefill().cur_layer < 0 || t.layers[size_t(t.prefill().cur_layer)].out.posted) {
+        if (P.cur_layer < 0 || t.layers[size_t(P.cur_layer)].out.posted) {
             if (!start_next_layer(t)) break;
         }
-        Transfer::Layer &L = t.layers[size_t(t.prefill().cur_layer)];
-        while (t.prefill().next_op < t.prefill().ops.size() && budget_.has_op_slot() && posted < quota &&
-               may_post_bytes(*t.session, t.prefill().ops[t.prefill().next_op].len)) {
-            const uint32_t layer = uint32_t(t.prefill().cur_layer);
-            if (!(t.prefill().cur_staged ? post_staged_chunk(t, layer, t.prefill().ops, t.prefill().next_op, nullptr)
-                               : post_write_op(t, layer, t.prefill().ops, t.prefill().next_op, nullptr)))
+        Transfer::Layer &L = t.layers[size_t(P.cur_layer)];
+        while (P.next_op < P.ops.size() && budget_.has_op_slot() && posted < quota &&
+               may_post_bytes(*t.session, P.ops[P.next_op].len)) {
+            const uint32_t layer = uint32_t(P.cur_layer);
+            if (!(P.cur_staged ? post_staged_chunk(t, layer, P.ops, P.next_op, nullptr)
+                               : post_write_op(t, layer, P.ops, P.next_op, nullptr)))
                 break;
             posted++;
         }
-        if (t.prefill().next_op < t.prefill().ops.size()) {  // out of resources or of this turn's quota
-            const bool stalled = posted < quota && !may_post_bytes(*t.session, t.prefill().ops[t.prefill().next_op].len);
-            if (stalled && !t.prefill().stalled) counters.stalls++;
-            t.prefill().stalled = stalled;
+        if (P.next_op < P.ops.size()) {  // out of resources or of this turn's quota
+            const bool stalled = posted < quota && !may_post_bytes(*t.session, P.ops[P.next_op].len);
+            if (stalled && !P.stalled) counters.stalls++;
+            P.stalled = stalled;
             break;
         }
-        t.prefill().stalled = false;
+        P.stalled = false;
         L.out.posted = true;
         maybe_send_notices(t);
         if (t.finished()) return posted > 0;

@@ -281,8 +281,9 @@ void Context::check_timers_locked() {
             if (!t->post_side) continue;  // leases are the prefill side's
             // A transfer whose bytes are all delivered and that only waits for the decode side's
             // acknowledgement holds the decode side to nothing more: its lease cannot end it.
-            const bool delivered = t->prefill().done_sent() && t->inflight == 0;
-            if (t->prefill().lease_deadline_ns && now > t->prefill().lease_deadline_ns && !t->finished() && !delivered) {
+            const Transfer::Prefill &P = t->prefill();
+            const bool delivered = P.done_sent() && t->inflight == 0;
+            if (P.lease_deadline_ns && now > P.lease_deadline_ns && !t->finished() && !delivered) {
                 emit(*t, SG_EVENT_LEASE_EXPIRED, 0, SG_ERR_LEASE_EXPIRED);
                 fail_transfer(*t, SG_ERR_LEASE_EXPIRED,
                               "the lease of '" + t->request_id + "' ended (" +

@@ -250,10 +250,11 @@ void Context::mark_written(Transfer &t, uint32_t layer) {
 // until the layer's writes (issued with delivery completion) have completed.
 void Context::maybe_send_notices(Transfer &t) {
     if (t.finished() || !t.matched()) return;
+    Transfer::Prefill &P = t.prefill();
     const bool saw = t.session->tp->caps().send_after_write;
     // Layers before notice_pos are settled; each call only looks at the few still in flight.
-    for (size_t i = t.prefill().notice_pos; i < t.prefill().order.size(); ++i) {
-        const uint32_t l = t.prefill().order[i];
+    for (size_t i = P.notice_pos; i < P.order.size(); ++i) {
+        const uint32_t l = P.order[i];
         Transfer::Layer &L = t.layers[l];
         if (!L.out.posted) break;  // notices go in send order
         if (!L.out.notice_sent && L.out.packs_pending == 0 && (saw || L.out.outstanding == 0)) {
@@ -273,9 +274,9 @@ void Context::maybe_send_notices(Transfer &t) {
             t.residency.set_layer(l);
             mark_ready(t, l);
         }
-        if (i == t.prefill().notice_pos && L.ready) t.prefill().notice_pos++;
+        if (i == P.notice_pos && L.ready) P.notice_pos++;
     }
-    if (t.prefill().notice_pos == t.prefill().order.size()) send_done(t);
+    if (P.notice_pos == P.order.size()) send_done(t);
 }
 
 void Context::send_done(Transfer &t) {
