@@ -38,6 +38,11 @@ void Matchbook::forget_post(const Transfer &t) {
         if (auto it = m->find(t.request_id); it != m->end() && it->second.get() == &t) m->erase(it);
 }
 
+void Matchbook::forget_waiting_post(const Transfer &t) {
+    if (auto it = waiting_posts_.find(t.request_id); it != waiting_posts_.end() && it->second.get() == &t)
+        waiting_posts_.erase(it);
+}
+
 void Matchbook::hold_expect(wire::Expect &&m) {
     if (held_expects_.size() >= kMaxRemembered && !held_expects_.count(m.request_id))
         fail(SG_ERR_PROTOCOL, "more than " + std::to_string(kMaxRemembered) + " Expects wait for a post");

@@ -7,6 +7,7 @@
 
 #include <smartgen/smartgen.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <optional>
@@ -41,6 +42,10 @@ class Matchbook {
     Transfer *matched_post(const std::string &rid) const;  // null when none
     // Unfiles t wherever it is filed as a post; another transfer of the same id stays.
     void forget_post(const Transfer &t);
+    // Unfiles t only if it still waits for its Expect: a post that failed while being matched
+    // stays filed as matched until it is released (its id is taken, and the decode side's
+    // crossing cancel of it is about it).
+    void forget_waiting_post(const Transfer &t);
     // An Expect that came before any post of its id. Throws SG_ERR_PROTOCOL when kMaxRemembered
     // other ids already wait (a real decode side has max_transfers_per_session at most).
     void hold_expect(wire::Expect &&m);
@@ -80,9 +85,9 @@ class Matchbook {
     // changes.
     std::vector<TransferPtr> transfers() const;
     size_t held_expects() const { return held_expects_.size(); }
-    // Cancels and reposts remembered for ids (both sides' tables together).
-    size_t remembered_cancels() const {
-        return our_cancels_.size() + expect_canceled_.size() + repost_needed_.size() + peer_canceled_.size();
+    // The largest of the tables of cancels and reposts remembered for ids.
+    size_t largest_remembered() const {
+        return std::max({our_cancels_.size(), expect_canceled_.size(), repost_needed_.size(), peer_canceled_.size()});
     }
 
   private:

@@ -370,7 +370,7 @@ void Context::fail_transfer(Transfer &t, sg_status_t status, const std::string &
     finish(t, status, message);
     if (t.post_side && !was_matched) {
         Session &s = *t.session;
-        s.matchbook.forget_post(t);
+        s.matchbook.forget_waiting_post(t);
         // The decode side may not have expected yet; its Expect will be answered when it comes.
         // (A post that failed at its match knows the decode side's id: its Error names it, and no
         // later Expect of the id is about this one.)

@@ -174,10 +174,11 @@ class Client {
     std::set<std::string> taken_;                            // published keys last seen held elsewhere
     size_t preferred_ = 0;                              // the member that answered last
     std::atomic<bool> interrupted_{false};
-    // Declared after everything its round reads, so it is stopped before they go.
-    KeepAlive keepalive_;
     std::atomic<uint64_t> requests_{0}, failovers_{0}, keepalives_{0}, leases_granted_{0};
     std::atomic<uint64_t> names_taken_over_{0}, names_restored_{0};
+    // Declared after everything its round reads, so it is stopped before they go (the destructor
+    // also stops it first, before revoking the lease).
+    KeepAlive keepalive_;
 };
 
 // A published name's inbox, answered the moment a request arrives (both sides must load each

@@ -282,7 +282,7 @@ bool needs_rebuild() {
     const Session &s = *F->sb;
     return s.closed() || F->sa->closed() || s.matchbook.expects().size() > 32 ||
            s.matchbook.matched_posts().size() > 16 || s.matchbook.held_expects() > 64 || s.remote_pools.size() > 64 ||
-           s.matchbook.remembered_cancels() > 256 || s.held_frames.size() > 256 ||
+           s.matchbook.largest_remembered() > 64 || s.held_frames.size() > 256 ||
            s.outbox.size() > 1024 || s.bulk_outbox.size() > 1024 || F->sa->held_frames.size() > 256 ||
            F->sa->outbox.size() > 1024;
 }

@@ -229,6 +229,56 @@ TEST(HostilePeer, ExpectsWithoutPostsAreBounded) {
     EXPECT_LE(p.at_prefill->matchbook.held_expects(), core::Matchbook::kMaxRemembered);
 }
 
+// A post whose match fails when the Expect arrives (here: the Expect names a pool the decode side
+// never exported) stays filed as that request's post until it is released: the id stays taken
+// (SG_ERR_DUPLICATE), and the decode side's cancel of that Expect is about it, not remembered for
+// the id's next post.
+TEST(Matchbook, APostThatFailsAtItsMatchKeepsItsIdUntilReleased) {
+    Pair p;
+    Pool pool;
+    auto kv = std::make_shared<core::KvPool>(&p.prefill, pool.layout);
+    p.at_prefill->export_kv(*kv);
+    const auto tbl = table(8);
+    auto post = p.prefill.post(p.at_prefill, "x", kv, tbl, 32, transfer_options());
+    wire::Expect e;
+    e.request_id = "x";
+    e.decode_xfer_id = 77;
+    e.handle_id = 12345;  // never exported
+    e.num_tokens = 32;
+    e.block_ids.assign(tbl.begin(), tbl.end());
+    std::vector<uint8_t> frame;
+    wire::encode(frame, p.decode.id, e);
+    p.prefill.inject_frame(frame);
+    {
+        std::lock_guard lock(p.prefill.mu);
+        ASSERT_TRUE(post->finished());
+        EXPECT_EQ(post->status, SG_ERR_PROTOCOL) << post->error;
+        EXPECT_FALSE(p.at_prefill->closed()) << "the failed match ends this transfer only";
+        EXPECT_EQ(p.at_prefill->matchbook.matched_post("x"), post.get());
+    }
+    try {
+        (void)p.prefill.post(p.at_prefill, "x", kv, tbl, 32, transfer_options());
+        ADD_FAILURE() << "a second post of the id was taken while the failed one is filed";
+    } catch (const Error &err) {
+        EXPECT_EQ(err.status(), SG_ERR_DUPLICATE) << err.message();
+    }
+    wire::TransferError cancel;
+    cancel.request_id = "x";
+    cancel.decode_xfer_id = 77;
+    cancel.status = SG_ERR_CANCELED;
+    cancel.message = "withdrawn";
+    cancel.from_post_side = 0;
+    frame.clear();
+    wire::encode(frame, p.decode.id, cancel, wire::MsgType::Cancel);
+    p.prefill.inject_frame(frame);
+    post->release();
+    // The id is free again, and the cancel above was not kept for it.
+    auto again = p.prefill.post(p.at_prefill, "x", kv, tbl, 32, transfer_options());
+    std::lock_guard lock(p.prefill.mu);
+    EXPECT_FALSE(again->finished()) << again->error;
+    EXPECT_TRUE(p.at_prefill->matchbook.posted("x"));
+}
+
 // The session's machine: only the diagram's transitions (docs/protocol.md 5.2) are legal, and an
 // illegal one is refused with SG_ERR_INTERNAL instead of silently taken.
 TEST(SessionStateMachine, OnlyTheDiagramsTransitionsAreLegal) {
