@@ -47,29 +47,29 @@ void Context::on_complete(void *cookie, int status, const char *error_text) {
 // being replaced can stay there past close's deadline) may complete after the session object is
 // gone. Those of a transfer keep the session alive through the transfer; the others stop naming it,
 // so their completion only returns the cookie (found by the handler fuzzer: a use-after-free).
-void Context::forget_session_in_cookies(Session &s) {
-    for (auto &owned : cookie_store_) {
+void Session::forget_in_ops() {
+    for (auto &owned : ctx->cookie_store_) {
         OpCookie *c = owned.get();
-        if (!c->in_use || c->session != &s || c->xfer) continue;
+        if (!c->in_use || c->session != this || c->xfer) continue;
         if (c->kind != OpCookie::Kind::Send) {
             // A write without a transfer does not exist; settle it now so the budgets come back.
-            settle(c, -ECANCELED, "the session closed");
+            ctx->settle(c, -ECANCELED, "the session closed");
             c->abandoned = true;
         }
         c->session = nullptr;
     }
 }
 
-void Context::abandon_ops(Session &s) {
-    for (auto &owned : cookie_store_) {
+void Session::abandon_ops() {
+    for (auto &owned : ctx->cookie_store_) {
         OpCookie *c = owned.get();
-        if (!c->in_use || c->abandoned || c->session != &s) continue;
+        if (!c->in_use || c->abandoned || c->session != this) continue;
         if (c->kind == OpCookie::Kind::Send &&
-            (std::find(s.outbox.begin(), s.outbox.end(), c) != s.outbox.end() ||
-             std::find(s.bulk_outbox.begin(), s.bulk_outbox.end(), c) != s.bulk_outbox.end() ||
-             std::find(s.auth_outbox.begin(), s.auth_outbox.end(), c) != s.auth_outbox.end()))
+            (std::find(outbox.begin(), outbox.end(), c) != outbox.end() ||
+             std::find(bulk_outbox.begin(), bulk_outbox.end(), c) != bulk_outbox.end() ||
+             std::find(auth_outbox.begin(), auth_outbox.end(), c) != auth_outbox.end()))
             continue;  // never posted: the outbox owns it
-        settle(c, -ECANCELED, "the peer is gone and the provider will not complete this operation");
+        ctx->settle(c, -ECANCELED, "the peer is gone and the provider will not complete this operation");
         c->abandoned = true;
     }
 }
@@ -81,11 +81,11 @@ void Context::settle(OpCookie *c, int status, const char *error_text) {
     if (c->kind != OpCookie::Kind::Send) {
         budget_.completed(c->len);
         if (c->session) c->session->bytes_inflight -= c->len;
-        if (c->unit && c->session) uncount_inflight(*c->session, *c->unit, c->len);
+        if (c->unit && c->session) c->session->uncount_inflight(*c->unit, c->len);
     }
     const bool connection_broke = is_connection_error(status);
     if (connection_broke && c->session && !c->session->closed())
-        lose_session(*c->session, SG_ERR_PEER_LOST,
+        c->session->lose(SG_ERR_PEER_LOST,
                      std::string("connection to the peer broke: ") + (error_text ? error_text : ""));
     if (t) {
         SG_ASSERT(t->inflight > 0, "transfer '" + t->request_id + "': a completion with nothing in flight");
@@ -100,37 +100,37 @@ void Context::settle(OpCookie *c, int status, const char *error_text) {
                 const bool lost = c->session && c->session->closed() && c->session->error;
                 if (!lost)
                     log.log(SG_LOG_ERROR, "transfer '" + t->request_id + "': " + what + " failed: " + (error_text ? error_text : ""));
-                fail_transfer(*t, lost ? c->session->error : SG_ERR_TRANSPORT,
+                t->fail_with(lost ? c->session->error : SG_ERR_TRANSPORT,
                               lost ? c->session->error_message : what + " failed: " + (error_text ? error_text : ""), false);
             }
         } else if (c->kind == OpCookie::Kind::Send) {
             // Completions may come in any order (a rendezvous-sized notice can finish after the
             // done notice), so whichever is last completes the transfer.
-            if (t->post_side && t->prefill().done_sent()) complete_if_done(*t);
+            if (t->post_side && t->prefill().done_sent()) t->complete_if_done();
         } else {
             if (c->kind == OpCookie::Kind::StagedWrite && !c->session->tp->caps().send_after_write) {
                 // Without send-after-write ordering the chunk notice waits for the write's completion.
-                send(*c->session, std::vector<uint8_t>(c->bytes.begin(), c->bytes.end()), t);
+                c->session->send(std::vector<uint8_t>(c->bytes.begin(), c->bytes.end()), t);
             }
             if (c->unit) {
                 SG_ASSERT(c->unit->outstanding > 0, "transfer '" + t->request_id + "': a unit's write completed twice");
                 c->unit->outstanding--;
-                selective_notices(*t);
+                t->selective_notices();
             } else {
                 SG_ASSERT(t->layers[c->layer].out.outstanding > 0,
                           "transfer '" + t->request_id + "': layer " + std::to_string(c->layer) + "'s write completed twice");
                 t->layers[c->layer].out.outstanding--;
-                maybe_send_notices(*t);
+                t->maybe_send_notices();
             }
         }
         if (t->finished()) {
-            maybe_send_quiesced(*t);
-            note_quiesced(*t);
+            t->maybe_send_quiesced();
+            t->note_quiesced();
         }
     } else if (status && !connection_broke) {
         log.log(SG_LOG_WARN, std::string("control message failed: ") + (error_text ? error_text : ""));
     }
-    if (c->session && c->session->closed() && !c->session->regs_dropped) drop_registrations(*c->session);
+    if (c->session && c->session->closed() && !c->session->regs_dropped) c->session->drop_registrations();
     if (c->kind == OpCookie::Kind::StagedWrite && c->session) c->session->free_send_slots |= 1u << c->staging_slot;
 }
 

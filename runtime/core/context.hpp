@@ -1,5 +1,8 @@
 // Internal to core/ (core.hpp is the folder's header): the context — one per engine — with its
-// transports, sessions, progress thread, scheduler state, events and the selection worker. Its
+// transports, sessions, progress thread, scheduler state, events and the selection worker. It
+// owns what is shared by all sessions (the transports, the operation cookies, the event queue,
+// the budgets) and drives the progress; what happens to one session or one transfer is a method
+// of that object (session.hpp, transfer.hpp), which reaches the shared state through `ctx`. Its
 // member functions are defined by responsibility across core/*.cpp (each file's header says which).
 #pragma once
 
@@ -89,8 +92,9 @@ class Context : public transport::CompletionSink {
     std::string primary_provider;
 
   private:
-    // A session's and a transfer's own verbs (session_host.cpp, transfer_host.cpp) drive the
-    // engine below: they send, emit, wait a step and fail transfers through it.
+    // Sessions and transfers run their own steps; what those steps share with the rest of the
+    // context (the transports and their EAGAIN state, the operation cookies, the event queue, the
+    // staging copy queues, the budgets, the waits) they reach through `ctx`.
     friend class Session;
     friend class Transfer;
     // CompletionSink, called with mu held.
@@ -98,11 +102,6 @@ class Context : public transport::CompletionSink {
     void on_message(std::span<const uint8_t> bytes) override;
     // The effects of an operation's completion, without returning its cookie.
     void settle(OpCookie *c, int status, const char *error_text);
-    // Settles the session's operations still in flight as failed, for providers that never
-    // complete operations addressed to a dead peer (local_only): otherwise they would hold the
-    // context's operation budget and keep their transfers from quiescing forever.
-    void abandon_ops(Session &s);
-    void forget_session_in_cookies(Session &s);
     // How long after a session on such a provider was lost its operations are abandoned: time for
     // completions already queued to arrive.
     static constexpr uint64_t kAbandonAfterLossNs = 100000000ull;
@@ -128,67 +127,8 @@ class Context : public transport::CompletionSink {
     void progress_loop_body();
     void fail_all_sessions(sg_status_t status, const std::string &why) noexcept;
     void wait_step(std::unique_lock<std::mutex> &lock, uint64_t deadline);
-    // With mu held through `lock`: until every event t emitted so far has been delivered (or the
-    // deadline passes). Without a progress thread it delivers them here, on the waiting thread.
-    void drain_events(Transfer &t, std::unique_lock<std::mutex> &lock, uint64_t deadline);
     size_t poll_locked();
     void schedule_locked();
-    bool pump(Transfer &t, uint32_t quota);
-    bool may_post_bytes(const Session &s, uint64_t len) const;
-    bool start_next_layer(Transfer &t);
-    bool post_write_op(Transfer &t, uint32_t layer, const Vec<plan::Op> &ops, size_t &next_op, SendUnit *unit);
-    bool post_staged_chunk(Transfer &t, uint32_t layer, const Vec<plan::Op> &ops, size_t &next_op, SendUnit *unit);
-    void maybe_send_notices(Transfer &t);
-    void send_done(Transfer &t);                   // TransferDone, once
-    void mark_ready(Transfer &t, uint32_t layer);  // the layer's bytes are all in place (or delivered)
-    // Selective paths (paths.cpp).
-    struct PreparedLayer {
-        std::vector<uint32_t> selected;
-        std::vector<uint8_t> digests;
-    };
-    PreparedLayer prepare_layer(Transfer &t, uint32_t layer, const float *queries, uint32_t num_queries,
-                                uint32_t num_q_heads);
-    void commit_layer(Transfer &t, uint32_t layer, PreparedLayer &&prep);
-    bool stream_whole(const Transfer &t, uint64_t interval_ns) const;
-    bool commit_whole_layer(Transfer &t, uint32_t layer);
-    void queue_whole_layer(Transfer &t, uint32_t layer);
-    void note_bulk_delivered(Session &s, uint64_t bytes);
-    void release_unposted_speculative(Transfer &t, uint32_t layer, std::span<const uint32_t> wanted);
-    void check_selection_inputs(Transfer &t, uint32_t layer, const float *queries, uint32_t num_queries,
-                                uint32_t num_q_heads);
-    std::unique_ptr<SendUnit> claim(Transfer &t, uint32_t layer, uint32_t path, std::span<const uint32_t> want);
-    bool pump_selective(Transfer &t, int pass, uint32_t quota);
-    SendUnit *next_unit(Transfer &t, int pass);
-    void compile_unit(Transfer &t, SendUnit &u);
-    // wire_len: bytes in flight on the session; payload_len: the pool bytes they carry (less when
-    // quantized), for the per-path statistics.
-    void count_unit_bytes(Transfer &t, const SendUnit &u, uint64_t wire_len, uint64_t payload_len);
-    void uncount_inflight(Session &s, const SendUnit &u, uint64_t len);
-    void apply_held_notices(Transfer &t, uint32_t layer);
-    void apply_blocks_ready(Transfer &t, const wire::BlocksReady &m);
-    void selective_notices(Transfer &t);
-    void start_selective(Transfer &t);
-    void decode_block_resident(Transfer &t, uint32_t layer, std::span<const uint32_t> blocks, uint32_t path,
-                               uint64_t bytes);
-    void maybe_essential(Transfer &t, uint32_t layer);
-    void offer_staging(Session &s);
-    bool ensure_send_staging(Session &s);
-    void digest_proactive_blocks(Transfer &t, uint32_t layer);
-    void check_fetches(Transfer &t, uint32_t layer);
-    void end_by_release(Transfer &t);
-    void send(Session &s, const std::vector<uint8_t> &frame, Transfer *t = nullptr, bool bulk = false);
-    void send_auth(Session &s, const std::vector<uint8_t> &frame);
-    void flush_outbox(Session &s);
-    void fail_transfer(Transfer &t, sg_status_t status, const std::string &message, bool tell_peer);
-    void finish(Transfer &t, sg_status_t status, const std::string &message);
-    void maybe_send_quiesced(Transfer &t);
-    // blocks: for SG_EVENT_BLOCKS_READY, the logical blocks of the fetch that completed (copied only
-    // when the host has a callback).
-    void emit(Transfer &t, sg_event_kind_t kind, uint32_t layer, sg_status_t status,
-              std::span<const uint32_t> blocks = {});
-    void note_quiesced(Transfer &t);
-    void drop_registrations(Session &s);
-    void drop_unsent(Session &s, bool transfer_frames_only);
     // Staged chunks (staging.hpp), copied with mu let go by run_copies.
     std::vector<UnpackJob> unpacks_;  // guarded by mu
     bool unpacking_ = false;       // a thread is copying a batch (one at a time)
@@ -204,55 +144,7 @@ class Context : public transport::CompletionSink {
     bool post_pack(PackJob &p);
     // Gives back what a chunk reserved when it will never be posted (its transfer or session ended).
     void drop_pack(PackJob &p);
-    void send_quiesced(Session &s, uint64_t decode_xfer_id);
-    void complete_if_done(Transfer &t);
-    void layers_ready_in_order(Transfer &t);
-    bool choose_staging(Session &s);
     void check_timers_locked();
-    // peer_closed: the peer said Bye (not a failure: no error log, not counted as a lost peer).
-    void lose_session(Session &s, sg_status_t status, const std::string &why, bool peer_closed = false);
-    void record_layer_rate(Transfer &t, Transfer::Layer &L);
-    void match(Session &s, const std::shared_ptr<Transfer> &t, const wire::Expect &e);
-    // The protocol (protocol.cpp): message type -> handler, each handler given a decoded message.
-    struct Route {
-        const char *name = nullptr;
-        bool auth = false;  // taken before the peer proved its key
-        void (Context::*run)(Session &, std::span<const uint8_t>, const char *) = nullptr;
-    };
-    static const Route &route(wire::MsgType type);
-    template <class M, void (Context::*Handler)(Session &, M &)>
-    static constexpr Route route_to(const char *name, bool auth = false);
-    template <class M, void (Context::*Handler)(Session &, M &)>
-    void decode_then(Session &s, std::span<const uint8_t> body, const char *name);
-    void heard_from(Session &s);
-    void on_auth_challenge(Session &s, wire::AuthChallenge &m);
-    void on_auth_proof(Session &s, wire::AuthProof &m);
-    void on_auth_result(Session &s, wire::AuthResult &m);
-    void on_handle_export(Session &s, wire::HandleExport &m);
-    void on_bye(Session &s, wire::Bye &m);
-    void on_ping(Session &s, wire::Ping &m);
-    void on_notify(Session &s, wire::Notify &m);
-    void on_expect(Session &s, wire::Expect &m);
-    void on_layer_ready(Session &s, wire::LayerReady &m);
-    void on_transfer_done(Session &s, wire::TransferDone &m);
-    void on_transfer_ack(Session &s, wire::TransferAck &m);
-    void on_quiesced(Session &s, wire::Quiesced &m);
-    void on_cancel(Session &s, wire::TransferError &m);
-    void on_error(Session &s, wire::TransferError &m);
-    void on_transfer_error(Session &s, wire::TransferError &m, wire::MsgType type);
-    void on_cancel_ack(Session &s, wire::CancelAck &m);
-    void on_release(Session &s, wire::Release &m);
-    void on_reposted(Session &s, wire::Reposted &m);
-    void on_staged_chunk(Session &s, wire::StagedChunk &m);
-    void on_staging_credit(Session &s, wire::StagingCredit &m);
-    void on_selective(Session &s, wire::Selective &m);
-    void on_digests(Session &s, wire::Digests &m);
-    void on_blocks_ready(Session &s, wire::BlocksReady &m);
-    void on_fetch(Session &s, wire::Fetch &m);
-    // Decode side: the session's unfinished transfer with this id (moved to Running: the prefill
-    // side speaks of it), or NULL.
-    Transfer *running_expect(Session &s, uint64_t decode_xfer_id);
-    void deliver_orphans(Session &s);
     OpCookie *take_cookie();
     void give_cookie(OpCookie *c);
     void wake();
@@ -282,7 +174,6 @@ class Context : public transport::CompletionSink {
     };
     std::map<uint64_t, OrphanQueue> orphans_;
     uint64_t unauthenticated_bytes_ = 0;
-    void forget_held_frames(Session &s);
     struct Event {
         std::shared_ptr<Transfer> t;
         sg_event_kind_t kind;
@@ -315,7 +206,6 @@ class Context : public transport::CompletionSink {
         const float *device_queries = nullptr; // on the pool's device: staged out once `written` passed
     };
     void queue_job(SelectJob job);
-    void mark_written(Transfer &t, uint32_t layer);
     void select_loop();
     std::thread select_thread_;
     std::mutex select_mu_;

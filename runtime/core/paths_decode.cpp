@@ -22,44 +22,44 @@ constexpr size_t kMaxHeldNotices = 4096;
 
 // ---- decode: residency, digests, fetches ---------------------------------------------------------
 
-void Context::maybe_essential(Transfer &t, uint32_t layer) {
-    Transfer::Layer &L = t.layers[layer];
+void Transfer::maybe_essential(uint32_t layer) {
+    Transfer::Layer &L = layers[layer];
     if (L.essential || !L.in.essential_notice || L.in.digest_chunks_received < L.in.digest_chunks_announced) return;
     // A layer that came whole is attended whole; its digests wait until asked for (digests()).
-    if (L.in.proactive_blocks.size() == request_blocks(t))
+    if (L.in.proactive_blocks.size() == request_blocks(*this))
         L.in.digests_deferred = true;
     else
-        digest_proactive_blocks(t, layer);
+        digest_proactive_blocks(layer);
     L.essential = true;
-    emit(t, SG_EVENT_ESSENTIAL_READY, layer, SG_OK);
-    complete_if_done(t);  // the last digests may be what the transfer waited for
-    signal_event();
-    cv.notify_all();
+    emit(SG_EVENT_ESSENTIAL_READY, layer, SG_OK);
+    complete_if_done();  // the last digests may be what the transfer waited for
+    ctx->signal_event();
+    ctx->cv.notify_all();
 }
 
 // Decode: the digests of the layer's proactive blocks, which the prefill side does not send (they
 // are resident, so their keys are here).
-void Context::digest_proactive_blocks(Transfer &t, uint32_t layer) {
-    Transfer::Layer &L = t.layers[layer];
-    const kv::Layout &KL = t.pool->layout;
-    const uint32_t nb = request_blocks(t);
+void Transfer::digest_proactive_blocks(uint32_t layer) {
+    Transfer::Layer &L = layers[layer];
+    const kv::Layout &KL = pool->layout;
+    const uint32_t nb = request_blocks(*this);
     const uint64_t floats_per_block = kernels::digest_floats(1, KL.num_kv_heads, KL.head_dim);
     const uint64_t per_block = floats_per_block * KL.elem_bytes;
     if (L.digests.empty()) L.digests.resize(size_t(nb) * per_block);
     if (L.digests.size() != size_t(nb) * per_block) return;  // the peer's element size: refused on arrival
-    const uint8_t *k_region = t.pool->region(layer, 0);
+    const uint8_t *k_region = pool->region(layer, 0);
     // One digest call for the whole blocks (a device pool's runs once on the device), one for the
     // request's partial last block.
     std::vector<uint32_t> index, physical;
     uint32_t partial = nb;
     for (uint32_t b : L.in.proactive_blocks) {
         if (b >= nb) continue;
-        if (uint64_t(b + 1) * KL.tokens_per_block > t.num_tokens) {
+        if (uint64_t(b + 1) * KL.tokens_per_block > num_tokens) {
             partial = b;
             continue;
         }
         index.push_back(b);
-        physical.push_back(t.table[b]);
+        physical.push_back(table[b]);
     }
     std::vector<float> out(index.size() * floats_per_block);
     layer_digest(KL, k_region, physical, uint64_t(physical.size()) * KL.tokens_per_block, out.data());
@@ -67,96 +67,96 @@ void Context::digest_proactive_blocks(Transfer &t, uint32_t layer) {
         encode_digests(KL, out.data() + i * floats_per_block, floats_per_block,
                        L.digests.data() + size_t(index[i]) * per_block);
     if (partial < nb) {
-        const uint64_t tokens = t.num_tokens - uint64_t(partial) * KL.tokens_per_block;
+        const uint64_t tokens = num_tokens - uint64_t(partial) * KL.tokens_per_block;
         out.resize(floats_per_block);
-        layer_digest(KL, k_region, std::span<const uint32_t>(&t.table[partial], 1), tokens, out.data());
+        layer_digest(KL, k_region, std::span<const uint32_t>(&table[partial], 1), tokens, out.data());
         encode_digests(KL, out.data(), floats_per_block, L.digests.data() + size_t(partial) * per_block);
     }
     std::vector<uint32_t>().swap(L.in.proactive_blocks);
 }
 
-void Context::check_fetches(Transfer &t, uint32_t layer) {
-    for (size_t i = 0; i < t.decode().fetches.size();) {
-        auto &f = t.decode().fetches[i];
+void Transfer::check_fetches(uint32_t layer) {
+    for (size_t i = 0; i < decode().fetches.size();) {
+        auto &f = decode().fetches[i];
         bool all = f.layer == layer;
-        for (size_t k = 0; all && k < f.blocks.size(); ++k) all = t.residency.test(layer, f.blocks[k]);
+        for (size_t k = 0; all && k < f.blocks.size(); ++k) all = residency.test(layer, f.blocks[k]);
         if (!all) {
             ++i;
             continue;
         }
-        emit(t, SG_EVENT_BLOCKS_READY, layer, SG_OK, f.blocks);
-        t.decode().fetches.erase(t.decode().fetches.begin() + ptrdiff_t(i));
+        emit(SG_EVENT_BLOCKS_READY, layer, SG_OK, f.blocks);
+        decode().fetches.erase(decode().fetches.begin() + ptrdiff_t(i));
     }
 }
 
-void Context::decode_block_resident(Transfer &t, uint32_t layer, std::span<const uint32_t> blocks, uint32_t path,
+void Transfer::decode_block_resident(uint32_t layer, std::span<const uint32_t> blocks, uint32_t path,
                                     uint64_t bytes) {
-    Transfer::Layer &L = t.layers[layer];
+    Transfer::Layer &L = layers[layer];
     for (uint32_t b : blocks) {
-        if (t.residency.test(layer, b)) continue;
-        t.residency.set(layer, b);
+        if (residency.test(layer, b)) continue;
+        residency.set(layer, b);
         L.in.resident_count++;
         if (b < L.in.requested.size()) L.in.requested[b] = 0;
     }
-    t.stats.bytes += bytes;
-    if (path == SG_PATH_PROACTIVE) t.stats.bytes_proactive += bytes;
-    else if (path == SG_PATH_ON_DEMAND) t.stats.bytes_on_demand += bytes;
-    else t.stats.bytes_speculative += bytes;
-    if (L.in.resident_count == request_blocks(t) && !L.ready) mark_ready(t, layer);
-    check_fetches(t, layer);
-    complete_if_done(t);
-    signal_event();
-    cv.notify_all();
+    stats.bytes += bytes;
+    if (path == SG_PATH_PROACTIVE) stats.bytes_proactive += bytes;
+    else if (path == SG_PATH_ON_DEMAND) stats.bytes_on_demand += bytes;
+    else stats.bytes_speculative += bytes;
+    if (L.in.resident_count == request_blocks(*this) && !L.ready) mark_ready(layer);
+    check_fetches(layer);
+    complete_if_done();
+    ctx->signal_event();
+    ctx->cv.notify_all();
 }
 
-void Context::apply_blocks_ready(Transfer &t, const wire::BlocksReady &m) {
+void Transfer::apply_blocks_ready(const wire::BlocksReady &m) {
     if (m.path == SG_PATH_PROACTIVE) {
-        auto &mine = t.layers[m.layer].in.proactive_blocks;
+        auto &mine = layers[m.layer].in.proactive_blocks;
         mine.insert(mine.end(), m.blocks.begin(), m.blocks.end());
     }
     if (m.essential) {
-        Transfer::Layer &L = t.layers[m.layer];
+        Transfer::Layer &L = layers[m.layer];
         L.in.essential_notice = true;
         L.in.digest_chunks_announced = m.digest_chunks;
     }
-    decode_block_resident(t, m.layer, m.blocks, m.path, m.bytes);
-    if (m.essential) maybe_essential(t, m.layer);
+    decode_block_resident(m.layer, m.blocks, m.path, m.bytes);
+    if (m.essential) maybe_essential(m.layer);
 }
 
-void Context::apply_held_notices(Transfer &t, uint32_t layer) {
-    auto &held = t.layers[layer].in.held_notices;
+void Transfer::apply_held_notices(uint32_t layer) {
+    auto &held = layers[layer].in.held_notices;
     for (size_t i = 0; i < held.size();) {
-        if (held[i].staged_chunks > t.layers[layer].staged_chunks) {
+        if (held[i].staged_chunks > layers[layer].staged_chunks) {
             ++i;
             continue;
         }
         const wire::BlocksReady m = std::move(held[i]);
         held.erase(held.begin() + ptrdiff_t(i));
-        apply_blocks_ready(t, m);
-        if (t.finished()) return;
+        apply_blocks_ready(m);
+        if (finished()) return;
     }
 }
 
-Transfer *Context::running_expect(Session &s, uint64_t decode_xfer_id) {
-    Transfer *t = s.matchbook.expect(decode_xfer_id);
+Transfer *Session::running_expect(uint64_t decode_xfer_id) {
+    Transfer *t = matchbook.expect(decode_xfer_id);
     if (!t || t->finished()) return nullptr;
     // The first word from the prefill side about it: it matched our Expect.
     if (t->state() == plan::TransferState::Unmatched) t->advance(plan::TransferState::Running);
     return t;
 }
 
-void Context::on_selective(Session &s, wire::Selective &m) {
-    Transfer *running = running_expect(s, m.decode_xfer_id);
+void Session::on_selective(wire::Selective &m) {
+    Transfer *running = running_expect(m.decode_xfer_id);
     if (!running) return;
     Transfer &t = *running;
     t.paths = m.paths;
     if (t.selective())
         for (auto &L : t.layers) L.in.requested.assign(request_blocks(t), 0);
-    cv.notify_all();
+    ctx->cv.notify_all();
 }
 
-void Context::on_digests(Session &s, wire::Digests &m) {
-    Transfer *t = running_expect(s, m.decode_xfer_id);
+void Session::on_digests(wire::Digests &m) {
+    Transfer *t = running_expect(m.decode_xfer_id);
     if (!t) return;
     const kv::Layout &L = t->pool->layout;
     if (m.elem_bytes != L.elem_bytes) fail(SG_ERR_PROTOCOL, "Digests in another element size than the pool's");
@@ -172,11 +172,11 @@ void Context::on_digests(Session &s, wire::Digests &m) {
     t->stats.digest_bytes += m.data.size();
     t->stats.bytes += m.data.size();
     TL.in.digest_chunks_received++;
-    maybe_essential(*t, m.layer);
+    t->maybe_essential(m.layer);
 }
 
-void Context::on_blocks_ready(Session &s, wire::BlocksReady &m) {
-    Transfer *t = running_expect(s, m.decode_xfer_id);
+void Session::on_blocks_ready(wire::BlocksReady &m) {
+    Transfer *t = running_expect(m.decode_xfer_id);
     if (!t) return;
     const uint32_t nb = request_blocks(*t);
     if (m.layer >= t->layers.size()) fail(SG_ERR_PROTOCOL, "BlocksReady names a layer that does not exist");
@@ -191,7 +191,7 @@ void Context::on_blocks_ready(Session &s, wire::BlocksReady &m) {
         L.in.held_notices.push_back(std::move(m));
         return;
     }
-    apply_blocks_ready(*t, m);
+    t->apply_blocks_ready(m);
 }
 
 // ---- API -----------------------------------------------------------------------------------------
@@ -199,22 +199,22 @@ void Context::on_blocks_ready(Session &s, wire::BlocksReady &m) {
 // Decode side: the host is done with a selective transfer before every block came (what it did not
 // need never moves). Not a failure on either side; the prefill side stops and confirms with
 // Quiesced, which release waits for.
-void Context::end_by_release(Transfer &t) {
-    finish(t, SG_OK, {});
+void Transfer::end_by_release() {
+    finish(SG_OK, {});
     std::vector<uint8_t> out;
-    if (t.session->peer_minor >= 2) {
-        wire::encode(out, id, wire::Release{t.request_id, t.id});
+    if (session->peer_minor >= 2) {
+        wire::encode(out, ctx->id, wire::Release{request_id, id});
     } else {
         // Peers before 1.2 know a release as a Cancel with status 0 from the decode side.
         wire::TransferError m;
-        m.request_id = t.request_id;
-        m.decode_xfer_id = t.id;
+        m.request_id = request_id;
+        m.decode_xfer_id = id;
         m.status = 0;
         m.message = "released by the decode side";
         m.from_post_side = 0;
-        wire::encode(out, id, m, wire::MsgType::Cancel);
+        wire::encode(out, ctx->id, m, wire::MsgType::Cancel);
     }
-    send(*t.session, out);
+    session->send(out);
 }
 
 }  // namespace sg::core

@@ -34,21 +34,21 @@ bool needs_keys(const select::Selector &sel, uint32_t layer, uint32_t kv_heads) 
 
 }  // namespace
 
-Context::PreparedLayer Context::prepare_layer(Transfer &t, uint32_t layer, const float *queries, uint32_t num_queries,
+Transfer::PreparedLayer Transfer::prepare_layer(uint32_t layer, const float *queries, uint32_t num_queries,
                                               uint32_t num_q_heads) {
-    PreparedLayer prep;
-    if (!(t.paths & SG_PATH_PROACTIVE)) return prep;
-    const kv::Layout &L = t.pool->layout;
-    const uint32_t nb = request_blocks(t);
+    Transfer::PreparedLayer prep;
+    if (!(paths & SG_PATH_PROACTIVE)) return prep;
+    const kv::Layout &L = pool->layout;
+    const uint32_t nb = request_blocks(*this);
     std::vector<float> digest(kernels::digest_floats(nb, L.num_kv_heads, L.head_dim));
-    layer_digest(L, t.pool->region(layer, 0), t.table, t.num_tokens, digest.data());
-    select::LayerSelection sel;
+    layer_digest(L, pool->region(layer, 0), table, num_tokens, digest.data());
+    select::LayerSelection chosen;
     {
-        std::lock_guard lock(t.sel().select_mu);
+        std::lock_guard lock(sel().select_mu);
         // SnapKV reads the keys themselves: a device pool's through a host copy, made only then.
         HostKeys keys;
-        if (needs_keys(t.sel().selector->selector(), layer, L.num_kv_heads))
-            keys = host_keys(L, t.pool->region(layer, 0), t.table);
+        if (needs_keys(sel().selector->selector(), layer, L.num_kv_heads))
+            keys = host_keys(L, pool->region(layer, 0), table);
         ScoreInput in;
         in.queries = queries;
         in.num_queries = num_queries;
@@ -57,9 +57,9 @@ Context::PreparedLayer Context::prepare_layer(Transfer &t, uint32_t layer, const
         in.keys_layout = keys.k_region ? &keys.layout : nullptr;
         in.k_region = keys.k_region;
         in.table = keys.table;
-        t.sel().selector->select(layer, in, sel);
+        sel().selector->select(layer, in, chosen);
     }
-    prep.selected.assign(sel.blocks.begin(), sel.blocks.end());
+    prep.selected.assign(chosen.blocks.begin(), chosen.blocks.end());
     prep.digests.resize(digest.size() * L.elem_bytes);
     encode_digests(L, digest.data(), digest.size(), prep.digests.data());
     return prep;
@@ -67,14 +67,14 @@ Context::PreparedLayer Context::prepare_layer(Transfer &t, uint32_t layer, const
 
 // The errors a written layer's selection would meet, reported to the caller instead of failing the
 // transfer later on the worker.
-void Context::check_selection_inputs(Transfer &t, uint32_t layer, const float *queries, uint32_t num_queries,
+void Transfer::check_selection_inputs(uint32_t layer, const float *queries, uint32_t num_queries,
                                      uint32_t num_q_heads) {
-    if (!t.sel().selector) return;
-    const select::Selector &sel = t.sel().selector->selector();
-    if (!sel.needs_scores(layer)) return;
-    const kv::Layout &L = t.pool->layout;
+    if (!sel().selector) return;
+    const select::Selector &rules = sel().selector->selector();
+    if (!rules.needs_scores(layer)) return;
+    const kv::Layout &L = pool->layout;
     for (uint32_t h = 0; h < L.num_kv_heads; ++h) {
-        const select::Policy p = sel.rule(layer, h).policy;
+        const select::Policy p = rules.rule(layer, h).policy;
         if (p == select::Policy::h2o)
             fail(SG_ERR_INVALID_ARGUMENT, "layer " + std::to_string(layer) +
                                               ": h2o needs accumulated attention, which the proactive path does not "
@@ -100,7 +100,7 @@ void Context::select_loop() {
         auto fail_job = [&](sg_status_t st, const std::string &why) {
             try {
                 std::lock_guard lock(mu);
-                fail_transfer(t, st, "selecting layer " + std::to_string(job.layer) + ": " + why, true);
+                t.fail_with(st, "selecting layer " + std::to_string(job.layer) + ": " + why, true);
             } catch (...) {
                 log.log(SG_LOG_ERROR, "selection worker: failing a transfer failed: " + why);
             }
@@ -120,16 +120,16 @@ void Context::select_loop() {
                 cuda_stage_out(t.pool->layout.device, std::span(&piece, 1), reinterpret_cast<uint8_t *>(job.queries.data()));
             }
             if (!job.select) {
-                mark_written(t, job.layer);
+                t.mark_written(job.layer);
                 job.t.reset();
                 qlock.lock();
                 continue;
             }
-            PreparedLayer prep = prepare_layer(t, job.layer, job.queries.empty() ? nullptr : job.queries.data(),
+            Transfer::PreparedLayer prep = t.prepare_layer(job.layer, job.queries.empty() ? nullptr : job.queries.data(),
                                                job.num_queries, job.num_q_heads);
             std::lock_guard lock(mu);
-            commit_layer(t, job.layer, std::move(prep));
-            if (t.matched() && !t.finished()) pump_selective(t, 1, plan::kTurnQuota);
+            t.commit_layer(job.layer, std::move(prep));
+            if (t.matched() && !t.finished()) t.pump_selective(1, plan::kTurnQuota);
         } catch (const Error &e) {
             fail_job(e.status(), e.message());
         } catch (const std::bad_alloc &) {
@@ -148,8 +148,8 @@ void Context::select_loop() {
 // A fetch may name blocks that a speculative unit has claimed but not begun to send (it waits for
 // the in-flight bound, or for the pause the fetch itself causes): such units give their blocks
 // back, so the fetch takes them and the speculative path comes back for the rest later.
-void Context::release_unposted_speculative(Transfer &t, uint32_t layer, std::span<const uint32_t> wanted) {
-    auto &q = t.sel().speculative_queue;
+void Transfer::release_unposted_speculative(uint32_t layer, std::span<const uint32_t> wanted) {
+    auto &q = sel().speculative_queue;
     for (auto it = q.begin(); it != q.end();) {
         SendUnit &u = **it;
         if (u.next_op != 0) {
@@ -160,27 +160,27 @@ void Context::release_unposted_speculative(Transfer &t, uint32_t layer, std::spa
             ++it;
             continue;
         }
-        Transfer::Layer &L = t.layers[u.layer];
+        Transfer::Layer &L = layers[u.layer];
         for (uint32_t b : u.blocks) {
             L.out.claimed[b] = 0;
             L.out.claimed_count--;
         }
         if (!u.blocks.empty()) L.out.spec_cursor = std::min(L.out.spec_cursor, u.blocks.front());
         // Send order: the speculative path resumes at the earliest layer that has blocks again.
-        for (uint32_t i = 0; i < t.sel().spec_order_pos; ++i)
-            if (t.prefill().order[i] == u.layer) {
-                t.sel().spec_order_pos = i;
+        for (uint32_t i = 0; i < sel().spec_order_pos; ++i)
+            if (prefill().order[i] == u.layer) {
+                sel().spec_order_pos = i;
                 break;
             }
         it = q.erase(it);
     }
 }
 
-std::unique_ptr<SendUnit> Context::claim(Transfer &t, uint32_t layer, uint32_t path, std::span<const uint32_t> want) {
+std::unique_ptr<SendUnit> Transfer::claim(uint32_t layer, uint32_t path, std::span<const uint32_t> want) {
     auto u = std::make_unique<SendUnit>();
     u->layer = layer;
     u->path = path;
-    Transfer::Layer &L = t.layers[layer];
+    Transfer::Layer &L = layers[layer];
     for (uint32_t b : want) {
         if (b >= L.out.claimed.size() || L.out.claimed[b]) continue;
         L.out.claimed[b] = 1;
@@ -200,89 +200,89 @@ std::unique_ptr<SendUnit> Context::claim(Transfer &t, uint32_t layer, uint32_t p
 // streaming costs. Only with the speculative path on: without it the host asked for the essential
 // blocks alone. The margin (1.25) keeps a link that only just keeps up on the selective side: there a
 // whole layer would delay the next layers' essential blocks.
-bool Context::stream_whole(const Transfer &t, uint64_t interval_ns) const {
-    if (!(t.paths & SG_PATH_SPECULATIVE)) return false;
-    const Session &s = *t.session;
+bool Transfer::stream_whole(uint64_t interval_ns) const {
+    if (!(paths & SG_PATH_SPECULATIVE)) return false;
+    const Session &s = *session;
     if (s.tp->caps().local_only) return true;
     if (!(s.bulk_rate > 0) || !interval_ns) return false;
-    const double layer_bytes = double(block_bytes(t.pool->layout)) * request_blocks(t);
+    const double layer_bytes = double(block_bytes(pool->layout)) * request_blocks(*this);
     return s.bulk_rate * double(interval_ns) >= 1.25 * layer_bytes;
 }
 
 // A speculative unit delivered: the session's bulk rate over windows of at least 5 ms of deliveries.
 // Gaps (the path paused for fetches, or waiting for essential blocks) count as time: the rate is a
 // lower bound, which errs on the selective side.
-void Context::note_bulk_delivered(Session &s, uint64_t bytes) {
+void Session::note_bulk_delivered(uint64_t bytes) {
     constexpr uint64_t kRateWindowNs = 5000000;
     const uint64_t now = now_ns();
-    if (!s.rate_window_ns) {
-        s.rate_window_ns = now;
-        s.rate_window_bytes = 0;
+    if (!rate_window_ns) {
+        rate_window_ns = now;
+        rate_window_bytes = 0;
         return;  // the first unit's delivery starts the window: its own time is unknown
     }
-    s.rate_window_bytes += bytes;
-    if (now - s.rate_window_ns < kRateWindowNs) return;
-    const double rate = double(s.rate_window_bytes) / double(now - s.rate_window_ns);
-    s.bulk_rate = s.bulk_rate > 0 ? 0.5 * s.bulk_rate + 0.5 * rate : rate;
-    s.rate_window_ns = now;
-    s.rate_window_bytes = 0;
+    rate_window_bytes += bytes;
+    if (now - rate_window_ns < kRateWindowNs) return;
+    const double rate = double(rate_window_bytes) / double(now - rate_window_ns);
+    bulk_rate = bulk_rate > 0 ? 0.5 * bulk_rate + 0.5 * rate : rate;
+    rate_window_ns = now;
+    rate_window_bytes = 0;
 }
 
 // The layer's proactive unit claims every block (the layer goes whole).
-void Context::queue_whole_layer(Transfer &t, uint32_t layer) {
-    std::vector<uint32_t> every(t.layers[layer].out.claimed.size());
+void Transfer::queue_whole_layer(uint32_t layer) {
+    std::vector<uint32_t> every(layers[layer].out.claimed.size());
     for (uint32_t b = 0; b < every.size(); ++b) every[b] = b;
-    t.sel().proactive_queue.push_back(claim(t, layer, SG_PATH_PROACTIVE, every));
-    t.sel().layers_whole++;
+    sel().proactive_queue.push_back(claim(layer, SG_PATH_PROACTIVE, every));
+    sel().layers_whole++;
 }
 
 // A written layer of a selective transfer that goes whole (stream_whole): committed at once, with no
 // selection and no digests (the decode side holds every block, so no selection needs them), and
 // sent as one proactive unit. False when the layer takes the selective way (the caller queues its
 // selection).
-bool Context::commit_whole_layer(Transfer &t, uint32_t layer) {
-    if (!(t.paths & SG_PATH_PROACTIVE)) return false;
-    std::lock_guard lock(mu);
-    Transfer::Layer &L = t.layers[layer];
+bool Transfer::commit_whole_layer(uint32_t layer) {
+    if (!(paths & SG_PATH_PROACTIVE)) return false;
+    std::lock_guard lock(ctx->mu);
+    Transfer::Layer &L = layers[layer];
     if (L.out.written) return false;
     const uint64_t now = now_ns();
-    if (!stream_whole(t, t.sel().last_written_ns ? now - t.sel().last_written_ns : 0)) return false;
+    if (!stream_whole(sel().last_written_ns ? now - sel().last_written_ns : 0)) return false;
     L.out.written = true;
     L.out.written_ns = now;
-    t.sel().last_written_ns = now;
-    t.sel().layers_written++;
-    queue_whole_layer(t, layer);
-    if (t.matched() && !t.finished()) pump_selective(t, 1, plan::kTurnQuota);
-    wake();
+    sel().last_written_ns = now;
+    sel().layers_written++;
+    queue_whole_layer(layer);
+    if (matched() && !finished()) pump_selective(1, plan::kTurnQuota);
+    ctx->wake();
     return true;
 }
 
-void Context::commit_layer(Transfer &t, uint32_t layer, PreparedLayer &&prep) {
-    Transfer::Layer &L = t.layers[layer];
+void Transfer::commit_layer(uint32_t layer, PreparedLayer &&prep) {
+    Transfer::Layer &L = layers[layer];
     if (L.out.written) return;
     L.out.written = true;
     L.out.written_ns = now_ns();
-    const uint64_t interval = t.sel().last_written_ns ? L.out.written_ns - t.sel().last_written_ns : 0;
-    t.sel().last_written_ns = L.out.written_ns;
-    t.sel().layers_written++;
-    if (t.paths & SG_PATH_PROACTIVE) {
+    const uint64_t interval = sel().last_written_ns ? L.out.written_ns - sel().last_written_ns : 0;
+    sel().last_written_ns = L.out.written_ns;
+    sel().layers_written++;
+    if (paths & SG_PATH_PROACTIVE) {
         L.out.selected = std::move(prep.selected);
         L.digests = std::move(prep.digests);
         // The proactive unit goes even when empty: its notice is what makes the layer essential.
-        if (stream_whole(t, interval)) {
-            queue_whole_layer(t, layer);
+        if (stream_whole(interval)) {
+            queue_whole_layer(layer);
         } else {
-            t.sel().proactive_queue.push_back(claim(t, layer, SG_PATH_PROACTIVE, L.out.selected));
+            sel().proactive_queue.push_back(claim(layer, SG_PATH_PROACTIVE, L.out.selected));
         }
     }
     if (!L.out.demand_waiting.empty()) {
-        auto u = claim(t, layer, SG_PATH_ON_DEMAND, L.out.demand_waiting);
-        t.stats.fetch_blocks += u->blocks.size();
-        if (!u->blocks.empty()) t.sel().demand_queue.push_back(std::move(u));
+        auto u = claim(layer, SG_PATH_ON_DEMAND, L.out.demand_waiting);
+        stats.fetch_blocks += u->blocks.size();
+        if (!u->blocks.empty()) sel().demand_queue.push_back(std::move(u));
         L.out.demand_waiting.clear();
     }
-    if (t.sel().layers_written == t.layers.size() && t.options.lease_ns)
-        t.prefill().lease_deadline_ns = saturating_add(now_ns(), t.options.lease_ns);
+    if (sel().layers_written == layers.size() && options.lease_ns)
+        prefill().lease_deadline_ns = saturating_add(now_ns(), options.lease_ns);
 }
 
 }  // namespace sg::core

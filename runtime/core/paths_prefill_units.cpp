@@ -12,38 +12,38 @@ using namespace paths;
 
 // Sends the Selective message that tells the decode side which paths this transfer runs; sent for
 // every matched transfer so that the decode side can answer calls about paths the transfer lacks.
-void Context::start_selective(Transfer &t) {
-    if (t.selective() && t.pool->layout.tokens_per_block != t.prefill().dst->layout.tokens_per_block)
+void Transfer::start_selective() {
+    if (selective() && pool->layout.tokens_per_block != prefill().dst->layout.tokens_per_block)
         fail(SG_ERR_LAYOUT_MISMATCH, "the selective paths need the same tokens_per_block on both sides (prefill " +
-                                         std::to_string(t.pool->layout.tokens_per_block) + ", decode " +
-                                         std::to_string(t.prefill().dst->layout.tokens_per_block) + ")");
+                                         std::to_string(pool->layout.tokens_per_block) + ", decode " +
+                                         std::to_string(prefill().dst->layout.tokens_per_block) + ")");
     wire::Selective m;
-    m.decode_xfer_id = t.id;
-    m.paths = t.paths;
+    m.decode_xfer_id = id;
+    m.paths = paths;
     std::vector<uint8_t> out;
-    wire::encode(out, id, m);
-    send(*t.session, out, &t);
+    wire::encode(out, ctx->id, m);
+    session->send(out, this);
 }
 
-SendUnit *Context::next_unit(Transfer &t, int pass) {
-    if (pass == 0) return t.sel().demand_queue.empty() ? nullptr : t.sel().demand_queue.front().get();
-    if (pass == 1) return t.sel().proactive_queue.empty() ? nullptr : t.sel().proactive_queue.front().get();
-    if (!(t.paths & SG_PATH_SPECULATIVE)) return nullptr;
-    if (t.session->last_fetch_ns && now_ns() - t.session->last_fetch_ns < kSpeculativeYieldNs) {
+SendUnit *Transfer::next_unit(int pass) {
+    if (pass == 0) return sel().demand_queue.empty() ? nullptr : sel().demand_queue.front().get();
+    if (pass == 1) return sel().proactive_queue.empty() ? nullptr : sel().proactive_queue.front().get();
+    if (!(paths & SG_PATH_SPECULATIVE)) return nullptr;
+    if (session->last_fetch_ns && now_ns() - session->last_fetch_ns < kSpeculativeYieldNs) {
         // Paused, except for a unit already under way that holds blocks a fetch asked for.
-        const bool urgent = !t.sel().speculative_queue.empty() && t.sel().speculative_queue.front()->urgent;
-        return urgent ? t.sel().speculative_queue.front().get() : nullptr;
+        const bool urgent = !sel().speculative_queue.empty() && sel().speculative_queue.front()->urgent;
+        return urgent ? sel().speculative_queue.front().get() : nullptr;
     }
-    if (!t.sel().speculative_queue.empty()) return t.sel().speculative_queue.front().get();
+    if (!sel().speculative_queue.empty()) return sel().speculative_queue.front().get();
     // Speculative units wait until every written layer's essential blocks are on their way.
-    if (!t.sel().proactive_queue.empty()) return nullptr;
-    const uint64_t per_block = block_bytes(t.pool->layout);
+    if (!sel().proactive_queue.empty()) return nullptr;
+    const uint64_t per_block = block_bytes(pool->layout);
     const size_t max_blocks =
         std::min<size_t>(kMaxBlocksPerMessage, std::max<uint64_t>(1, kSpeculativeUnitBytes / per_block));
     std::vector<uint32_t> want;
-    while (t.sel().spec_order_pos < t.prefill().order.size()) {
-        const uint32_t layer = t.prefill().order[t.sel().spec_order_pos];
-        Transfer::Layer &L = t.layers[layer];
+    while (sel().spec_order_pos < prefill().order.size()) {
+        const uint32_t layer = prefill().order[sel().spec_order_pos];
+        Transfer::Layer &L = layers[layer];
         if (!L.out.written) return nullptr;  // layers go in send order
         const uint32_t nb = uint32_t(L.out.claimed.size());
         while (L.out.spec_cursor < nb && want.size() < max_blocks) {
@@ -51,25 +51,25 @@ SendUnit *Context::next_unit(Transfer &t, int pass) {
             L.out.spec_cursor++;
         }
         if (!want.empty()) {
-            t.sel().speculative_queue.push_back(claim(t, layer, SG_PATH_SPECULATIVE, want));
-            return t.sel().speculative_queue.front().get();
+            sel().speculative_queue.push_back(claim(layer, SG_PATH_SPECULATIVE, want));
+            return sel().speculative_queue.front().get();
         }
-        t.sel().spec_order_pos++;
+        sel().spec_order_pos++;
     }
     return nullptr;
 }
 
-void Context::compile_unit(Transfer &t, SendUnit &u) {
+void Transfer::compile_unit(SendUnit &u) {
     u.compiled = true;
-    const kv::Layout &L = t.pool->layout;
-    Transfer::Layer &layer = t.layers[u.layer];
+    const kv::Layout &L = pool->layout;
+    Transfer::Layer &layer = layers[u.layer];
     if (u.path == SG_PATH_PROACTIVE && !layer.digests.empty()) {
         // The digests go first, in runs; the notice counts them so the decode side knows when all
         // have arrived, whatever order the provider completes them in.
         // Only blocks that can still be fetched: the unit's own blocks arrive with it, and the
         // decode side digests those from its copy of the keys (the same keys, so the same digests).
         const uint64_t per_block = digest_block_bytes(L);
-        const uint32_t nb = request_blocks(t);
+        const uint32_t nb = request_blocks(*this);
         const uint32_t run = uint32_t(std::max<uint64_t>(1, kDigestChunkBytes / per_block));
         auto in_unit = [&](uint32_t b) { return std::binary_search(u.blocks.begin(), u.blocks.end(), b); };
         for (uint32_t first = 0; first < nb;) {
@@ -80,7 +80,7 @@ void Context::compile_unit(Transfer &t, SendUnit &u) {
             uint32_t count = 1;
             while (count < run && first + count < nb && !in_unit(first + count)) ++count;
             wire::Digests m;
-            m.decode_xfer_id = t.id;
+            m.decode_xfer_id = id;
             m.layer = u.layer;
             m.first_block = first;
             m.count = count;
@@ -89,11 +89,11 @@ void Context::compile_unit(Transfer &t, SendUnit &u) {
             m.data.assign(layer.digests.begin() + ptrdiff_t(m.first_block * per_block),
                           layer.digests.begin() + ptrdiff_t((m.first_block + m.count) * per_block));
             std::vector<uint8_t> out;
-            wire::encode(out, id, m);
-            send(*t.session, out, &t, true);
+            wire::encode(out, ctx->id, m);
+            session->send(out, this, true);
             u.digest_chunks++;
-            t.stats.digest_bytes += m.data.size();
-            t.stats.bytes += m.data.size();
+            stats.digest_bytes += m.data.size();
+            stats.bytes += m.data.size();
         }
         std::vector<uint8_t>().swap(layer.digests);
     }
@@ -104,25 +104,25 @@ void Context::compile_unit(Transfer &t, SendUnit &u) {
     // is the request's last.
     std::vector<uint32_t> src_ids(u.blocks.size()), dst_ids(u.blocks.size());
     for (size_t i = 0; i < u.blocks.size(); ++i) {
-        src_ids[i] = t.table[u.blocks[i]];
-        dst_ids[i] = t.prefill().dst_table[u.blocks[i]];
+        src_ids[i] = table[u.blocks[i]];
+        dst_ids[i] = prefill().dst_table[u.blocks[i]];
     }
     const uint64_t last_first_token = uint64_t(u.blocks.back()) * L.tokens_per_block;
     const uint64_t tokens = uint64_t(u.blocks.size() - 1) * L.tokens_per_block +
-                            std::min<uint64_t>(L.tokens_per_block, t.num_tokens - last_first_token);
+                            std::min<uint64_t>(L.tokens_per_block, num_tokens - last_first_token);
     const uint32_t rpl = L.regions_per_layer();
-    const uint8_t *bases[2] = {t.pool->region(u.layer, 0), t.pool->region(u.layer, rpl - 1)};
+    const uint8_t *bases[2] = {pool->region(u.layer, 0), pool->region(u.layer, rpl - 1)};
     plan::Side src{&L, src_ids};
-    plan::Side dst{&t.prefill().dst->layout, dst_ids};
+    plan::Side dst{&prefill().dst->layout, dst_ids};
     plan::Limits limits;
-    const uint64_t max_op = std::min(max_op_bytes_, t.session->tp->caps().max_msg_size);
-    const transport::Capabilities &caps = t.session->tp->caps();
+    const uint64_t max_op = std::min(ctx->max_op_bytes_, session->tp->caps().max_msg_size);
+    const transport::Capabilities &caps = session->tp->caps();
     const uint64_t spec_op = caps.bulk_apart || caps.local_only ? kApartSpeculativeOpBytes : kSpeculativeOpBytes;
     limits.max_op_bytes = u.path == SG_PATH_SPECULATIVE ? std::min(max_op, spec_op) : max_op;
-    if (t.staged_only()) limits.max_op_bytes = std::min<uint64_t>(limits.max_op_bytes, StagingArea::kSlotBytes);
-    limits.max_iov = uint32_t(std::min<uint64_t>(plan::kMaxIov, std::max<uint64_t>(1, t.session->tp->caps().rma_iov_limit)));
+    if (staged_only()) limits.max_op_bytes = std::min<uint64_t>(limits.max_op_bytes, StagingArea::kSlotBytes);
+    limits.max_iov = uint32_t(std::min<uint64_t>(plan::kMaxIov, std::max<uint64_t>(1, session->tp->caps().rma_iov_limit)));
     const plan::LayerPlanStats ps = plan::compile_layer(src, bases, dst, tokens, limits, u.ops);
-    t.stats.segments += ps.segments;
+    stats.segments += ps.segments;
     u.bytes = ps.bytes;
     // Scattered blocks make small writes, each costly on a kernel TCP stack or a shared-memory
     // round trip: pack them through the staging slots, as the full path does for small layers.
@@ -130,81 +130,81 @@ void Context::compile_unit(Transfer &t, SendUnit &u) {
     // unpacking it took from both sides the CPU a decode step needs (stall 300 -> 90 ms at 10
     // Gbit/s); shm pays a round trip per write, so it packs everything.
     const uint64_t mean = u.ops.empty() ? 0 : ps.bytes / u.ops.size();
-    const bool pack_bulk = t.session->tp->caps().local_only;
-    u.staged = t.staged_only() || // quantized or copied off the device while packing
-               (t.session->have_peer_staging &&
-                ((u.path != SG_PATH_SPECULATIVE || pack_bulk) && staging_policy_ != SG_STAGING_NEVER &&
-                 (staging_policy_ == SG_STAGING_ALWAYS || (staging_threshold_ && mean < staging_threshold_))));
+    const bool pack_bulk = session->tp->caps().local_only;
+    u.staged = staged_only() || // quantized or copied off the device while packing
+               (session->have_peer_staging &&
+                ((u.path != SG_PATH_SPECULATIVE || pack_bulk) && ctx->staging_policy_ != SG_STAGING_NEVER &&
+                 (ctx->staging_policy_ == SG_STAGING_ALWAYS || (ctx->staging_threshold_ && mean < ctx->staging_threshold_))));
 }
 
-void Context::count_unit_bytes(Transfer &t, const SendUnit &u, uint64_t wire_len, uint64_t payload_len) {
-    if (u.path == SG_PATH_SPECULATIVE) t.session->speculative_inflight += wire_len;
-    if (u.path == SG_PATH_PROACTIVE) t.session->proactive_inflight += wire_len;
-    (u.path == SG_PATH_ON_DEMAND     ? t.stats.bytes_on_demand
-     : u.path == SG_PATH_PROACTIVE   ? t.stats.bytes_proactive
-                                     : t.stats.bytes_speculative) += payload_len;
+void Transfer::count_unit_bytes(const SendUnit &u, uint64_t wire_len, uint64_t payload_len) {
+    if (u.path == SG_PATH_SPECULATIVE) session->speculative_inflight += wire_len;
+    if (u.path == SG_PATH_PROACTIVE) session->proactive_inflight += wire_len;
+    (u.path == SG_PATH_ON_DEMAND     ? stats.bytes_on_demand
+     : u.path == SG_PATH_PROACTIVE   ? stats.bytes_proactive
+                                     : stats.bytes_speculative) += payload_len;
 }
 
 // The other side of count_unit_bytes' in-flight counts: a write completed or was dropped unposted.
-void Context::uncount_inflight(Session &s, const SendUnit &u, uint64_t len) {
-    if (u.path == SG_PATH_SPECULATIVE) s.speculative_inflight -= len;
-    if (u.path == SG_PATH_PROACTIVE) s.proactive_inflight -= len;
+void Session::uncount_inflight(const SendUnit &u, uint64_t len) {
+    if (u.path == SG_PATH_SPECULATIVE) speculative_inflight -= len;
+    if (u.path == SG_PATH_PROACTIVE) proactive_inflight -= len;
 }
 
 // Posts up to `quota` writes of the transfer's units of one pass (0 on-demand, 1 proactive,
 // 2 speculative); returns whether it posted any.
-bool Context::pump_selective(Transfer &t, int pass, uint32_t quota) {
-    if (!t.matched() || t.finished()) return false;
-    flush_outbox(*t.session);
-    Session &s = *t.session;
+bool Transfer::pump_selective(int pass, uint32_t quota) {
+    if (!matched() || finished()) return false;
+    session->flush_outbox();
+    Session &s = *session;
     uint32_t posted = 0;
-    auto &queue = pass == 0 ? t.sel().demand_queue : pass == 1 ? t.sel().proactive_queue : t.sel().speculative_queue;
+    auto &queue = pass == 0 ? sel().demand_queue : pass == 1 ? sel().proactive_queue : sel().speculative_queue;
     // Proactive writes' bound for this call (the context's mutex is held: neither a written layer nor
     // a fetch can come in meanwhile).
     const bool apart = s.tp->caps().bulk_apart;
     // (A transfer whose every layer went whole gives decode nothing to fetch.)
     const bool decode_may_fetch =
-        (t.sel().layers_written == t.layers.size() && t.sel().layers_whole < t.layers.size()) ||
+        (sel().layers_written == layers.size() && sel().layers_whole < layers.size()) ||
         (s.last_fetch_ns && now_ns() - s.last_fetch_ns < kSpeculativeYieldNs);
     const uint64_t proactive_bound = decode_may_fetch ? kProactiveFetchFriendlyBytes : kProactiveInflightBytes;
     const uint64_t speculative_bound = apart                      ? kApartSpeculativeInflightBytes
                                        : s.tp->caps().local_only ? kLocalSpeculativeInflightBytes
                                                                  : kSpeculativeInflightBytes;
     while (posted < quota) {
-        SendUnit *u = next_unit(t, pass);
+        SendUnit *u = next_unit(pass);
         if (!u) break;
-        if (!u->compiled) compile_unit(t, *u);
-        while (u->next_op < u->ops.size() && budget_.has_op_slot() && posted < quota) {
+        if (!u->compiled) compile_unit(*u);
+        while (u->next_op < u->ops.size() && ctx->budget_.has_op_slot() && posted < quota) {
             const uint64_t len = u->ops[u->next_op].len;
             // On-demand writes only wait for operation slots; bulk respects the byte bounds, and
             // speculative bulk its own small bound on top.
-            if (pass >= 1 && !may_post_bytes(s, len)) break;
+            if (pass >= 1 && !s.may_post_bytes(len)) break;
             if (pass == 2 && s.speculative_inflight && s.speculative_inflight + len > speculative_bound) break;
             if (pass == 1 && s.proactive_inflight && s.proactive_inflight + len > proactive_bound) break;
-            if (!(u->staged ? post_staged_chunk(t, u->layer, u->ops, u->next_op, u)
-                             : post_write_op(t, u->layer, u->ops, u->next_op, u)))
+            if (!(u->staged ? post_staged_chunk(u->layer, u->ops, u->next_op, u)
+                             : post_write_op(u->layer, u->ops, u->next_op, u)))
                 break;
             posted++;
         }
         if (!u->fully_posted()) break;
-        t.sel().posted_units.push_back(std::move(queue.front()));
+        sel().posted_units.push_back(std::move(queue.front()));
         queue.pop_front();
     }
-    selective_notices(t);
+    selective_notices();
     return posted > 0;
 }
 
 // Sends the notice of every posted unit whose writes are delivered (or ordered before the notice),
 // records delivered units, and ends the transfer once every block of every layer is delivered.
-void Context::selective_notices(Transfer &t) {
-    if (t.finished() || !t.matched()) return;
-    const bool saw = t.session->tp->caps().send_after_write;
-    for (size_t i = 0; i < t.sel().posted_units.size();) {
-        SendUnit &u = *t.sel().posted_units[i];
+void Transfer::selective_notices() {
+    if (finished() || !matched()) return;
+    const bool saw = session->tp->caps().send_after_write;
+    for (size_t i = 0; i < sel().posted_units.size();) {
+        SendUnit &u = *sel().posted_units[i];
         if (!u.notice_sent && u.packs_pending == 0 && (saw || u.outstanding == 0)) {
             for (size_t first = 0; first < std::max<size_t>(1, u.blocks.size()); first += kMaxBlocksPerMessage) {
                 wire::BlocksReady m;
-                m.decode_xfer_id = t.id;
+                m.decode_xfer_id = id;
                 m.layer = u.layer;
                 m.path = u.path;
                 const size_t end = std::min(u.blocks.size(), first + kMaxBlocksPerMessage);
@@ -215,10 +215,10 @@ void Context::selective_notices(Transfer &t) {
                 const bool last = end == u.blocks.size();
                 m.digest_chunks = last ? u.digest_chunks : 0;
                 m.essential = last && u.path == SG_PATH_PROACTIVE;
-                m.staged_chunks = t.layers[u.layer].staged_chunks;
+                m.staged_chunks = layers[u.layer].staged_chunks;
                 std::vector<uint8_t> out;
-                wire::encode(out, id, m);
-                send(*t.session, out, &t);
+                wire::encode(out, ctx->id, m);
+                session->send(out, this);
             }
             u.notice_sent = true;
         }
@@ -226,23 +226,23 @@ void Context::selective_notices(Transfer &t) {
             ++i;
             continue;
         }
-        Transfer::Layer &L = t.layers[u.layer];
-        for (uint32_t b : u.blocks) t.residency.set(u.layer, b);
+        Transfer::Layer &L = layers[u.layer];
+        for (uint32_t b : u.blocks) residency.set(u.layer, b);
         L.out.delivered_count += uint32_t(u.blocks.size());
-        if (u.path == SG_PATH_SPECULATIVE) note_bulk_delivered(*t.session, u.bytes);
+        if (u.path == SG_PATH_SPECULATIVE) session->note_bulk_delivered(u.bytes);
         if (u.path == SG_PATH_PROACTIVE) {
             L.essential = true;
-            emit(t, SG_EVENT_ESSENTIAL_READY, u.layer, SG_OK);
+            emit(SG_EVENT_ESSENTIAL_READY, u.layer, SG_OK);
         }
-        if (L.out.delivered_count == L.out.claimed.size() && !L.ready) mark_ready(t, u.layer);
-        t.sel().posted_units.erase(t.sel().posted_units.begin() + ptrdiff_t(i));
-        cv.notify_all();
+        if (L.out.delivered_count == L.out.claimed.size() && !L.ready) mark_ready(u.layer);
+        sel().posted_units.erase(sel().posted_units.begin() + ptrdiff_t(i));
+        ctx->cv.notify_all();
     }
-    if (t.stats.layers_ready == t.layers.size()) send_done(t);
+    if (stats.layers_ready == layers.size()) send_done();
 }
 
-void Context::on_fetch(Session &s, wire::Fetch &m) {
-    Transfer *p = s.matchbook.matched_post(m.request_id);
+void Session::on_fetch(wire::Fetch &m) {
+    Transfer *p = matchbook.matched_post(m.request_id);
     if (!p || p->id != m.decode_xfer_id) return;  // released meanwhile
     Transfer &t = *p;
     if (t.finished()) return;  // the decode side learns the status from the transfer
@@ -254,7 +254,7 @@ void Context::on_fetch(Session &s, wire::Fetch &m) {
     for (uint32_t b : m.blocks)
         if (b >= nb) fail(SG_ERR_PROTOCOL, "Fetch names a block beyond the request's block table");
     t.stats.fetch_requests++;
-    s.last_fetch_ns = now_ns();
+    last_fetch_ns = now_ns();
     Transfer::Layer &L = t.layers[m.layer];
     if (!L.out.written) {
         // Served as soon as the engine has written the layer.
@@ -265,13 +265,13 @@ void Context::on_fetch(Session &s, wire::Fetch &m) {
         w.erase(std::unique(w.begin(), w.end()), w.end());
         return;
     }
-    release_unposted_speculative(t, m.layer, m.blocks);
-    auto u = claim(t, m.layer, SG_PATH_ON_DEMAND, m.blocks);
+    t.release_unposted_speculative(m.layer, m.blocks);
+    auto u = t.claim(m.layer, SG_PATH_ON_DEMAND, m.blocks);
     t.stats.fetch_blocks += u->blocks.size();
     if (u->blocks.empty()) return;  // all on their way already
     t.sel().demand_queue.push_back(std::move(u));
-    pump_selective(t, 0, budget_.max_ops);
-    wake();
+    t.pump_selective(0, ctx->budget_.max_ops);
+    ctx->wake();
 }
 
 }  // namespace sg::core

@@ -25,7 +25,7 @@ void Context::fail_all_sessions(sg_status_t status, const std::string &why) noex
     try {
         std::lock_guard lock(mu);
         for (auto &[peer_id, weak] : sessions_)
-            if (auto s = weak.lock(); s && !s->closed()) lose_session(*s, status, why);
+            if (auto s = weak.lock(); s && !s->closed()) s->lose(status, why);
         cv.notify_all();
     } catch (...) {
         log.log(SG_LOG_ERROR, "failing the sessions after an internal error failed too: " + why);
@@ -135,39 +135,39 @@ void Context::wait_step(std::unique_lock<std::mutex> &lock, uint64_t deadline) {
     }
 }
 
-void Context::drain_events(Transfer &t, std::unique_lock<std::mutex> &lock, uint64_t deadline) {
-    if (!opt_.event_fn) return;
-    while (t.events_queued.load(std::memory_order_acquire) > 0) {
+void Transfer::drain_events(std::unique_lock<std::mutex> &lock, uint64_t deadline) {
+    if (!ctx->opt_.event_fn) return;
+    while (events_queued.load(std::memory_order_acquire) > 0) {
         const uint64_t now = now_ns();
         if (now >= deadline) return;  // the wait's own result stands; the events follow
-        if (!progress_.joinable()) {
+        if (!ctx->progress_.joinable()) {
             // No progress thread: the waiting thread is the host's, as in sg_context_progress.
             lock.unlock();
-            dispatch_events();
+            ctx->dispatch_events();
             lock.lock();
-            if (t.events_queued.load(std::memory_order_acquire) == 0) return;
+            if (events_queued.load(std::memory_order_acquire) == 0) return;
         }
         // Another thread is running the callbacks (the progress thread, or a host's
         // sg_context_progress): it notifies when it has delivered them.
-        cv.wait_for(lock, std::chrono::nanoseconds(std::min<uint64_t>(deadline - now, 1000000)));
+        ctx->cv.wait_for(lock, std::chrono::nanoseconds(std::min<uint64_t>(deadline - now, 1000000)));
     }
 }
 
-void Context::emit(Transfer &t, sg_event_kind_t kind, uint32_t layer, sg_status_t status,
+void Transfer::emit(sg_event_kind_t kind, uint32_t layer, sg_status_t status,
                    std::span<const uint32_t> blocks) {
-    if (!opt_.event_fn || t.released.load(std::memory_order_relaxed)) return;
-    events_.push_back({t.shared_from_this(), kind, layer, status, {blocks.begin(), blocks.end()}});
-    t.events_queued.fetch_add(1, std::memory_order_relaxed);
-    events_pending_.store(true, std::memory_order_release);
-    wake();
+    if (!ctx->opt_.event_fn || released.load(std::memory_order_relaxed)) return;
+    ctx->events_.push_back({shared_from_this(), kind, layer, status, {blocks.begin(), blocks.end()}});
+    events_queued.fetch_add(1, std::memory_order_relaxed);
+    ctx->events_pending_.store(true, std::memory_order_release);
+    ctx->wake();
 }
 
 // Finished -> Quiesced, once what it waits for has happened; called wherever that can change (a
 // completion, the peer's TransferDone or Quiesced, the session closing) and by the waits.
-void Context::note_quiesced(Transfer &t) {
-    if (t.state() != plan::TransferState::Finished || !t.quiesce_condition()) return;
-    t.advance(plan::TransferState::Quiesced);
-    emit(t, SG_EVENT_QUIESCED, 0, t.status);
+void Transfer::note_quiesced() {
+    if (state() != plan::TransferState::Finished || !quiesce_condition()) return;
+    advance(plan::TransferState::Quiesced);
+    emit(SG_EVENT_QUIESCED, 0, status);
 }
 
 void Context::dispatch_events() {

@@ -43,12 +43,12 @@ void Context::on_message(std::span<const uint8_t> bytes) {
         unauthenticated_bytes_ += cost;
         return;
     }
-    const Route &r = route(h.type);
+    const Session::Route &r = Session::route(h.type);
     if (!s->proven && !r.auth) {
         if (s->closed()) return;  // it never proved itself, and never will on this session
         // The peer proved itself to us already and spoke; its proof to us may still be on its way.
         if (s->held_bytes + cost > kUnauthenticatedShare || unauthenticated_bytes_ + cost > kUnauthenticatedBytes) {
-            lose_session(*s, SG_ERR_PROTOCOL,
+            s->lose(SG_ERR_PROTOCOL,
                          "the peer sent more than " + std::to_string(kUnauthenticatedShare >> 20) +
                              " MiB before proving its key (or the context's budget for unproven peers is spent)");
             return;
@@ -61,16 +61,16 @@ void Context::on_message(std::span<const uint8_t> bytes) {
     }
     if (log.enabled(SG_LOG_DEBUG)) log.log(SG_LOG_DEBUG, std::string(r.name) + " from peer " + std::to_string(s->peer_ctx_id));
     try {
-        heard_from(*s);
+        s->heard_from();
         // Authentication frames count only on sessions that run the fabric challenge, open ones.
         if (r.auth && (s->closed() || key_.empty())) return;
-        if (r.run) (this->*r.run)(*s, body, r.name);
+        if (r.run) (s.get()->*r.run)(body, r.name);
     } catch (const Error &err) {
         // A peer that sends what the protocol does not allow (a value out of range, a message that
         // does not decode) cannot be trusted with the session any more.
-        lose_session(*s, SG_ERR_PROTOCOL, "the peer broke the protocol: " + err.message());
+        s->lose(SG_ERR_PROTOCOL, "the peer broke the protocol: " + err.message());
     } catch (const std::bad_alloc &) {
-        lose_session(*s, SG_ERR_NO_MEMORY, "out of memory handling a message from the peer");
+        s->lose(SG_ERR_NO_MEMORY, "out of memory handling a message from the peer");
     }
 }
 
@@ -84,39 +84,39 @@ uint64_t Context::unauthenticated_bytes() {
     return unauthenticated_bytes_;
 }
 
-void Context::forget_held_frames(Session &s) {
-    unauthenticated_bytes_ -= s.held_bytes;
-    s.held_bytes = 0;
-    s.held_frames.clear();
+void Session::forget_held_frames() {
+    ctx->unauthenticated_bytes_ -= held_bytes;
+    held_bytes = 0;
+    held_frames.clear();
 }
 
-void Context::deliver_orphans(Session &s) {
-    auto it = orphans_.find(s.peer_ctx_id);
-    if (it == orphans_.end()) return;
+void Session::deliver_orphans() {
+    auto it = ctx->orphans_.find(peer_ctx_id);
+    if (it == ctx->orphans_.end()) return;
     auto frames = std::move(it->second.frames);
-    unauthenticated_bytes_ -= it->second.bytes;
-    orphans_.erase(it);
-    for (auto &f : frames) on_message(f);
+    ctx->unauthenticated_bytes_ -= it->second.bytes;
+    ctx->orphans_.erase(it);
+    for (auto &f : frames) ctx->on_message(f);
 }
 
 // The protocol as a table: one entry per message type with its name, whether it is part of
 // authentication (the only frames a session takes before the peer proved its key), and its
 // handler. Every frame goes through one step, decode_then, that decodes its body into the
 // message's struct or fails the session: handlers receive checked messages only.
-template <class M, void (Context::*Handler)(Session &, M &)>
-void Context::decode_then(Session &s, std::span<const uint8_t> body, const char *name) {
+template <class M, void (Session::*Handler)(M &)>
+void Session::decode_then(std::span<const uint8_t> body, const char *name) {
     M m;
     const wire::DecodeError e = wire::decode(body, m);
-    if (e != wire::DecodeError::None) fail(SG_ERR_PROTOCOL, std::string(name) + ": " + wire::decode_error_str(e));
-    (this->*Handler)(s, m);
+    if (e != wire::DecodeError::None) sg::fail(SG_ERR_PROTOCOL, std::string(name) + ": " + wire::decode_error_str(e));
+    (this->*Handler)(m);
 }
 
-template <class M, void (Context::*Handler)(Session &, M &)>
-constexpr Context::Route Context::route_to(const char *name, bool auth) {
-    return Route{name, auth, &Context::decode_then<M, Handler>};
+template <class M, void (Session::*Handler)(M &)>
+constexpr Session::Route Session::route_to(const char *name, bool auth) {
+    return Route{name, auth, &Session::decode_then<M, Handler>};
 }
 
-const Context::Route &Context::route(wire::MsgType type) {
+const Session::Route &Session::route(wire::MsgType type) {
     using T = wire::MsgType;
     using namespace wire;
     static const std::array<Route, size_t(kLastMsgType) + 1> table = [] {
@@ -126,58 +126,58 @@ const Context::Route &Context::route(wire::MsgType type) {
         at(T::Hello) = Route{"Hello", false, nullptr};
         at(T::Opened) = Route{"Opened", false, nullptr};
         // Authentication of sessions made from metadata blobs (session_auth.cpp).
-        at(T::AuthChallenge) = route_to<AuthChallenge, &Context::on_auth_challenge>("AuthChallenge", true);
-        at(T::AuthProof) = route_to<AuthProof, &Context::on_auth_proof>("AuthProof", true);
-        at(T::AuthResult) = route_to<AuthResult, &Context::on_auth_result>("AuthResult", true);
+        at(T::AuthChallenge) = route_to<AuthChallenge, &Session::on_auth_challenge>("AuthChallenge", true);
+        at(T::AuthProof) = route_to<AuthProof, &Session::on_auth_proof>("AuthProof", true);
+        at(T::AuthResult) = route_to<AuthResult, &Session::on_auth_result>("AuthResult", true);
         // The session.
-        at(T::HandleExport) = route_to<HandleExport, &Context::on_handle_export>("HandleExport");
-        at(T::Bye) = route_to<Bye, &Context::on_bye>("Bye");
-        at(T::Ping) = route_to<Ping, &Context::on_ping>("Ping");
-        at(T::Notify) = route_to<Notify, &Context::on_notify>("Notify");
+        at(T::HandleExport) = route_to<HandleExport, &Session::on_handle_export>("HandleExport");
+        at(T::Bye) = route_to<Bye, &Session::on_bye>("Bye");
+        at(T::Ping) = route_to<Ping, &Session::on_ping>("Ping");
+        at(T::Notify) = route_to<Notify, &Session::on_notify>("Notify");
         // Transfers.
-        at(T::Expect) = route_to<Expect, &Context::on_expect>("Expect");
-        at(T::LayerReady) = route_to<LayerReady, &Context::on_layer_ready>("LayerReady");
-        at(T::TransferDone) = route_to<TransferDone, &Context::on_transfer_done>("TransferDone");
-        at(T::TransferAck) = route_to<TransferAck, &Context::on_transfer_ack>("TransferAck");
-        at(T::Quiesced) = route_to<Quiesced, &Context::on_quiesced>("Quiesced");
-        at(T::Cancel) = route_to<TransferError, &Context::on_cancel>("Cancel");
-        at(T::Error) = route_to<TransferError, &Context::on_error>("Error");
-        at(T::Release) = route_to<Release, &Context::on_release>("Release");
-        at(T::CancelAck) = route_to<CancelAck, &Context::on_cancel_ack>("CancelAck");
-        at(T::Reposted) = route_to<Reposted, &Context::on_reposted>("Reposted");
+        at(T::Expect) = route_to<Expect, &Session::on_expect>("Expect");
+        at(T::LayerReady) = route_to<LayerReady, &Session::on_layer_ready>("LayerReady");
+        at(T::TransferDone) = route_to<TransferDone, &Session::on_transfer_done>("TransferDone");
+        at(T::TransferAck) = route_to<TransferAck, &Session::on_transfer_ack>("TransferAck");
+        at(T::Quiesced) = route_to<Quiesced, &Session::on_quiesced>("Quiesced");
+        at(T::Cancel) = route_to<TransferError, &Session::on_cancel>("Cancel");
+        at(T::Error) = route_to<TransferError, &Session::on_error>("Error");
+        at(T::Release) = route_to<Release, &Session::on_release>("Release");
+        at(T::CancelAck) = route_to<CancelAck, &Session::on_cancel_ack>("CancelAck");
+        at(T::Reposted) = route_to<Reposted, &Session::on_reposted>("Reposted");
         // Staging (staging.cpp).
-        at(T::StagedChunk) = route_to<StagedChunk, &Context::on_staged_chunk>("StagedChunk");
-        at(T::StagingCredit) = route_to<StagingCredit, &Context::on_staging_credit>("StagingCredit");
+        at(T::StagedChunk) = route_to<StagedChunk, &Session::on_staged_chunk>("StagedChunk");
+        at(T::StagingCredit) = route_to<StagingCredit, &Session::on_staging_credit>("StagingCredit");
         // Selective paths (paths_prefill.cpp, paths_decode.cpp).
-        at(T::Selective) = route_to<Selective, &Context::on_selective>("Selective");
-        at(T::Digests) = route_to<Digests, &Context::on_digests>("Digests");
-        at(T::BlocksReady) = route_to<BlocksReady, &Context::on_blocks_ready>("BlocksReady");
-        at(T::Fetch) = route_to<Fetch, &Context::on_fetch>("Fetch");
+        at(T::Selective) = route_to<Selective, &Session::on_selective>("Selective");
+        at(T::Digests) = route_to<Digests, &Session::on_digests>("Digests");
+        at(T::BlocksReady) = route_to<BlocksReady, &Session::on_blocks_ready>("BlocksReady");
+        at(T::Fetch) = route_to<Fetch, &Session::on_fetch>("Fetch");
         return r;
     }();
     return table[size_t(type)];
 }
 
 // Frames that reach a session: the peer is alive, and its connection exists, so ours may follow.
-void Context::heard_from(Session &s) {
-    s.last_heard_ns = now_ns();
-    counters.messages_received++;
-    if (!s.may_send) {
-        s.may_send = true;
-        flush_outbox(s);
+void Session::heard_from() {
+    last_heard_ns = now_ns();
+    ctx->counters.messages_received++;
+    if (!may_send) {
+        may_send = true;
+        flush_outbox();
     }
 }
 
-void Context::on_cancel(Session &s, wire::TransferError &m) { on_transfer_error(s, m, wire::MsgType::Cancel); }
-void Context::on_error(Session &s, wire::TransferError &m) { on_transfer_error(s, m, wire::MsgType::Error); }
+void Session::on_cancel(wire::TransferError &m) { on_transfer_error(m, wire::MsgType::Cancel); }
+void Session::on_error(wire::TransferError &m) { on_transfer_error(m, wire::MsgType::Error); }
 
-void Context::on_handle_export(Session &s, wire::HandleExport &m) {
+void Session::on_handle_export(wire::HandleExport &m) {
     if (m.handle_id == StagingArea::kHandleId) {
         if (m.regions.size() != 1 || m.regions[0].length < StagingArea::kSlots * StagingArea::kSlotBytes)
             fail(SG_ERR_PROTOCOL, "peer's staging area has the wrong size");
-        s.peer_staging.regions = m.regions;
-        s.have_peer_staging = true;
-        s.free_peer_slots = (1u << StagingArea::kSlots) - 1;
+        peer_staging.regions = m.regions;
+        have_peer_staging = true;
+        free_peer_slots = (1u << StagingArea::kSlots) - 1;
         return;
     }
     RemotePool rp;
@@ -190,45 +190,45 @@ void Context::on_handle_export(Session &s, wire::HandleExport &m) {
         if (r.length < rp.layout.region_bytes()) fail(SG_ERR_PROTOCOL, "HandleExport region smaller than its layout");
     rp.regions = std::move(m.regions);
     rp.device_direct = m.device_direct;
-    s.remote_pools[m.handle_id] = std::move(rp);
+    remote_pools[m.handle_id] = std::move(rp);
 }
 
-void Context::on_bye(Session &s, wire::Bye &m) {
-    if (s.bye() != ByeExchange::None) {
+void Session::on_bye(wire::Bye &m) {
+    if (bye() != ByeExchange::None) {
         // The answer to ours, or the peer closing at the same time: either way it has read
         // everything we sent before our Bye. (A second one changes nothing.)
-        if (s.bye() == ByeExchange::ByeSent) s.advance_bye(ByeExchange::Answered);
-        cv.notify_all();
+        if (bye() == ByeExchange::ByeSent) advance_bye(ByeExchange::Answered);
+        ctx->cv.notify_all();
         return;
     }
     if (m.reply) return;  // answers a Bye of an earlier session between the two contexts
-    if (s.peer_minor >= 1) {
+    if (peer_minor >= 1) {
         wire::Bye answer;
         answer.reply = 1;
         std::vector<uint8_t> out;
-        wire::encode(out, id, answer);
-        send(s, out);
+        wire::encode(out, ctx->id, answer);
+        send(out);
     }
-    lose_session(s, SG_ERR_PEER_LOST, kPeerClosed, true);
+    lose(SG_ERR_PEER_LOST, kPeerClosed, true);
 }
 
 // A Ping only proves the peer alive, which heard_from has recorded.
-void Context::on_ping(Session &, wire::Ping &) {}
+void Session::on_ping(wire::Ping &) {}
 
-void Context::on_notify(Session &s, wire::Notify &m) {
-    if (s.notifications.size() >= 4096) {
-        s.notifications.pop_front();
-        if (s.notifications_dropped++ % 1024 == 0)
-            log.log(SG_LOG_WARN, "notifications are not being taken; dropping the oldest (" +
-                                     std::to_string(s.notifications_dropped) + " so far)");
+void Session::on_notify(wire::Notify &m) {
+    if (notifications.size() >= 4096) {
+        notifications.pop_front();
+        if (notifications_dropped++ % 1024 == 0)
+            ctx->log.log(SG_LOG_WARN, "notifications are not being taken; dropping the oldest (" +
+                                     std::to_string(notifications_dropped) + " so far)");
     }
-    s.notifications.push_back(std::move(m.payload));
-    signal_event();
+    notifications.push_back(std::move(m.payload));
+    ctx->signal_event();
 }
 
-void Context::on_expect(Session &s, wire::Expect &m) {
-    s.matchbook.forget_expect_canceled(m.request_id);
-    if (const RememberedCancel *c = s.matchbook.our_cancel(m.request_id)) {
+void Session::on_expect(wire::Expect &m) {
+    matchbook.forget_expect_canceled(m.request_id);
+    if (const RememberedCancel *c = matchbook.our_cancel(m.request_id)) {
         wire::TransferError e;
         e.request_id = m.request_id;
         e.decode_xfer_id = m.decode_xfer_id;
@@ -236,19 +236,19 @@ void Context::on_expect(Session &s, wire::Expect &m) {
         e.message = c->message;
         e.from_post_side = 1;
         std::vector<uint8_t> out;
-        wire::encode(out, id, e, e.status == SG_ERR_CANCELED ? wire::MsgType::Cancel : wire::MsgType::Error);
-        send(s, out);
-        send_quiesced(s, m.decode_xfer_id);
+        wire::encode(out, ctx->id, e, e.status == SG_ERR_CANCELED ? wire::MsgType::Cancel : wire::MsgType::Error);
+        send(out);
+        send_quiesced(m.decode_xfer_id);
         return;
     }
-    if (auto t = s.matchbook.take_waiting_post(m.request_id))
-        match(s, t, m);
+    if (auto t = matchbook.take_waiting_post(m.request_id))
+        match(t, m);
     else
-        s.matchbook.hold_expect(std::move(m));
+        matchbook.hold_expect(std::move(m));
 }
 
-void Context::on_layer_ready(Session &s, wire::LayerReady &m) {
-    Transfer *running = running_expect(s, m.decode_xfer_id);
+void Session::on_layer_ready(wire::LayerReady &m) {
+    Transfer *running = running_expect(m.decode_xfer_id);
     if (!running) return;  // released or finished meanwhile
     Transfer &t = *running;
     if (m.layer >= t.layers.size()) fail(SG_ERR_PROTOCOL, "LayerReady names a layer that does not exist");
@@ -259,44 +259,44 @@ void Context::on_layer_ready(Session &s, wire::LayerReady &m) {
         t.stats.bytes += m.bytes;
         t.decode().noticed.push_back(m.layer);
     }
-    layers_ready_in_order(t);
+    t.layers_ready_in_order();
 }
 
-void Context::on_transfer_done(Session &s, wire::TransferDone &m) {
-    running_expect(s, m.decode_xfer_id);
-    Transfer *t = s.matchbook.expect(m.decode_xfer_id);
+void Session::on_transfer_done(wire::TransferDone &m) {
+    running_expect(m.decode_xfer_id);
+    Transfer *t = matchbook.expect(m.decode_xfer_id);
     if (!t) return;
     t->decode().done_received = true;
     t->decode().peer_quiesced = true;  // every write completed before the peer sent this
-    complete_if_done(*t);
-    note_quiesced(*t);
-    cv.notify_all();
+    t->complete_if_done();
+    t->note_quiesced();
+    ctx->cv.notify_all();
 }
 
-void Context::on_transfer_ack(Session &s, wire::TransferAck &m) {
-    for (auto &[rid, t] : s.matchbook.matched_posts())
+void Session::on_transfer_ack(wire::TransferAck &m) {
+    for (auto &[rid, t] : matchbook.matched_posts())
         if (t->id == m.decode_xfer_id) {
             using End = Transfer::Prefill::End;
             if (t->prefill().end == End::DoneSent) t->prefill().end = End::Confirmed;
-            complete_if_done(*t);
+            t->complete_if_done();
             break;
         }
 }
 
-void Context::on_quiesced(Session &s, wire::Quiesced &m) {
-    Transfer *t = s.matchbook.expect(m.decode_xfer_id);
+void Session::on_quiesced(wire::Quiesced &m) {
+    Transfer *t = matchbook.expect(m.decode_xfer_id);
     if (!t) return;
     t->decode().peer_quiesced = true;
-    note_quiesced(*t);
-    signal_event();
-    cv.notify_all();
+    t->note_quiesced();
+    ctx->signal_event();
+    ctx->cv.notify_all();
 }
 
-void Context::on_transfer_error(Session &s, wire::TransferError &m, wire::MsgType type) {
+void Session::on_transfer_error(wire::TransferError &m, wire::MsgType type) {
     if (!m.from_post_side && m.status == 0 && type == wire::MsgType::Cancel) {
         // How peers before 1.2 say Release.
         wire::Release r{m.request_id, m.decode_xfer_id};
-        on_release(s, r);
+        on_release(r);
         return;
     }
     const sg_status_t st = peer_error_status(m.status);
@@ -306,76 +306,76 @@ void Context::on_transfer_error(Session &s, wire::TransferError &m, wire::MsgTyp
         // We expect: the prefill side gave up. Its Quiesced (or, for a cancel before the
         // match, the answer to our Expect) tells us when its writes have stopped.
         if (m.decode_xfer_id) {
-            if (Transfer *t = s.matchbook.expect(m.decode_xfer_id)) {
-                if (st == SG_ERR_LEASE_EXPIRED && !t->finished()) emit(*t, SG_EVENT_LEASE_EXPIRED, 0, st);
-                fail_transfer(*t, st, why, false);
+            if (Transfer *t = matchbook.expect(m.decode_xfer_id)) {
+                if (st == SG_ERR_LEASE_EXPIRED && !t->finished()) t->emit(SG_EVENT_LEASE_EXPIRED, 0, st);
+                t->fail_with(st, why, false);
             }
             return;
         }
         // It gave up before it knew our id: match by request id, and acknowledge so that
         // it knows which of our Expects were sent before we heard of this.
         bool any = false;
-        for (auto &[k, t] : s.matchbook.expects())
+        for (auto &[k, t] : matchbook.expects())
             if (t->request_id == m.request_id && !t->finished()) {
-                fail_transfer(*t, st, why, false);
+                t->fail_with(st, why, false);
                 any = true;
             }
         wire::CancelAck ack;
         ack.request_id = m.request_id;
-        if (!any && s.matchbook.remember_peer_cancel(m.request_id, {st, why})) ack.recorded = 1;
+        if (!any && matchbook.remember_peer_cancel(m.request_id, {st, why})) ack.recorded = 1;
         std::vector<uint8_t> out;
-        wire::encode(out, id, ack);
-        send(s, out);
+        wire::encode(out, ctx->id, ack);
+        send(out);
         return;
     }
     // We post: the decode side withdrew its Expect. Answer Quiesced once nothing of ours
     // can still land in its blocks.
-    Transfer *p = s.matchbook.matched_post(m.request_id);
+    Transfer *p = matchbook.matched_post(m.request_id);
     const bool matched_here = p && p->id == m.decode_xfer_id;
     if (matched_here && !p->is_quiesced()) {
-        fail_transfer(*p, st, why, false);  // Quiesced follows from maybe_send_quiesced
+        p->fail_with(st, why, false);  // Quiesced follows from maybe_send_quiesced
         if (p->status != SG_OK) return;
     }
-    if (!matched_here) s.matchbook.remember_expect_canceled(m.request_id, {st, why});
-    s.matchbook.drop_held_expect(m.request_id, m.decode_xfer_id);
-    send_quiesced(s, m.decode_xfer_id);
+    if (!matched_here) matchbook.remember_expect_canceled(m.request_id, {st, why});
+    matchbook.drop_held_expect(m.request_id, m.decode_xfer_id);
+    send_quiesced(m.decode_xfer_id);
 }
 
 // The decode side released a selective transfer: done, not canceled. Quiesced answers once no
 // write of ours can still land in its blocks.
-void Context::on_release(Session &s, wire::Release &m) {
-    Transfer *p = s.matchbook.matched_post(m.request_id);
+void Session::on_release(wire::Release &m) {
+    Transfer *p = matchbook.matched_post(m.request_id);
     if (!p || p->id != m.decode_xfer_id) {
-        send_quiesced(s, m.decode_xfer_id);
+        send_quiesced(m.decode_xfer_id);
         return;
     }
     Transfer &t = *p;
     if (!t.finished()) {
         t.prefill().peer_released = true;
-        finish(t, SG_OK, {});
-        maybe_send_quiesced(t);
-        note_quiesced(t);
+        t.finish(SG_OK, {});
+        t.maybe_send_quiesced();
+        t.note_quiesced();
     } else if (t.is_quiesced() && t.status == SG_OK) {
-        send_quiesced(s, m.decode_xfer_id);
+        send_quiesced(m.decode_xfer_id);
     }
 }
 
-void Context::on_cancel_ack(Session &s, wire::CancelAck &m) {
-    s.matchbook.our_cancel_acknowledged(m.request_id);
+void Session::on_cancel_ack(wire::CancelAck &m) {
+    matchbook.our_cancel_acknowledged(m.request_id);
     if (m.recorded) {
-        if (s.matchbook.posted(m.request_id)) {
+        if (matchbook.posted(m.request_id)) {
             // Posted again before the acknowledgement came: lift the remembered cancel now.
             std::vector<uint8_t> out;
-            wire::encode(out, id, wire::Reposted{m.request_id});
-            send(s, out);
+            wire::encode(out, ctx->id, wire::Reposted{m.request_id});
+            send(out);
         } else {
-            s.matchbook.remember_repost_needed(m.request_id);
+            matchbook.remember_repost_needed(m.request_id);
         }
     }
 }
 
-void Context::on_reposted(Session &s, wire::Reposted &m) {
-    s.matchbook.forget_peer_cancel(m.request_id);
+void Session::on_reposted(wire::Reposted &m) {
+    matchbook.forget_peer_cancel(m.request_id);
 }
 
 }  // namespace sg::core

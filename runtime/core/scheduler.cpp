@@ -14,7 +14,7 @@ void Context::schedule_locked() {
     // on every pass.
     for (auto &[peer_id, weak] : sessions_)
         if (auto s = weak.lock(); s && (!s->outbox.empty() || !s->bulk_outbox.empty() || !s->auth_outbox.empty()))
-            flush_outbox(*s);
+            s->flush_outbox();
     // Highest priority first; stable so equal priorities keep arrival order. Sorted only when a
     // transfer joined since the last pass (removals keep the order).
     if (active_unsorted_) {
@@ -31,8 +31,8 @@ void Context::schedule_locked() {
             any = false;
             for (size_t i = 0; i < active_.size(); ++i) {
                 Transfer &t = *active_[i];
-                any = (t.selective() ? pump_selective(t, pass, plan::kTurnQuota)
-                                     : pass == int(plan::PathClass::Bulk) && pump(t, plan::kTurnQuota)) || any;
+                any = (t.selective() ? t.pump_selective(pass, plan::kTurnQuota)
+                                     : pass == int(plan::PathClass::Bulk) && t.pump(plan::kTurnQuota)) || any;
             }
         }
     }
@@ -44,38 +44,38 @@ void Context::schedule_locked() {
 }
 
 // Compiles the next written layer in send order into t.ops. Returns false when none is ready.
-bool Context::start_next_layer(Transfer &t) {
-    Transfer::Prefill &P = t.prefill();
+bool Transfer::start_next_layer() {
+    Transfer::Prefill &P = prefill();
     if (P.order_pos >= P.order.size()) return false;
     const uint32_t layer = P.order[P.order_pos];
-    if (!t.layers[layer].out.written) return false;
+    if (!layers[layer].out.written) return false;
     P.order_pos++;
-    const uint32_t rpl = t.pool->layout.regions_per_layer();
-    const uint8_t *bases[2] = {t.pool->region(layer, 0), t.pool->region(layer, rpl - 1)};
-    plan::Side src{&t.pool->layout, t.table};
+    const uint32_t rpl = pool->layout.regions_per_layer();
+    const uint8_t *bases[2] = {pool->region(layer, 0), pool->region(layer, rpl - 1)};
+    plan::Side src{&pool->layout, table};
     plan::Side dst{&P.dst->layout, P.dst_table};
     plan::Limits limits;
-    limits.max_op_bytes = std::min(max_op_bytes_, t.session->tp->caps().max_msg_size);
+    limits.max_op_bytes = std::min(ctx->max_op_bytes_, session->tp->caps().max_msg_size);
     // A staged-only write (quantized, or device memory) is packed into one staging slot: no op may be
     // larger than a slot.
-    if (t.staged_only()) limits.max_op_bytes = std::min<uint64_t>(limits.max_op_bytes, StagingArea::kSlotBytes);
-    limits.max_iov = uint32_t(std::min<uint64_t>(plan::kMaxIov, std::max<uint64_t>(1, t.session->tp->caps().rma_iov_limit)));
-    const plan::LayerPlanStats ps = plan::compile_layer(src, bases, dst, t.num_tokens, limits, P.ops);
-    t.stats.segments += ps.segments;
+    if (staged_only()) limits.max_op_bytes = std::min<uint64_t>(limits.max_op_bytes, StagingArea::kSlotBytes);
+    limits.max_iov = uint32_t(std::min<uint64_t>(plan::kMaxIov, std::max<uint64_t>(1, session->tp->caps().rma_iov_limit)));
+    const plan::LayerPlanStats ps = plan::compile_layer(src, bases, dst, num_tokens, limits, P.ops);
+    stats.segments += ps.segments;
     P.cur_layer = layer;
     P.next_op = 0;
     const uint64_t mean = P.ops.empty() ? 0 : ps.bytes / P.ops.size();
-    Transfer::Layer &L = t.layers[layer];
-    if (t.staged_only()) {
+    Transfer::Layer &L = layers[layer];
+    if (staged_only()) {
         // Quantization and device copies happen while packing, so every op is staged (the staging
         // policy does not apply), and the layer's rate says nothing about plain writes against
         // staging.
         L.out.candidate = false;
         L.out.staged = true;
     } else {
-        L.out.candidate = staging_threshold_ && t.session->have_peer_staging && mean < staging_threshold_ &&
-                          staging_policy_ != SG_STAGING_NEVER;
-        L.out.staged = L.out.candidate && (staging_policy_ == SG_STAGING_ALWAYS || choose_staging(*t.session));
+        L.out.candidate = ctx->staging_threshold_ && session->have_peer_staging && mean < ctx->staging_threshold_ &&
+                          ctx->staging_policy_ != SG_STAGING_NEVER;
+        L.out.staged = L.out.candidate && (ctx->staging_policy_ == SG_STAGING_ALWAYS || session->choose_staging());
     }
     L.out.start_ns = now_ns();
     L.out.bytes = ps.bytes;
@@ -86,20 +86,20 @@ bool Context::start_next_layer(Transfer &t) {
 
 // One RMA write of ops[next_op], of the full path's current layer (unit NULL) or of a selective
 // send unit; advances next_op when the provider took it.
-bool Context::post_write_op(Transfer &t, uint32_t layer, const Vec<plan::Op> &ops, size_t &next_op, SendUnit *unit) {
-    if (tx_full(*t.session->tp)) return false;
-    Transfer::Prefill &P = t.prefill();
+bool Transfer::post_write_op(uint32_t layer, const Vec<plan::Op> &ops, size_t &next_op, SendUnit *unit) {
+    if (ctx->tx_full(*session->tp)) return false;
+    Transfer::Prefill &P = prefill();
     const plan::Op &op = ops[next_op];
-    Session &s = *t.session;
+    Session &s = *session;
     const Session::LocalReg &lr = *P.src_reg;
-    const uint32_t rpl = t.pool->layout.regions_per_layer();
+    const uint32_t rpl = pool->layout.regions_per_layer();
     transport::LocalIov iov[plan::kMaxIov];
     for (uint32_t i = 0; i < op.niov; ++i)
         iov[i] = {op.iov[i].addr, op.iov[i].len, lr.regions[size_t(layer) * rpl + op.iov[i].src_region].desc};
     const wire::Region &dr = P.dst->regions[size_t(layer) * P.dst->regions_per_layer + op.dst_region];
-    OpCookie *c = take_cookie();
+    OpCookie *c = ctx->take_cookie();
     c->kind = OpCookie::Kind::Write;
-    c->xfer = &t;
+    c->xfer = this;
     c->session = &s;
     c->layer = layer;
     c->unit = unit;
@@ -108,69 +108,69 @@ bool Context::post_write_op(Transfer &t, uint32_t layer, const Vec<plan::Op> &op
         rc = s.tp->post_write_as(write_class(unit), s.peer, std::span(iov, op.niov), dr.base + op.dst_offset, dr.key,
                                  c);
     } catch (const Error &e) {
-        give_cookie(c);
-        lose_session(s, SG_ERR_PEER_LOST, "writing to the peer failed: " + e.message());
+        ctx->give_cookie(c);
+        s.lose(SG_ERR_PEER_LOST, "writing to the peer failed: " + e.message());
         return false;
     }
     if (rc == -EAGAIN) {
-        give_cookie(c);
-        note_tx_full(*s.tp);
+        ctx->give_cookie(c);
+        ctx->note_tx_full(*s.tp);
         return false;
     }
     c->len = op.len;
-    budget_.posted(op.len);
+    ctx->budget_.posted(op.len);
     s.bytes_inflight += op.len;
-    t.inflight++;
+    inflight++;
     if (unit) {
         unit->outstanding++;
-        count_unit_bytes(t, *unit, op.len, op.len);
+        count_unit_bytes(*unit, op.len, op.len);
     } else {
-        t.layers[layer].out.outstanding++;
+        layers[layer].out.outstanding++;
     }
-    t.stats.rma_ops++;
-    t.stats.bytes += op.len;
-    counters.rma_ops++;
-    counters.bytes_direct += op.len;
+    stats.rma_ops++;
+    stats.bytes += op.len;
+    ctx->counters.rma_ops++;
+    ctx->counters.bytes_direct += op.len;
     next_op++;
     return true;
 }
 
-bool Context::may_post_bytes(const Session &s, uint64_t len) const {
-    return budget_.may_post_bytes(s.bytes_inflight, len);
+bool Session::may_post_bytes(uint64_t len) const {
+    return ctx->budget_.may_post_bytes(bytes_inflight, len);
 }
 
 // Posts up to `quota` operations of t; returns whether it posted any (so the caller may give the
 // transfer another turn).
-bool Context::pump(Transfer &t, uint32_t quota) {
-    if (!t.matched() || t.finished()) return false;
-    Transfer::Prefill &P = t.prefill();
-    flush_outbox(*t.session);
+bool Transfer::pump(uint32_t quota) {
+    if (!matched() || finished()) return false;
+    Transfer::Prefill &P = prefill();
+    session->flush_outbox();
     uint32_t posted = 0;
     for (;;) {
-        if (P.cur_layer < 0 || t.layers[size_t(P.cur_layer)].out.posted) {
-            if (!start_next_layer(t)) break;
+        if (P.cur_layer < 0 || layers[size_t(P.cur_layer)].out.posted) {
+            if (!start_next_layer()) break;
         }
-        Transfer::Layer &L = t.layers[size_t(P.cur_layer)];
-        while (P.next_op < P.ops.size() && budget_.has_op_slot() && posted < quota &&
-               may_post_bytes(*t.session, P.ops[P.next_op].len)) {
+        Transfer::Layer &L = layers[size_t(P.cur_layer)];
+        while (P.next_op < P.ops.size() && ctx->budget_.has_op_slot() && posted < quota &&
+               session->may_post_bytes(P.ops[P.next_op].len)) {
             const uint32_t layer = uint32_t(P.cur_layer);
-            if (!(P.cur_staged ? post_staged_chunk(t, layer, P.ops, P.next_op, nullptr)
-                               : post_write_op(t, layer, P.ops, P.next_op, nullptr)))
+            if (!(P.cur_staged ? post_staged_chunk(layer, P.ops, P.next_op, nullptr)
+                               : post_write_op(layer, P.ops, P.next_op, nullptr)))
                 break;
             posted++;
         }
         if (P.next_op < P.ops.size()) {  // out of resources or of this turn's quota
-            const bool stalled = posted < quota && !may_post_bytes(*t.session, P.ops[P.next_op].len);
-            if (stalled && !P.stalled) counters.stalls++;
+            const bool stalled = posted < quota && !session->may_post_bytes(P.ops[P.next_op].len);
+            if (stalled && !P.stalled) ctx->counters.stalls++;
             P.stalled = stalled;
             break;
         }
         P.stalled = false;
         L.out.posted = true;
-        maybe_send_notices(t);
-        if (t.finished()) return posted > 0;
+        maybe_send_notices();
+        if (finished()) return posted > 0;
     }
-    maybe_send_notices(t);
+    maybe_send_notices();
     return posted > 0;
 }
 

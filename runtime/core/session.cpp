@@ -45,26 +45,26 @@ void Session::advance_bye(ByeExchange to) {
 
 // The peer is gone (silent, connection broken, or closed): every pending transfer on the session
 // fails at once, and nothing more is sent on it.
-void Context::lose_session(Session &s, sg_status_t status, const std::string &why, bool peer_closed) {
-    if (s.closed()) return;
-    s.advance(SessionState::Closed);
-    s.lost_ns = now_ns();
-    forget_held_frames(s);
-    s.tp->peer_lost(s.peer);
-    if (status == SG_ERR_PEER_LOST && !peer_closed) counters.peers_lost++;
-    if (!peer_closed && s.tp->caps().local_only && transports[s.transport_index].get() == s.tp)
-        renew_transport(s.transport_index);
-    signal_event();
-    s.error = status;
-    s.error_message = why;
-    if (!peer_closed) log.log(SG_LOG_ERROR, "session with peer " + std::to_string(s.peer_ctx_id) + " lost: " + why);
+void Session::lose(sg_status_t status, const std::string &why, bool peer_closed) {
+    if (closed()) return;
+    advance(SessionState::Closed);
+    lost_ns = now_ns();
+    forget_held_frames();
+    tp->peer_lost(peer);
+    if (status == SG_ERR_PEER_LOST && !peer_closed) ctx->counters.peers_lost++;
+    if (!peer_closed && tp->caps().local_only && ctx->transports[transport_index].get() == tp)
+        ctx->renew_transport(transport_index);
+    ctx->signal_event();
+    error = status;
+    error_message = why;
+    if (!peer_closed) ctx->log.log(SG_LOG_ERROR, "session with peer " + std::to_string(peer_ctx_id) + " lost: " + why);
     // fail_transfer takes unmatched posts out of the book: a copy.
-    for (auto &t : s.matchbook.transfers()) fail_transfer(*t, status, why, false);
-    drop_unsent(s, true);
-    drop_registrations(s);
-    for (auto &[k, t] : s.matchbook.expects()) note_quiesced(*t);
-    for (auto &[k, t] : s.matchbook.matched_posts()) note_quiesced(*t);
-    cv.notify_all();
+    for (auto &t : matchbook.transfers()) t->fail_with(status, why, false);
+    drop_unsent(true);
+    drop_registrations();
+    for (auto &[k, t] : matchbook.expects()) t->note_quiesced();
+    for (auto &[k, t] : matchbook.matched_posts()) t->note_quiesced();
+    ctx->cv.notify_all();
 }
 
 Session::Session(Context *c, const wire::Hello &hello, const sg_session_options_t &opt)
@@ -108,7 +108,7 @@ Session::Session(Context *c, const wire::Hello &hello, const sg_session_options_
     for (size_t k = peer_ep; k < hello.endpoints.size(); ++k)
         if (hello.endpoints[k].provider == provider) lanes.push_back(hello.endpoints[k].address);
     peer = tp->insert_peer_lanes(lanes, hello.proto_minor >= 5);
-    // Staging areas come on first use, by role (Context::offer_staging, Context::send_staging_of):
+    // Staging areas come on first use, by role (Session::offer_staging, Session::ensure_send_staging):
     // a session that only posts never receives staged writes, one that only expects never packs.
     free_send_slots = (1u << StagingArea::kSlots) - 1;
 }
@@ -140,9 +140,9 @@ std::shared_ptr<Session> Context::open_session(const wire::Hello &peer, const sg
         s->auth_nonce = auth::random_nonce();
         std::vector<uint8_t> challenge;
         wire::encode(challenge, id, wire::AuthChallenge{s->auth_nonce});
-        send_auth(*s, challenge);
+        s->send_auth(challenge);
     }
-    deliver_orphans(*s);
+    s->deliver_orphans();
     log.log(SG_LOG_INFO, "session with peer " + std::to_string(peer.ctx_id) + " over " + s->provider);
     wake();
     return s;
@@ -151,8 +151,8 @@ std::shared_ptr<Session> Context::open_session(const wire::Hello &peer, const sg
 // Sends that never left are dropped — all of them when the session ends here, or only those of
 // transfers when it was lost (its transfers have failed; a Bye answer may still go out) — their
 // cookies go back to the pool and their transfers stop counting them, so those can quiesce.
-void Context::drop_unsent(Session &s, bool transfer_frames_only) {
-    for (auto *queue : {&s.outbox, &s.bulk_outbox, &s.auth_outbox}) {
+void Session::drop_unsent(bool transfer_frames_only) {
+    for (auto *queue : {&outbox, &bulk_outbox, &auth_outbox}) {
         auto keep = queue->begin();
         for (OpCookie *c : *queue) {
             if (transfer_frames_only && !c->xfer) {
@@ -160,12 +160,12 @@ void Context::drop_unsent(Session &s, bool transfer_frames_only) {
                 continue;
             }
             if (c->xfer) c->xfer->inflight--;
-            give_cookie(c);
+            ctx->give_cookie(c);
         }
         queue->erase(keep, queue->end());
     }
-    for (auto &[k, t] : s.matchbook.expects()) note_quiesced(*t);
-    for (auto &[k, t] : s.matchbook.matched_posts()) note_quiesced(*t);
+    for (auto &[k, t] : matchbook.expects()) t->note_quiesced();
+    for (auto &[k, t] : matchbook.matched_posts()) t->note_quiesced();
 }
 
 size_t Session::unfinished() const {
@@ -178,41 +178,41 @@ size_t Session::unfinished() const {
 
 // Closes a lost session's registrations as soon as none of our writes uses them, so a peer that
 // is only silent, not gone, cannot write into our blocks any more.
-void Context::drop_registrations(Session &s) {
-    if (s.regs_dropped || s.bytes_inflight) return;
-    for (auto &[pool_id, reg] : s.local_regs) {
-        for (auto &r : reg.regions) s.tp->deregister(r);
+void Session::drop_registrations() {
+    if (regs_dropped || bytes_inflight) return;
+    for (auto &[pool_id, reg] : local_regs) {
+        for (auto &r : reg.regions) tp->deregister(r);
         reg.regions.clear();
     }
-    s.regs_dropped = true;
+    regs_dropped = true;
 }
 
-void Context::send(Session &s, const std::vector<uint8_t> &frame, Transfer *t, bool bulk) {
-    if (s.closed()) return;
-    OpCookie *c = take_cookie();
+void Session::send(const std::vector<uint8_t> &frame, Transfer *t, bool bulk) {
+    if (closed()) return;
+    OpCookie *c = ctx->take_cookie();
     c->kind = OpCookie::Kind::Send;
-    c->session = &s;
+    c->session = this;
     c->xfer = t;
     c->bytes.assign(frame.begin(), frame.end());
     if (t) t->inflight++;
-    (bulk ? s.bulk_outbox : s.outbox).push_back(c);
-    flush_outbox(s);
+    (bulk ? bulk_outbox : outbox).push_back(c);
+    flush_outbox();
 }
 
-void Context::send_auth(Session &s, const std::vector<uint8_t> &frame) {
-    OpCookie *c = take_cookie();
+void Session::send_auth(const std::vector<uint8_t> &frame) {
+    OpCookie *c = ctx->take_cookie();
     c->kind = OpCookie::Kind::Send;
-    c->session = &s;
+    c->session = this;
     c->bytes.assign(frame.begin(), frame.end());
-    s.auth_outbox.push_back(c);
-    flush_outbox(s);
+    auth_outbox.push_back(c);
+    flush_outbox();
 }
 
-void Context::flush_outbox(Session &s) {
+void Session::flush_outbox() {
     // A full transmit queue is shared by messages and writes: retrying a message on every pass
     // spins just as a write would (46,049 retries for 702 writes with 16 threads on one loaded shm
     // session), so a message waits for the same completion or short wait as a write.
-    if (tx_full(*s.tp)) return;
+    if (ctx->tx_full(*tp)) return;
     // Sends the queue's head until the provider pushes back; false when it did.
     auto drain = [&](std::deque<OpCookie *> &queue) {
         while (!queue.empty()) {
@@ -220,25 +220,25 @@ void Context::flush_outbox(Session &s) {
             // Messages are small and the provider copies or registers them itself unless FI_MR_LOCAL.
             int rc;
             try {
-                rc = s.tp->post_send(s.peer, c->bytes.data(), c->bytes.size(), nullptr, c);
+                rc = tp->post_send(peer, c->bytes.data(), c->bytes.size(), nullptr, c);
             } catch (const Error &e) {
-                lose_session(s, SG_ERR_PEER_LOST, "sending to the peer failed: " + e.message());
+                lose(SG_ERR_PEER_LOST, "sending to the peer failed: " + e.message());
                 // What is left cannot reach the peer either; kept, it would be retried on every pass.
-                drop_unsent(s, false);
+                drop_unsent(false);
                 return false;
             }
             if (rc == -EAGAIN) {
-                note_tx_full(*s.tp);
+                ctx->note_tx_full(*tp);
                 return false;
             }
             queue.pop_front();
-            s.last_sent_ns = now_ns();
-            counters.messages_sent++;
+            last_sent_ns = now_ns();
+            ctx->counters.messages_sent++;
         }
         return true;
     };
-    if (!s.may_send || !drain(s.auth_outbox)) return;
-    if (s.proven && drain(s.outbox)) drain(s.bulk_outbox);
+    if (!may_send || !drain(auth_outbox)) return;
+    if (proven && drain(outbox)) drain(bulk_outbox);
 }
 
 // Keep-alives, peer loss and deadlines; cheap, and run at most every 10 ms.
@@ -258,11 +258,11 @@ void Context::check_timers_locked() {
     }
     for (auto &[peer_id, weak] : sessions_) {
         auto s = weak.lock();
-        if (s && s->closed() && !s->regs_dropped) drop_registrations(*s);
-        if (s && s->closed() && s->tp->caps().local_only && now - s->lost_ns > kAbandonAfterLossNs) abandon_ops(*s);
+        if (s && s->closed() && !s->regs_dropped) s->drop_registrations();
+        if (s && s->closed() && s->tp->caps().local_only && now - s->lost_ns > kAbandonAfterLossNs) s->abandon_ops();
         if (!s || s->closed()) continue;
         if (now - s->last_heard_ns > peer_timeout_ns_) {
-            lose_session(*s, SG_ERR_PEER_LOST,
+            s->lose(SG_ERR_PEER_LOST,
                          "peer sent nothing for " + std::to_string((now - s->last_heard_ns) / 1000000) +
                              " ms (peer_timeout_ms " + std::to_string(peer_timeout_ns_ / 1000000) + ")");
             continue;
@@ -272,20 +272,20 @@ void Context::check_timers_locked() {
             ping.sent_ns = now;
             std::vector<uint8_t> out;
             wire::encode(out, id, ping);
-            send(*s, out);
+            s->send(out);
         }
         // Failing a transfer takes an unmatched post out of the book: walk a copy.
         for (auto &t : s->matchbook.transfers()) {
             if (t->deadline_abs_ns && now > t->deadline_abs_ns && !t->finished())
-                fail_transfer(*t, SG_ERR_DEADLINE, "transfer '" + t->request_id + "' missed its deadline", true);
+                t->fail_with(SG_ERR_DEADLINE, "transfer '" + t->request_id + "' missed its deadline", true);
             if (!t->post_side) continue;  // leases are the prefill side's
             // A transfer whose bytes are all delivered and that only waits for the decode side's
             // acknowledgement holds the decode side to nothing more: its lease cannot end it.
             const Transfer::Prefill &P = t->prefill();
             const bool delivered = P.done_sent() && t->inflight == 0;
             if (P.lease_deadline_ns && now > P.lease_deadline_ns && !t->finished() && !delivered) {
-                emit(*t, SG_EVENT_LEASE_EXPIRED, 0, SG_ERR_LEASE_EXPIRED);
-                fail_transfer(*t, SG_ERR_LEASE_EXPIRED,
+                t->emit(SG_EVENT_LEASE_EXPIRED, 0, SG_ERR_LEASE_EXPIRED);
+                t->fail_with(SG_ERR_LEASE_EXPIRED,
                               "the lease of '" + t->request_id + "' ended (" +
                                   std::to_string(t->options.lease_ns / 1000000) +
                                   " ms after its last layer was written) before the decode side held every block",

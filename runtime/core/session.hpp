@@ -71,7 +71,7 @@ struct OpCookie {
     Vec<uint8_t> bytes;  // message body for sends; segment list encoding for staged writes
     bool in_use = false;
     // Settled without the provider's completion (its peer is gone and the provider will never
-    // complete it, see Context::abandon_ops); if the completion comes after all, it only returns
+    // complete it, see Session::abandon_ops); if the completion comes after all, it only returns
     // the cookie.
     bool abandoned = false;
 };
@@ -194,6 +194,81 @@ class Session {
     void close(uint64_t deadline_ns = 0);
     // Forgets a session the peer never opened (bootstrap outcome): no Bye, nothing drained.
     void discard();
+
+
+  private:
+    // ---- The engine's steps: what the context's progress does to a session, always with the
+    // context's mutex held. The context drives them and its transfers call them; the host reaches
+    // a session only through the verbs above. ----
+    friend class Context;
+    friend class Transfer;
+    // Sending (session.cpp): the outboxes, in order, within the in-flight bounds.
+    void send(const std::vector<uint8_t> &frame, Transfer *t = nullptr, bool bulk = false);
+    void send_auth(const std::vector<uint8_t> &frame);
+    void flush_outbox();
+    void drop_unsent(bool transfer_frames_only);
+    bool may_post_bytes(uint64_t len) const;
+    void note_bulk_delivered(uint64_t bytes);
+    void uncount_inflight(const SendUnit &u, uint64_t len);
+    void send_quiesced(uint64_t decode_xfer_id);
+    // Staging (staging.cpp).
+    bool choose_staging();
+    void offer_staging();
+    bool ensure_send_staging();
+    // The end of the session (session.cpp, completions.cpp).
+    // peer_closed: the peer said Bye (not a failure: no error log, not counted as a lost peer).
+    void lose(sg_status_t status, const std::string &why, bool peer_closed = false);
+    // Settles the session's operations still in flight as failed, for providers that never
+    // complete operations addressed to a dead peer (local_only): otherwise they would hold the
+    // context's operation budget and keep their transfers from quiescing forever.
+    void abandon_ops();
+    // Operations still in the provider stop naming it (their completions then touch nothing of
+    // the session); a write that belongs to no transfer is settled at once.
+    void forget_in_ops();
+    void drop_registrations();
+    // The protocol (protocol.cpp; the handlers also in session_auth.cpp, staging.cpp, paths_*.cpp): each
+    // frame of the peer decoded by decode_then and handed to its message type's handler.
+    void heard_from();
+    void forget_held_frames();
+    void deliver_orphans();
+    void match(const std::shared_ptr<Transfer> &t, const wire::Expect &e);
+    // Decode side: the session's unfinished transfer with this id (moved to Running: the prefill
+    // side speaks of it), or NULL.
+    Transfer *running_expect(uint64_t decode_xfer_id);
+    struct Route {
+        const char *name = nullptr;
+        bool auth = false;  // taken before the peer proved its key
+        void (Session::*run)(std::span<const uint8_t>, const char *) = nullptr;
+    };
+    static const Route &route(wire::MsgType type);
+    template <class M, void (Session::*Handler)(M &)>
+    static constexpr Route route_to(const char *name, bool auth = false);
+    template <class M, void (Session::*Handler)(M &)>
+    void decode_then(std::span<const uint8_t> body, const char *name);
+    void on_auth_challenge(wire::AuthChallenge &m);
+    void on_auth_proof(wire::AuthProof &m);
+    void on_auth_result(wire::AuthResult &m);
+    void on_handle_export(wire::HandleExport &m);
+    void on_bye(wire::Bye &m);
+    void on_ping(wire::Ping &m);
+    void on_notify(wire::Notify &m);
+    void on_expect(wire::Expect &m);
+    void on_layer_ready(wire::LayerReady &m);
+    void on_transfer_done(wire::TransferDone &m);
+    void on_transfer_ack(wire::TransferAck &m);
+    void on_quiesced(wire::Quiesced &m);
+    void on_cancel(wire::TransferError &m);
+    void on_error(wire::TransferError &m);
+    void on_transfer_error(wire::TransferError &m, wire::MsgType type);
+    void on_cancel_ack(wire::CancelAck &m);
+    void on_release(wire::Release &m);
+    void on_reposted(wire::Reposted &m);
+    void on_staged_chunk(wire::StagedChunk &m);
+    void on_staging_credit(wire::StagingCredit &m);
+    void on_selective(wire::Selective &m);
+    void on_digests(wire::Digests &m);
+    void on_blocks_ready(wire::BlocksReady &m);
+    void on_fetch(wire::Fetch &m);
 
   private:
     // The end of the session on this side, with the context's mutex held: closed, its unsent

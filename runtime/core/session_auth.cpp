@@ -56,45 +56,45 @@ wire::Hello parse_metadata(const Context &ctx, std::span<const uint8_t> blob) {
 // Fabric challenge-response of sessions made from metadata blobs: each side challenges with a fresh
 // nonce and answers the other's challenge; a side trusts the peer once the peer's answer checks.
 
-void Context::on_auth_challenge(Session &s, wire::AuthChallenge &m) {
+void Session::on_auth_challenge(wire::AuthChallenge &m) {
     // Only sessions the host opened from a blob answer: a bootstrapped session proved itself
     // already, and answering anyone would make this context an oracle.
-    if (s.auth_nonce.empty()) return;
+    if (auth_nonce.empty()) return;
     std::vector<uint8_t> out;
-    wire::encode(out, id, wire::AuthProof{auth::fabric_proof(key_, id, s.peer_ctx_id, m.nonce)});
-    send_auth(s, out);
+    wire::encode(out, ctx->id, wire::AuthProof{auth::fabric_proof(ctx->key_, ctx->id, peer_ctx_id, m.nonce)});
+    send_auth(out);
 }
 
-void Context::on_auth_proof(Session &s, wire::AuthProof &m) {
-    if (s.proven || s.auth_nonce.empty()) return;
-    const bool ok = auth::mac_equal(m.mac, auth::fabric_proof(key_, s.peer_ctx_id, id, s.auth_nonce));
+void Session::on_auth_proof(wire::AuthProof &m) {
+    if (proven || auth_nonce.empty()) return;
+    const bool ok = auth::mac_equal(m.mac, auth::fabric_proof(ctx->key_, peer_ctx_id, ctx->id, auth_nonce));
     std::vector<uint8_t> out;
-    wire::encode(out, id, wire::AuthResult{ok ? 1u : 0u});
-    send_auth(s, out);
+    wire::encode(out, ctx->id, wire::AuthResult{ok ? 1u : 0u});
+    send_auth(out);
     if (!ok) {
-        counters.auth_failures++;
-        lose_session(s, SG_ERR_AUTH_FAILED,
+        ctx->counters.auth_failures++;
+        lose(SG_ERR_AUTH_FAILED,
                      "the peer's key proof does not match this context's key (the two sides hold different keys)");
         return;
     }
-    s.proven = true;
-    s.advance(SessionState::Open);
-    log.log(SG_LOG_INFO, "session with peer " + std::to_string(s.peer_ctx_id) + " authenticated over the fabric");
-    flush_outbox(s);
-    auto held = std::move(s.held_frames);
-    forget_held_frames(s);
-    for (auto &f : held) on_message(f);
-    cv.notify_all();
-    signal_event();
+    proven = true;
+    advance(SessionState::Open);
+    ctx->log.log(SG_LOG_INFO, "session with peer " + std::to_string(peer_ctx_id) + " authenticated over the fabric");
+    flush_outbox();
+    auto held = std::move(held_frames);
+    forget_held_frames();
+    for (auto &f : held) ctx->on_message(f);
+    ctx->cv.notify_all();
+    ctx->signal_event();
 }
 
-void Context::on_auth_result(Session &s, wire::AuthResult &m) {
+void Session::on_auth_result(wire::AuthResult &m) {
     // Like a challenge, a verdict means something only on a session that runs the fabric
     // challenge (made from a blob); a bootstrapped session was proven by its handshake.
-    if (s.auth_nonce.empty()) return;
+    if (auth_nonce.empty()) return;
     if (!m.accepted) {
-        counters.auth_failures++;
-        lose_session(s, SG_ERR_AUTH_FAILED,
+        ctx->counters.auth_failures++;
+        lose(SG_ERR_AUTH_FAILED,
                      "the peer rejected this context's key proof (the two sides hold different keys)");
     }
 }

@@ -83,7 +83,7 @@ void Session::export_kv(KvPool &pool) {
     local_regs[pool.id] = std::move(reg);
     std::vector<uint8_t> out;
     wire::encode(out, ctx->id, ex);
-    ctx->send(*this, out);
+    send(out);
 }
 
 void Session::close(uint64_t deadline) {
@@ -93,12 +93,12 @@ void Session::close(uint64_t deadline) {
         wire::Bye bye;
         std::vector<uint8_t> out;
         wire::encode(out, ctx->id, bye);
-        ctx->send(*this, out);
+        send(out);
         advance_bye(ByeExchange::ByeSent);
         if (state() == SessionState::Open) advance(SessionState::Draining);
     }
     // fail_transfer takes an unmatched post out of the book: walk a copy.
-    for (auto &t : matchbook.transfers()) ctx->fail_transfer(*t, SG_ERR_CANCELED, "session closed", false);
+    for (auto &t : matchbook.transfers()) t->fail_with(SG_ERR_CANCELED, "session closed", false);
     // Let queued sends (the Bye) and in-flight writes that name this session drain, and the peer
     // answer the Bye (peers of 1.1 and newer): until it has, frames we sent may still be in the
     // provider's or the kernel's buffers, and closing the endpoint could drop them.
@@ -116,7 +116,7 @@ void Session::close(uint64_t deadline) {
         } else {
             ctx->poll_locked();
             ctx->run_copies(lock);
-            ctx->flush_outbox(*this);
+            flush_outbox();
         }
     }
     detach_locked();
@@ -136,7 +136,7 @@ void Session::close_gracefully(uint64_t timeout_ns) {
             size_t n = matchbook.waiting_posts().size();
             auto count = [&](auto &transfers) {
                 for (auto &[k, t] : transfers) {
-                    ctx->note_quiesced(*t);
+                    t->note_quiesced();
                     n += !t->is_quiesced();
                 }
             };
@@ -169,7 +169,7 @@ void Session::notify(std::span<const uint8_t> data) {
     m.payload.assign(data.begin(), data.end());
     std::vector<uint8_t> out;
     wire::encode(out, ctx->id, m);
-    ctx->send(*this, out);
+    send(out);
     ctx->wake();
 }
 
@@ -178,12 +178,12 @@ void Session::detach_locked() {
         lost_ns = now_ns();
         advance(SessionState::Closed);
     }
-    ctx->forget_held_frames(*this);
-    ctx->drop_unsent(*this, false);
+    forget_held_frames();
+    drop_unsent(false);
     // The session object goes away with its handle; a provider that never completes operations to
     // a peer that stopped answering would leave them naming it forever.
-    if (tp->caps().local_only) ctx->abandon_ops(*this);
-    ctx->forget_session_in_cookies(*this);
+    if (tp->caps().local_only) abandon_ops();
+    forget_in_ops();
     auto it = ctx->sessions_.find(peer_ctx_id);
     if (it != ctx->sessions_.end() && it->second.lock().get() == this) {
         ctx->sessions_.erase(it);

@@ -33,14 +33,14 @@ void StagingArea::release(transport::Transport *tp) noexcept {
 // Decode side, before its first Expect on the session: the receive slots the peer may stage into,
 // and where they are (a HandleExport ahead of the Expect, so the peer knows them by the time it
 // matches). Allocated and registered once per session, only by sessions that expect.
-void Context::offer_staging(Session &s) {
-    if (s.recv_staging.base) return;
-    s.recv_staging.allocate();
+void Session::offer_staging() {
+    if (recv_staging.base) return;
+    recv_staging.allocate();
     try {
-        s.recv_staging.reg =
-            s.tp->register_memory(s.recv_staging.base, StagingArea::kSlots * StagingArea::kSlotBytes, random_u64());
+        recv_staging.reg =
+            tp->register_memory(recv_staging.base, StagingArea::kSlots * StagingArea::kSlotBytes, random_u64());
     } catch (...) {
-        s.recv_staging.release(s.tp);
+        recv_staging.release(tp);
         throw;
     }
     wire::HandleExport ex;
@@ -56,26 +56,26 @@ void Context::offer_staging(Session &s) {
     ex.layout.packing = SG_KV_FUSED;
     ex.layout.block_stride_bytes = 4096;
     ex.layout.num_blocks = StagingArea::kSlots * StagingArea::kSlotBytes / 4096;
-    ex.regions.push_back({s.recv_staging.reg.key, s.recv_staging.reg.remote_base, StagingArea::kSlots * StagingArea::kSlotBytes});
+    ex.regions.push_back({recv_staging.reg.key, recv_staging.reg.remote_base, StagingArea::kSlots * StagingArea::kSlotBytes});
     std::vector<uint8_t> out;
-    wire::encode(out, id, ex);
-    send(s, out);
+    wire::encode(out, ctx->id, ex);
+    send(out);
 }
 
 // Prefill side, at the first staged chunk: the slots we pack into. False when they cannot be had
 // (the layer then goes as plain writes).
-bool Context::ensure_send_staging(Session &s) {
-    if (s.send_staging.base) return true;
+bool Session::ensure_send_staging() {
+    if (send_staging.base) return true;
     try {
-        s.send_staging.allocate();
-        if (s.tp->caps().needs_local_desc)
-            s.send_staging.reg =
-                s.tp->register_memory(s.send_staging.base, StagingArea::kSlots * StagingArea::kSlotBytes, random_u64());
+        send_staging.allocate();
+        if (tp->caps().needs_local_desc)
+            send_staging.reg =
+                tp->register_memory(send_staging.base, StagingArea::kSlots * StagingArea::kSlotBytes, random_u64());
         return true;
     } catch (const Error &e) {
-        s.send_staging.release(s.tp);
-        s.have_peer_staging = false;
-        log.log(SG_LOG_WARN, "staging turned off for this session: " + e.message());
+        send_staging.release(tp);
+        have_peer_staging = false;
+        ctx->log.log(SG_LOG_WARN, "staging turned off for this session: " + e.message());
         return false;
     }
 }
@@ -85,43 +85,43 @@ bool Context::ensure_send_staging(Session &s) {
 // stages every candidate layer; elsewhere the path is chosen by the throughput each achieved on this
 // session: each unmeasured path is tried first, and the slower one is retried every 8th candidate
 // layer (every 32nd when it lost by 25% or more) so a change in conditions is noticed.
-bool Context::choose_staging(Session &s) {
-    const uint32_t n = s.candidate_layers++;
+bool Session::choose_staging() {
+    const uint32_t n = candidate_layers++;
     // A same-host provider with no connection to share (shm) pays a round trip through the peer for
     // every plain write, so for a candidate layer (small operations) staging wins by far, and a
     // probe of plain writes is only cost: measured rates under concurrency do not say so reliably
     // (a staged layer's time includes waiting for a slot), and an outside user's 16 threads on one
     // shm session moved 3.4x less under the measuring policy than with staging forced.
-    if (s.tp->caps().local_only) return true;
-    if (s.path_rate[0] == 0 || s.path_rate[1] == 0) {
+    if (tp->caps().local_only) return true;
+    if (path_rate[0] == 0 || path_rate[1] == 0) {
         // One probe at a time per unmeasured path: when many transfers start at once they must not
         // all go down a path nobody has measured (16 threads on one shm session all went direct,
         // where every operation is a round trip through the peer, and moved 23 MiB/s against 1.4
         // GiB/s staged). The rest take the better guess until the probes report.
         const uint64_t now = now_ns();
         for (int path : {0, 1})
-            if (s.path_rate[path] == 0 && now - s.probe_ns[path] > kProbeSpacingNs) {
-                s.probe_ns[path] = now;
+            if (path_rate[path] == 0 && now - probe_ns[path] > ctx->kProbeSpacingNs) {
+                probe_ns[path] = now;
                 return path == 1;
             }
         // Plain writes avoid copies: the better guess until the probes report.
         return false;
     }
-    const bool faster = s.path_rate[1] > s.path_rate[0];
+    const bool faster = path_rate[1] > path_rate[0];
     // A close call is questioned every 8th layer. A clear winner is questioned less often the
     // clearer it is, so that re-measuring the loser costs at most ~1/8 of the time saved: at 25%
     // every 32nd layer, and a path 100 times slower (direct writes over shm) every 800th, never
     // rarer than every 4096th.
-    const double margin = faster ? s.path_rate[1] / s.path_rate[0] : s.path_rate[0] / s.path_rate[1];
+    const double margin = faster ? path_rate[1] / path_rate[0] : path_rate[0] / path_rate[1];
     const uint32_t every = margin < 1.25 ? 8 : uint32_t(std::clamp(8.0 * margin, 32.0, 4096.0));
     return n % every == every - 1 ? !faster : faster;
 }
 
-void Context::record_layer_rate(Transfer &t, Transfer::Layer &L) {
-    if (!L.out.candidate || staging_policy_ != SG_STAGING_AUTO) return;
+void Transfer::record_layer_rate(Transfer::Layer &L) {
+    if (!L.out.candidate || ctx->staging_policy_ != SG_STAGING_AUTO) return;
     const uint64_t ns = std::max<uint64_t>(1, now_ns() - L.out.start_ns);
     const double rate = double(L.out.bytes) / double(ns);
-    double &r = t.session->path_rate[L.out.staged ? 1 : 0];
+    double &r = session->path_rate[L.out.staged ? 1 : 0];
     r = r == 0 ? rate : 0.5 * r + 0.5 * rate;
 }
 
@@ -129,14 +129,14 @@ void Context::record_layer_rate(Transfer &t, Transfer::Layer &L) {
 // them as one write in flight; the packing (up to a slot's 4 MiB) and the write happen in
 // run_packs, outside the context's mutex. unit: the selective send unit the ops belong to (NULL:
 // the full path's current layer).
-bool Context::post_staged_chunk(Transfer &t, uint32_t layer, const Vec<plan::Op> &ops, size_t &next_op, SendUnit *unit) {
-    Session &s = *t.session;
-    if (tx_full(*s.tp)) return false;  // the provider is full: a packed chunk would only wait
+bool Transfer::post_staged_chunk(uint32_t layer, const Vec<plan::Op> &ops, size_t &next_op, SendUnit *unit) {
+    Session &s = *session;
+    if (ctx->tx_full(*s.tp)) return false;  // the provider is full: a packed chunk would only wait
     // Device memory the provider cannot reach cannot go as a plain write: without slots on both
     // sides the transfer fails.
-    if (!s.have_peer_staging || !ensure_send_staging(s)) {
-        if (t.rma_reaches_both_pools()) return post_write_op(t, layer, ops, next_op, unit);
-        fail_transfer(t, SG_ERR_UNSUPPORTED,
+    if (!s.have_peer_staging || !s.ensure_send_staging()) {
+        if (rma_reaches_both_pools()) return post_write_op(layer, ops, next_op, unit);
+        fail_with(SG_ERR_UNSUPPORTED,
                       "a pool in device memory moves through staging slots, and this session has none", true);
         return false;
     }
@@ -145,12 +145,12 @@ bool Context::post_staged_chunk(Transfer &t, uint32_t layer, const Vec<plan::Op>
     p.rslot = uint32_t(__builtin_ctz(s.free_peer_slots));
     p.lslot = uint32_t(__builtin_ctz(s.free_send_slots));
     wire::StagedChunk chunk;
-    chunk.decode_xfer_id = t.id;
+    chunk.decode_xfer_id = id;
     chunk.layer = layer;
     chunk.slot = p.rslot;
     const size_t first = next_op;
     size_t k = first;
-    p.src_device = t.pool->layout.mem_kind == SG_MEM_CUDA ? t.pool->layout.device : -1;
+    p.src_device = pool->layout.mem_kind == SG_MEM_CUDA ? pool->layout.device : -1;
     for (; k < ops.size() && chunk.segments.size() < kMaxSegmentsPerChunk; ++k) {
         const plan::Op &op = ops[k];
         uint64_t wire_len = op.len;
@@ -158,57 +158,57 @@ bool Context::post_staged_chunk(Transfer &t, uint32_t layer, const Vec<plan::Op>
         // A quantized transfer's range that is not whole head rows (padding coalesced between
         // blocks) travels raw, in a chunk of raw ranges: a chunk is quantized or not as a whole.
         const bool quantized =
-            t.options.wire_quant &&
-            quant::shape_of(t.prefill().dst->layout, op.dst_region, op.dst_offset, op.len, q.shape);
+            options.wire_quant &&
+            quant::shape_of(prefill().dst->layout, op.dst_region, op.dst_offset, op.len, q.shape);
         if (k == first)
-            p.wire_quant = chunk.wire_quant = quantized ? t.options.wire_quant : 0;
+            p.wire_quant = chunk.wire_quant = quantized ? options.wire_quant : 0;
         else if (quantized != (p.wire_quant != 0))
             break;
         if (quantized) wire_len = q.shape.wire_bytes();
         if (p.used + wire_len > StagingArea::kSlotBytes) {
             if (k > first) break;
-            if (t.rma_reaches_both_pools()) return post_write_op(t, layer, ops, next_op, unit);  // larger than a slot
-            fail_transfer(t, SG_ERR_INTERNAL, "an operation larger than a staging slot on a device transfer", true);
+            if (rma_reaches_both_pools()) return post_write_op(layer, ops, next_op, unit);  // larger than a slot
+            fail_with(SG_ERR_INTERNAL, "an operation larger than a staging slot on a device transfer", true);
             return false;
         }
         for (uint32_t i = 0; i < op.niov; ++i) p.pieces.emplace_back(op.iov[i].addr, op.iov[i].len);
         p.used += wire_len;
         p.payload += op.len;
         if (p.wire_quant) p.quant_segments.push_back(q);
-        chunk.segments.push_back({layer * t.prefill().dst->regions_per_layer + op.dst_region, op.dst_offset, op.len});
+        chunk.segments.push_back({layer * prefill().dst->regions_per_layer + op.dst_region, op.dst_offset, op.len});
     }
-    wire::encode(p.notice, id, chunk);
+    wire::encode(p.notice, ctx->id, chunk);
     p.variant = &staging_variant(p.src_device >= 0, p.wire_quant != 0);
-    p.t = t.shared_from_this();
+    p.t = shared_from_this();
     p.layer = layer;
     p.unit = unit;
-    budget_.posted(p.used);
+    ctx->budget_.posted(p.used);
     s.bytes_inflight += p.used;
     s.free_peer_slots &= ~(1u << p.rslot);
     s.free_send_slots &= ~(1u << p.lslot);
-    t.inflight++;
+    inflight++;
     if (unit) {
         unit->outstanding++;
         unit->packs_pending++;
-        count_unit_bytes(t, *unit, p.used, p.payload);
+        count_unit_bytes(*unit, p.used, p.payload);
     } else {
-        t.layers[layer].out.outstanding++;
-        t.layers[layer].out.packs_pending++;
+        layers[layer].out.outstanding++;
+        layers[layer].out.packs_pending++;
     }
-    t.stats.rma_ops++;
-    t.stats.bytes += p.payload;
-    t.stats.staged_bytes += p.payload;
-    t.stats.staging_copies += p.pieces.size();
+    stats.rma_ops++;
+    stats.bytes += p.payload;
+    stats.staged_bytes += p.payload;
+    stats.staging_copies += p.pieces.size();
     if (p.wire_quant) {
-        t.stats.quantized_bytes += p.payload;
-        t.stats.quantized_wire_bytes += p.used;
+        stats.quantized_bytes += p.payload;
+        stats.quantized_wire_bytes += p.used;
     }
-    counters.rma_ops++;
-    counters.bytes_staged += p.used;
-    counters.staging_copies += p.pieces.size();
+    ctx->counters.rma_ops++;
+    ctx->counters.bytes_staged += p.used;
+    ctx->counters.staging_copies += p.pieces.size();
     next_op = k;
-    packs_.push_back(std::move(p));
-    wake();
+    ctx->packs_.push_back(std::move(p));
+    ctx->wake();
     return true;
 }
 
@@ -238,7 +238,7 @@ void Context::run_packs(std::unique_lock<std::mutex> &lock) {
     packing_ = false;
     std::deque<PackJob> waiting;  // the provider was full: retried on a later pass, in order
     for (PackJob &p : batch) {
-        if (!p.error.empty() && !p.t->finished()) fail_transfer(*p.t, SG_ERR_INTERNAL, p.error, true);
+        if (!p.error.empty() && !p.t->finished()) p.t->fail_with(SG_ERR_INTERNAL, p.error, true);
         if (p.t->finished() || p.t->session->closed()) {
             drop_pack(p);
         } else if (!waiting.empty() || !post_pack(p)) {
@@ -271,7 +271,7 @@ bool Context::post_pack(PackJob &p) {
                                  peer_area.base + p.rslot * StagingArea::kSlotBytes, peer_area.key, c);
     } catch (const Error &e) {
         give_cookie(c);
-        lose_session(s, SG_ERR_PEER_LOST, "writing to the peer failed: " + e.message());
+        s.lose(SG_ERR_PEER_LOST, "writing to the peer failed: " + e.message());
         drop_pack(p);
         return true;  // settled: nothing left to retry
     }
@@ -282,7 +282,7 @@ bool Context::post_pack(PackJob &p) {
     }
     t.layers[p.layer].staged_chunks++;
     if (s.tp->caps().send_after_write) {
-        send(s, p.notice, &t);
+        s.send(p.notice, &t);
     } else {
         c->bytes.assign(p.notice.begin(), p.notice.end());  // sent when the write completes
     }
@@ -290,10 +290,10 @@ bool Context::post_pack(PackJob &p) {
               "transfer '" + t.request_id + "': a pack handed over twice");
     if (p.unit) {
         p.unit->packs_pending--;
-        selective_notices(t);
+        t.selective_notices();
     } else {
         t.layers[p.layer].out.packs_pending--;
-        maybe_send_notices(t);
+        t.maybe_send_notices();
     }
     return true;
 }
@@ -311,7 +311,7 @@ void Context::drop_pack(PackJob &p) {
     if (p.unit) {
         p.unit->outstanding--;
         p.unit->packs_pending--;
-        uncount_inflight(s, *p.unit, p.used);
+        s.uncount_inflight(*p.unit, p.used);
     } else {
         t.layers[p.layer].out.outstanding--;
         t.layers[p.layer].out.packs_pending--;
@@ -325,15 +325,15 @@ void Context::drop_pack(PackJob &p) {
     }
     counters.rma_ops--;
     counters.bytes_staged -= p.used;
-    if (s.closed() && !s.regs_dropped) drop_registrations(s);
-    maybe_send_quiesced(t);
-    note_quiesced(t);
+    if (s.closed() && !s.regs_dropped) s.drop_registrations();
+    t.maybe_send_quiesced();
+    t.note_quiesced();
 }
 
-void Context::on_staged_chunk(Session &s, wire::StagedChunk &m) {
+void Session::on_staged_chunk(wire::StagedChunk &m) {
     if (m.slot >= StagingArea::kSlots) fail(SG_ERR_PROTOCOL, "StagedChunk names a slot that does not exist");
-    if (!s.recv_staging.base) fail(SG_ERR_PROTOCOL, "StagedChunk on a session that offered no staging slots");
-    if (Transfer *running = running_expect(s, m.decode_xfer_id)) {
+    if (!recv_staging.base) fail(SG_ERR_PROTOCOL, "StagedChunk on a session that offered no staging slots");
+    if (Transfer *running = running_expect(m.decode_xfer_id)) {
         Transfer &t = *running;
         const kv::Layout &L = t.pool->layout;
         uint64_t pos = m.slot_offset;
@@ -369,15 +369,15 @@ void Context::on_staged_chunk(Session &s, wire::StagedChunk &m) {
         // The copy happens outside mu (run_unpacks); the slot stays ours until its credit goes.
         t.decode().unpacks_pending++;
         const StagingVariant &variant = staging_variant(L.mem_kind == SG_MEM_CUDA, m.wire_quant != 0);
-        unpacks_.push_back({t.shared_from_this(), &variant, std::move(m), std::move(shapes)});
-        wake();
+        ctx->unpacks_.push_back({t.shared_from_this(), &variant, std::move(m), std::move(shapes)});
+        ctx->wake();
         return;
     }
     wire::StagingCredit credit;
     credit.slot = m.slot;
     std::vector<uint8_t> out;
-    wire::encode(out, id, credit);
-    send(s, out);
+    wire::encode(out, ctx->id, credit);
+    send(out);
 }
 
 void Context::run_unpacks(std::unique_lock<std::mutex> &lock) {
@@ -400,7 +400,7 @@ void Context::run_unpacks(std::unique_lock<std::mutex> &lock) {
     lock.lock();
     unpacking_ = false;
     for (UnpackJob &u : batch) {
-        if (!u.error.empty() && !u.t->finished()) fail_transfer(*u.t, SG_ERR_INTERNAL, u.error, true);
+        if (!u.error.empty() && !u.t->finished()) u.t->fail_with(SG_ERR_INTERNAL, u.error, true);
         finish_unpack(u);
     }
     if (!unpacks_.empty()) wake();
@@ -425,22 +425,22 @@ void Context::finish_unpack(UnpackJob &u) {
         if (m.layer < t.layers.size()) {
             t.layers[m.layer].staged_chunks++;
             if (t.selective())
-                apply_held_notices(t, m.layer);
+                t.apply_held_notices(m.layer);
             else
-                layers_ready_in_order(t);
+                t.layers_ready_in_order();
         }
     }
-    note_quiesced(t);
+    t.note_quiesced();
     wire::StagingCredit credit;
     credit.slot = m.slot;
     std::vector<uint8_t> out;
     wire::encode(out, id, credit);
-    send(s, out);
+    s.send(out);
     cv.notify_all();
 }
 
-void Context::on_staging_credit(Session &s, wire::StagingCredit &m) {
-    if (m.slot < StagingArea::kSlots) s.free_peer_slots |= 1u << m.slot;
+void Session::on_staging_credit(wire::StagingCredit &m) {
+    if (m.slot < StagingArea::kSlots) free_peer_slots |= 1u << m.slot;
 }
 
 }  // namespace sg::core

@@ -78,10 +78,10 @@ std::shared_ptr<Transfer> Context::expect(const std::shared_ptr<Session> &s, con
         // The prefill side canceled this request before we expected it: nothing will be sent.
         s->matchbook.add_expect(t);
         t->decode().peer_quiesced = true;
-        fail_transfer(*t, c->status, c->message, false);
+        t->fail_with(c->status, c->message, false);
         return t;
     }
-    offer_staging(*s);
+    s->offer_staging();
     s->matchbook.add_expect(t);
     wire::Expect m;
     m.request_id = rid;
@@ -96,7 +96,7 @@ std::shared_ptr<Transfer> Context::expect(const std::shared_ptr<Session> &s, con
         s->matchbook.forget_expect(t->id);
         fail(SG_ERR_OUT_OF_RANGE, "block table too large for one control message (max about 60000 blocks)");
     }
-    send(*s, out);
+    s->send(out);
     wake();
     return t;
 }
@@ -132,7 +132,7 @@ std::shared_ptr<Transfer> Context::post(const std::shared_ptr<Session> &s, const
     t->paths = paths;
     t->options.profile = nullptr;  // the handle is the caller's; the transfer holds its own copy
     t->options.layer_order = nullptr;
-    std::vector<PreparedLayer> prepared;
+    std::vector<Transfer::PreparedLayer> prepared;
     if (t->selective()) {
         const kv::Layout &L = pool->layout;
         const uint32_t nb = uint32_t(kernels::num_blocks(num_tokens, L.tokens_per_block));
@@ -148,7 +148,7 @@ std::shared_ptr<Transfer> Context::post(const std::shared_ptr<Session> &s, const
             t->sel().selector = std::make_unique<LayerSelector>(p, L.num_kv_heads, L.head_dim, num_tokens, 2 * L.row_bytes());
         }
         if (opt.flags & SG_TRANSFER_ALL_LAYERS_WRITTEN)
-            for (uint32_t l = 0; l < nl; ++l) prepared.push_back(prepare_layer(*t, l, nullptr, 0, 0));
+            for (uint32_t l = 0; l < nl; ++l) prepared.push_back(t->prepare_layer(l, nullptr, 0, 0));
     }
     std::lock_guard lock(mu);
     if (s->closed()) fail(s->error ? s->error : SG_ERR_PEER_LOST, "session is closed");
@@ -163,20 +163,20 @@ std::shared_ptr<Transfer> Context::post(const std::shared_ptr<Session> &s, const
     if (auto c = s->matchbook.take_expect_canceled(rid)) {
         // The decode side canceled its Expect of this id before any post: this post answers that
         // cancel and ends with it.
-        fail_transfer(*t, c->status, c->message, false);
+        t->fail_with(c->status, c->message, false);
         return t;
     }
     if (s->matchbook.take_repost_needed(rid)) {
         // The decode side remembers that the id was canceled; this post is a new request.
         std::vector<uint8_t> out;
         wire::encode(out, id, wire::Reposted{rid});
-        send(*s, out);
+        s->send(out);
     }
     t->prefill().order = std::move(order);
     t->prefill().src_reg = &s->local_regs.at(pool->id);  // map nodes are stable for the session's life
     if (opt.deadline_ns) t->deadline_abs_ns = saturating_add(now_ns(), opt.deadline_ns);
     if (t->selective()) {
-        for (uint32_t l = 0; l < prepared.size(); ++l) commit_layer(*t, l, std::move(prepared[l]));
+        for (uint32_t l = 0; l < prepared.size(); ++l) t->commit_layer(l, std::move(prepared[l]));
     } else if (opt.flags & SG_TRANSFER_ALL_LAYERS_WRITTEN) {
         const uint64_t now = now_ns();
         for (auto &L : t->layers) {
@@ -185,7 +185,7 @@ std::shared_ptr<Transfer> Context::post(const std::shared_ptr<Session> &s, const
         }
     }
     if (auto m = s->matchbook.take_held_expect(rid)) {
-        match(*s, t, *m);
+        s->match(t, *m);
         if (t->status == SG_ERR_LAYOUT_MISMATCH || t->status == SG_ERR_OUT_OF_RANGE) {
             // The caller gets the error, not a handle: nothing of this post may stay behind, or the
             // id could never be posted again on the session.
@@ -199,13 +199,13 @@ std::shared_ptr<Transfer> Context::post(const std::shared_ptr<Session> &s, const
     return t;
 }
 
-void Context::match(Session &s, const std::shared_ptr<Transfer> &t, const wire::Expect &e) {
+void Session::match(const std::shared_ptr<Transfer> &t, const wire::Expect &e) {
     t->id = e.decode_xfer_id;
-    s.matchbook.add_matched_post(t);
+    matchbook.add_matched_post(t);
     t->stats.start_ns = now_ns();
     try {
-        auto rp = s.remote_pools.find(e.handle_id);
-        if (rp == s.remote_pools.end())
+        auto rp = remote_pools.find(e.handle_id);
+        if (rp == remote_pools.end())
             fail(SG_ERR_PROTOCOL, "the decode side expected into a pool it never exported");
         kv::check_mappable(t->pool->layout, rp->second.layout);
         if (e.num_tokens != t->num_tokens)
@@ -218,13 +218,13 @@ void Context::match(Session &s, const std::shared_ptr<Transfer> &t, const wire::
                                              quant::name_of(e.wire_quant) + " (options.wire_quant)");
         t->prefill().dst = &rp->second;
         t->prefill().dst_table.assign(e.block_ids.begin(), e.block_ids.end());
-        start_selective(*t);
+        t->start_selective();
         t->advance(plan::TransferState::Running);
-        active_.push_back(t);
-        active_unsorted_ = true;
+        ctx->active_.push_back(t);
+        ctx->active_unsorted_ = true;
     } catch (const Error &err) {
-        log.log(SG_LOG_ERROR, "transfer '" + t->request_id + "' cannot start: " + err.message());
-        fail_transfer(*t, err.status(), err.message(), true);
+        ctx->log.log(SG_LOG_ERROR, "transfer '" + t->request_id + "' cannot start: " + err.message());
+        t->fail_with(err.status(), err.message(), true);
     }
 }
 
@@ -235,67 +235,67 @@ void Context::queue_job(SelectJob job) {
     select_cv_.notify_one();
 }
 
-void Context::mark_written(Transfer &t, uint32_t layer) {
-    std::lock_guard lock(mu);
-    if (!t.layers[layer].out.written) {
-        t.layers[layer].out.written = true;
-        t.layers[layer].out.written_ns = now_ns();
-        if (t.matched() && !t.finished()) pump(t, plan::kTurnQuota);
+void Transfer::mark_written(uint32_t layer) {
+    std::lock_guard lock(ctx->mu);
+    if (!layers[layer].out.written) {
+        layers[layer].out.written = true;
+        layers[layer].out.written_ns = now_ns();
+        if (matched() && !finished()) pump(plan::kTurnQuota);
     }
-    wake();
+    ctx->wake();
 }
 
 // Sends LayerReady for every posted layer whose notice may go now, in send order, and TransferDone
 // after the last. With FI_ORDER_SAW the notice may follow the writes at once; otherwise it waits
 // until the layer's writes (issued with delivery completion) have completed.
-void Context::maybe_send_notices(Transfer &t) {
-    if (t.finished() || !t.matched()) return;
-    Transfer::Prefill &P = t.prefill();
-    const bool saw = t.session->tp->caps().send_after_write;
+void Transfer::maybe_send_notices() {
+    if (finished() || !matched()) return;
+    Transfer::Prefill &P = prefill();
+    const bool saw = session->tp->caps().send_after_write;
     // Layers before notice_pos are settled; each call only looks at the few still in flight.
     for (size_t i = P.notice_pos; i < P.order.size(); ++i) {
         const uint32_t l = P.order[i];
-        Transfer::Layer &L = t.layers[l];
+        Transfer::Layer &L = layers[l];
         if (!L.out.posted) break;  // notices go in send order
         if (!L.out.notice_sent && L.out.packs_pending == 0 && (saw || L.out.outstanding == 0)) {
             wire::LayerReady m;
-            m.decode_xfer_id = t.id;
+            m.decode_xfer_id = id;
             m.layer = l;
-            m.bytes = t.pool->layout.plane_bytes / t.pool->layout.tokens_per_block * t.num_tokens * 2;
+            m.bytes = pool->layout.plane_bytes / pool->layout.tokens_per_block * num_tokens * 2;
             m.staged_chunks = L.staged_chunks;
             std::vector<uint8_t> out;
-            wire::encode(out, id, m);
-            send(*t.session, out, &t);
+            wire::encode(out, ctx->id, m);
+            session->send(out, this);
             L.out.notice_sent = true;
         }
         if (!L.out.notice_sent) break;
         if (L.out.outstanding == 0 && !L.ready) {
-            record_layer_rate(t, L);
-            t.residency.set_layer(l);
-            mark_ready(t, l);
+            record_layer_rate(L);
+            residency.set_layer(l);
+            mark_ready(l);
         }
         if (i == P.notice_pos && L.ready) P.notice_pos++;
     }
-    if (P.notice_pos == P.order.size()) send_done(t);
+    if (P.notice_pos == P.order.size()) send_done();
 }
 
-void Context::send_done(Transfer &t) {
-    if (t.prefill().done_sent()) return;
+void Transfer::send_done() {
+    if (prefill().done_sent()) return;
     wire::TransferDone m;
-    m.decode_xfer_id = t.id;
-    m.bytes = t.stats.bytes;
+    m.decode_xfer_id = id;
+    m.bytes = stats.bytes;
     std::vector<uint8_t> out;
-    wire::encode(out, id, m);
-    t.prefill().end = Transfer::Prefill::End::DoneSent;
-    send(*t.session, out, &t);
+    wire::encode(out, ctx->id, m);
+    prefill().end = Transfer::Prefill::End::DoneSent;
+    session->send(out, this);
 }
 
-void Context::mark_ready(Transfer &t, uint32_t layer) {
-    Transfer::Layer &L = t.layers[layer];
+void Transfer::mark_ready(uint32_t layer) {
+    Transfer::Layer &L = layers[layer];
     L.ready = true;
     L.ready_ns = now_ns();
-    t.stats.layers_ready++;
-    emit(t, SG_EVENT_LAYER_READY, layer, SG_OK);
+    stats.layers_ready++;
+    emit(SG_EVENT_LAYER_READY, layer, SG_OK);
 }
 
 // Decode side: a layer is ready once its notice arrived and every staged chunk it announced has
@@ -304,107 +304,107 @@ void Context::mark_ready(Transfer &t, uint32_t layer) {
 // order), each once every staged chunk it announced is unpacked, in whatever order the provider
 // completed those messages. A layer whose chunks are still being copied (outside the mutex, see
 // run_unpacks) holds back the layers noticed after it, so readiness never runs ahead of that order.
-void Context::layers_ready_in_order(Transfer &t) {
-    auto &noticed = t.decode().noticed;
+void Transfer::layers_ready_in_order() {
+    auto &noticed = decode().noticed;
     bool any = false;
     while (!noticed.empty()) {
         const uint32_t layer = noticed.front();
-        Transfer::Layer &L = t.layers[layer];
+        Transfer::Layer &L = layers[layer];
         if (L.staged_chunks < L.in.chunks_announced) break;
         if (!L.ready) {
-            t.residency.set_layer(layer);
-            mark_ready(t, layer);
+            residency.set_layer(layer);
+            mark_ready(layer);
             any = true;
         }
         noticed.pop_front();
     }
     if (!any) return;
-    complete_if_done(t);
-    signal_event();
-    cv.notify_all();
+    complete_if_done();
+    ctx->signal_event();
+    ctx->cv.notify_all();
 }
 
-void Context::complete_if_done(Transfer &t) {
-    if (t.finished()) return;
-    if (t.post_side) {
-        if (!t.prefill().done_sent() || t.inflight) return;
-        if (t.session->peer_minor >= 1 && t.prefill().end != Transfer::Prefill::End::Confirmed) return;
+void Transfer::complete_if_done() {
+    if (finished()) return;
+    if (post_side) {
+        if (!prefill().done_sent() || inflight) return;
+        if (session->peer_minor >= 1 && prefill().end != Transfer::Prefill::End::Confirmed) return;
     } else {
-        if (!t.decode().done_received || t.stats.layers_ready < t.layers.size()) return;
+        if (!decode().done_received || stats.layers_ready < layers.size()) return;
         // Digests travel behind the notices: a layer whose proactive notice came is not complete
         // before its digests are (SG_LAYER_ESSENTIAL then holds for every such layer at completion).
-        for (const auto &L : t.layers)
+        for (const auto &L : layers)
             if (L.in.essential_notice && !L.essential) return;
-        if (t.session->peer_minor >= 1) {
+        if (session->peer_minor >= 1) {
             std::vector<uint8_t> out;
-            wire::encode(out, id, wire::TransferAck{t.id});
-            send(*t.session, out);
+            wire::encode(out, ctx->id, wire::TransferAck{id});
+            session->send(out);
         }
     }
-    finish(t, SG_OK, {});
-    note_quiesced(t);
+    finish(SG_OK, {});
+    note_quiesced();
 }
 
 // Unmatched or Running -> Finished with its final status: the one place a transfer's outcome is
 // set, counted and announced.
-void Context::finish(Transfer &t, sg_status_t status, const std::string &message) {
-    t.status = status;
-    t.error = message;
-    t.stats.end_ns = now_ns();
-    t.advance(plan::TransferState::Finished);
+void Transfer::finish(sg_status_t status, const std::string &message) {
+    this->status = status;
+    error = message;
+    stats.end_ns = now_ns();
+    advance(plan::TransferState::Finished);
     if (status == SG_OK) {
-        counters.transfers_completed++;
+        ctx->counters.transfers_completed++;
     } else {
-        counters.transfers_failed++;
-        if (status == SG_ERR_CANCELED) counters.transfers_canceled++;
-        if (status == SG_ERR_DEADLINE) counters.deadlines_hit++;
+        ctx->counters.transfers_failed++;
+        if (status == SG_ERR_CANCELED) ctx->counters.transfers_canceled++;
+        if (status == SG_ERR_DEADLINE) ctx->counters.deadlines_hit++;
     }
-    emit(t, SG_EVENT_FINISHED, 0, status);
-    signal_event();
-    cv.notify_all();
+    emit(SG_EVENT_FINISHED, 0, status);
+    ctx->signal_event();
+    ctx->cv.notify_all();
 }
 
-void Context::fail_transfer(Transfer &t, sg_status_t status, const std::string &message, bool tell_peer) {
-    if (t.finished()) return;
-    const bool was_matched = t.state() != plan::TransferState::Unmatched;
-    finish(t, status, message);
-    if (t.post_side && !was_matched) {
-        Session &s = *t.session;
-        s.matchbook.forget_waiting_post(t);
+void Transfer::fail_with(sg_status_t status, const std::string &message, bool tell_peer) {
+    if (finished()) return;
+    const bool was_matched = state() != plan::TransferState::Unmatched;
+    finish(status, message);
+    if (post_side && !was_matched) {
+        Session &s = *session;
+        s.matchbook.forget_waiting_post(*this);
         // The decode side may not have expected yet; its Expect will be answered when it comes.
         // (A post that failed at its match knows the decode side's id: its Error names it, and no
         // later Expect of the id is about this one.)
-        if (tell_peer && !t.id) s.matchbook.remember_our_cancel(t.request_id, {status, message});
+        if (tell_peer && !id) s.matchbook.remember_our_cancel(request_id, {status, message});
     }
-    if (tell_peer && !t.session->closed()) {
+    if (tell_peer && !session->closed()) {
         wire::TransferError m;
-        m.request_id = t.request_id;
-        m.decode_xfer_id = t.id;
+        m.request_id = request_id;
+        m.decode_xfer_id = id;
         m.status = status;
         m.message = message;
-        m.from_post_side = t.post_side ? 1 : 0;
+        m.from_post_side = post_side ? 1 : 0;
         std::vector<uint8_t> out;
-        wire::encode(out, id, m, status == SG_ERR_CANCELED ? wire::MsgType::Cancel : wire::MsgType::Error);
-        send(*t.session, out);
+        wire::encode(out, ctx->id, m, status == SG_ERR_CANCELED ? wire::MsgType::Cancel : wire::MsgType::Error);
+        session->send(out);
     }
-    maybe_send_quiesced(t);
-    note_quiesced(t);
+    maybe_send_quiesced();
+    note_quiesced();
 }
 
-void Context::send_quiesced(Session &s, uint64_t decode_xfer_id) {
+void Session::send_quiesced(uint64_t decode_xfer_id) {
     std::vector<uint8_t> out;
-    wire::encode(out, id, wire::Quiesced{decode_xfer_id});
-    send(s, out);
+    wire::encode(out, ctx->id, wire::Quiesced{decode_xfer_id});
+    send(out);
 }
 
 // Prefill: after a transfer that answered an Expect failed, tell the decode side once its last
 // write completed.
-void Context::maybe_send_quiesced(Transfer &t) {
-    if (!t.post_side || !t.id || !t.finished() || (t.status == SG_OK && !t.prefill().peer_released) || t.inflight ||
-        t.prefill().quiesce_sent)
+void Transfer::maybe_send_quiesced() {
+    if (!post_side || !id || !finished() || (status == SG_OK && !prefill().peer_released) || inflight ||
+        prefill().quiesce_sent)
         return;
-    t.prefill().quiesce_sent = true;
-    send_quiesced(*t.session, t.id);
+    prefill().quiesce_sent = true;
+    session->send_quiesced(id);
 }
 
 void Transfer::advance(plan::TransferState to) {

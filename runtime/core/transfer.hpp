@@ -86,7 +86,7 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
     // No operation of it is in flight and the peer can no longer write into the decode side's
     // blocks for it: its blocks may be reused.
     bool is_quiesced() const { return state() >= plan::TransferState::Quiesced; }
-    // What moves a Finished transfer to Quiesced (Context::note_quiesced makes the move).
+    // What moves a Finished transfer to Quiesced (Transfer::note_quiesced makes the move).
     bool quiesce_condition() const;
     // The counters quiesce depends on, checked against each other (with the context's mutex held):
     // "" when they agree, else the first disagreement. SG_ASSERTed at every state change; the fake
@@ -236,7 +236,7 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
     void let_go_of_pool();
 
     // ---- The host's verbs (transfer_host.cpp): the ABI's calls, each taking the context's mutex
-    // itself; the engine that moves the bytes stays the context's. ----
+    // itself; the engine's steps that move the bytes are below, private. ----
     // Prefill side. cuda_stream (a device pool's layer written by kernels on the engine's stream):
     // the layer counts as written once an event recorded on that stream now has completed, polled
     // on the selection worker. device_queries: queries is memory of the pool's device, read
@@ -269,6 +269,70 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
     // bits, also when cap is too small (SG_ERR_BUFFER_TOO_SMALL).
     void residency_bitmap(uint32_t layer, uint8_t *bitmap, size_t cap, size_t &num_bits) const;
     sg_transfer_stats_t stats_snapshot() const;
+
+
+  private:
+    // ---- The engine's steps: what the context's progress does to a transfer, always with the
+    // context's mutex held. The context drives them and a session's handlers call them; the host
+    // reaches a transfer only through the verbs above. ----
+    friend class Context;
+    friend class Session;
+    struct PreparedLayer {
+        std::vector<uint32_t> selected;
+        std::vector<uint8_t> digests;
+    };
+    // Completion (transfer.cpp, completions.cpp): events, the end, quiescing.
+    // blocks: for SG_EVENT_BLOCKS_READY, the logical blocks of the fetch that completed (copied only
+    // when the host has a callback).
+    void emit(sg_event_kind_t kind, uint32_t layer, sg_status_t status,
+              std::span<const uint32_t> blocks = {});
+    // With mu held through `lock`: until every event t emitted so far has been delivered (or the
+    // deadline passes). Without a progress thread it delivers them here, on the waiting thread.
+    void drain_events(std::unique_lock<std::mutex> &lock, uint64_t deadline);
+    void mark_ready(uint32_t layer);  // the layer's bytes are all in place (or delivered)
+    void layers_ready_in_order();
+    void complete_if_done();
+    void send_done();                   // TransferDone, once
+    void finish(sg_status_t status, const std::string &message);
+    void fail_with(sg_status_t status, const std::string &message, bool tell_peer);
+    void end_by_release();
+    void note_quiesced();
+    void maybe_send_quiesced();
+    void mark_written(uint32_t layer);
+    void record_layer_rate(Transfer::Layer &L);
+    // The prefill side's sending (scheduler.cpp, staging.cpp).
+    bool pump(uint32_t quota);
+    bool start_next_layer();
+    bool post_write_op(uint32_t layer, const Vec<plan::Op> &ops, size_t &next_op, SendUnit *unit);
+    bool post_staged_chunk(uint32_t layer, const Vec<plan::Op> &ops, size_t &next_op, SendUnit *unit);
+    void maybe_send_notices();
+    // wire_len: bytes in flight on the session; payload_len: the pool bytes they carry (less when
+    // quantized), for the per-path statistics.
+    void count_unit_bytes(const SendUnit &u, uint64_t wire_len, uint64_t payload_len);
+    // Selective paths, prefill side (paths_prefill.cpp, paths_prefill_units.cpp).
+    void check_selection_inputs(uint32_t layer, const float *queries, uint32_t num_queries,
+                                uint32_t num_q_heads);
+    PreparedLayer prepare_layer(uint32_t layer, const float *queries, uint32_t num_queries,
+                                uint32_t num_q_heads);
+    void commit_layer(uint32_t layer, PreparedLayer &&prep);
+    bool stream_whole(uint64_t interval_ns) const;
+    bool commit_whole_layer(uint32_t layer);
+    void queue_whole_layer(uint32_t layer);
+    void release_unposted_speculative(uint32_t layer, std::span<const uint32_t> wanted);
+    void digest_proactive_blocks(uint32_t layer);
+    std::unique_ptr<SendUnit> claim(uint32_t layer, uint32_t path, std::span<const uint32_t> want);
+    bool pump_selective(int pass, uint32_t quota);
+    SendUnit *next_unit(int pass);
+    void compile_unit(SendUnit &u);
+    void selective_notices();
+    // Selective paths, decode side (paths_decode.cpp).
+    void start_selective();
+    void apply_held_notices(uint32_t layer);
+    void apply_blocks_ready(const wire::BlocksReady &m);
+    void decode_block_resident(uint32_t layer, std::span<const uint32_t> blocks, uint32_t path,
+                               uint64_t bytes);
+    void maybe_essential(uint32_t layer);
+    void check_fetches(uint32_t layer);
 
   private:
     template <class Part>

@@ -1,6 +1,6 @@
 // What the host does with a transfer (transfer.hpp, "The host's verbs"): the ABI's calls on one,
-// each taking the context's mutex itself. The engine that moves its bytes is the context's
-// (scheduler, staging, paths_*, completions).
+// each taking the context's mutex itself. The engine's steps that move its bytes are the
+// transfer's private methods (transfer.cpp, scheduler.cpp, staging.cpp, paths_*.cpp).
 #include <unistd.h>
 
 #include <algorithm>
@@ -123,7 +123,7 @@ void Transfer::fetch(uint32_t layer, std::span<const uint32_t> blocks) {
     stats.fetch_requests++;
     stats.fetch_blocks += fresh.size();
     if (all_resident) {
-        ctx->emit(*this, SG_EVENT_BLOCKS_READY, layer, SG_OK, blocks);
+        emit(SG_EVENT_BLOCKS_READY, layer, SG_OK, blocks);
         return;
     }
     decode().fetches.push_back({layer, {blocks.begin(), blocks.end()}});
@@ -136,7 +136,7 @@ void Transfer::fetch(uint32_t layer, std::span<const uint32_t> blocks) {
                         fresh.begin() + ptrdiff_t(std::min(fresh.size(), first + kMaxBlocksPerMessage)));
         std::vector<uint8_t> out;
         wire::encode(out, ctx->id, m);
-        ctx->send(*session, out);
+        session->send(out);
     }
     ctx->wake();
 }
@@ -146,7 +146,7 @@ bool Transfer::digests(uint32_t layer, std::span<float> out, size_t &floats) {
     Transfer::Layer &L = layers[layer];
     if (!post_side && L.essential && L.in.digests_deferred) {
         L.in.digests_deferred = false;
-        ctx->digest_proactive_blocks(*this, layer);
+        digest_proactive_blocks(layer);
     }
     if (post_side || !L.essential || L.digests.empty()) return false;
     const kv::Layout &KL = pool->layout;
@@ -186,7 +186,7 @@ sg_status_t Transfer::wait_for(uint64_t timeout_ns, const std::function<bool()> 
         if (now_ns() >= deadline) return SG_ERR_TIMEOUT;
         ctx->wait_step(lock, deadline);
     }
-    ctx->drain_events(*this, lock, deadline);
+    drain_events(lock, deadline);
     if (pred()) return SG_OK;
     return status;
 }
@@ -199,14 +199,14 @@ void Transfer::set_api_handle(void *handle) {
 void Transfer::wait_quiesced(uint64_t timeout_ns) {
     const uint64_t deadline = now_ns() + std::min<uint64_t>(timeout_ns, uint64_t(1) << 62);
     std::unique_lock lock(ctx->mu);
-    for (ctx->note_quiesced(*this); !is_quiesced(); ctx->note_quiesced(*this)) {
+    for (note_quiesced(); !is_quiesced(); note_quiesced()) {
         const uint64_t now = now_ns();
         if (now >= deadline)
             fail(SG_ERR_TIMEOUT, finished() ? "the peer has not confirmed that its writes stopped"
                                             : "the transfer is still in progress");
         ctx->wait_step(lock, deadline);
     }
-    ctx->drain_events(*this, lock, deadline);
+    drain_events(lock, deadline);
 }
 
 sg_status_t Transfer::wait(int64_t layer, uint64_t timeout_ns) {
@@ -231,7 +231,7 @@ sg_status_t Transfer::wait(int64_t layer, uint64_t timeout_ns) {
             ctx->run_copies(lock);
         }
     }
-    ctx->drain_events(*this, lock, deadline);
+    drain_events(lock, deadline);
     if (layer >= 0 && layers[size_t(layer)].ready) return SG_OK;
     return status;
 }
@@ -249,9 +249,9 @@ void Transfer::layer_written(uint32_t layer, const float *queries, uint32_t num_
     }
     if (device_queries && num_queries && pool->layout.mem_kind != SG_MEM_CUDA)
         fail(SG_ERR_INVALID_ARGUMENT, "device queries are for SG_MEM_CUDA pools (this one is host memory)");
-    if (selective() && !written && ctx->commit_whole_layer(*this, layer)) return;
+    if (selective() && !written && commit_whole_layer(layer)) return;
     if (selective()) {
-        ctx->check_selection_inputs(*this, layer, queries, num_queries, num_q_heads);
+        check_selection_inputs(layer, queries, num_queries, num_q_heads);
         Context::SelectJob job{shared_from_this(), layer, {}, num_queries, num_q_heads, std::move(written), true};
         if (queries && num_queries && device_queries)
             job.device_queries = queries;
@@ -264,13 +264,13 @@ void Transfer::layer_written(uint32_t layer, const float *queries, uint32_t num_
         ctx->queue_job(Context::SelectJob{shared_from_this(), layer, {}, 0, 0, std::move(written), false});
         return;
     }
-    ctx->mark_written(*this, layer);
+    mark_written(layer);
 }
 
 void Transfer::cancel(sg_status_t why, const std::string &message) {
     std::lock_guard lock(ctx->mu);
     if (finished()) return;
-    ctx->fail_transfer(*this, why, message, true);
+    fail_with(why, message, true);
 }
 
 void Transfer::release() {
@@ -278,18 +278,18 @@ void Transfer::release() {
     std::unique_lock lock(ctx->mu);
     if (!finished()) {
         if (!post_side && selective())
-            ctx->end_by_release(*this);
+            end_by_release();
         else
-            ctx->fail_transfer(*this, SG_ERR_CANCELED, "released before completion", true);
+            fail_with(SG_ERR_CANCELED, "released before completion", true);
     }
     // Quiesce: no operation of ours may still reference the transfer, and on the decode side the
     // peer must have confirmed that its writes stopped. A silent peer is lost after
     // peer_timeout_ms anyway; one that keeps talking but never confirms is treated as broken.
     const uint64_t deadline = now_ns() + std::max<uint64_t>(5000000000ull, 2 * ctx->peer_timeout_ns_ + 1000000000ull);
-    for (ctx->note_quiesced(*this); !is_quiesced() && now_ns() < deadline; ctx->note_quiesced(*this))
+    for (note_quiesced(); !is_quiesced() && now_ns() < deadline; note_quiesced())
         ctx->wait_step(lock, deadline);
     if (!post_side && !is_quiesced())
-        ctx->lose_session(*session, SG_ERR_PROTOCOL,
+        session->lose(SG_ERR_PROTOCOL,
                           "the peer did not confirm that its writes for '" + request_id + "' stopped");
     Session &s = *session;
     if (inflight) {
