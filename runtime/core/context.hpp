@@ -97,6 +97,7 @@ class Context : public transport::CompletionSink {
     // staging copy queues, the budgets, the waits) they reach through `ctx`.
     friend class Session;
     friend class Transfer;
+    friend struct TransferPath;
     // CompletionSink, called with mu held.
     void on_complete(void *cookie, int status, const char *error_text) override;
     void on_message(std::span<const uint8_t> bytes) override;

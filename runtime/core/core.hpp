@@ -3,9 +3,18 @@
 // calls the host's verbs on a Session or a Transfer (session_host.cpp, transfer_host.cpp) and the
 // Context's own, never reading sessions' or transfers' fields itself.
 //
+// Objects and their verbs: the Context owns what every session shares (transports, operation
+// cookies, the event queue, staging copy queues, budgets, the progress thread) and drives the
+// progress; what happens to one session (its handlers of the peer's frames, its outboxes, its
+// staging offers, its loss) is a private method of Session, what happens to one transfer (its
+// sends, notices, selection, completion, quiescing) one of Transfer. A transfer's path, whole
+// cache or selective, is a table of the steps where the two differ (transfer_path.hpp), chosen
+// once.
+//
 // Where things are: context.hpp (the Context), session.hpp (with matchbook.hpp, its requests by
 // id and the cancels remembered across the match), transfer.hpp (with the transfer state machine
-// of plan/transfer_state.hpp); the .cpp files by responsibility — context (lifetime and
+// of plan/transfer_state.hpp), transfer_path.hpp (the paths' tables, transfer_path.cpp); the .cpp
+// files by responsibility — context (lifetime and
 // parameters), progress (loop, waits, events), session (open, outbox, staging slots, timers),
 // session_host (a session's verbs: wait until proven, export, notify, close), session_auth,
 // protocol (message type -> handler), transfer (expect, post, match, notices, quiesce),

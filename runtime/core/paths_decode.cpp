@@ -149,9 +149,8 @@ void Session::on_selective(wire::Selective &m) {
     Transfer *running = running_expect(m.decode_xfer_id);
     if (!running) return;
     Transfer &t = *running;
-    t.paths = m.paths;
-    if (t.selective())
-        for (auto &L : t.layers) L.in.requested.assign(request_blocks(t), 0);
+    t.set_paths(m.paths);
+    t.path().begin_decode(t);
     ctx->cv.notify_all();
 }
 

@@ -34,10 +34,10 @@ bool needs_keys(const select::Selector &sel, uint32_t layer, uint32_t kv_heads) 
 
 }  // namespace
 
-Transfer::PreparedLayer Transfer::prepare_layer(uint32_t layer, const float *queries, uint32_t num_queries,
+PreparedLayer Transfer::prepare_layer(uint32_t layer, const float *queries, uint32_t num_queries,
                                               uint32_t num_q_heads) {
-    Transfer::PreparedLayer prep;
-    if (!(paths & SG_PATH_PROACTIVE)) return prep;
+    PreparedLayer prep;
+    if (!(paths() & SG_PATH_PROACTIVE)) return prep;
     const kv::Layout &L = pool->layout;
     const uint32_t nb = request_blocks(*this);
     std::vector<float> digest(kernels::digest_floats(nb, L.num_kv_heads, L.head_dim));
@@ -125,7 +125,7 @@ void Context::select_loop() {
                 qlock.lock();
                 continue;
             }
-            Transfer::PreparedLayer prep = t.prepare_layer(job.layer, job.queries.empty() ? nullptr : job.queries.data(),
+            PreparedLayer prep = t.prepare_layer(job.layer, job.queries.empty() ? nullptr : job.queries.data(),
                                                job.num_queries, job.num_q_heads);
             std::lock_guard lock(mu);
             t.commit_layer(job.layer, std::move(prep));
@@ -201,7 +201,7 @@ std::unique_ptr<SendUnit> Transfer::claim(uint32_t layer, uint32_t path, std::sp
 // blocks alone. The margin (1.25) keeps a link that only just keeps up on the selective side: there a
 // whole layer would delay the next layers' essential blocks.
 bool Transfer::stream_whole(uint64_t interval_ns) const {
-    if (!(paths & SG_PATH_SPECULATIVE)) return false;
+    if (!(paths() & SG_PATH_SPECULATIVE)) return false;
     const Session &s = *session;
     if (s.tp->caps().local_only) return true;
     if (!(s.bulk_rate > 0) || !interval_ns) return false;
@@ -241,7 +241,7 @@ void Transfer::queue_whole_layer(uint32_t layer) {
 // sent as one proactive unit. False when the layer takes the selective way (the caller queues its
 // selection).
 bool Transfer::commit_whole_layer(uint32_t layer) {
-    if (!(paths & SG_PATH_PROACTIVE)) return false;
+    if (!(paths() & SG_PATH_PROACTIVE)) return false;
     std::lock_guard lock(ctx->mu);
     Transfer::Layer &L = layers[layer];
     if (L.out.written) return false;
@@ -265,7 +265,7 @@ void Transfer::commit_layer(uint32_t layer, PreparedLayer &&prep) {
     const uint64_t interval = sel().last_written_ns ? L.out.written_ns - sel().last_written_ns : 0;
     sel().last_written_ns = L.out.written_ns;
     sel().layers_written++;
-    if (paths & SG_PATH_PROACTIVE) {
+    if (paths() & SG_PATH_PROACTIVE) {
         L.out.selected = std::move(prep.selected);
         L.digests = std::move(prep.digests);
         // The proactive unit goes even when empty: its notice is what makes the layer essential.

@@ -12,14 +12,11 @@ using namespace paths;
 
 // Sends the Selective message that tells the decode side which paths this transfer runs; sent for
 // every matched transfer so that the decode side can answer calls about paths the transfer lacks.
-void Transfer::start_selective() {
-    if (selective() && pool->layout.tokens_per_block != prefill().dst->layout.tokens_per_block)
-        fail(SG_ERR_LAYOUT_MISMATCH, "the selective paths need the same tokens_per_block on both sides (prefill " +
-                                         std::to_string(pool->layout.tokens_per_block) + ", decode " +
-                                         std::to_string(prefill().dst->layout.tokens_per_block) + ")");
+void Transfer::announce_paths() {
+    path().check_peer(*this);
     wire::Selective m;
     m.decode_xfer_id = id;
-    m.paths = paths;
+    m.paths = paths();
     std::vector<uint8_t> out;
     wire::encode(out, ctx->id, m);
     session->send(out, this);
@@ -28,7 +25,7 @@ void Transfer::start_selective() {
 SendUnit *Transfer::next_unit(int pass) {
     if (pass == 0) return sel().demand_queue.empty() ? nullptr : sel().demand_queue.front().get();
     if (pass == 1) return sel().proactive_queue.empty() ? nullptr : sel().proactive_queue.front().get();
-    if (!(paths & SG_PATH_SPECULATIVE)) return nullptr;
+    if (!(paths() & SG_PATH_SPECULATIVE)) return nullptr;
     if (session->last_fetch_ns && now_ns() - session->last_fetch_ns < kSpeculativeYieldNs) {
         // Paused, except for a unit already under way that holds blocks a fetch asked for.
         const bool urgent = !sel().speculative_queue.empty() && sel().speculative_queue.front()->urgent;
@@ -248,7 +245,7 @@ void Session::on_fetch(wire::Fetch &m) {
     if (t.finished()) return;  // the decode side learns the status from the transfer
     // A peer whose values fail these checks loses its session, like any other range check of what
     // a peer sends (STYLE 25); its transfers end with SG_ERR_PROTOCOL.
-    if (!(t.paths & SG_PATH_ON_DEMAND)) fail(SG_ERR_PROTOCOL, "the decode side fetched blocks without SG_PATH_ON_DEMAND");
+    if (!(t.paths() & SG_PATH_ON_DEMAND)) fail(SG_ERR_PROTOCOL, "the decode side fetched blocks without SG_PATH_ON_DEMAND");
     const uint32_t nb = request_blocks(t);
     if (m.layer >= t.layers.size()) fail(SG_ERR_PROTOCOL, "Fetch names a layer that does not exist");
     for (uint32_t b : m.blocks)

@@ -31,8 +31,7 @@ void Context::schedule_locked() {
             any = false;
             for (size_t i = 0; i < active_.size(); ++i) {
                 Transfer &t = *active_[i];
-                any = (t.selective() ? t.pump_selective(pass, plan::kTurnQuota)
-                                     : pass == int(plan::PathClass::Bulk) && t.pump(plan::kTurnQuota)) || any;
+                any = t.path().pump(t, pass, plan::kTurnQuota) || any;
             }
         }
     }

@@ -424,10 +424,7 @@ void Context::finish_unpack(UnpackJob &u) {
         t.stats.quantized_wire_bytes += u.wire_bytes;
         if (m.layer < t.layers.size()) {
             t.layers[m.layer].staged_chunks++;
-            if (t.selective())
-                t.apply_held_notices(m.layer);
-            else
-                t.layers_ready_in_order();
+            t.path().chunk_landed(t, m.layer);
         }
     }
     t.note_quiesced();

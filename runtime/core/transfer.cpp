@@ -129,27 +129,11 @@ std::shared_ptr<Transfer> Context::post(const std::shared_ptr<Session> &s, const
         fail(SG_ERR_INVALID_ARGUMENT, "SG_PATH_FULL excludes the selective paths");
     // Built before taking the lock: selecting the layers of an already written request takes time.
     auto t = std::make_shared<Transfer>(this, s, true, rid, pool, table, num_tokens, opt);
-    t->paths = paths;
+    t->set_paths(paths);
     t->options.profile = nullptr;  // the handle is the caller's; the transfer holds its own copy
     t->options.layer_order = nullptr;
-    std::vector<Transfer::PreparedLayer> prepared;
-    if (t->selective()) {
-        const kv::Layout &L = pool->layout;
-        const uint32_t nb = uint32_t(kernels::num_blocks(num_tokens, L.tokens_per_block));
-        for (auto &layer : t->layers) layer.out.claimed.assign(nb, 0);
-        if (paths & SG_PATH_PROACTIVE) {
-            kernel_dtype(L.dtype);  // selection reads fp32, fp16 and bf16 keys
-            const select::Profile p = profile ? *profile : default_profile(L.num_layers, L.num_kv_heads, L.tokens_per_block);
-            if (p.num_layers != L.num_layers || p.block_tokens != L.tokens_per_block)
-                fail(SG_ERR_LAYOUT_MISMATCH, "the profile is for " + std::to_string(p.num_layers) + " layers of " +
-                                                 std::to_string(p.block_tokens) + "-token blocks, the pool has " +
-                                                 std::to_string(L.num_layers) + " of " +
-                                                 std::to_string(L.tokens_per_block));
-            t->sel().selector = std::make_unique<LayerSelector>(p, L.num_kv_heads, L.head_dim, num_tokens, 2 * L.row_bytes());
-        }
-        if (opt.flags & SG_TRANSFER_ALL_LAYERS_WRITTEN)
-            for (uint32_t l = 0; l < nl; ++l) prepared.push_back(t->prepare_layer(l, nullptr, 0, 0));
-    }
+    std::vector<PreparedLayer> prepared;
+    t->path().prepare(*t, profile, prepared);
     std::lock_guard lock(mu);
     if (s->closed()) fail(s->error ? s->error : SG_ERR_PEER_LOST, "session is closed");
     if (s->state() == SessionState::Draining) fail(SG_ERR_INVALID_STATE, "session is closing (sg_session_close)");
@@ -175,15 +159,7 @@ std::shared_ptr<Transfer> Context::post(const std::shared_ptr<Session> &s, const
     t->prefill().order = std::move(order);
     t->prefill().src_reg = &s->local_regs.at(pool->id);  // map nodes are stable for the session's life
     if (opt.deadline_ns) t->deadline_abs_ns = saturating_add(now_ns(), opt.deadline_ns);
-    if (t->selective()) {
-        for (uint32_t l = 0; l < prepared.size(); ++l) t->commit_layer(l, std::move(prepared[l]));
-    } else if (opt.flags & SG_TRANSFER_ALL_LAYERS_WRITTEN) {
-        const uint64_t now = now_ns();
-        for (auto &L : t->layers) {
-            L.out.written = true;
-            L.out.written_ns = now;
-        }
-    }
+    t->path().commit_written(*t, prepared);
     if (auto m = s->matchbook.take_held_expect(rid)) {
         s->match(t, *m);
         if (t->status == SG_ERR_LAYOUT_MISMATCH || t->status == SG_ERR_OUT_OF_RANGE) {
@@ -218,7 +194,7 @@ void Session::match(const std::shared_ptr<Transfer> &t, const wire::Expect &e) {
                                              quant::name_of(e.wire_quant) + " (options.wire_quant)");
         t->prefill().dst = &rp->second;
         t->prefill().dst_table.assign(e.block_ids.begin(), e.block_ids.end());
-        t->start_selective();
+        t->announce_paths();
         t->advance(plan::TransferState::Running);
         ctx->active_.push_back(t);
         ctx->active_unsorted_ = true;

@@ -5,6 +5,7 @@
 
 #include "core/selection.hpp"
 #include "core/session.hpp"
+#include "core/transfer_path.hpp"
 #include "plan/plan.hpp"
 #include "plan/schedule.hpp"
 #include "plan/transfer_state.hpp"
@@ -142,9 +143,11 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
     sg_transfer_stats_t stats{};
     uint32_t inflight = 0;  // ops and sends of this transfer not yet completed
 
-    // Paths: prefill, from the options; decode, from the peer's Selective message (0 until then).
-    uint32_t paths = 0;
-    bool selective() const { return paths && paths != SG_PATH_FULL; }
+    // Paths (SG_PATH_*): prefill, from the options; decode, from the peer's Selective message (0
+    // until then). set_paths chooses the path's steps with them, once.
+    uint32_t paths() const { return paths_; }
+    const TransferPath &path() const { return *path_; }
+    void set_paths(uint32_t paths);
 
     // Prefill side.
     struct Prefill {
@@ -277,10 +280,7 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
     // reaches a transfer only through the verbs above. ----
     friend class Context;
     friend class Session;
-    struct PreparedLayer {
-        std::vector<uint32_t> selected;
-        std::vector<uint8_t> digests;
-    };
+    friend struct TransferPath;
     // Completion (transfer.cpp, completions.cpp): events, the end, quiescing.
     // blocks: for SG_EVENT_BLOCKS_READY, the logical blocks of the fetch that completed (copied only
     // when the host has a callback).
@@ -326,7 +326,7 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
     void compile_unit(SendUnit &u);
     void selective_notices();
     // Selective paths, decode side (paths_decode.cpp).
-    void start_selective();
+    void announce_paths();
     void apply_held_notices(uint32_t layer);
     void apply_blocks_ready(const wire::BlocksReady &m);
     void decode_block_resident(uint32_t layer, std::span<const uint32_t> blocks, uint32_t path,
@@ -345,6 +345,8 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
     std::unique_ptr<Prefill> prefill_;
     std::unique_ptr<Selective> sel_;
     std::unique_ptr<Decode> decode_;
+    uint32_t paths_ = 0;
+    const TransferPath *path_ = &TransferPath::kFull;
     std::atomic<bool> holds_pool_{true};
     std::atomic<plan::TransferState> state_{plan::TransferState::Unmatched};
 };

@@ -57,7 +57,7 @@ void Transfer::residency_bitmap(uint32_t layer, uint8_t *bitmap, size_t cap, siz
 sg_transfer_stats_t Transfer::stats_snapshot() const {
     std::lock_guard lock(ctx->mu);
     sg_transfer_stats_t s = stats;
-    s.bytes_full = selective() ? 0 : s.bytes;
+    s.bytes_full = path().whole ? s.bytes : 0;
     return s;
 }
 
@@ -68,7 +68,7 @@ sg_status_t Transfer::wait_layer_state(uint32_t layer, uint32_t bits, uint64_t t
     const sg_status_t st = wait_for(timeout_ns, [&] {
         // The decode side learns the paths at the match; without the proactive path the essential
         // bit never comes.
-        no_proactive = (bits & SG_LAYER_ESSENTIAL) && paths && !(paths & SG_PATH_PROACTIVE);
+        no_proactive = (bits & SG_LAYER_ESSENTIAL) && paths() && !(paths() & SG_PATH_PROACTIVE);
         if (no_proactive) return true;
         return (!(bits & SG_LAYER_WRITTEN) || L.out.written || !post_side) && (!(bits & SG_LAYER_READY) || L.ready) &&
                (!(bits & SG_LAYER_ESSENTIAL) || L.essential);
@@ -106,9 +106,9 @@ void Transfer::fetch(uint32_t layer, std::span<const uint32_t> blocks) {
         if (status < 0) fail(status, error);
         return;  // complete: every block is resident
     }
-    if (!paths)
+    if (!paths())
         fail(SG_ERR_INVALID_STATE, "the prefill side has not started this transfer yet (wait for SG_LAYER_ESSENTIAL)");
-    if (!(paths & SG_PATH_ON_DEMAND)) fail(SG_ERR_INVALID_STATE, "the transfer was posted without SG_PATH_ON_DEMAND");
+    if (!(paths() & SG_PATH_ON_DEMAND)) fail(SG_ERR_INVALID_STATE, "the transfer was posted without SG_PATH_ON_DEMAND");
     Transfer::Layer &L = layers[layer];
     std::vector<uint32_t> fresh;
     bool all_resident = true;
@@ -249,22 +249,7 @@ void Transfer::layer_written(uint32_t layer, const float *queries, uint32_t num_
     }
     if (device_queries && num_queries && pool->layout.mem_kind != SG_MEM_CUDA)
         fail(SG_ERR_INVALID_ARGUMENT, "device queries are for SG_MEM_CUDA pools (this one is host memory)");
-    if (selective() && !written && commit_whole_layer(layer)) return;
-    if (selective()) {
-        check_selection_inputs(layer, queries, num_queries, num_q_heads);
-        Context::SelectJob job{shared_from_this(), layer, {}, num_queries, num_q_heads, std::move(written), true};
-        if (queries && num_queries && device_queries)
-            job.device_queries = queries;
-        else if (queries && num_queries)
-            job.queries.assign(queries, queries + size_t(num_queries) * num_q_heads * pool->layout.head_dim);
-        ctx->queue_job(std::move(job));
-        return;
-    }
-    if (written) {
-        ctx->queue_job(Context::SelectJob{shared_from_this(), layer, {}, 0, 0, std::move(written), false});
-        return;
-    }
-    mark_written(layer);
+    path().layer_written(*this, layer, LayerWrite{queries, num_queries, num_q_heads, device_queries, std::move(written)});
 }
 
 void Transfer::cancel(sg_status_t why, const std::string &message) {
@@ -277,10 +262,10 @@ void Transfer::release() {
     released.store(true, std::memory_order_release);  // its events are dropped from now on
     std::unique_lock lock(ctx->mu);
     if (!finished()) {
-        if (!post_side && selective())
-            end_by_release();
-        else
+        if (post_side)
             fail_with(SG_ERR_CANCELED, "released before completion", true);
+        else
+            path().release_unfinished(*this);
     }
     // Quiesce: no operation of ours may still reference the transfer, and on the decode side the
     // peer must have confirmed that its writes stopped. A silent peer is lost after

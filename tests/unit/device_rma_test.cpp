@@ -120,7 +120,7 @@ TEST_P(DeviceRma, EveryByteLandsAndOnlyAProviderWithoutHmemStages) {
     o.flags |= SG_TRANSFER_ALL_LAYERS_WRITTEN;
     auto post = p.prefill->post(p.at_prefill, "req", src_kv, st, tokens, o, nullptr);
     if (c.paths & SG_PATH_ON_DEMAND) {
-        ASSERT_TRUE(p.run_until([&] { return expect->paths != 0; }));
+        ASSERT_TRUE(p.run_until([&] { return expect->paths() != 0; }));
         const uint32_t want[] = {7, 50};
         expect->fetch(2, want);
     }

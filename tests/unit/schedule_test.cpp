@@ -124,6 +124,46 @@ TEST(Schedule, ReleaseEndsASelectiveTransferEarly) {
     EXPECT_EQ(p.decode->stats().transfers_completed, 1u);
 }
 
+// A transfer's path is a table of steps chosen once from its SG_PATH_* bits (transfer_path.hpp):
+// on the prefill side at post, on the decode side when the peer's Selective message names them
+// (the whole cache until then). Both tables are complete.
+TEST(TransferPath, IsChosenOnceFromThePathBitsOnEachSide) {
+    using core::TransferPath;
+    EXPECT_EQ(&TransferPath::of(0), &TransferPath::kFull);
+    EXPECT_EQ(&TransferPath::of(SG_PATH_FULL), &TransferPath::kFull);
+    for (uint32_t bits = 1; bits < 8; ++bits) {
+        const uint32_t paths = (bits & 1 ? SG_PATH_PROACTIVE : 0u) | (bits & 2 ? SG_PATH_ON_DEMAND : 0u) |
+                               (bits & 4 ? SG_PATH_SPECULATIVE : 0u);
+        EXPECT_EQ(&TransferPath::of(paths), &TransferPath::kSelective) << paths;
+    }
+    for (const TransferPath *path : {&TransferPath::kFull, &TransferPath::kSelective}) {
+        SCOPED_TRACE(path->name);
+        EXPECT_TRUE(path->prepare && path->commit_written && path->check_peer && path->pump && path->layer_written &&
+                    path->begin_decode && path->chunk_landed && path->release_unfinished);
+    }
+    EXPECT_TRUE(TransferPath::kFull.whole);
+    EXPECT_FALSE(TransferPath::kSelective.whole);
+
+    for (const uint32_t paths : {uint32_t(SG_PATH_FULL), SG_PATH_PROACTIVE | SG_PATH_ON_DEMAND | SG_PATH_SPECULATIVE}) {
+        SCOPED_TRACE(paths);
+        FakePair p(6);
+        Request r(p, 2, 32, 128);
+        r.do_expect();
+        EXPECT_EQ(&r.expect->path(), &TransferPath::kFull);  // not named by the peer yet
+        r.do_post(transfer_options(paths));
+        EXPECT_EQ(&r.post->path(), &TransferPath::of(paths));
+        ASSERT_TRUE(r.run_to_quiesce());
+        EXPECT_EQ(r.expect->paths(), paths);
+        EXPECT_EQ(&r.expect->path(), &TransferPath::of(paths));
+        ASSERT_EQ(r.post->status, SG_OK) << r.post->error;
+        EXPECT_TRUE(r.exact());
+        const sg_transfer_stats_t st = r.post->stats_snapshot();
+        EXPECT_GT(st.bytes, 0u);
+        EXPECT_EQ(st.bytes_full, paths == SG_PATH_FULL ? st.bytes : 0u);
+        r.finish();
+    }
+}
+
 TEST(Schedule, ADeadlineEndsATransferWhenTheClockPassesIt) {
     FakePair p(5);
     Request r(p, 2, 8, 32);

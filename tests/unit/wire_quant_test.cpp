@@ -275,7 +275,7 @@ TEST_P(WireQuantTransfer, EveryElementArrivesWithinHalfAStepAndTheWireCarriesCod
     r.do_post(o);
     if (c.paths & SG_PATH_PROACTIVE) {
         // Proactive and on-demand first: ask for two blocks of layer 1, then let the rest come.
-        ASSERT_TRUE(p.run_until([&] { return r.expect->paths != 0; }));  // the Selective notice
+        ASSERT_TRUE(p.run_until([&] { return r.expect->paths() != 0; }));  // the Selective notice
         const uint32_t want[] = {5, 40};
         r.expect->fetch(1, want);
     }
