@@ -244,10 +244,10 @@ bool Transfer::commit_whole_layer(uint32_t layer) {
     if (!(paths() & SG_PATH_PROACTIVE)) return false;
     std::lock_guard lock(ctx->mu);
     Transfer::Layer &L = layers[layer];
-    if (L.out.written) return false;
+    if (L.out.written()) return false;
     const uint64_t now = now_ns();
     if (!stream_whole(sel().last_written_ns ? now - sel().last_written_ns : 0)) return false;
-    L.out.written = true;
+    L.out.advance(LayerStep::Written);
     L.out.written_ns = now;
     sel().last_written_ns = now;
     sel().layers_written++;
@@ -259,8 +259,8 @@ bool Transfer::commit_whole_layer(uint32_t layer) {
 
 void Transfer::commit_layer(uint32_t layer, PreparedLayer &&prep) {
     Transfer::Layer &L = layers[layer];
-    if (L.out.written) return;
-    L.out.written = true;
+    if (L.out.written()) return;
+    L.out.advance(LayerStep::Written);
     L.out.written_ns = now_ns();
     const uint64_t interval = sel().last_written_ns ? L.out.written_ns - sel().last_written_ns : 0;
     sel().last_written_ns = L.out.written_ns;

@@ -41,7 +41,7 @@ SendUnit *Transfer::next_unit(int pass) {
     while (sel().spec_order_pos < prefill().order.size()) {
         const uint32_t layer = prefill().order[sel().spec_order_pos];
         Transfer::Layer &L = layers[layer];
-        if (!L.out.written) return nullptr;  // layers go in send order
+        if (!L.out.written()) return nullptr;  // layers go in send order
         const uint32_t nb = uint32_t(L.out.claimed.size());
         while (L.out.spec_cursor < nb && want.size() < max_blocks) {
             if (!L.out.claimed[L.out.spec_cursor]) want.push_back(L.out.spec_cursor);
@@ -57,7 +57,7 @@ SendUnit *Transfer::next_unit(int pass) {
 }
 
 void Transfer::compile_unit(SendUnit &u) {
-    u.compiled = true;
+    u.advance(SendUnit::Step::Compiled);
     const kv::Layout &L = pool->layout;
     Transfer::Layer &layer = layers[u.layer];
     if (u.path == SG_PATH_PROACTIVE && !layer.digests.empty()) {
@@ -170,7 +170,7 @@ bool Transfer::pump_selective(int pass, uint32_t quota) {
     while (posted < quota) {
         SendUnit *u = next_unit(pass);
         if (!u) break;
-        if (!u->compiled) compile_unit(*u);
+        if (u->step() == SendUnit::Step::Claimed) compile_unit(*u);
         while (u->next_op < u->ops.size() && ctx->budget_.has_op_slot() && posted < quota) {
             const uint64_t len = u->ops[u->next_op].len;
             // On-demand writes only wait for operation slots; bulk respects the byte bounds, and
@@ -198,7 +198,7 @@ void Transfer::selective_notices() {
     const bool saw = session->tp->caps().send_after_write;
     for (size_t i = 0; i < sel().posted_units.size();) {
         SendUnit &u = *sel().posted_units[i];
-        if (!u.notice_sent && u.packs_pending == 0 && (saw || u.outstanding == 0)) {
+        if (u.step() == SendUnit::Step::Compiled && u.packs_pending == 0 && (saw || u.outstanding == 0)) {
             for (size_t first = 0; first < std::max<size_t>(1, u.blocks.size()); first += kMaxBlocksPerMessage) {
                 wire::BlocksReady m;
                 m.decode_xfer_id = id;
@@ -217,9 +217,9 @@ void Transfer::selective_notices() {
                 wire::encode(out, ctx->id, m);
                 session->send(out, this);
             }
-            u.notice_sent = true;
+            u.advance(SendUnit::Step::Noticed);
         }
-        if (!u.notice_sent || u.outstanding) {
+        if (u.step() != SendUnit::Step::Noticed || u.outstanding) {
             ++i;
             continue;
         }
@@ -253,7 +253,7 @@ void Session::on_fetch(wire::Fetch &m) {
     t.stats.fetch_requests++;
     last_fetch_ns = now_ns();
     Transfer::Layer &L = t.layers[m.layer];
-    if (!L.out.written) {
+    if (!L.out.written()) {
         // Served as soon as the engine has written the layer.
         // Kept as a set of the request's blocks, so repeated fetches cannot grow it.
         auto &w = L.out.demand_waiting;

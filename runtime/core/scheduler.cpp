@@ -47,7 +47,7 @@ bool Transfer::start_next_layer() {
     Transfer::Prefill &P = prefill();
     if (P.order_pos >= P.order.size()) return false;
     const uint32_t layer = P.order[P.order_pos];
-    if (!layers[layer].out.written) return false;
+    if (!layers[layer].out.written()) return false;
     P.order_pos++;
     const uint32_t rpl = pool->layout.regions_per_layer();
     const uint8_t *bases[2] = {pool->region(layer, 0), pool->region(layer, rpl - 1)};
@@ -79,7 +79,6 @@ bool Transfer::start_next_layer() {
     L.out.start_ns = now_ns();
     L.out.bytes = ps.bytes;
     P.cur_staged = L.out.staged;
-    if (P.ops.empty()) L.out.posted = true;
     return true;
 }
 
@@ -146,7 +145,7 @@ bool Transfer::pump(uint32_t quota) {
     session->flush_outbox();
     uint32_t posted = 0;
     for (;;) {
-        if (P.cur_layer < 0 || layers[size_t(P.cur_layer)].out.posted) {
+        if (P.cur_layer < 0 || layers[size_t(P.cur_layer)].out.step() >= LayerStep::Posted) {
             if (!start_next_layer()) break;
         }
         Transfer::Layer &L = layers[size_t(P.cur_layer)];
@@ -165,7 +164,7 @@ bool Transfer::pump(uint32_t quota) {
             break;
         }
         P.stalled = false;
-        L.out.posted = true;
+        L.out.advance(LayerStep::Posted);
         maybe_send_notices();
         if (finished()) return posted > 0;
     }

@@ -211,10 +211,24 @@ void Context::queue_job(SelectJob job) {
     select_cv_.notify_one();
 }
 
+void Transfer::Layer::Out::advance(Step to) {
+    if (uint8_t(to) != uint8_t(step_) + 1) [[unlikely]]
+        fail(SG_ERR_INTERNAL, "a layer may not go from step " + std::to_string(int(step_)) + " to " +
+                                  std::to_string(int(to)) + " (Unwritten, Written, Posted, Noticed)");
+    step_ = to;
+}
+
+void SendUnit::advance(Step to) {
+    if (uint8_t(to) != uint8_t(step_) + 1) [[unlikely]]
+        fail(SG_ERR_INTERNAL, "a send unit may not go from step " + std::to_string(int(step_)) + " to " +
+                                  std::to_string(int(to)) + " (Claimed, Compiled, Noticed)");
+    step_ = to;
+}
+
 void Transfer::mark_written(uint32_t layer) {
     std::lock_guard lock(ctx->mu);
-    if (!layers[layer].out.written) {
-        layers[layer].out.written = true;
+    if (!layers[layer].out.written()) {
+        layers[layer].out.advance(LayerStep::Written);
         layers[layer].out.written_ns = now_ns();
         if (matched() && !finished()) pump(plan::kTurnQuota);
     }
@@ -232,8 +246,9 @@ void Transfer::maybe_send_notices() {
     for (size_t i = P.notice_pos; i < P.order.size(); ++i) {
         const uint32_t l = P.order[i];
         Transfer::Layer &L = layers[l];
-        if (!L.out.posted) break;  // notices go in send order
-        if (!L.out.notice_sent && L.out.packs_pending == 0 && (saw || L.out.outstanding == 0)) {
+        if (L.out.step() < LayerStep::Posted) break;  // notices go in send order
+        const bool may_notice = L.out.packs_pending == 0 && (saw || L.out.outstanding == 0);
+        if (L.out.step() == LayerStep::Posted && may_notice) {
             wire::LayerReady m;
             m.decode_xfer_id = id;
             m.layer = l;
@@ -242,9 +257,9 @@ void Transfer::maybe_send_notices() {
             std::vector<uint8_t> out;
             wire::encode(out, ctx->id, m);
             session->send(out, this);
-            L.out.notice_sent = true;
+            L.out.advance(LayerStep::Noticed);
         }
-        if (!L.out.notice_sent) break;
+        if (L.out.step() != LayerStep::Noticed) break;
         if (L.out.outstanding == 0 && !L.ready) {
             record_layer_rate(L);
             residency.set_layer(l);

@@ -32,16 +32,22 @@ struct SendUnit {
     uint32_t path = 0;             // one SG_PATH_* bit
     std::vector<uint32_t> blocks;  // logical indices, ascending
     Vec<plan::Op> ops;
-    bool compiled = false;
+    // Its way, one step after the other (advance() refuses any other move): its blocks claimed,
+    // compiled into ops (posted from next_op on), its BlocksReady notices sent.
+    enum class Step : uint8_t { Claimed, Compiled, Noticed };
+    Step step() const { return step_; }
+    void advance(Step to);
     size_t next_op = 0;
     uint32_t outstanding = 0;      // writes posted and not completed (staged ones from their reservation)
     uint32_t packs_pending = 0;    // staged chunks reserved and not yet handed to the provider
-    bool notice_sent = false;
     uint32_t digest_chunks = 0;    // proactive: Digests messages sent ahead of the notice
     uint64_t bytes = 0;
     bool staged = false;           // small ops: packed into staging slots
     bool urgent = false;           // speculative, under way, holds blocks a fetch asked for
-    bool fully_posted() const { return compiled && next_op == ops.size(); }
+    bool fully_posted() const { return step_ >= Step::Compiled && next_op == ops.size(); }
+
+  private:
+    Step step_ = Step::Claimed;
 };
 
 // What a unit's writes are to the transport: a fetch's reply (or a speculative unit a fetch now waits
@@ -104,10 +110,15 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
         std::vector<uint8_t> digests;  // prefill: to send; decode: received (the pool's dtype)
         // Prefill side.
         struct Out {
-            bool written = false;        // the engine wrote the layer (sg_transfer_layer_written)
+            // The layer's way through the prefill side, one step after the other (advance()
+            // refuses any other move): the engine wrote it (sg_transfer_layer_written), every op of
+            // the whole layer was posted, LayerReady was sent. A selective layer stays Written:
+            // its send units carry their own notices.
+            enum class Step : uint8_t { Unwritten, Written, Posted, Noticed };
+            Step step() const { return step_; }
+            bool written() const { return step_ >= Step::Written; }
+            void advance(Step to);
             uint64_t written_ns = 0;
-            bool posted = false;         // every op of the layer posted
-            bool notice_sent = false;    // LayerReady sent
             uint32_t outstanding = 0;    // ops of this layer not yet completed (staged ones from their reservation)
             uint32_t packs_pending = 0;  // staged chunks reserved and not yet handed to the provider
             bool candidate = false;      // small ops, so its path was chosen by measurement
@@ -120,6 +131,9 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
             uint32_t spec_cursor = 0;         // next block the speculative path looks at
             std::vector<uint32_t> selected;   // essential blocks, chosen when the layer was written
             std::vector<uint32_t> demand_waiting;  // fetched before the layer was written
+
+          private:
+            Step step_ = Step::Unwritten;
         } out;
         // Decode side.
         struct In {
@@ -138,6 +152,7 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
             std::vector<wire::BlocksReady> held_notices;
         } in;
     };
+    using LayerStep = Layer::Out::Step;
     std::vector<Layer> layers;
     kv::Residency residency;
     sg_transfer_stats_t stats{};

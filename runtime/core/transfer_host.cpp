@@ -32,7 +32,7 @@ uint32_t Transfer::layer_state(uint32_t layer) const {
     check_layer(*this, layer);
     std::lock_guard lock(ctx->mu);
     const Transfer::Layer &L = layers[layer];
-    return (L.out.written ? SG_LAYER_WRITTEN : 0u) | (L.ready ? SG_LAYER_READY : 0u) |
+    return (L.out.written() ? SG_LAYER_WRITTEN : 0u) | (L.ready ? SG_LAYER_READY : 0u) |
            (L.essential ? SG_LAYER_ESSENTIAL : 0u);
 }
 
@@ -70,7 +70,7 @@ sg_status_t Transfer::wait_layer_state(uint32_t layer, uint32_t bits, uint64_t t
         // bit never comes.
         no_proactive = (bits & SG_LAYER_ESSENTIAL) && paths() && !(paths() & SG_PATH_PROACTIVE);
         if (no_proactive) return true;
-        return (!(bits & SG_LAYER_WRITTEN) || L.out.written || !post_side) && (!(bits & SG_LAYER_READY) || L.ready) &&
+        return (!(bits & SG_LAYER_WRITTEN) || L.out.written() || !post_side) && (!(bits & SG_LAYER_READY) || L.ready) &&
                (!(bits & SG_LAYER_ESSENTIAL) || L.essential);
     });
     if (no_proactive)

@@ -20,7 +20,7 @@ const TransferPath TransferPath::kFull{
             if (!(t.options.flags & SG_TRANSFER_ALL_LAYERS_WRITTEN)) return;
             const uint64_t now = now_ns();
             for (auto &L : t.layers) {
-                L.out.written = true;
+                L.out.advance(Transfer::LayerStep::Written);
                 L.out.written_ns = now;
             }
         },

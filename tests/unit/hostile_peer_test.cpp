@@ -337,6 +337,44 @@ TEST(SessionStateMachine, TheCloseHandshakeTakesItsStepsOnceAndInOrder) {
     EXPECT_EQ(s.bye(), B::Answered);
 }
 
+// A prefill layer goes Unwritten -> Written -> Posted -> Noticed and a send unit Claimed ->
+// Compiled -> Noticed, one step at a time; skipping a step or taking one twice is refused with
+// SG_ERR_INTERNAL and changes nothing.
+template <class Part, class Step>
+void expect_steps_in_order(Part &part, std::initializer_list<Step> steps) {
+    auto refused = [&](Step to) {
+        const Step before = part.step();
+        try {
+            part.advance(to);
+            return false;
+        } catch (const Error &e) {
+            return e.status() == SG_ERR_INTERNAL && part.step() == before;
+        }
+    };
+    const std::vector<Step> order(steps);
+    EXPECT_EQ(part.step(), order[0]);
+    for (size_t i = 1; i < order.size(); ++i) {
+        for (size_t j = 0; j < order.size(); ++j)
+            if (j != i) EXPECT_TRUE(refused(order[j])) << "from step " << i - 1 << " to " << j;
+        part.advance(order[i]);
+        EXPECT_EQ(part.step(), order[i]);
+    }
+    for (const Step to : order) EXPECT_TRUE(refused(to)) << "after the last step";
+}
+
+TEST(TransferSteps, ALayerAndASendUnitTakeTheirStepsOnceAndInOrder) {
+    using LS = core::Transfer::LayerStep;
+    core::Transfer::Layer layer;
+    EXPECT_FALSE(layer.out.written());
+    expect_steps_in_order(layer.out, {LS::Unwritten, LS::Written, LS::Posted, LS::Noticed});
+    EXPECT_TRUE(layer.out.written());
+    using US = core::SendUnit::Step;
+    core::SendUnit unit;
+    EXPECT_FALSE(unit.fully_posted());
+    expect_steps_in_order(unit, {US::Claimed, US::Compiled, US::Noticed});
+    EXPECT_TRUE(unit.fully_posted());  // no ops: compiled is all of it
+}
+
 TEST(Deadlines, PostsWhoseDeadlinePassesBeforeTheirExpectFailCleanly) {
     Pair p;
     Pool pool;
