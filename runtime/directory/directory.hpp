@@ -70,6 +70,40 @@ struct Stats {
     uint64_t keepalive_failures = 0;  // keep-alive rounds that threw (unreachable, out of memory...)
 };
 
+// The directory's threads: one round after another until stop(), each after a pause (0: none),
+// behind a barrier. Whatever a round throws (an unreachable cluster, out of memory, another
+// library's exception) never leaves the thread, which would end the host process: it is counted in
+// failures() and, after a back-off (0: none beyond the pause), the next round runs. stop() ends a
+// pause or back-off at once, calls interrupt (to end a round blocked in the cluster) and joins; a
+// round under way finishes first.
+class Worker {
+  public:
+    using Round = std::function<void()>;
+    Worker(std::chrono::milliseconds pause, std::chrono::milliseconds back_off, Round round,
+           std::function<void()> interrupt = {});
+    ~Worker();  // stop()
+    Worker(const Worker &) = delete;
+    Worker &operator=(const Worker &) = delete;
+
+    bool start();  // the thread, once: false when it was started already or stopped
+    bool running() const;
+    void stop();   // idempotent
+    uint64_t rounds() const { return rounds_.load(); }
+    uint64_t failures() const { return failures_.load(); }
+
+  private:
+    void loop();
+
+    const std::chrono::milliseconds pause_, back_off_;
+    Round round_;
+    std::function<void()> interrupt_;
+    mutable std::mutex mu_;
+    std::condition_variable cv_;
+    bool stopping_ = false;
+    std::thread thread_;
+    std::atomic<uint64_t> rounds_{0}, failures_{0};
+};
+
 // A lease's keep-alive thread (a Client owns one): every period, one round (renew the lease, read
 // the published names back) before a deadline of round_budget from its start. The thread never
 // ends the host process: whatever a round throws (an unreachable cluster, out of memory, another
@@ -79,25 +113,14 @@ class KeepAlive {
   public:
     using Round = std::function<void(uint64_t deadline_ns)>;
     KeepAlive(std::chrono::milliseconds period, std::chrono::milliseconds round_budget, Round round);
-    ~KeepAlive();  // stop()
-    KeepAlive(const KeepAlive &) = delete;
-    KeepAlive &operator=(const KeepAlive &) = delete;
 
-    void start();  // the thread, once; later calls (and calls after stop) do nothing
-    void stop();   // ends the wait for the next period and joins; a round under way finishes first
-    uint64_t rounds() const { return rounds_.load(); }
-    uint64_t failures() const { return failures_.load(); }
+    void start() { worker_.start(); }  // the thread, once; later calls (and calls after stop) do nothing
+    void stop() { worker_.stop(); }    // ends the wait for the next period and joins
+    uint64_t rounds() const { return worker_.rounds(); }
+    uint64_t failures() const { return worker_.failures(); }
 
   private:
-    void loop();
-
-    const std::chrono::milliseconds period_, round_budget_;
-    Round round_;
-    std::mutex mu_;
-    std::condition_variable cv_;
-    bool stopping_ = false;
-    std::thread thread_;
-    std::atomic<uint64_t> rounds_{0}, failures_{0};
+    Worker worker_;
 };
 
 // Decides whether publish may replace the entry another handle holds under the name, from its blob.
@@ -192,30 +215,21 @@ class Inbox {
     using Take = std::function<std::optional<InboxEntry>(const std::string &name, uint64_t deadline_ns)>;
     using Answer = std::function<void(const InboxEntry &)>;
     Inbox(Take take, std::function<void()> interrupt, Answer answer);
-    ~Inbox();  // stop()
-    Inbox(const Inbox &) = delete;
-    Inbox &operator=(const Inbox &) = delete;
 
     // Starts answering requests to `name`; true. An inbox serves one name: false (and nothing
-    // changes) once it serves one already.
+    // changes) once it serves one already, or after stop().
     bool serve(const std::string &name);
     bool serving() const;
     // Interrupts the take in progress and joins the thread; idempotent.
-    void stop();
-    uint64_t failures() const { return failures_.load(); }
+    void stop() { worker_.stop(); }
+    uint64_t failures() const { return worker_.failures(); }
 
   private:
-    void loop();
+    std::string name() const;
 
-    Take take_;
-    std::function<void()> interrupt_;
-    Answer answer_;
     mutable std::mutex mu_;
-    std::condition_variable cv_;
     std::string name_;  // "" while it serves none
-    bool stopping_ = false;
-    std::thread thread_;
-    std::atomic<uint64_t> failures_{0};
+    Worker worker_;     // last: stopped (by its destructor) before the name goes
 };
 
 }  // namespace sg::directory

@@ -16,6 +16,7 @@ namespace {
 using sg::directory::Inbox;
 using sg::directory::KeepAlive;
 using sg::directory::InboxEntry;
+using sg::directory::Worker;
 
 // Waits up to 10 s for pred.
 template <class P>
@@ -108,6 +109,33 @@ TEST(DirectoryKeepAlive, StopEndsTheWaitForTheNextPeriodAtOnceAndStartAfterStopR
     keepalive.stop();
     EXPECT_EQ(calls.load(), 0);
     EXPECT_EQ(keepalive.rounds(), 0u);
+}
+
+// The worker both threads are: started once, a failing round backed off from (rounds that do not
+// throw run back to back), and stop() calls the interrupt that ends a round blocked in the cluster.
+TEST(DirectoryWorker, StartsOnceBacksOffAfterAFailureAndStopInterruptsARound) {
+    std::atomic<int> calls{0};
+    std::atomic<bool> interrupted{false};
+    Worker worker(std::chrono::milliseconds(0), std::chrono::hours(1),
+                  [&] {
+                      if (calls++ < 3) return;  // three quick rounds
+                      throw std::bad_alloc();   // then a failure: backed off from for an hour
+                  },
+                  [&] { interrupted = true; });
+    EXPECT_FALSE(worker.running());
+    ASSERT_TRUE(worker.start());
+    EXPECT_FALSE(worker.start()) << "a second thread";
+    ASSERT_TRUE(eventually([&] { return worker.failures() == 1; }));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_EQ(calls.load(), 4) << "a round ran during the back-off";
+    EXPECT_EQ(worker.rounds(), 3u);
+    EXPECT_TRUE(worker.running());
+    const auto t0 = std::chrono::steady_clock::now();
+    worker.stop();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1)) << "stop waited out the back-off";
+    EXPECT_TRUE(interrupted.load());
+    EXPECT_FALSE(worker.running());
+    EXPECT_FALSE(worker.start()) << "started after stop";
 }
 
 }  // namespace
