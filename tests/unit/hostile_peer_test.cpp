@@ -43,10 +43,42 @@ sg_transfer_options_t transfer_options() {
     return o;
 }
 
+std::vector<uint32_t> table(size_t n) {
+    std::vector<uint32_t> t(n);
+    std::iota(t.begin(), t.end(), 0u);
+    return t;
+}
+
 // Two contexts with a session each way (as after a successful bootstrap).
 struct Pair {
     core::Context prefill, decode;
     std::shared_ptr<core::Session> at_prefill, at_decode;
+    Pool pool;  // what a test's requests move
+    // Hands m to `to` as a frame from the other side (inject_frame takes the context's mutex).
+    template <class M, class... Type>  // Type: the MsgType of a TransferError
+    void inject(core::Context &to, const M &m, Type... type) {
+        std::vector<uint8_t> frame;
+        wire::encode(frame, (&to == &decode ? prefill : decode).id, m, type...);
+        to.inject_frame(frame);
+    }
+    // The decode side lost its session for breaking the protocol, saying `why`.
+    ::testing::AssertionResult decode_lost_for(const std::string &why) {
+        std::lock_guard lock(decode.mu);
+        if (at_decode->error == SG_ERR_PROTOCOL && at_decode->error_message.find(why) != std::string::npos)
+            return ::testing::AssertionSuccess();
+        return ::testing::AssertionFailure() << "session error " << at_decode->error << " '" << at_decode->error_message
+                                             << "', expected SG_ERR_PROTOCOL naming '" << why << "'";
+    }
+    // The pool registered with one side and exported on its session (sg_session_export_kv).
+    std::shared_ptr<core::KvPool> export_pool(core::Context &side) {
+        auto kv = std::make_shared<core::KvPool>(&side, pool.layout);
+        (&side == &prefill ? at_prefill : at_decode)->export_kv(*kv);
+        return kv;
+    }
+    // A decode-side transfer of 32 tokens into an exported pool, blocks 0..7.
+    std::shared_ptr<core::Transfer> expect_on_decode(const sg_transfer_options_t &o = transfer_options()) {
+        return decode.expect(at_decode, "req", export_pool(decode), table(8), 32, o);
+    }
     explicit Pair(bool progress_thread = false) : prefill(options(progress_thread)), decode(options(progress_thread)) {
         sg_session_options_t so{};
         so.struct_size = sizeof so;
@@ -68,19 +100,10 @@ struct Pair {
     }
 };
 
-std::vector<uint32_t> table(size_t n) {
-    std::vector<uint32_t> t(n);
-    std::iota(t.begin(), t.end(), 0u);
-    return t;
-}
 
 TEST(HostilePeer, AStagedChunkWhoseSlotOffsetWrapsFailsTheSessionAndTouchesNoMemory) {
     Pair p;
-    Pool pool;
-    auto kv = std::make_shared<core::KvPool>(&p.decode, pool.layout);
-    p.at_decode->export_kv(*kv);
-    const auto tbl = table(8);
-    auto t = p.decode.expect(p.at_decode, "req", kv, tbl, 32, transfer_options());
+    auto t = p.expect_on_decode();
     // slot_offset + length wraps past 2^64 to a small number: a check written as
     // `pos + len > slot_bytes` passes and the unpack reads far outside the staging slot.
     wire::StagedChunk m;
@@ -89,29 +112,21 @@ TEST(HostilePeer, AStagedChunkWhoseSlotOffsetWrapsFailsTheSessionAndTouchesNoMem
     m.slot = 0;
     m.slot_offset = UINT64_MAX - 63;
     m.segments.push_back({0, 0, 128});
-    std::vector<uint8_t> frame;
-    wire::encode(frame, p.prefill.id, m);
-    p.decode.inject_frame(frame);
+    p.inject(p.decode, m);
     std::lock_guard lock(p.decode.mu);
     EXPECT_TRUE(p.at_decode->closed());
     EXPECT_EQ(p.at_decode->error, SG_ERR_PROTOCOL) << p.at_decode->error_message;
     EXPECT_EQ(t->status, SG_ERR_PROTOCOL);
-    for (uint16_t x : pool.k[0]) ASSERT_EQ(x, 0u);
+    for (uint16_t x : p.pool.k[0]) ASSERT_EQ(x, 0u);
 }
 
 TEST(HostilePeer, AnOutOfRangeSegmentOffsetFailsTheSession) {
     Pair p;
-    Pool pool;
-    auto kv = std::make_shared<core::KvPool>(&p.decode, pool.layout);
-    p.at_decode->export_kv(*kv);
-    const auto tbl = table(8);
-    auto t = p.decode.expect(p.at_decode, "req", kv, tbl, 32, transfer_options());
+    auto t = p.expect_on_decode();
     wire::StagedChunk m;
     m.decode_xfer_id = t->id;
     m.segments.push_back({0, UINT64_MAX - 8, 64});  // offset + length wraps inside the region check
-    std::vector<uint8_t> frame;
-    wire::encode(frame, p.prefill.id, m);
-    p.decode.inject_frame(frame);
+    p.inject(p.decode, m);
     std::lock_guard lock(p.decode.mu);
     EXPECT_EQ(p.at_decode->error, SG_ERR_PROTOCOL);
 }
@@ -120,29 +135,19 @@ TEST(HostilePeer, AnOutOfRangeSegmentOffsetFailsTheSession) {
 // whose segment is not whole head rows, each fail the session before any byte is decoded.
 TEST(HostilePeer, AQuantizedChunkTheTransferDidNotAgreeToFailsTheSession) {
     Pair p;
-    Pool pool;
-    auto kv = std::make_shared<core::KvPool>(&p.decode, pool.layout);
-    p.at_decode->export_kv(*kv);
-    const auto tbl = table(8);
-    auto t = p.decode.expect(p.at_decode, "req", kv, tbl, 32, transfer_options());  // wire_quant 0
+    auto t = p.expect_on_decode();  // wire_quant 0
     wire::StagedChunk m;
     m.decode_xfer_id = t->id;
     m.wire_quant = SG_WIRE_QUANT_INT8;
     m.segments.push_back({0, 0, 128});
-    std::vector<uint8_t> frame;
-    wire::encode(frame, p.prefill.id, m);
-    p.decode.inject_frame(frame);
-    std::lock_guard lock(p.decode.mu);
-    EXPECT_EQ(p.at_decode->error, SG_ERR_PROTOCOL);
-    EXPECT_NE(p.at_decode->error_message.find("quantized as int8"), std::string::npos) << p.at_decode->error_message;
-    for (uint16_t x : pool.k[0]) ASSERT_EQ(x, 0u);
+    p.inject(p.decode, m);
+    EXPECT_TRUE(p.decode_lost_for("quantized as int8"));
+    for (uint16_t x : p.pool.k[0]) ASSERT_EQ(x, 0u);
 }
 
 TEST(HostilePeer, AQuantizedSegmentThatCutsARowFailsTheSession) {
     Pair p;
-    Pool pool;
-    auto kv = std::make_shared<core::KvPool>(&p.decode, pool.layout);
-    p.at_decode->export_kv(*kv);
+    auto kv = p.export_pool(p.decode);
     const auto tbl = table(8);
     sg_transfer_options_t o = transfer_options();
     o.wire_quant = SG_WIRE_QUANT_INT8;
@@ -151,13 +156,9 @@ TEST(HostilePeer, AQuantizedSegmentThatCutsARowFailsTheSession) {
     m.decode_xfer_id = t->id;
     m.wire_quant = SG_WIRE_QUANT_INT8;
     m.segments.push_back({0, 2, 64});  // starts inside a row
-    std::vector<uint8_t> frame;
-    wire::encode(frame, p.prefill.id, m);
-    p.decode.inject_frame(frame);
-    std::lock_guard lock(p.decode.mu);
-    EXPECT_EQ(p.at_decode->error, SG_ERR_PROTOCOL);
-    EXPECT_NE(p.at_decode->error_message.find("whole head rows"), std::string::npos) << p.at_decode->error_message;
-    for (uint16_t x : pool.k[0]) ASSERT_EQ(x, 0u);
+    p.inject(p.decode, m);
+    EXPECT_TRUE(p.decode_lost_for("whole head rows"));
+    for (uint16_t x : p.pool.k[0]) ASSERT_EQ(x, 0u);
 }
 
 TEST(HostilePeer, AMessageThatDoesNotDecodeFailsTheSession) {
@@ -179,17 +180,11 @@ TEST(HostilePeer, AMessageThatDoesNotDecodeFailsTheSession) {
 // transfer (docs/protocol.md review).
 TEST(HostilePeer, ALayerReadyForALayerThatDoesNotExistFailsTheSession) {
     Pair p;
-    Pool pool;
-    auto kv = std::make_shared<core::KvPool>(&p.decode, pool.layout);
-    p.at_decode->export_kv(*kv);
-    const auto tbl = table(8);
-    auto t = p.decode.expect(p.at_decode, "req", kv, tbl, 32, transfer_options());
+    auto t = p.expect_on_decode();
     wire::LayerReady m;
     m.decode_xfer_id = t->id;
     m.layer = 7;
-    std::vector<uint8_t> frame;
-    wire::encode(frame, p.prefill.id, m);
-    p.decode.inject_frame(frame);
+    p.inject(p.decode, m);
     std::lock_guard lock(p.decode.mu);
     EXPECT_TRUE(p.at_decode->closed());
     EXPECT_EQ(p.at_decode->error, SG_ERR_PROTOCOL) << p.at_decode->error_message;
@@ -200,9 +195,7 @@ TEST(HostilePeer, ALayerReadyForALayerThatDoesNotExistFailsTheSession) {
 // blob); on a session its bootstrap handshake proved, a rejection from the peer is noise.
 TEST(HostilePeer, AnAuthResultOnABootstrappedSessionIsIgnored) {
     Pair p;
-    std::vector<uint8_t> frame;
-    wire::encode(frame, p.prefill.id, wire::AuthResult{0});
-    p.decode.inject_frame(frame);
+    p.inject(p.decode, wire::AuthResult{0});
     std::lock_guard lock(p.decode.mu);
     EXPECT_FALSE(p.at_decode->closed()) << p.at_decode->error_message;
     EXPECT_EQ(p.decode.counters.auth_failures, 0u);
@@ -235,9 +228,7 @@ TEST(HostilePeer, ExpectsWithoutPostsAreBounded) {
 // the id's next post.
 TEST(Matchbook, APostThatFailsAtItsMatchKeepsItsIdUntilReleased) {
     Pair p;
-    Pool pool;
-    auto kv = std::make_shared<core::KvPool>(&p.prefill, pool.layout);
-    p.at_prefill->export_kv(*kv);
+    auto kv = p.export_pool(p.prefill);
     const auto tbl = table(8);
     auto post = p.prefill.post(p.at_prefill, "x", kv, tbl, 32, transfer_options());
     wire::Expect e;
@@ -246,9 +237,7 @@ TEST(Matchbook, APostThatFailsAtItsMatchKeepsItsIdUntilReleased) {
     e.handle_id = 12345;  // never exported
     e.num_tokens = 32;
     e.block_ids.assign(tbl.begin(), tbl.end());
-    std::vector<uint8_t> frame;
-    wire::encode(frame, p.decode.id, e);
-    p.prefill.inject_frame(frame);
+    p.inject(p.prefill, e);
     {
         std::lock_guard lock(p.prefill.mu);
         ASSERT_TRUE(post->finished());
@@ -268,9 +257,7 @@ TEST(Matchbook, APostThatFailsAtItsMatchKeepsItsIdUntilReleased) {
     cancel.status = SG_ERR_CANCELED;
     cancel.message = "withdrawn";
     cancel.from_post_side = 0;
-    frame.clear();
-    wire::encode(frame, p.decode.id, cancel, wire::MsgType::Cancel);
-    p.prefill.inject_frame(frame);
+    p.inject(p.prefill, cancel, wire::MsgType::Cancel);
     post->release();
     // The id is free again, and the cancel above was not kept for it.
     auto again = p.prefill.post(p.at_prefill, "x", kv, tbl, 32, transfer_options());
@@ -377,9 +364,7 @@ TEST(TransferSteps, ALayerAndASendUnitTakeTheirStepsOnceAndInOrder) {
 
 TEST(Deadlines, PostsWhoseDeadlinePassesBeforeTheirExpectFailCleanly) {
     Pair p;
-    Pool pool;
-    auto kv = std::make_shared<core::KvPool>(&p.prefill, pool.layout);
-    p.at_prefill->export_kv(*kv);
+    auto kv = p.export_pool(p.prefill);
     const auto tbl = table(8);
     sg_transfer_options_t o = transfer_options();
     o.deadline_ns = 20'000'000;
@@ -398,9 +383,7 @@ TEST(Deadlines, PostsWhoseDeadlinePassesBeforeTheirExpectFailCleanly) {
 
 TEST(Deadlines, ADeadlineOfUint64MaxNeverFires) {
     Pair p;
-    Pool pool;
-    auto kv = std::make_shared<core::KvPool>(&p.prefill, pool.layout);
-    p.at_prefill->export_kv(*kv);
+    auto kv = p.export_pool(p.prefill);
     const auto tbl = table(8);
     sg_transfer_options_t o = transfer_options();
     o.deadline_ns = UINT64_MAX;  // "now + deadline" wrapped to the past before
@@ -532,20 +515,14 @@ TEST(Logging, IdenticalLinesWithinASecondAreCountedNotRepeated) {
 // SG_ERR_REMOTE, never a value outside sg_status_t (undefined behaviour, then handed to the host).
 TEST(HostilePeer, AStatusOutsideTheEnumBecomesRemote) {
     Pair p;
-    Pool pool;
-    auto kv = std::make_shared<core::KvPool>(&p.decode, pool.layout);
-    p.at_decode->export_kv(*kv);
-    const auto tbl = table(8);
-    auto t = p.decode.expect(p.at_decode, "req", kv, tbl, 32, transfer_options());
+    auto t = p.expect_on_decode();
     wire::TransferError m;
     m.request_id = "req";
     m.decode_xfer_id = t->id;
     m.status = -1221118153;
     m.message = "?";
     m.from_post_side = 1;
-    std::vector<uint8_t> frame;
-    wire::encode(frame, p.prefill.id, m, wire::MsgType::Cancel);
-    p.decode.inject_frame(frame);
+    p.inject(p.decode, m, wire::MsgType::Cancel);
     std::lock_guard lock(p.decode.mu);
     EXPECT_EQ(t->status, SG_ERR_REMOTE);
     EXPECT_EQ(peer_error_status(SG_ERR_DEADLINE), SG_ERR_DEADLINE);
