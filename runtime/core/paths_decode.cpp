@@ -89,7 +89,7 @@ void Transfer::check_fetches(uint32_t layer) {
     }
 }
 
-void Transfer::decode_block_resident(uint32_t layer, std::span<const uint32_t> blocks, uint32_t path,
+void Transfer::decode_block_resident(uint32_t layer, std::span<const uint32_t> blocks, const UnitPath &path,
                                     uint64_t bytes) {
     Transfer::Layer &L = layers[layer];
     for (uint32_t b : blocks) {
@@ -99,9 +99,7 @@ void Transfer::decode_block_resident(uint32_t layer, std::span<const uint32_t> b
         if (b < L.in.requested.size()) L.in.requested[b] = 0;
     }
     stats.bytes += bytes;
-    if (path == SG_PATH_PROACTIVE) stats.bytes_proactive += bytes;
-    else if (path == SG_PATH_ON_DEMAND) stats.bytes_on_demand += bytes;
-    else stats.bytes_speculative += bytes;
+    stats.*path.bytes += bytes;
     if (L.in.resident_count == request_blocks(*this) && !L.ready) mark_ready(layer);
     check_fetches(layer);
     complete_if_done();
@@ -110,7 +108,8 @@ void Transfer::decode_block_resident(uint32_t layer, std::span<const uint32_t> b
 }
 
 void Transfer::apply_blocks_ready(const wire::BlocksReady &m) {
-    if (m.path == SG_PATH_PROACTIVE) {
+    const UnitPath &path = UnitPath::of(m.path);  // checked when the notice arrived
+    if (path.essential) {
         auto &mine = layers[m.layer].in.proactive_blocks;
         mine.insert(mine.end(), m.blocks.begin(), m.blocks.end());
     }
@@ -119,7 +118,7 @@ void Transfer::apply_blocks_ready(const wire::BlocksReady &m) {
         L.in.essential_notice = true;
         L.in.digest_chunks_announced = m.digest_chunks;
     }
-    decode_block_resident(m.layer, m.blocks, m.path, m.bytes);
+    decode_block_resident(m.layer, m.blocks, path, m.bytes);
     if (m.essential) maybe_essential(m.layer);
 }
 
@@ -179,6 +178,7 @@ void Session::on_blocks_ready(wire::BlocksReady &m) {
     if (!t) return;
     const uint32_t nb = request_blocks(*t);
     if (m.layer >= t->layers.size()) fail(SG_ERR_PROTOCOL, "BlocksReady names a layer that does not exist");
+    (void)UnitPath::of(m.path);  // SG_ERR_PROTOCOL for a path that is not a selective one
     for (uint32_t b : m.blocks)
         if (b >= nb) fail(SG_ERR_PROTOCOL, "BlocksReady names a block beyond the request");
     Transfer::Layer &L = t->layers[m.layer];

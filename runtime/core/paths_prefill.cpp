@@ -176,10 +176,10 @@ void Transfer::release_unposted_speculative(uint32_t layer, std::span<const uint
     }
 }
 
-std::unique_ptr<SendUnit> Transfer::claim(uint32_t layer, uint32_t path, std::span<const uint32_t> want) {
+std::unique_ptr<SendUnit> Transfer::claim(uint32_t layer, const UnitPath &path, std::span<const uint32_t> want) {
     auto u = std::make_unique<SendUnit>();
     u->layer = layer;
-    u->path = path;
+    u->path = &path;
     Transfer::Layer &L = layers[layer];
     for (uint32_t b : want) {
         if (b >= L.out.claimed.size() || L.out.claimed[b]) continue;
@@ -232,7 +232,7 @@ void Session::note_bulk_delivered(uint64_t bytes) {
 void Transfer::queue_whole_layer(uint32_t layer) {
     std::vector<uint32_t> every(layers[layer].out.claimed.size());
     for (uint32_t b = 0; b < every.size(); ++b) every[b] = b;
-    sel().proactive_queue.push_back(claim(layer, SG_PATH_PROACTIVE, every));
+    sel().proactive_queue.push_back(claim(layer, UnitPath::kProactive, every));
     sel().layers_whole++;
 }
 
@@ -272,11 +272,11 @@ void Transfer::commit_layer(uint32_t layer, PreparedLayer &&prep) {
         if (stream_whole(interval)) {
             queue_whole_layer(layer);
         } else {
-            sel().proactive_queue.push_back(claim(layer, SG_PATH_PROACTIVE, L.out.selected));
+            sel().proactive_queue.push_back(claim(layer, UnitPath::kProactive, L.out.selected));
         }
     }
     if (!L.out.demand_waiting.empty()) {
-        auto u = claim(layer, SG_PATH_ON_DEMAND, L.out.demand_waiting);
+        auto u = claim(layer, UnitPath::kOnDemand, L.out.demand_waiting);
         stats.fetch_blocks += u->blocks.size();
         if (!u->blocks.empty()) sel().demand_queue.push_back(std::move(u));
         L.out.demand_waiting.clear();

@@ -48,7 +48,7 @@ SendUnit *Transfer::next_unit(int pass) {
             L.out.spec_cursor++;
         }
         if (!want.empty()) {
-            sel().speculative_queue.push_back(claim(layer, SG_PATH_SPECULATIVE, want));
+            sel().speculative_queue.push_back(claim(layer, UnitPath::kSpeculative, want));
             return sel().speculative_queue.front().get();
         }
         sel().spec_order_pos++;
@@ -60,7 +60,7 @@ void Transfer::compile_unit(SendUnit &u) {
     u.advance(SendUnit::Step::Compiled);
     const kv::Layout &L = pool->layout;
     Transfer::Layer &layer = layers[u.layer];
-    if (u.path == SG_PATH_PROACTIVE && !layer.digests.empty()) {
+    if (u.path->essential && !layer.digests.empty()) {
         // The digests go first, in runs; the notice counts them so the decode side knows when all
         // have arrived, whatever order the provider completes them in.
         // Only blocks that can still be fetched: the unit's own blocks arrive with it, and the
@@ -115,7 +115,7 @@ void Transfer::compile_unit(SendUnit &u) {
     const uint64_t max_op = std::min(ctx->max_op_bytes_, session->tp->caps().max_msg_size);
     const transport::Capabilities &caps = session->tp->caps();
     const uint64_t spec_op = caps.bulk_apart || caps.local_only ? kApartSpeculativeOpBytes : kSpeculativeOpBytes;
-    limits.max_op_bytes = u.path == SG_PATH_SPECULATIVE ? std::min(max_op, spec_op) : max_op;
+    limits.max_op_bytes = u.path->bulk ? std::min(max_op, spec_op) : max_op;
     if (staged_only()) limits.max_op_bytes = std::min<uint64_t>(limits.max_op_bytes, StagingArea::kSlotBytes);
     limits.max_iov = uint32_t(std::min<uint64_t>(plan::kMaxIov, std::max<uint64_t>(1, session->tp->caps().rma_iov_limit)));
     const plan::LayerPlanStats ps = plan::compile_layer(src, bases, dst, tokens, limits, u.ops);
@@ -130,22 +130,18 @@ void Transfer::compile_unit(SendUnit &u) {
     const bool pack_bulk = session->tp->caps().local_only;
     u.staged = staged_only() || // quantized or copied off the device while packing
                (session->have_peer_staging &&
-                ((u.path != SG_PATH_SPECULATIVE || pack_bulk) && ctx->staging_policy_ != SG_STAGING_NEVER &&
+                ((!u.path->bulk || pack_bulk) && ctx->staging_policy_ != SG_STAGING_NEVER &&
                  (ctx->staging_policy_ == SG_STAGING_ALWAYS || (ctx->staging_threshold_ && mean < ctx->staging_threshold_))));
 }
 
 void Transfer::count_unit_bytes(const SendUnit &u, uint64_t wire_len, uint64_t payload_len) {
-    if (u.path == SG_PATH_SPECULATIVE) session->speculative_inflight += wire_len;
-    if (u.path == SG_PATH_PROACTIVE) session->proactive_inflight += wire_len;
-    (u.path == SG_PATH_ON_DEMAND     ? stats.bytes_on_demand
-     : u.path == SG_PATH_PROACTIVE   ? stats.bytes_proactive
-                                     : stats.bytes_speculative) += payload_len;
+    if (u.path->inflight) (*session).*u.path->inflight += wire_len;
+    stats.*u.path->bytes += payload_len;
 }
 
 // The other side of count_unit_bytes' in-flight counts: a write completed or was dropped unposted.
 void Session::uncount_inflight(const SendUnit &u, uint64_t len) {
-    if (u.path == SG_PATH_SPECULATIVE) speculative_inflight -= len;
-    if (u.path == SG_PATH_PROACTIVE) proactive_inflight -= len;
+    if (u.path->inflight) this->*u.path->inflight -= len;
 }
 
 // Posts up to `quota` writes of the transfer's units of one pass (0 on-demand, 1 proactive,
@@ -203,7 +199,7 @@ void Transfer::selective_notices() {
                 wire::BlocksReady m;
                 m.decode_xfer_id = id;
                 m.layer = u.layer;
-                m.path = u.path;
+                m.path = u.path->bit;
                 const size_t end = std::min(u.blocks.size(), first + kMaxBlocksPerMessage);
                 m.blocks.assign(u.blocks.begin() + ptrdiff_t(std::min(first, u.blocks.size())), u.blocks.begin() + ptrdiff_t(end));
                 m.bytes = u.blocks.empty() ? 0 : u.bytes * m.blocks.size() / u.blocks.size();
@@ -211,7 +207,7 @@ void Transfer::selective_notices() {
                 // counts have arrived.
                 const bool last = end == u.blocks.size();
                 m.digest_chunks = last ? u.digest_chunks : 0;
-                m.essential = last && u.path == SG_PATH_PROACTIVE;
+                m.essential = last && u.path->essential;
                 m.staged_chunks = layers[u.layer].staged_chunks;
                 std::vector<uint8_t> out;
                 wire::encode(out, ctx->id, m);
@@ -226,8 +222,8 @@ void Transfer::selective_notices() {
         Transfer::Layer &L = layers[u.layer];
         for (uint32_t b : u.blocks) residency.set(u.layer, b);
         L.out.delivered_count += uint32_t(u.blocks.size());
-        if (u.path == SG_PATH_SPECULATIVE) session->note_bulk_delivered(u.bytes);
-        if (u.path == SG_PATH_PROACTIVE) {
+        if (u.path->bulk) session->note_bulk_delivered(u.bytes);
+        if (u.path->essential) {
             L.essential = true;
             emit(SG_EVENT_ESSENTIAL_READY, u.layer, SG_OK);
         }
@@ -263,7 +259,7 @@ void Session::on_fetch(wire::Fetch &m) {
         return;
     }
     t.release_unposted_speculative(m.layer, m.blocks);
-    auto u = t.claim(m.layer, SG_PATH_ON_DEMAND, m.blocks);
+    auto u = t.claim(m.layer, UnitPath::kOnDemand, m.blocks);
     t.stats.fetch_blocks += u->blocks.size();
     if (u->blocks.empty()) return;  // all on their way already
     t.sel().demand_queue.push_back(std::move(u));

@@ -29,7 +29,7 @@ class KvPool {
 // BlocksReady notice. Units of the on-demand path go before everything else, speculative ones last.
 struct SendUnit {
     uint32_t layer = 0;
-    uint32_t path = 0;             // one SG_PATH_* bit
+    const UnitPath *path = nullptr;  // which of the selective paths it goes under
     std::vector<uint32_t> blocks;  // logical indices, ascending
     Vec<plan::Op> ops;
     // Its way, one step after the other (advance() refuses any other move): its blocks claimed,
@@ -59,8 +59,8 @@ struct SendUnit {
 // may (paths_prefill.cpp).
 inline transport::WriteClass write_class(const SendUnit *u) {
     if (!u) return transport::WriteClass::Default;
-    if (u->path == SG_PATH_ON_DEMAND || u->urgent) return transport::WriteClass::Urgent;
-    if (u->path == SG_PATH_SPECULATIVE) return transport::WriteClass::Bulk;
+    if (u->path->urgent || u->urgent) return transport::WriteClass::Urgent;
+    if (u->path->bulk) return transport::WriteClass::Bulk;
     return transport::WriteClass::Default;
 }
 
@@ -335,7 +335,7 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
     void queue_whole_layer(uint32_t layer);
     void release_unposted_speculative(uint32_t layer, std::span<const uint32_t> wanted);
     void digest_proactive_blocks(uint32_t layer);
-    std::unique_ptr<SendUnit> claim(uint32_t layer, uint32_t path, std::span<const uint32_t> want);
+    std::unique_ptr<SendUnit> claim(uint32_t layer, const UnitPath &path, std::span<const uint32_t> want);
     bool pump_selective(int pass, uint32_t quota);
     SendUnit *next_unit(int pass);
     void compile_unit(SendUnit &u);
@@ -344,7 +344,7 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
     void announce_paths();
     void apply_held_notices(uint32_t layer);
     void apply_blocks_ready(const wire::BlocksReady &m);
-    void decode_block_resident(uint32_t layer, std::span<const uint32_t> blocks, uint32_t path,
+    void decode_block_resident(uint32_t layer, std::span<const uint32_t> blocks, const UnitPath &path,
                                uint64_t bytes);
     void maybe_essential(uint32_t layer);
     void check_fetches(uint32_t layer);

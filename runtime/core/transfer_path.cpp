@@ -98,6 +98,22 @@ const TransferPath TransferPath::kSelective{
     .release_unfinished = [](Transfer &t) { t.end_by_release(); },
 };
 
+const UnitPath UnitPath::kProactive{"proactive", SG_PATH_PROACTIVE, &sg_transfer_stats_t::bytes_proactive,
+                                    &Session::proactive_inflight, false, false, true};
+const UnitPath UnitPath::kOnDemand{"on-demand", SG_PATH_ON_DEMAND, &sg_transfer_stats_t::bytes_on_demand, nullptr, true,
+                                   false, false};
+const UnitPath UnitPath::kSpeculative{"speculative", SG_PATH_SPECULATIVE, &sg_transfer_stats_t::bytes_speculative,
+                                      &Session::speculative_inflight, false, true, false};
+
+const UnitPath &UnitPath::of(uint32_t bit) {
+    switch (bit) {
+        case SG_PATH_PROACTIVE: return kProactive;
+        case SG_PATH_ON_DEMAND: return kOnDemand;
+        case SG_PATH_SPECULATIVE: return kSpeculative;
+        default: fail(SG_ERR_PROTOCOL, "path " + std::to_string(bit) + " is not one of the selective paths");
+    }
+}
+
 const TransferPath &TransferPath::of(uint32_t paths) {
     return paths && paths != SG_PATH_FULL ? kSelective : kFull;
 }

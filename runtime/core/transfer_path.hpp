@@ -4,8 +4,11 @@
 // (Transfer::set_paths: the prefill side at post, the decode side when the peer's Selective
 // message names the paths). Nothing else in core/ asks which path a transfer runs. Within the
 // selective paths, the scheduler's passes (on-demand, then proactive, then speculative) pick the
-// send units' queue (Transfer::next_unit).
+// send units' queue (Transfer::next_unit), and each send unit carries the row of its path
+// (UnitPath): what its bytes count as, what bounds them, how they travel.
 #pragma once
+
+#include "smartgen/smartgen.h"
 
 #include <cstdint>
 #include <memory>
@@ -17,6 +20,7 @@ struct Profile;
 
 namespace sg::core {
 
+class Session;
 class Transfer;
 class StreamEvent;
 
@@ -66,6 +70,25 @@ struct TransferPath {
     static const TransferPath kSelective;
     // The path of a transfer with these SG_PATH_* bits (0: not known yet, the whole cache).
     static const TransferPath &of(uint32_t paths);
+};
+
+// The selective paths a send unit goes under, a row each: chosen once, when the unit claims its
+// blocks (prefill side), or when a BlocksReady names the path (decode side).
+struct UnitPath {
+    const char *name;
+    uint32_t bit;                          // its SG_PATH_* bit, as the wire names it
+    uint64_t sg_transfer_stats_t::*bytes;  // the statistic its payload counts in, on both sides
+    uint64_t Session::*inflight;           // the session's in-flight bytes that bound it (NULL: none
+                                           // beyond the operation slots)
+    bool urgent;     // a fetch's reply: ahead of everything else on the transport
+    bool bulk;       // background bulk: writes of its own size, packed into staging slots only where
+                     // the provider is local, its delivery rate measures the link (Session::bulk_rate)
+    bool essential;  // carries the layer's digests, and its delivery makes the layer essential
+
+    static const UnitPath kProactive, kOnDemand, kSpeculative;
+    // The row of an SG_PATH_* bit; SG_ERR_PROTOCOL for a value that names no selective path (a
+    // peer's BlocksReady).
+    static const UnitPath &of(uint32_t bit);
 };
 
 }  // namespace sg::core

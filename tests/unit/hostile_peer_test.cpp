@@ -161,6 +161,26 @@ TEST(HostilePeer, AQuantizedSegmentThatCutsARowFailsTheSession) {
     for (uint16_t x : p.pool.k[0]) ASSERT_EQ(x, 0u);
 }
 
+// A BlocksReady must name one of the selective paths (UnitPath::of); any other value used to be
+// counted as speculative bytes.
+TEST(HostilePeer, ABlocksReadyOfNoSelectivePathFailsTheSession) {
+    for (const uint32_t path : {uint32_t(SG_PATH_FULL), 0u, SG_PATH_PROACTIVE | SG_PATH_ON_DEMAND, 0x40u}) {
+        SCOPED_TRACE(path);
+        Pair p;
+        auto t = p.expect_on_decode();
+        wire::BlocksReady m;
+        m.decode_xfer_id = t->id;
+        m.layer = 0;
+        m.path = path;
+        m.blocks = {0};
+        p.inject(p.decode, m);
+        EXPECT_TRUE(p.decode_lost_for("is not one of the selective paths"));
+        std::lock_guard lock(p.decode.mu);
+        EXPECT_EQ(t->stats.bytes, 0u);
+        EXPECT_FALSE(t->residency.test(0, 0));
+    }
+}
+
 TEST(HostilePeer, AMessageThatDoesNotDecodeFailsTheSession) {
     Pair p;
     wire::LayerReady m;
