@@ -99,7 +99,8 @@ class Worker {
     std::function<void()> interrupt_;
     mutable std::mutex mu_;
     std::condition_variable cv_;
-    bool stopping_ = false;
+    std::mutex join_mu_;  // held by stop() through the join
+    bool started_ = false, stopping_ = false;
     std::thread thread_;
     std::atomic<uint64_t> rounds_{0}, failures_{0};
 };

@@ -12,17 +12,21 @@ Worker::~Worker() { stop(); }
 
 bool Worker::start() {
     std::lock_guard lock(mu_);
-    if (thread_.joinable() || stopping_) return false;
+    if (started_ || stopping_) return false;
+    started_ = true;
     thread_ = std::thread([this] { loop(); });
     return true;
 }
 
 bool Worker::running() const {
     std::lock_guard lock(mu_);
-    return thread_.joinable() && !stopping_;
+    return started_ && !stopping_;
 }
 
 void Worker::stop() {
+    // One stop joins at a time; a second returns only once the thread is gone. After stopping_ is
+    // set under mu_, start() no longer touches thread_, and running() never reads it.
+    std::lock_guard join_lock(join_mu_);
     {
         std::lock_guard lock(mu_);
         stopping_ = true;

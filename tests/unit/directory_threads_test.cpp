@@ -138,4 +138,28 @@ TEST(DirectoryWorker, StartsOnceBacksOffAfterAFailureAndStopInterruptsARound) {
     EXPECT_FALSE(worker.start()) << "started after stop";
 }
 
+// Two stops at once (a host's teardown racing the handle's destructor): each returns only once the
+// round under way has finished and the thread is gone.
+TEST(DirectoryWorker, EveryStopReturnsOnlyOnceTheThreadIsGone) {
+    std::atomic<bool> in_round{false};
+    Worker worker(std::chrono::milliseconds(0), std::chrono::milliseconds(0), [&] {
+        in_round = true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        in_round = false;
+    });
+    ASSERT_TRUE(worker.start());
+    ASSERT_TRUE(eventually([&] { return in_round.load(); }));
+    std::atomic<int> returned_in_round{0};
+    auto stopper = [&] {
+        worker.stop();
+        if (in_round) returned_in_round++;
+    };
+    std::thread a(stopper), b(stopper);
+    while (worker.running()) std::this_thread::yield();  // running() is safe beside stop()
+    a.join();
+    b.join();
+    EXPECT_EQ(returned_in_round.load(), 0);
+    EXPECT_FALSE(worker.running());
+}
+
 }  // namespace
