@@ -44,6 +44,10 @@ constexpr uint64_t kOutcomeGraceNs = 1000000000ull;
 // A handshake that has not finished after this many peer timeouts is dropped, however steadily it
 // drips bytes.
 constexpr uint64_t kHandshakeLimitFactor = 10;
+// A peer that has spoken may then stall this many peer timeouts before the listener drops it: on a
+// busy host a live connector can be off the CPU for seconds between two steps of its handshake.
+// A connection that never sent a byte gets one peer timeout (it holds a slot and may be a scan).
+constexpr uint64_t kHandshakeStallFactor = 4;
 
 std::string errno_text(const char *what) { return std::string(what) + ": " + std::strerror(errno); }
 
@@ -159,7 +163,7 @@ class Handshake {
             } else if (k < 0 && errno == EINTR) {
                 continue;
             } else {
-                fail(SG_ERR_PEER_LOST, errno_text("bootstrap send"));
+                closed_by_peer(errno_text("bootstrap send"));
             }
         }
         out_.clear();
@@ -176,7 +180,10 @@ class Handshake {
                     uint32_t(in_[20]) | uint32_t(in_[21]) << 8 | uint32_t(in_[22]) << 16 | uint32_t(in_[23]) << 24;
                 if (body_len > wire::kMaxFrameBytes - wire::kFrameHeaderBytes) fail(SG_ERR_PROTOCOL, "bootstrap frame too large");
                 want += body_len;
-                if (in_.size() == want) return true;
+                if (in_.size() == want) {
+                    throw_if_refusal();
+                    return true;
+                }
             }
             const size_t old = in_.size();
             in_.resize(want);
@@ -187,10 +194,42 @@ class Handshake {
                 continue;
             }
             in_.resize(old);
-            if (k == 0) fail(SG_ERR_PEER_LOST, "peer closed the bootstrap connection");
+            if (k == 0) closed_by_peer("peer closed the bootstrap connection");
             if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
-            if (errno != EINTR) fail(SG_ERR_PEER_LOST, errno_text("bootstrap recv"));
+            if (errno != EINTR) closed_by_peer(errno_text("bootstrap recv"));
         }
+    }
+
+    // A listener that gives up a handshake says why in an Opened frame before it closes (refuse()):
+    // the connector reports that cause, not the broken pipe that follows.
+    void throw_if_refusal() const {
+        wire::FrameHeader h;
+        std::span<const uint8_t> body;
+        if (wire::decode_header(in_, h, body) != wire::DecodeError::None || h.type != wire::MsgType::Opened) return;
+        wire::Opened why;
+        if (wire::decode(body, why) != wire::DecodeError::None || why.status == SG_OK)
+            fail(SG_ERR_PROTOCOL, "bad Opened during bootstrap");
+        fail(peer_error_status(why.status), "the peer gave up the bootstrap handshake: " + why.message);
+    }
+
+    // The connection broke: if the peer's reason is already in our receive queue, that is the
+    // cause; otherwise the peer closed without one (it crashed, was closed, or is an older peer).
+    [[noreturn]] void closed_by_peer(const std::string &what) {
+        if (!closing_) {
+            closing_ = true;
+            for (int i = 0; i < 2; ++i) {
+                try {
+                    if (!fill()) break;
+                } catch (const Error &e) {
+                    if (e.status() != SG_ERR_PEER_LOST) throw;
+                    break;
+                }
+                in_.clear();
+            }
+        }
+        fail(SG_ERR_PEER_LOST, "the peer closed the connection during the bootstrap handshake (" + what +
+                                   "); a listener drops a handshake that stalls past its peer timeout or fails its checks, "
+                                   "and says why to peers of this version");
     }
 
     std::vector<uint8_t> take_frame() {
@@ -242,6 +281,7 @@ class Handshake {
     size_t sent_ = 0;
     bool heard_ = false;
     bool accepted_ = false;
+    bool closing_ = false;
     wire::Hello peer_;
 };
 
@@ -339,7 +379,24 @@ struct PendingHandshake {
     std::unique_ptr<Handshake> hs;
     uint64_t arrived_ns = 0, last_progress_ns = 0;
     uint64_t deadline(uint64_t peer_timeout_ns) const {
-        return std::min(last_progress_ns + peer_timeout_ns, arrived_ns + kHandshakeLimitFactor * peer_timeout_ns);
+        const uint64_t stall = hs->heard_from_peer() ? kHandshakeStallFactor * peer_timeout_ns : peer_timeout_ns;
+        return std::min(last_progress_ns + stall, arrived_ns + kHandshakeLimitFactor * peer_timeout_ns);
+    }
+
+    // Tells the peer why its handshake ends here (best effort: one non-blocking send), then closes
+    // so that what the peer sent is read first and the close is a FIN, not a reset that could
+    // discard the reason before the peer reads it.
+    void refuse(const Context &ctx, sg_status_t status, const std::string &why) {
+        wire::Opened m;
+        m.status = status;
+        m.message = why;
+        std::vector<uint8_t> frame;
+        wire::encode(frame, ctx.id, m);
+        (void)::send(fd.fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+        ::shutdown(fd.fd, SHUT_WR);
+        uint8_t sink[4096];
+        while (::recv(fd.fd, sink, sizeof sink, MSG_DONTWAIT) > 0) {
+        }
     }
 };
 
@@ -404,14 +461,25 @@ std::shared_ptr<Session> accept_session(Listener &l, Context &ctx, const sg_sess
         }
         const uint64_t now = now_ns();
         for (size_t i = 0; i < pending.size();) {
-            if (now < pending[i]->deadline(peer_timeout)) {
+            PendingHandshake &p = *pending[i];
+            if (now < p.deadline(peer_timeout)) {
                 ++i;
                 continue;
             }
-            ctx.log.log(SG_LOG_INFO, "dropped a bootstrap connection that did not finish its handshake (" +
-                                         std::to_string((now - pending[i]->arrived_ns) / 1000000) + " ms, peer_timeout_ms " +
-                                         std::to_string(peer_timeout / 1000000) + ")");
+            const std::string why = "the handshake did not finish: " + std::to_string((now - p.arrived_ns) / 1000000) +
+                                    " ms since the connection, " + std::to_string((now - p.last_progress_ns) / 1000000) +
+                                    " ms without progress (peer_timeout_ms " + std::to_string(peer_timeout / 1000000) + ")";
+            if (!p.hs->heard_from_peer()) {
+                // Never spoke: a scan or a health check, nobody's failed bootstrap.
+                ctx.log.log(SG_LOG_INFO, "dropped a bootstrap connection that sent nothing: " + why);
+                pending.erase(pending.begin() + ptrdiff_t(i));
+                continue;
+            }
+            // A peer that spoke and stalled: it hears why, and so does this accept call, as it would
+            // of a peer whose key check failed.
+            p.refuse(ctx, SG_ERR_TIMEOUT, "the listener dropped it: " + why);
             pending.erase(pending.begin() + ptrdiff_t(i));
+            fail(SG_ERR_TIMEOUT, "a peer's bootstrap handshake stalled and was dropped: " + why);
         }
         if (now >= deadline) fail(SG_ERR_TIMEOUT, "timed out waiting for a peer to connect");
         uint64_t wake_at = deadline;

@@ -53,7 +53,7 @@ void Context::on_message(std::span<const uint8_t> bytes) {
                              " MiB before proving its key (or the context's budget for unproven peers is spent)");
             return;
         }
-        s->last_heard_ns = now_ns();
+        s->liveness.heard(now_ns());
         s->held_frames.emplace_back(bytes.begin(), bytes.end());
         s->held_bytes += cost;
         unauthenticated_bytes_ += cost;
@@ -160,7 +160,7 @@ const Session::Route &Session::route(wire::MsgType type) {
 
 // Frames that reach a session: the peer is alive, and its connection exists, so ours may follow.
 void Session::heard_from() {
-    last_heard_ns = now_ns();
+    liveness.heard(now_ns());
     ctx->counters.messages_received++;
     if (!may_send) {
         may_send = true;

@@ -132,7 +132,8 @@ std::shared_ptr<Session> Context::open_session(const wire::Hello &peer, const sg
     sessions_[peer.ctx_id] = s;
     counters.sessions_open++;
     s->may_send = id < peer.ctx_id;
-    s->last_heard_ns = s->last_sent_ns = now_ns();
+    s->last_sent_ns = now_ns();
+    s->liveness.start(s->last_sent_ns);
     s->proven = authenticated || key_.empty();
     if (s->proven) {
         s->advance(SessionState::Open);
@@ -261,13 +262,19 @@ void Context::check_timers_locked() {
         if (s && s->closed() && !s->regs_dropped) s->drop_registrations();
         if (s && s->closed() && s->tp->caps().local_only && now - s->lost_ns > kAbandonAfterLossNs) s->abandon_ops();
         if (!s || s->closed()) continue;
-        if (now - s->last_heard_ns > peer_timeout_ns_) {
+        s->liveness.watch(now);
+        if (s->liveness.lost(peer_timeout_ns_)) {
+            const PeerLiveness &l = s->liveness;
             s->lose(SG_ERR_PEER_LOST,
-                         "peer sent nothing for " + std::to_string((now - s->last_heard_ns) / 1000000) +
-                             " ms (peer_timeout_ms " + std::to_string(peer_timeout_ns_ / 1000000) + ")");
+                    "peer sent nothing for " + std::to_string(l.silence_ns() / 1000000) + " ms (" +
+                        std::to_string((now - l.last_heard_ns()) / 1000000) + " ms since its last frame; peer_timeout_ms " +
+                        std::to_string(peer_timeout_ns_ / 1000000) + ", allowed " +
+                        std::to_string(l.timeout_ns(peer_timeout_ns_) / 1000000) + " after gaps of up to " +
+                        std::to_string(l.largest_gap_ns() / 1000000) + " ms)");
             continue;
         }
-        if (s->may_send && s->outbox.empty() && now - s->last_sent_ns > peer_timeout_ns_ / 4) {
+        // Eight keep-alives per timeout: a peer has to get one frame through in any eighth of it.
+        if (s->may_send && s->outbox.empty() && now - s->last_sent_ns > peer_timeout_ns_ / 8) {
             wire::Ping ping;
             ping.sent_ns = now;
             std::vector<uint8_t> out;

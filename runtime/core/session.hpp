@@ -4,6 +4,7 @@
 #pragma once
 
 #include "common/common.hpp"
+#include "core/liveness.hpp"
 #include "core/matchbook.hpp"
 #include "kv/kv.hpp"
 #include "transport/transport.hpp"
@@ -114,7 +115,7 @@ class Session {
     std::string error_message;
     std::deque<std::vector<uint8_t>> notifications;  // received, not yet taken by the host
     uint64_t notifications_dropped = 0;
-    uint64_t last_heard_ns = 0;  // any frame from the peer
+    PeerLiveness liveness;       // any frame from the peer keeps it alive (liveness.hpp)
     uint64_t last_sent_ns = 0;   // any frame to the peer accepted by the provider
 
     // Our pools registered for this session (one registration per region) and exported.

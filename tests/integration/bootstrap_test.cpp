@@ -3,6 +3,7 @@
 // accept timeout each: 200 held sockets delayed a legitimate peer by 65 s, and a peer whose sends
 // were each delayed by 100 ms failed every time against an accept called in 250 ms slices.
 #include <smartgen/smartgen.h>
+#include "support/test_time.hpp"
 
 #include "../test_key.h"
 #include "support/test_context.hpp"
@@ -17,6 +18,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -56,7 +58,7 @@ TEST(Bootstrap, SilentAndSlowConnectionsDoNotDelayALegitimatePeer) {
     std::thread host([&] {
         const auto until = Clock::now() + std::chrono::seconds(15);
         sg_status_t st = SG_IN_PROGRESS;
-        while (st != SG_OK && Clock::now() < until) st = sg_session_accept(l, nullptr, 10 * kSecond, &sa, nullptr);
+        while (st != SG_OK && Clock::now() < until) st = sg_session_accept(l, nullptr, sgtest::wait_ns(10 * kSecond), &sa, nullptr);
         accepted = st;
     });
     // 150 sockets that connect and say nothing, and 20 that send a byte of a header now and then.
@@ -73,7 +75,7 @@ TEST(Bootstrap, SilentAndSlowConnectionsDoNotDelayALegitimatePeer) {
     });
     std::this_thread::sleep_for(std::chrono::milliseconds(200));  // all of them are the listener's now
     const auto start = Clock::now();
-    const sg_status_t connected = sg_session_connect(b, "127.0.0.1", port, nullptr, 10 * kSecond, &sb, nullptr);
+    const sg_status_t connected = sg_session_connect(b, "127.0.0.1", port, nullptr, sgtest::wait_ns(10 * kSecond), &sb, nullptr);
     const auto took = Clock::now() - start;
     host.join();
     stop = true;
@@ -90,13 +92,17 @@ TEST(Bootstrap, SilentAndSlowConnectionsDoNotDelayALegitimatePeer) {
     sg_context_destroy(b);
 }
 
-// A relay that passes bytes both ways, holding each chunk back `delay` first: a slow network.
+// A relay that passes bytes both ways, holding each chunk back `delay` first: a slow network. With
+// `to_connector` given, chunks towards the connecting side wait that long instead. Each direction
+// has its own thread, so a chunk held back one way does not hold up the other; an end that closes
+// is passed on as a half-close once what it sent before has been delivered.
 struct SlowRelay {
     int listen_fd = -1;
     uint16_t port = 0;
     std::thread th;
     std::atomic<bool> stop{false};
-    SlowRelay(uint16_t target, std::chrono::milliseconds delay) {
+    SlowRelay(uint16_t target, std::chrono::milliseconds delay, std::chrono::milliseconds to_connector = std::chrono::milliseconds(-1)) {
+        if (to_connector.count() < 0) to_connector = delay;
         listen_fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         sockaddr_in a{};
         a.sin_family = AF_INET;
@@ -106,26 +112,24 @@ struct SlowRelay {
         EXPECT_EQ(::listen(listen_fd, 4), 0);
         ::getsockname(listen_fd, reinterpret_cast<sockaddr *>(&a), &len);
         port = ntohs(a.sin_port);
-        th = std::thread([this, target, delay] {
+        th = std::thread([this, target, delay, to_connector] {
             const int in = ::accept(listen_fd, nullptr, nullptr);
             const int out = connect_to(target);
-            std::vector<uint8_t> buf(65536);
-            while (!stop) {
-                pollfd p[2] = {{in, POLLIN, 0}, {out, POLLIN, 0}};
-                if (::poll(p, 2, 50) <= 0) continue;
-                bool closed = false;
-                for (int i = 0; i < 2; ++i) {
-                    if (!(p[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-                    const ssize_t n = ::recv(p[i].fd, buf.data(), buf.size(), 0);
-                    if (n <= 0) {
-                        closed = true;
-                        break;
-                    }
-                    std::this_thread::sleep_for(delay);
-                    (void)!::send(p[1 - i].fd, buf.data(), size_t(n), MSG_NOSIGNAL);
+            auto pump = [this](int from, int to, std::chrono::milliseconds wait) {
+                std::vector<uint8_t> buf(65536);
+                while (!stop) {
+                    pollfd p{from, POLLIN, 0};
+                    if (::poll(&p, 1, 50) <= 0) continue;
+                    const ssize_t n = ::recv(from, buf.data(), buf.size(), 0);
+                    if (n <= 0) break;
+                    std::this_thread::sleep_for(wait);
+                    (void)!::send(to, buf.data(), size_t(n), MSG_NOSIGNAL);
                 }
-                if (closed) break;
-            }
+                ::shutdown(to, SHUT_WR);
+            };
+            std::thread back(pump, out, in, to_connector);
+            pump(in, out, delay);
+            back.join();
             ::close(in);
             ::close(out);
         });
@@ -146,7 +150,7 @@ TEST(Bootstrap, AnAcceptTimeoutDoesNotAbortAHandshakeUnderWay) {
     SlowRelay relay(port, std::chrono::milliseconds(150));
     sg_session_t sa = nullptr, sb = nullptr;
     sg_status_t connected = SG_IN_PROGRESS;
-    std::thread peer([&] { connected = sg_session_connect(b, "127.0.0.1", relay.port, nullptr, 20 * kSecond, &sb, nullptr); });
+    std::thread peer([&] { connected = sg_session_connect(b, "127.0.0.1", relay.port, nullptr, sgtest::wait_ns(20 * kSecond), &sb, nullptr); });
     // Accept in 100 ms slices, as a host that also watches something else does: every exchange
     // step takes longer than a slice.
     sg_status_t accepted = SG_ERR_TIMEOUT;
@@ -167,6 +171,53 @@ TEST(Bootstrap, AnAcceptTimeoutDoesNotAbortAHandshakeUnderWay) {
     sg_context_destroy(b);
 }
 
+// A connector that stalls mid-handshake (here: the listener's frames reach it 2 s late) is dropped
+// by the listener after four peer timeouts without progress. Both sides say so: the listener's accept
+// fails with SG_ERR_TIMEOUT naming the stall (it used to log it and go on waiting), and the connector
+// gets the listener's reason, SG_ERR_TIMEOUT, instead of "bootstrap send: Broken pipe" as
+// SG_ERR_PEER_LOST.
+TEST(Bootstrap, AStalledHandshakeIsReportedAsATimeoutOnBothSides) {
+    sg_context_options_t o;
+    sg_context_options_init(&o);
+    o.provider = "tcp";
+    o.log_level = SG_LOG_OFF;
+    o.peer_timeout_ms = 300;
+    SG_TEST_USE_KEY(o);
+    sg_context_t a = nullptr;
+    ASSERT_EQ(sg_context_create(&o, &a, nullptr), SG_OK);
+    sg_context_t b = make();
+    sg_listener_t l = nullptr;
+    ASSERT_EQ(sg_listener_create(a, "127.0.0.1", 0, &l, nullptr), SG_OK);
+    uint16_t port = 0;
+    sg_listener_port(l, &port);
+    SlowRelay relay(port, std::chrono::milliseconds(0), std::chrono::milliseconds(2000));
+    sg_session_t sa = nullptr, sb = nullptr;
+    sg_status_t connected = SG_IN_PROGRESS;
+    std::string connect_error;
+    std::thread peer([&] {
+        connected = sg_session_connect(b, "127.0.0.1", relay.port, nullptr, sgtest::wait_ns(20 * kSecond), &sb, nullptr);
+        connect_error = sg_last_error_message();
+    });
+    const auto start = Clock::now();
+    const sg_status_t accepted = sg_session_accept(l, nullptr, sgtest::wait_ns(15 * kSecond), &sa, nullptr);
+    const auto took = Clock::now() - start;
+    const std::string accept_error = sg_last_error_message();
+    peer.join();
+    EXPECT_EQ(accepted, SG_ERR_TIMEOUT) << accept_error;
+    EXPECT_NE(accept_error.find("stalled"), std::string::npos) << accept_error;
+    EXPECT_GE(took, std::chrono::milliseconds(4 * 300));
+    EXPECT_LT(took, std::chrono::seconds(10)) << "the accept call waited for its own timeout instead";
+    EXPECT_EQ(connected, SG_ERR_TIMEOUT) << connect_error;
+    EXPECT_NE(connect_error.find("gave up the bootstrap handshake"), std::string::npos) << connect_error;
+    EXPECT_EQ(sa, nullptr);
+    EXPECT_EQ(sb, nullptr);
+    EXPECT_EQ(open_sessions(a), 0u);
+    EXPECT_EQ(open_sessions(b), 0u);
+    sg_listener_destroy(l);
+    sg_context_destroy(a);
+    sg_context_destroy(b);
+}
+
 // The connecting side asks for shm; the accepting context has only tcp. Before both sides reported
 // their outcome, the connector failed with SG_ERR_NO_PROVIDER while the acceptor got SG_OK and a
 // half-open session.
@@ -181,10 +232,10 @@ TEST(Bootstrap, AProviderMismatchFailsBothSidesAndLeavesNoSession) {
     so.provider = "shm";
     sg_session_t sa = nullptr, sb = nullptr;
     sg_status_t connected = SG_IN_PROGRESS;
-    std::thread peer([&] { connected = sg_session_connect(b, "127.0.0.1", port, &so, 5 * kSecond, &sb, nullptr); });
+    std::thread peer([&] { connected = sg_session_connect(b, "127.0.0.1", port, &so, sgtest::wait_ns(5 * kSecond), &sb, nullptr); });
     sg_error_info_t err;
     sg_error_info_init(&err);
-    const sg_status_t accepted = sg_session_accept(l, nullptr, 5 * kSecond, &sa, &err);
+    const sg_status_t accepted = sg_session_accept(l, nullptr, sgtest::wait_ns(5 * kSecond), &sa, &err);
     peer.join();
     EXPECT_EQ(connected, SG_ERR_NO_PROVIDER);
     EXPECT_EQ(accepted, SG_ERR_NO_PROVIDER) << err.message;
@@ -194,8 +245,8 @@ TEST(Bootstrap, AProviderMismatchFailsBothSidesAndLeavesNoSession) {
     EXPECT_EQ(open_sessions(a), 0u);
     EXPECT_EQ(open_sessions(b), 0u);
     // And the two can still make a session that works.
-    std::thread again([&] { connected = sg_session_connect(b, "127.0.0.1", port, nullptr, 5 * kSecond, &sb, nullptr); });
-    EXPECT_EQ(sg_session_accept(l, nullptr, 5 * kSecond, &sa, nullptr), SG_OK) << sg_last_error_message();
+    std::thread again([&] { connected = sg_session_connect(b, "127.0.0.1", port, nullptr, sgtest::wait_ns(5 * kSecond), &sb, nullptr); });
+    EXPECT_EQ(sg_session_accept(l, nullptr, sgtest::wait_ns(5 * kSecond), &sa, nullptr), SG_OK) << sg_last_error_message();
     again.join();
     EXPECT_EQ(connected, SG_OK);
     sg_session_destroy(sa);
@@ -265,11 +316,11 @@ void reconnect_rounds(bool blobs) {
             ASSERT_EQ(sg_context_get_metadata(b, mb.data(), lb, &lb), SG_OK);
             ASSERT_EQ(sg_session_from_metadata(a, mb.data(), lb, nullptr, &sa, nullptr), SG_OK) << sg_last_error_message();
             ASSERT_EQ(sg_session_from_metadata(b, ma.data(), la, nullptr, &sb, nullptr), SG_OK) << sg_last_error_message();
-            ASSERT_EQ(sg_session_wait_ready(sa, 5 * kSecond), SG_OK) << sg_last_error_message();
-            ASSERT_EQ(sg_session_wait_ready(sb, 5 * kSecond), SG_OK) << sg_last_error_message();
+            ASSERT_EQ(sg_session_wait_ready(sa, sgtest::wait_ns(5 * kSecond)), SG_OK) << sg_last_error_message();
+            ASSERT_EQ(sg_session_wait_ready(sb, sgtest::wait_ns(5 * kSecond)), SG_OK) << sg_last_error_message();
         } else {
-            std::thread t([&] { EXPECT_EQ(sg_session_connect(b, "127.0.0.1", port, nullptr, 5 * kSecond, &sb, nullptr), SG_OK); });
-            ASSERT_EQ(sg_session_accept(l, nullptr, 5 * kSecond, &sa, nullptr), SG_OK) << sg_last_error_message();
+            std::thread t([&] { EXPECT_EQ(sg_session_connect(b, "127.0.0.1", port, nullptr, sgtest::wait_ns(5 * kSecond), &sb, nullptr), SG_OK); });
+            ASSERT_EQ(sg_session_accept(l, nullptr, sgtest::wait_ns(5 * kSecond), &sa, nullptr), SG_OK) << sg_last_error_message();
             t.join();
         }
         // The new session is healthy: a notification goes both ways, and neither side sees its peer gone.

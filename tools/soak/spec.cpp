@@ -32,6 +32,8 @@ void usage() {
         "                          before/after = before the peer's post/expect, after the first layer)\n"
         "  --rss-bound-mib X       allowed RSS growth per process, end vs baseline (default 96)\n"
         "  --providers LIST        sessions alternate over these: tcp,shm (default), tcp, shm\n"
+        "  --hog-threads N         N threads spinning at normal priority in every worker process, as an\n"
+        "                          engine's would beside the runtime (default 0); no session may be lost\n"
         "  --timeout S             whole run (default 1800); --wait S: one wait in a worker (60)\n"
         "  --progress S            seconds between progress lines (default 5)\n"
         "Exit status 0 when no unexpected failure happened, every byte checked was right, and every\n"
@@ -110,6 +112,9 @@ bool parse_args(int argc, char **argv, Config &c, bool &help) {
             std::string p = v;
             if (!need(p == "tcp,shm" || p == "tcp" || p == "shm" || p == "shm,tcp")) return false;
             c.providers = p;
+        } else if (a == "--hog-threads") {
+            if (!need(numeric && d >= 0 && d <= 64)) return false;
+            c.hog_threads = int(d);
         } else if (a == "--timeout") {
             if (!need(numeric && d >= 1)) return false;
             c.timeout_s = int(d);
@@ -146,7 +151,7 @@ std::vector<std::string> worker_args(const Config &c, const std::string &role, i
             std::to_string(c.prefill_procs), "--decode-procs", std::to_string(c.decode_procs), "--transfers",
             std::to_string(c.transfers), "--window", std::to_string(c.window), "--kills", std::to_string(c.kills),
             "--warmup", std::to_string(c.warmup), "--cancel-rate", rate, "--cancel-modes", c.cancel_modes, "--rss-bound-mib", bound, "--providers",
-            c.providers, "--wait", std::to_string(c.wait_s), "--timeout", std::to_string(c.timeout_s), "--worker",
+            c.providers, "--hog-threads", std::to_string(c.hog_threads), "--wait", std::to_string(c.wait_s), "--timeout", std::to_string(c.timeout_s), "--worker",
             role, "--index", std::to_string(index), "--incarnation", std::to_string(incarnation)};
 }
 

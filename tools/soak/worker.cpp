@@ -277,6 +277,12 @@ int run_worker(const Config &cfg) {
         return 2;
     }
     std::thread(read_control).detach();
+    // The busy host: threads that never yield, at the runtime's own priority. They end with the process.
+    for (int i = 0; i < cfg.hog_threads; ++i)
+        std::thread([] {
+            volatile uint64_t spin = 0;
+            for (;;) spin = spin + 1;
+        }).detach();
     std::vector<Local> locals;
     for (int s : sessions_of(cfg, prefill, cfg.index)) {
         locals.emplace_back();
