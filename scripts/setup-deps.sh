@@ -23,6 +23,9 @@ DEMO_PACKAGES=(
   nlohmann-json3-dev
   iproute2
   jq
+  # Every build tree compiles through ccache (scripts/ccache-env.sh): the release, asan, tsan and fuzz
+  # trees and a fresh clone in another folder share one bounded cache.
+  ccache
 )
 
 TEST_PACKAGES=(

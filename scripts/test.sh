@@ -22,6 +22,9 @@
 #            rpmlint: no errors), then tests/packaging installs the .debs into a debootstrapped
 #            bookworm root (dependencies from Debian's archive; pkg-config and find_package
 #            consumers built and run inside it) and the .rpms into a scratch rpm root
+#   quick    (scripts/test.sh --quick only: phases deps and quick) the release configuration without
+#            bindings in build/quick, ctest -L 'unit|integration': the inner loop between commits
+# Every tree compiles through ccache (scripts/ccache-env.sh); each phase prints its hit rate.
 # The release phase also builds the bindings (SMARTGEN_BINDINGS: Go, Java, Rust, Python; docs/bindings.md)
 # and runs their tests and the 25-pair interop matrix (ctest label "bindings"), the install test
 # (label "install") and the ABI gate (label "abi": exports, the Debian symbols file, abidiff).
@@ -60,10 +63,11 @@ trap print_timings EXIT
 
 # run_phase NAME FUNCTION: runs FUNCTION, records its duration and result, fails the script on error.
 run_phase() {
-  local name=$1 fn=$2 start rc=0
+  local name=$1 fn=$2 start rc=0 cache
   echo
   echo "==== [$name] starting ($(date '+%H:%M:%S')) ===="
   start=$(now_ms)
+  ccache_phase_start
   # A subshell with errexit on: `fn || rc=$?` would switch errexit off inside fn.
   set +e
   (set -e; "$fn")
@@ -71,12 +75,14 @@ run_phase() {
   set -e
   PHASE_NAMES+=("$name")
   PHASE_TIMES+=("$(( $(now_ms) - start ))")
+  cache=$(ccache_phase_report)
+  [[ -n $cache ]] && echo "==== [$name] $cache ===="
   if [[ $rc -ne 0 ]]; then
-    PHASE_RESULTS+=("FAILED (exit $rc)")
+    PHASE_RESULTS+=("FAILED (exit $rc)${cache:+; $cache}")
     echo "==== [$name] FAILED (exit $rc) ====" >&2
     exit "$rc"
   fi
-  PHASE_RESULTS+=("ok")
+  PHASE_RESULTS+=("ok${cache:+; $cache}")
   echo "==== [$name] ok ===="
 }
 
@@ -155,23 +161,25 @@ run_asan_phase() {
 # they all live in integration_tests (and link_peer for Failure.NetnsLinkDown), so only those are
 # built. die_after_fork=0: the failure tests fork a peer process that starts its own threads, which is
 # allowed by SmartGen's fork rule (a child makes its own context) but TSan refuses by default.
-# A test that fails is run once more (--repeat until-pass:2) and fails the phase only if it fails
-# again: under ThreadSanitizer's slowdown, two tests at a time on a busy 2-core host can keep a
-# context's progress thread from sending its keep-alive within the default 2 s peer timeout, and both
-# sides then see the other as lost (a fresh-clone run of 2026-12-02 lost
-# Session.DecodeCancelBeforeMatchReachesALaterPost that way, its phase taking 228 s against 138 s in
-# the runs before). The cost: a race that shows in only one of the two runs would pass; ctest's
-# log keeps the first run's report, so it is read there. The contexts of these tests also get a
-# 10 s default peer timeout (SG_PEER_TIMEOUT_MS; the Failure tests that time peer-loss detection
-# set 2 s in their options): a later run lost sessions in six tests to the 2 s timeout, two of them
-# twice.
+# No test is retried: a failure fails the phase. The contexts of these tests get a 10 s default peer
+# timeout (SG_PEER_TIMEOUT_MS; the Failure tests that time peer-loss detection set theirs in their
+# options), as a scale for ThreadSanitizer's 5-15x slowdown, like the tests' own waits
+# (tests/support/test_time.hpp); the runtime's liveness no longer counts its own stalls as the
+# peer's silence (runtime/core/liveness.hpp).
 run_tsan_phase() {
   # shellcheck source=scripts/sanitizer-env.sh
   . "$ROOT/scripts/sanitizer-env.sh"
   SG_PEER_TIMEOUT_MS=10000 \
     preset_build_and_test tsan --targets "integration_tests link_peer" \
-      -L '^tsan$' \
-      --repeat until-pass:2
+      -L '^tsan$'
+}
+
+# The inner loop between commits (scripts/test.sh --quick): the release configuration without the
+# bindings, in its own tree (build/quick; ccache makes its compile nearly free after a release
+# build), and only the unit and integration tests. No sanitizers, fuzzers, examples' model runs,
+# benches, bindings or packages: run the whole suite before a submission.
+run_quick_phase() {
+  preset_build_and_test quick -L '^(unit|integration)$'
 }
 
 # Packages and the clean-machine install tests. A test that cannot run here (no root, no archive)
@@ -195,11 +203,29 @@ run_package_phase() {
 # (examples/models/README.md): the repository carries them, so a missing one is a defect.
 export SMARTGEN_REQUIRE_DATA=1
 
+# Every tree compiles through ccache (scripts/ccache-env.sh); each phase prints its hit rate.
+# shellcheck source=scripts/ccache-env.sh
+. "$ROOT/scripts/ccache-env.sh"
+ccache_env "$ROOT"
+
+DEFAULT_PHASES="deps release fuzz asan tsan package"
+case ${1:-} in
+  "") ;;
+  --quick) DEFAULT_PHASES="deps quick" ;;
+  -h | --help)
+    trap - EXIT
+    echo "usage: scripts/test.sh [--quick]"
+    echo "  (none)   every phase, as CI runs it: $DEFAULT_PHASES (25-30 min cold, ~15 with a warm ccache)"
+    echo "  --quick  release build without bindings, unit + integration tests only (a few minutes warm)"
+    exit 0 ;;
+  *) trap - EXIT; echo "test.sh: unknown argument '$1' (--quick, --help)" >&2; exit 2 ;;
+esac
+
 TOTAL_START=$(now_ms)
-for phase in ${SMARTGEN_PHASES:-deps release fuzz asan tsan package}; do
+for phase in ${SMARTGEN_PHASES:-$DEFAULT_PHASES}; do
   case $phase in
-    deps | release | fuzz | asan | tsan | package) run_phase "$phase" "run_${phase}_phase" ;;
-    *) echo "test.sh: unknown phase '$phase' (deps release fuzz asan tsan package)" >&2; exit 2 ;;
+    deps | release | fuzz | asan | tsan | package | quick) run_phase "$phase" "run_${phase}_phase" ;;
+    *) echo "test.sh: unknown phase '$phase' (deps release fuzz asan tsan package quick)" >&2; exit 2 ;;
   esac
 done
 PHASE_NAMES+=("total")

@@ -1,6 +1,7 @@
 // Authentication through the public API: the pre-shared key, both bootstrap paths, refusals with
 // their own statuses on both sides, the key file, and the counters.
 #include <smartgen/smartgen.h>
+#include "support/test_time.hpp"
 
 #include "../test_key.h"
 
@@ -62,12 +63,12 @@ Outcome bootstrap(sg_context_t a, sg_context_t b) {
     std::thread t([&] {
         sg_error_info_t err;
         sg_error_info_init(&err);
-        out.connect = sg_session_connect(b, "127.0.0.1", port, nullptr, 5 * kSecond, &sb, &err);
+        out.connect = sg_session_connect(b, "127.0.0.1", port, nullptr, sgtest::wait_ns(5 * kSecond), &sb, &err);
         out.connect_msg = err.message;
     });
     sg_error_info_t err;
     sg_error_info_init(&err);
-    out.accept = sg_session_accept(l, nullptr, 5 * kSecond, &sa, &err);
+    out.accept = sg_session_accept(l, nullptr, sgtest::wait_ns(5 * kSecond), &sa, &err);
     out.accept_msg = err.message;
     t.join();
     sg_session_destroy(sa);
@@ -152,8 +153,8 @@ TEST(Auth, MetadataSessionsProveTheKeyOverTheFabric) {
     // Until b loads a's blob, b cannot answer a's challenge: a is not ready.
     EXPECT_EQ(sg_session_wait_ready(sa, 50'000'000), SG_ERR_TIMEOUT);
     ASSERT_EQ(sg_session_from_metadata(b, ma.data(), la, nullptr, &sb, nullptr), SG_OK);
-    EXPECT_EQ(sg_session_wait_ready(sa, 5 * kSecond), SG_OK) << sg_last_error_message();
-    EXPECT_EQ(sg_session_wait_ready(sb, 5 * kSecond), SG_OK) << sg_last_error_message();
+    EXPECT_EQ(sg_session_wait_ready(sa, sgtest::wait_ns(5 * kSecond)), SG_OK) << sg_last_error_message();
+    EXPECT_EQ(sg_session_wait_ready(sb, sgtest::wait_ns(5 * kSecond)), SG_OK) << sg_last_error_message();
     // A blob with one bit changed is refused.
     std::vector<uint8_t> bad = mb;
     bad[30] ^= 0x10;
@@ -242,8 +243,8 @@ TEST(Auth, ARelayBetweenTwoListenersWithTheSameKeyJoinsNothing) {
     sg_listener_port(lb, &pb);
     sg_status_t sta = SG_IN_PROGRESS, stb = SG_IN_PROGRESS;
     sg_session_t sa = nullptr, sb = nullptr;
-    std::thread ta([&] { sta = sg_session_accept(la, nullptr, 5 * kSecond, &sa, nullptr); });
-    std::thread tb([&] { stb = sg_session_accept(lb, nullptr, 5 * kSecond, &sb, nullptr); });
+    std::thread ta([&] { sta = sg_session_accept(la, nullptr, sgtest::wait_ns(5 * kSecond), &sa, nullptr); });
+    std::thread tb([&] { stb = sg_session_accept(lb, nullptr, sgtest::wait_ns(5 * kSecond), &sb, nullptr); });
     const int fa = connect_loopback(pa), fb = connect_loopback(pb);
     // Relay until either side hangs up (each accept ends by then) or 6 s pass.
     std::vector<uint8_t> buf(65536);

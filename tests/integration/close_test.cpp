@@ -4,6 +4,7 @@
 // side of this loop got SG_ERR_PEER_LOST with megabytes of a 16 MiB transfer missing in 3-6 runs of
 // 10 over tcp.
 #include "support/pair_harness.hpp"
+#include "support/test_time.hpp"
 #include "support/host_pool.hpp"
 
 #include <chrono>
@@ -53,7 +54,7 @@ int prefill_then_exit(const char *provider, uint16_t port, uint32_t round) {
     sg_kv_handle_t kv = nullptr;
     CHILD_CHECK(sg_kv_register(ctx, &pool.layout, &kv, nullptr) == SG_OK, "register");
     sg_session_t s = nullptr;
-    CHILD_CHECK(sg_session_connect(ctx, "127.0.0.1", port, nullptr, 10 * kSecond, &s, nullptr) == SG_OK, "connect");
+    CHILD_CHECK(sg_session_connect(ctx, "127.0.0.1", port, nullptr, sgtest::wait_ns(10 * kSecond), &s, nullptr) == SG_OK, "connect");
     CHILD_CHECK(sg_session_export_kv(s, kv) == SG_OK, "export");
     sg_transfer_options_t o;
     sg_transfer_options_init(&o);
@@ -61,7 +62,7 @@ int prefill_then_exit(const char *provider, uint16_t port, uint32_t round) {
     const auto table = all_blocks();
     sg_transfer_t t = nullptr;
     CHILD_CHECK(sg_transfer_post(s, "kv", kv, table.data(), table.size(), kBlocks * kTpb, &o, &t, nullptr) == SG_OK, "post");
-    CHILD_CHECK(sg_transfer_wait(t, 20 * kSecond) == SG_OK, "wait");
+    CHILD_CHECK(sg_transfer_wait(t, sgtest::wait_ns(20 * kSecond)) == SG_OK, "wait");
     CHILD_CHECK(sg_transfer_release(t) == SG_OK, "release");
     CHILD_CHECK(sg_session_close(s, 10 * kSecond) == SG_OK, "close");
     sg_session_destroy(s);
@@ -100,7 +101,7 @@ void run_rounds(const char *provider, uint32_t rounds, bool slow_decode = false)
                                         },
                                         [&] {
                                             sg_session_t s = nullptr;
-                                            ASSERT_EQ(sg_session_accept(l, nullptr, 10 * kSecond, &s, nullptr), SG_OK)
+                                            ASSERT_EQ(sg_session_accept(l, nullptr, sgtest::wait_ns(10 * kSecond), &s, nullptr), SG_OK)
                                                 << sg_last_error_message();
                                             ASSERT_EQ(sg_session_export_kv(s, kv), SG_OK);
                                             const auto table = all_blocks();
@@ -109,7 +110,7 @@ void run_rounds(const char *provider, uint32_t rounds, bool slow_decode = false)
                                                                          kBlocks * kTpb, nullptr, &t, nullptr),
                                                       SG_OK);
                                             if (slow_decode) std::this_thread::sleep_for(std::chrono::milliseconds(300));
-                                            wait_status = sg_transfer_wait(t, 30 * kSecond);
+                                            wait_status = sg_transfer_wait(t, sgtest::wait_ns(30 * kSecond));
                                             char msg[256] = "";
                                             sg_status_t st;
                                             sg_transfer_status(t, &st, msg, sizeof msg);

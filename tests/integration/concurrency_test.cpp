@@ -2,6 +2,7 @@
 // transfers concurrently while 8 decode threads expect them; every byte is checked. Built and run
 // under ThreadSanitizer by the tsan preset.
 #include <smartgen/smartgen.h>
+#include "support/test_time.hpp"
 
 #include "../test_key.h"
 #include "support/host_pool.hpp"
@@ -57,8 +58,8 @@ TEST(Concurrency, EightThreadsPostToFourSessions) {
     sg_listener_port(lis, &port);
     std::vector<sg_session_t> ps(kSessions), ds(kSessions);
     for (int s = 0; s < kSessions; ++s) {
-        std::thread c([&, s] { EXPECT_EQ(sg_session_connect(decode[s], "127.0.0.1", port, nullptr, 5 * kSecond, &ds[s], nullptr), SG_OK); });
-        ASSERT_EQ(sg_session_accept(lis, nullptr, 5 * kSecond, &ps[s], nullptr), SG_OK);
+        std::thread c([&, s] { EXPECT_EQ(sg_session_connect(decode[s], "127.0.0.1", port, nullptr, sgtest::wait_ns(5 * kSecond), &ds[s], nullptr), SG_OK); });
+        ASSERT_EQ(sg_session_accept(lis, nullptr, sgtest::wait_ns(5 * kSecond), &ps[s], nullptr), SG_OK);
         c.join();
     }
     Pool src(prefill);
@@ -89,7 +90,7 @@ TEST(Concurrency, EightThreadsPostToFourSessions) {
                 const std::string rid = "t" + std::to_string(th) + "-" + std::to_string(i);
                 sg_transfer_t y = nullptr;
                 if (sg_transfer_expect(ds[s], rid.c_str(), dst[s]->h, t.data(), 4, 4 * kTpb, nullptr, &y, nullptr) != SG_OK ||
-                    sg_transfer_wait(y, 10 * kSecond) != SG_OK)
+                    sg_transfer_wait(y, sgtest::wait_ns(10 * kSecond)) != SG_OK)
                     failures++;
                 sg_transfer_release(y);
             }
@@ -103,7 +104,7 @@ TEST(Concurrency, EightThreadsPostToFourSessions) {
                 const std::string rid = "t" + std::to_string(th) + "-" + std::to_string(i);
                 sg_transfer_t x = nullptr;
                 if (sg_transfer_post(ps[s], rid.c_str(), src.h, t.data(), 4, 4 * kTpb, &o, &x, nullptr) != SG_OK ||
-                    sg_transfer_wait(x, 10 * kSecond) != SG_OK)
+                    sg_transfer_wait(x, sgtest::wait_ns(10 * kSecond)) != SG_OK)
                     failures++;
                 sg_transfer_stats_t st;
                 sg_transfer_stats_init(&st);
@@ -177,8 +178,8 @@ ShmRun sixteen_threads_on_one_shm_session(uint64_t staging_policy) {
     sg_session_t sa = nullptr, sb = nullptr;
     EXPECT_EQ(sg_session_from_metadata(a, mb.data(), lb, nullptr, &sa, nullptr), SG_OK);
     EXPECT_EQ(sg_session_from_metadata(b, ma.data(), la, nullptr, &sb, nullptr), SG_OK);
-    EXPECT_EQ(sg_session_wait_ready(sa, 5 * kSecond), SG_OK);
-    EXPECT_EQ(sg_session_wait_ready(sb, 5 * kSecond), SG_OK);
+    EXPECT_EQ(sg_session_wait_ready(sa, sgtest::wait_ns(5 * kSecond)), SG_OK);
+    EXPECT_EQ(sg_session_wait_ready(sb, sgtest::wait_ns(5 * kSecond)), SG_OK);
     auto pool = [&](sg_context_t c, std::vector<std::vector<uint16_t>> &mem, std::vector<void *> &kp, std::vector<void *> &vp) {
         for (uint32_t l = 0; l < 2 * kL; ++l) mem.emplace_back(size_t(kNB) * kT * kH * kD, uint16_t(l));
         for (uint32_t l = 0; l < kL; ++l) {
@@ -219,7 +220,7 @@ ShmRun sixteen_threads_on_one_shm_session(uint64_t staging_policy) {
                 sg_transfer_t y = nullptr;
                 if (sg_transfer_expect(sb, rid.c_str(), dst, table.data(), table.size(), uint64_t(kBlocksEach) * kT, nullptr, &y,
                                        nullptr) != SG_OK ||
-                    sg_transfer_wait(y, 60 * kSecond) != SG_OK)
+                    sg_transfer_wait(y, sgtest::wait_ns(60 * kSecond)) != SG_OK)
                     failures++;
                 sg_transfer_release(y);
             }
@@ -233,7 +234,7 @@ ShmRun sixteen_threads_on_one_shm_session(uint64_t staging_policy) {
                 sg_transfer_t x = nullptr;
                 if (sg_transfer_post(sa, rid.c_str(), src, table.data(), table.size(), uint64_t(kBlocksEach) * kT, &o, &x,
                                      nullptr) != SG_OK ||
-                    sg_transfer_wait(x, 60 * kSecond) != SG_OK)
+                    sg_transfer_wait(x, sgtest::wait_ns(60 * kSecond)) != SG_OK)
                     failures++;
                 sg_transfer_release(x);
             }

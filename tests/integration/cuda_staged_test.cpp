@@ -5,6 +5,7 @@
 // engine's stream in sg_transfer_layer_written. Each test is its own process (ctest), and ctest sets
 // SG_CUDA_PLUGIN to the emulation, which the test opens too for its hooks.
 #include "support/pair_harness.hpp"
+#include "support/test_time.hpp"
 
 #include "cuda_emu/emu_hooks.hpp"
 #include "kernels.hpp"
@@ -158,13 +159,13 @@ struct Prefill {
     Prefill(uint16_t port, const Pool &src) {
         ctx = sgtest::make_context("tcp;ofi_rxm");
         CHILD_CHECK(ctx, "context");
-        CHILD_CHECK(sg_session_connect(ctx, "127.0.0.1", port, nullptr, 10 * kSecond, &s, nullptr) == SG_OK, "connect");
+        CHILD_CHECK(sg_session_connect(ctx, "127.0.0.1", port, nullptr, sgtest::wait_ns(10 * kSecond), &s, nullptr) == SG_OK, "connect");
         CHILD_CHECK(sg_kv_register(ctx, &src.layout, &kv, nullptr) == SG_OK, "register");
         CHILD_CHECK(sg_session_export_kv(s, kv) == SG_OK, "export");
     }
     // Waits for the transfer, then ends as a host does: release, close, destroy.
     int finish(sg_transfer_t x) {
-        const sg_status_t w = sg_transfer_wait(x, 60 * kSecond);
+        const sg_status_t w = sg_transfer_wait(x, sgtest::wait_ns(60 * kSecond));
         CHILD_CHECK(w == SG_OK, "prefill wait: %s", sg_status_str(w));
         sg_transfer_release(x);
         sg_session_close(s, 5 * kSecond);
@@ -219,7 +220,7 @@ TEST_P(CudaStaged, EveryByteArrivesThroughThePlugin) {
             Pool src(false), dst(c.dst_device);
             src.fill(7);  // the same values the prefill side sends, to compare with
             sg_session_t s = nullptr;
-            ASSERT_EQ(sg_session_accept(lis, nullptr, 30 * kSecond, &s, nullptr), SG_OK) << sg_last_error_message();
+            ASSERT_EQ(sg_session_accept(lis, nullptr, sgtest::wait_ns(30 * kSecond), &s, nullptr), SG_OK) << sg_last_error_message();
             sg_kv_handle_t kv = nullptr;
             sg_error_info_t err;
             sg_error_info_init(&err);
@@ -231,7 +232,7 @@ TEST_P(CudaStaged, EveryByteArrivesThroughThePlugin) {
             const auto dt = table(true);
             sg_transfer_t x = nullptr;
             ASSERT_EQ(sg_transfer_expect(s, "r", kv, dt.data(), dt.size(), kTokens, &o, &x, nullptr), SG_OK);
-            ASSERT_EQ(sg_transfer_wait(x, 60 * kSecond), SG_OK) << sg_last_error_message();
+            ASSERT_EQ(sg_transfer_wait(x, sgtest::wait_ns(60 * kSecond)), SG_OK) << sg_last_error_message();
             sg_transfer_stats_t stats;
             sg_transfer_stats_init(&stats);
             ASSERT_EQ(sg_transfer_stats(x, &stats), SG_OK);
@@ -296,7 +297,7 @@ TEST(CudaStream, ALayerMarkedWithABusyStreamMovesOnlyOnceTheStreamPassesIt) {
             Pool src(false), dst(true);
             src.fill(9);
             sg_session_t s = nullptr;
-            ASSERT_EQ(sg_session_accept(lis, nullptr, 30 * kSecond, &s, nullptr), SG_OK);
+            ASSERT_EQ(sg_session_accept(lis, nullptr, sgtest::wait_ns(30 * kSecond), &s, nullptr), SG_OK);
             sg_kv_handle_t kv = nullptr;
             ASSERT_EQ(sg_kv_register(ctx, &dst.layout, &kv, nullptr), SG_OK);
             ASSERT_EQ(sg_session_export_kv(s, kv), SG_OK);
@@ -311,7 +312,7 @@ TEST(CudaStream, ALayerMarkedWithABusyStreamMovesOnlyOnceTheStreamPassesIt) {
             // Every layer is marked written, on a stream that has not passed its events: none moves.
             EXPECT_EQ(sg_transfer_wait_layer(x, 0, 300000000ull), SG_ERR_TIMEOUT);
             ASSERT_EQ(sg_session_notify(s, "go", 2), SG_OK);
-            ASSERT_EQ(sg_transfer_wait(x, 60 * kSecond), SG_OK) << sg_last_error_message();
+            ASSERT_EQ(sg_transfer_wait(x, sgtest::wait_ns(60 * kSecond)), SG_OK) << sg_last_error_message();
             EXPECT_EQ(compare(src, dst, 0), "");
             sg_transfer_release(x);
             sg_session_close(s, 5 * kSecond);
@@ -377,7 +378,7 @@ TEST(CudaStream, DeviceQueriesFeedTheProactiveSelection) {
             Pool src(false), dst(true);
             src.fill(11);
             sg_session_t s = nullptr;
-            ASSERT_EQ(sg_session_accept(lis, nullptr, 30 * kSecond, &s, nullptr), SG_OK);
+            ASSERT_EQ(sg_session_accept(lis, nullptr, sgtest::wait_ns(30 * kSecond), &s, nullptr), SG_OK);
             sg_kv_handle_t kv = nullptr;
             ASSERT_EQ(sg_kv_register(ctx, &dst.layout, &kv, nullptr), SG_OK);
             ASSERT_EQ(sg_session_export_kv(s, kv), SG_OK);
@@ -386,7 +387,7 @@ TEST(CudaStream, DeviceQueriesFeedTheProactiveSelection) {
             ASSERT_EQ(sg_transfer_expect(s, "r", kv, dt.data(), dt.size(), kTokens, nullptr, &x, nullptr), SG_OK);
             for (uint32_t l = 0; l < kLayers; ++l)
                 ASSERT_EQ(sg_transfer_wait_layer_state(x, l, SG_LAYER_ESSENTIAL, 60 * kSecond), SG_OK) << "layer " << l;
-            ASSERT_EQ(sg_transfer_wait(x, 60 * kSecond), SG_OK) << sg_last_error_message();
+            ASSERT_EQ(sg_transfer_wait(x, sgtest::wait_ns(60 * kSecond)), SG_OK) << sg_last_error_message();
             EXPECT_EQ(compare(src, dst, 0), "");
             sg_transfer_release(x);
             sg_session_close(s, 5 * kSecond);

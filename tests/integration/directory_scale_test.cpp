@@ -7,6 +7,7 @@
 // Short form (every CI run): P = 16, in 4 + 2 processes. SG_DIRECTORY_SCALE=64 runs the issue's
 // 64 + 64 (8 prefill processes of 8, 4 decode processes of 16).
 #include "support/etcd_cluster.hpp"
+#include "support/test_time.hpp"
 #include "support/pair_harness.hpp"
 
 #include <sys/prctl.h>
@@ -143,7 +144,7 @@ void prefill_process(const std::string &endpoints, uint32_t first, uint32_t coun
     for (uint32_t i = 0; i < count; ++i) {
         sg_session_t s = nullptr;
         if (sg_directory_accept(dirs[i], 60 * kSecond, &s, nullptr) != SG_OK ||
-            sg_session_wait_ready(s, 30 * kSecond) != SG_OK) {
+            sg_session_wait_ready(s, sgtest::wait_ns(30 * kSecond)) != SG_OK) {
             say(out, std::string("error accept ") + sg_last_error_message());
             return;
         }
@@ -189,7 +190,7 @@ void decode_process(const std::string &endpoints, uint32_t first, uint32_t count
         sessions.push_back(s);
     }
     for (auto s : sessions)
-        if (sg_session_wait_ready(s, 30 * kSecond) != SG_OK) {
+        if (sg_session_wait_ready(s, sgtest::wait_ns(30 * kSecond)) != SG_OK) {
             say(out, std::string("error ready ") + sg_last_error_message());
             return;
         }

@@ -6,6 +6,7 @@
 #include "support/etcd_cluster.hpp"
 #include "support/pair_harness.hpp"
 #include "support/host_pool.hpp"
+#include "support/test_time.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -113,7 +114,7 @@ sg_status_t transfer_all(sg_context_t ctx, sg_session_t s, SmallPool &pool, cons
     sg_transfer_t x = nullptr;
     sg_status_t st = post ? sg_transfer_post(s, rid, kv, blocks.data(), blocks.size(), tokens, &o, &x, nullptr)
                           : sg_transfer_expect(s, rid, kv, blocks.data(), blocks.size(), tokens, nullptr, &x, nullptr);
-    if (st == SG_OK) st = sg_transfer_wait(x, 30 * kSecond);
+    if (st == SG_OK) st = sg_transfer_wait(x, sgtest::wait_ns(30 * kSecond));
     sg_transfer_release(x);
     return st;
 }
@@ -129,7 +130,16 @@ class Directory : public ::testing::Test {
     void SetUp() override {
         if (EtcdCluster::binary().empty())
             GTEST_SKIP() << "needs etcd (Debian's etcd-server; scripts/setup-deps.sh installs it)";
-        cluster = std::make_unique<EtcdCluster>(3);
+        // The test's clocks start once the cluster answers: on a loaded host its first election
+        // can take many seconds. A cluster that never gets healthy (a member that lost its port to
+        // another process between the probe and etcd's bind) is replaced once, on new ports.
+        for (int attempt = 0; attempt < 2; ++attempt) {
+            cluster = std::make_unique<EtcdCluster>(3);
+            if (cluster->wait_healthy(sgtest::wait_ns(15 * kSecond))) return;
+            std::fprintf(stderr, "etcd cluster not healthy (attempt %d); member 0's log:\n%s\n", attempt + 1,
+                         cluster->log(0).c_str());
+        }
+        FAIL() << "the etcd cluster never became healthy";
     }
     std::unique_ptr<EtcdCluster> cluster;
 };
@@ -196,7 +206,7 @@ TEST_F(Directory, TwoProcessesThatKnowOnlyTheEndpointsAndANameCompleteAnAuthenti
         CHILD_CHECK(sg_directory_publish(d, "prefill-0", 5 * kSecond) == SG_OK, "publish");
         sg_session_t s = nullptr;
         CHILD_CHECK(sg_directory_accept(d, 30 * kSecond, &s, nullptr) == SG_OK, "accept");
-        CHILD_CHECK(sg_session_wait_ready(s, 10 * kSecond) == SG_OK, "ready");
+        CHILD_CHECK(sg_session_wait_ready(s, sgtest::wait_ns(10 * kSecond)) == SG_OK, "ready");
         SmallPool src(11);
         CHILD_CHECK(post_all(ctx, s, src, "req-1") == SG_OK, "post");
         sg_session_close(s, 5 * kSecond);
@@ -213,7 +223,7 @@ TEST_F(Directory, TwoProcessesThatKnowOnlyTheEndpointsAndANameCompleteAnAuthenti
     sg_error_info_t err;
     sg_error_info_init(&err);
     ASSERT_EQ(sg_directory_connect(d, "prefill-0", nullptr, 10 * kSecond, &s, &err), SG_OK) << err.message;
-    ASSERT_EQ(sg_session_wait_ready(s, 10 * kSecond), SG_OK) << sg_last_error_message();
+    ASSERT_EQ(sg_session_wait_ready(s, sgtest::wait_ns(10 * kSecond)), SG_OK) << sg_last_error_message();
     SmallPool dst(0), want(11);
     EXPECT_EQ(expect_all(ctx, s, dst, "req-1"), SG_OK) << sg_last_error_message();
     EXPECT_TRUE(dst.same(want)) << "the KV arrived altered";
@@ -347,7 +357,7 @@ TEST_F(Directory, AClusterOutOfReachFailsLookupsAndLeavesOpenSessionsAlone) {
     sg_session_t sd = nullptr, sp = nullptr;
     ASSERT_EQ(sg_directory_connect(dd, "prefill-0", nullptr, 5 * kSecond, &sd, nullptr), SG_OK) << sg_last_error_message();
     ASSERT_EQ(sg_directory_accept(dp, 5 * kSecond, &sp, nullptr), SG_OK) << sg_last_error_message();
-    ASSERT_EQ(sg_session_wait_ready(sd, 10 * kSecond), SG_OK);
+    ASSERT_EQ(sg_session_wait_ready(sd, sgtest::wait_ns(10 * kSecond)), SG_OK);
 
     for (size_t i = 0; i < cluster->size(); ++i) cluster->kill(int(i));
     size_t len = 0;
@@ -552,10 +562,10 @@ sg_directory_stats_t stats_of(sg_directory_t d) {
     return st;
 }
 
-// Until pred() or the deadline; pred's last answer.
+// Until pred() or the deadline (scaled to the build: support/test_time.hpp); pred's last answer.
 template <class Pred>
 bool eventually(Pred pred, uint64_t timeout_ns) {
-    const uint64_t until = mono_ns() + timeout_ns;
+    const uint64_t until = mono_ns() + sgtest::wait_ns(timeout_ns);
     while (!pred()) {
         if (mono_ns() > until) return false;
         usleep(50 * 1000);

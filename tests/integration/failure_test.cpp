@@ -2,6 +2,7 @@
 // within 3 s (peer_timeout_ms defaults to 2000; a broken connection is noticed sooner) and its
 // transfer and session must report SG_ERR_PEER_LOST.
 #include "support/pair_harness.hpp"
+#include "support/test_time.hpp"
 #include "support/host_pool.hpp"
 
 #include <arpa/inet.h>
@@ -54,8 +55,8 @@ TEST(Failure, DeadlineFailsBothSides) {
     uint16_t port = 0;
     sg_listener_port(l, &port);
     sg_session_t sa = nullptr, sb = nullptr;
-    std::thread t([&] { EXPECT_EQ(sg_session_connect(b, "127.0.0.1", port, nullptr, 5 * kSecond, &sb, nullptr), SG_OK); });
-    ASSERT_EQ(sg_session_accept(l, nullptr, 5 * kSecond, &sa, nullptr), SG_OK);
+    std::thread t([&] { EXPECT_EQ(sg_session_connect(b, "127.0.0.1", port, nullptr, sgtest::wait_ns(5 * kSecond), &sb, nullptr), SG_OK); });
+    ASSERT_EQ(sg_session_accept(l, nullptr, sgtest::wait_ns(5 * kSecond), &sa, nullptr), SG_OK);
     t.join();
     SmallPool ps(4), pd(4);
     sg_kv_handle_t ks = nullptr, kd = nullptr;
@@ -71,11 +72,11 @@ TEST(Failure, DeadlineFailsBothSides) {
     ASSERT_EQ(sg_transfer_expect(sb, "late", kd, table, 2, 32, nullptr, &y, nullptr), SG_OK);
     const auto t0 = std::chrono::steady_clock::now();
     ASSERT_EQ(sg_transfer_post(sa, "late", ks, table, 2, 32, &o, &x, nullptr), SG_OK);
-    EXPECT_EQ(sg_transfer_wait(x, 5 * kSecond), SG_ERR_DEADLINE);
+    EXPECT_EQ(sg_transfer_wait(x, sgtest::wait_ns(5 * kSecond)), SG_ERR_DEADLINE);
     const double took = seconds_since(t0);
     EXPECT_GE(took, 0.19);
     EXPECT_LT(took, 1.0);
-    EXPECT_EQ(sg_transfer_wait(y, 5 * kSecond), SG_ERR_DEADLINE);
+    EXPECT_EQ(sg_transfer_wait(y, sgtest::wait_ns(5 * kSecond)), SG_ERR_DEADLINE);
     std::printf("[ info ] deadline 200 ms reported after %.0f ms\n", took * 1000);
     // The session itself stays healthy.
     sg_status_t st = SG_ERR_INTERNAL;
@@ -173,7 +174,7 @@ size_t heap_in_use() {
     sg_context_t ctx = sgtest::make_context("tcp", 0, kDetectMs);
     CHILD_CHECK(ctx, "context");
     sg_session_t s = nullptr;
-    CHILD_CHECK(sg_session_connect(ctx, "127.0.0.1", port, nullptr, 5 * kSecond, &s, nullptr) == SG_OK, "connect");
+    CHILD_CHECK(sg_session_connect(ctx, "127.0.0.1", port, nullptr, sgtest::wait_ns(5 * kSecond), &s, nullptr) == SG_OK, "connect");
     SmallPool pool(kLayers);
     sg_kv_handle_t kv = nullptr;
     CHILD_CHECK(sg_kv_register(ctx, &pool.layout, &kv, nullptr) == SG_OK, "register");
@@ -183,11 +184,11 @@ size_t heap_in_use() {
     const uint32_t upto = layers_before(c.point);
     if (c.kill_decode) {
         CHILD_CHECK(sg_transfer_expect(s, "doomed", kv, table, 4, 64, nullptr, &x, nullptr) == SG_OK, "expect");
-        CHILD_CHECK(sg_transfer_wait_layer(x, upto - 1, 5 * kSecond) == SG_OK, "layer %u", upto - 1);
+        CHILD_CHECK(sg_transfer_wait_layer(x, upto - 1, sgtest::wait_ns(5 * kSecond)) == SG_OK, "layer %u", upto - 1);
     } else {
         CHILD_CHECK(sg_transfer_post(s, "doomed", kv, table, 4, 64, nullptr, &x, nullptr) == SG_OK, "post");
         for (uint32_t l = 0; l < upto; ++l) CHILD_CHECK(sg_transfer_layer_written(x, l, nullptr) == SG_OK, "write %u", l);
-        CHILD_CHECK(sg_transfer_wait_layer(x, upto - 1, 5 * kSecond) == SG_OK, "layer %u sent", upto - 1);
+        CHILD_CHECK(sg_transfer_wait_layer(x, upto - 1, sgtest::wait_ns(5 * kSecond)) == SG_OK, "layer %u sent", upto - 1);
     }
     if (c.point == Point::Release) {
         CHILD_CHECK(sg_transfer_cancel(x) == SG_OK, "cancel");
@@ -225,7 +226,7 @@ void warm_up() {
         sg_transfer_t x = nullptr, y = nullptr;
         sg_transfer_expect(sb, "warm", kd, table, 4, 64, nullptr, &y, nullptr);
         sg_transfer_post(sa, "warm", ks, table, 4, 64, &all, &x, nullptr);
-        EXPECT_EQ(sg_transfer_wait(y, 5 * kSecond), SG_OK);
+        EXPECT_EQ(sg_transfer_wait(y, sgtest::wait_ns(5 * kSecond)), SG_OK);
         sg_transfer_release(x);
         sg_transfer_release(y);
         sg_session_destroy(sa);
@@ -279,12 +280,12 @@ TEST_P(KillAt, SurvivorSeesPeerLostWithin3sAndReturnsToBaseline) {
             uint16_t port = 0;
             sg_listener_port(lis, &port);
             ASSERT_EQ(write(port_pipe[1], &port, sizeof port), ssize_t(sizeof port));
-            st = sg_session_accept(lis, nullptr, 5 * kSecond, &s, &err);
+            st = sg_session_accept(lis, nullptr, sgtest::wait_ns(5 * kSecond), &s, &err);
             sg_listener_destroy(lis);
         } else {
             uint16_t port = 0;
             ASSERT_EQ(read(port_pipe[0], &port, sizeof port), ssize_t(sizeof port));
-            st = sg_session_connect(ctx, "127.0.0.1", port, nullptr, 5 * kSecond, &s, &err);
+            st = sg_session_connect(ctx, "127.0.0.1", port, nullptr, sgtest::wait_ns(5 * kSecond), &s, &err);
         }
         killer.join();
         ASSERT_TRUE(killed);
@@ -299,7 +300,7 @@ TEST_P(KillAt, SurvivorSeesPeerLostWithin3sAndReturnsToBaseline) {
         uint16_t port = 0;
         sg_listener_port(lis, &port);
         ASSERT_EQ(write(port_pipe[1], &port, sizeof port), ssize_t(sizeof port));
-        ASSERT_EQ(sg_session_accept(lis, nullptr, 5 * kSecond, &s, &err), SG_OK) << err.message;
+        ASSERT_EQ(sg_session_accept(lis, nullptr, sgtest::wait_ns(5 * kSecond), &s, &err), SG_OK) << err.message;
         sg_listener_destroy(lis);
         SmallPool pool(kLayers);
         sg_kv_handle_t kv = nullptr;
@@ -329,7 +330,7 @@ TEST_P(KillAt, SurvivorSeesPeerLostWithin3sAndReturnsToBaseline) {
         const double took = seconds_since(killed_at);
         EXPECT_EQ(st, SG_ERR_PEER_LOST) << msg;
         EXPECT_LT(took, 3.0);
-        const sg_status_t xs = sg_transfer_wait(x, 5 * kSecond);
+        const sg_status_t xs = sg_transfer_wait(x, sgtest::wait_ns(5 * kSecond));
         if (c.point == Point::LastLayer)
             EXPECT_TRUE(xs == SG_OK || xs == SG_ERR_PEER_LOST) << sg_status_str(xs);
         else if (c.point == Point::Release)

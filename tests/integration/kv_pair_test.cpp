@@ -3,6 +3,7 @@
 // sides, over >= 100 randomised transfers per provider. The decode process checks every byte of a
 // layer as soon as that layer is reported ready, while later layers are still moving.
 #include "support/pair_harness.hpp"
+#include "support/test_time.hpp"
 #include "support/host_pool.hpp"
 
 #include <algorithm>
@@ -160,7 +161,7 @@ int decode_side(const char *provider, uint16_t port, uint64_t run_seed, int coun
     sg_context_t ctx = sgtest::make_context(provider, lanes);
     CHILD_CHECK(ctx, "context");
     sg_session_t s = nullptr;
-    CHILD_CHECK(sg_session_connect(ctx, "127.0.0.1", port, nullptr, 5 * kSecond, &s, nullptr) == SG_OK, "connect");
+    CHILD_CHECK(sg_session_connect(ctx, "127.0.0.1", port, nullptr, sgtest::wait_ns(5 * kSecond), &s, nullptr) == SG_OK, "connect");
     if (!metadata_file.empty()) {
         std::vector<uint8_t> blob(65536);
         size_t len = 0;
@@ -184,7 +185,7 @@ int decode_side(const char *provider, uint16_t port, uint64_t run_seed, int coun
                                        nullptr) == SG_OK,
                     "expect %d", i);
         for (uint32_t l = 0; l < dst_shape.layers; ++l) {
-            const sg_status_t st = sg_transfer_wait_layer(x, l, 5 * kSecond);
+            const sg_status_t st = sg_transfer_wait_layer(x, l, sgtest::wait_ns(5 * kSecond));
             CHILD_CHECK(st == SG_OK, "transfer %d layer %u ready: %s", i, l, sg_status_str(st));
             uint32_t state = 0;
             CHILD_CHECK(sg_transfer_layer_state(x, l, &state) == SG_OK && (state & SG_LAYER_READY), "layer state");
@@ -196,7 +197,7 @@ int decode_side(const char *provider, uint16_t port, uint64_t run_seed, int coun
             const uint64_t bad = verify_layer(pool, p, l);
             CHILD_CHECK(bad == 0, "transfer %d layer %u: %llu rows differ", i, l, (unsigned long long)bad);
         }
-        const sg_status_t st = sg_transfer_wait(x, 5 * kSecond);
+        const sg_status_t st = sg_transfer_wait(x, sgtest::wait_ns(5 * kSecond));
         CHILD_CHECK(st == SG_OK, "transfer %d complete: %s", i, sg_status_str(st));
         sg_transfer_stats_t stats{};
         stats.struct_size = sizeof stats;
@@ -267,7 +268,7 @@ void run_prefill(const RunConfig &cfg) {
             if (!ctx) return;
             sg_session_t s = nullptr;
             // Generous: the peer sets up its pool before it connects (seconds under a sanitizer).
-            ASSERT_EQ(sg_session_accept(lis, nullptr, 60 * kSecond, &s, nullptr), SG_OK) << sg_last_error_message();
+            ASSERT_EQ(sg_session_accept(lis, nullptr, sgtest::wait_ns(60 * kSecond), &s, nullptr), SG_OK) << sg_last_error_message();
             char prov[64];
             ASSERT_EQ(sg_session_provider(s, prov, sizeof prov), SG_OK);
             EXPECT_STREQ(prov, transport_name(cfg.provider));
@@ -297,7 +298,7 @@ void run_prefill(const RunConfig &cfg) {
                         ASSERT_EQ(sg_transfer_layer_written(x, l, nullptr), SG_OK);
                     }
                 }
-                const sg_status_t st = sg_transfer_wait(x, 5 * kSecond);
+                const sg_status_t st = sg_transfer_wait(x, sgtest::wait_ns(5 * kSecond));
                 ASSERT_EQ(st, SG_OK) << "transfer " << i << ": " << sg_status_str(st) << " " << sg_last_error_message();
                 sg_transfer_stats_t stats{};
                 stats.struct_size = sizeof stats;
@@ -437,7 +438,7 @@ RailRun rail_run(uint32_t killed_lane) {
         ADD_FAILURE() << "mkdtemp";
         return out;
     }
-    RunConfig cfg{"tcp", 0, Shape{}, Shape{}, 12, 3};
+    RunConfig cfg{"tcp", 0, Shape{}, Shape{}, 6, 3};
     cfg.decode_metadata_file = std::string(dir) + "/decode.meta";
     uint64_t kill_ns = 0, prefill_knew_ns = 0;
     std::string kill_output;
@@ -485,8 +486,11 @@ RailRun rail_run(uint32_t killed_lane) {
         if (out.lost && killed_lane > 0) EXPECT_GE(cs.lane_failovers, 1u) << "no write was moved off the broken lane";
     };
     run_prefill(cfg);
-    EXPECT_NE(kill_output.find("ESTAB"), std::string::npos) << "ss killed no connection of lane " << killed_lane << ":\n"
-                                                            << kill_output;
+    // A lane connects when it first carries something: on a slow (sanitizer) or busy host the kill
+    // can come before it has. Such a run broke nothing and judges nothing; the caller runs another.
+    if (kill_output.find("ESTAB") == std::string::npos && !out.lost)
+        std::printf("[ info ] the kill found no established connection of lane %u (%d kill(s)): run again\n", killed_lane,
+                    out.kills);
     uint64_t decode_knew_ns = 0;
     if (FILE *f = std::fopen((cfg.decode_metadata_file + ".told").c_str(), "r")) {
         unsigned long long v = 0;
@@ -519,12 +523,14 @@ TEST(KvPairTcp, ARailKilledMidTransferNeverLosesTheSession) {
     const int want = 4;
     const double told_bound_ms = 500;
 #else
-    const int want = 20;
+    const int want = 8;  // four a lane: each run moves ~200 MiB over three lanes (20 runs took 145 s)
     const double told_bound_ms = 100;
 #endif
     std::vector<double> told[2];
     int attempts = 0;
-    for (int done = 0; done < want && attempts < want * 3 && !HasFailure(); ++attempts) {
+    // Runs until `want` kills broke something, at most eight times as many (a kill between two
+    // operations breaks nothing; which it is depends on timing, not on the runtime).
+    for (int done = 0; done < want && attempts < want * 8 && !HasFailure(); ++attempts) {
         const uint32_t lane = uint32_t(done % 2);
         SCOPED_TRACE("run " + std::to_string(done) + ", lane " + std::to_string(lane) + " killed");
         const RailRun r = rail_run(lane);

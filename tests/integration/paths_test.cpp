@@ -3,6 +3,7 @@
 // priority of a fetch over bulk queued ahead of it. The whole demo (two processes) runs these paths
 // too: examples/disagg's tests.
 #include <smartgen/smartgen.h>
+#include "support/test_time.hpp"
 
 #include "../test_key.h"
 #include "support/host_pool.hpp"
@@ -106,9 +107,9 @@ struct Link {
         uint16_t port = 0;
         EXPECT_EQ(sg_listener_port(l, &port), SG_OK);
         std::thread t([&] {
-            EXPECT_EQ(sg_session_connect(decode.ctx, "127.0.0.1", port, nullptr, 5 * kSecond, &ds, nullptr), SG_OK);
+            EXPECT_EQ(sg_session_connect(decode.ctx, "127.0.0.1", port, nullptr, sgtest::wait_ns(5 * kSecond), &ds, nullptr), SG_OK);
         });
-        EXPECT_EQ(sg_session_accept(l, nullptr, 5 * kSecond, &ps, nullptr), SG_OK) << sg_last_error_message();
+        EXPECT_EQ(sg_session_accept(l, nullptr, sgtest::wait_ns(5 * kSecond), &ps, nullptr), SG_OK) << sg_last_error_message();
         t.join();
         EXPECT_EQ(sg_listener_destroy(l), SG_OK);
     }
@@ -275,7 +276,7 @@ TEST(Paths, ProactiveSendsTheProfilesEssentialBlocksAndDigestsAsLayersAreWritten
     EXPECT_EQ(link.decode.log.settled_count(SG_EVENT_ESSENTIAL_READY, "r", L), size_t(L));
     // The decode side is done with it: release ends the transfer without a cancel on either side.
     ASSERT_EQ(sg_transfer_release(d), SG_OK);
-    EXPECT_EQ(sg_transfer_wait(p, 5 * kSecond), SG_OK) << sg_last_error_message();
+    EXPECT_EQ(sg_transfer_wait(p, sgtest::wait_ns(5 * kSecond)), SG_OK) << sg_last_error_message();
     EXPECT_EQ(sg_transfer_release(p), SG_OK);
     sg_context_stats_t cs;
     sg_context_stats_init(&cs);
@@ -311,7 +312,7 @@ TEST(Paths, OnDemandFetchServesMissingBlocksAndSpeculativeCompletesTheRest) {
         EXPECT_TRUE(before[0] && before[NB - 1]) << "sinks and the recent window are essential";
         const std::vector<uint32_t> want = {0, 5, 17, 18, 19, 33};  // 0 is resident already
         ASSERT_EQ(sg_transfer_fetch(d, 1, want.data(), want.size()), SG_OK) << sg_last_error_message();
-        ASSERT_EQ(sg_transfer_wait_blocks(d, 1, want.data(), want.size(), 10 * kSecond), SG_OK) << sg_last_error_message();
+        ASSERT_EQ(sg_transfer_wait_blocks(d, 1, want.data(), want.size(), sgtest::wait_ns(10 * kSecond)), SG_OK) << sg_last_error_message();
         for (uint32_t b : want) EXPECT_TRUE(same_block(src, st, dst, dt, 1, b)) << b;
         // Fetching what is here answers at once, without a message.
         ASSERT_EQ(sg_transfer_fetch(d, 1, want.data(), 2), SG_OK);
@@ -346,7 +347,7 @@ TEST(Paths, OnDemandFetchServesMissingBlocksAndSpeculativeCompletesTheRest) {
         EXPECT_EQ(ps.fetch_blocks, 5u);
         EXPECT_EQ(ps.bytes_on_demand, ds.bytes_on_demand);
         ASSERT_EQ(sg_transfer_release(d), SG_OK);
-        EXPECT_EQ(sg_transfer_wait(p, 5 * kSecond), SG_OK);
+        EXPECT_EQ(sg_transfer_wait(p, sgtest::wait_ns(5 * kSecond)), SG_OK);
         ASSERT_EQ(sg_transfer_release(p), SG_OK);
     }
     // With it: the rest arrives, every block exactly once.
@@ -362,8 +363,8 @@ TEST(Paths, OnDemandFetchServesMissingBlocksAndSpeculativeCompletesTheRest) {
     // A fetch of a layer the engine has not written yet waits for it.
     ASSERT_EQ(sg_transfer_fetch(d, 1, missing, 2), SG_OK) << sg_last_error_message();
     ASSERT_EQ(sg_transfer_layer_written(p, 1, nullptr), SG_OK);
-    ASSERT_EQ(sg_transfer_wait(d, 10 * kSecond), SG_OK) << sg_last_error_message();
-    ASSERT_EQ(sg_transfer_wait(p, 10 * kSecond), SG_OK) << sg_last_error_message();
+    ASSERT_EQ(sg_transfer_wait(d, sgtest::wait_ns(10 * kSecond)), SG_OK) << sg_last_error_message();
+    ASSERT_EQ(sg_transfer_wait(p, sgtest::wait_ns(10 * kSecond)), SG_OK) << sg_last_error_message();
     for (uint32_t l = 0; l < L; ++l)
         for (uint32_t b = 0; b < NB; ++b) EXPECT_TRUE(same_block(src, st, dst, dt, l, b)) << l << "/" << b;
     sg_transfer_stats_t ds;
@@ -400,13 +401,13 @@ TEST(Paths, OnDemandFetchOvertakesSpeculativeBulkQueuedAheadOfIt) {
     while ((st = sg_transfer_fetch(d, L - 1, wanted, 2)) == SG_ERR_INVALID_STATE)
         std::this_thread::sleep_for(std::chrono::microseconds(100));
     ASSERT_EQ(st, SG_OK) << sg_last_error_message();
-    ASSERT_EQ(sg_transfer_wait_blocks(d, L - 1, wanted, 2, 30 * kSecond), SG_OK) << sg_last_error_message();
+    ASSERT_EQ(sg_transfer_wait_blocks(d, L - 1, wanted, 2, sgtest::wait_ns(30 * kSecond)), SG_OK) << sg_last_error_message();
     uint32_t state = 0;
     ASSERT_EQ(sg_transfer_layer_state(d, L - 2, &state), SG_OK);
     EXPECT_FALSE(state & SG_LAYER_READY) << "the bulk queued ahead of the fetch completed first";
     const auto res = residency(d, L - 2);
     EXPECT_LT(std::count(res.begin(), res.end(), true), long(NB));
-    ASSERT_EQ(sg_transfer_wait(d, 60 * kSecond), SG_OK) << sg_last_error_message();
+    ASSERT_EQ(sg_transfer_wait(d, sgtest::wait_ns(60 * kSecond)), SG_OK) << sg_last_error_message();
     for (uint32_t l = 0; l < L; ++l)
         EXPECT_EQ(dst.k[l][size_t(NB - 1) * dst.block_elems()], uint16_t(l + 1)) << l;
     sg_transfer_stats_t ds;
@@ -435,8 +436,8 @@ TEST(Paths, AnEndedLeaseEndsTheTransferAndDecodeKeepsWhatItHolds) {
     ASSERT_EQ(sg_transfer_post(link.ps, "lease", src.kv, table.data(), NB, uint64_t(NB) * T, &po, &p, nullptr), SG_OK);
     ASSERT_EQ(sg_transfer_wait_layer_state(d, 0, SG_LAYER_ESSENTIAL, 10 * kSecond), SG_OK);
     const uint32_t sink = 0, middle = NB / 2;
-    EXPECT_EQ(sg_transfer_wait(p, 10 * kSecond), SG_ERR_LEASE_EXPIRED);
-    EXPECT_EQ(sg_transfer_wait(d, 10 * kSecond), SG_ERR_LEASE_EXPIRED);
+    EXPECT_EQ(sg_transfer_wait(p, sgtest::wait_ns(10 * kSecond)), SG_ERR_LEASE_EXPIRED);
+    EXPECT_EQ(sg_transfer_wait(d, sgtest::wait_ns(10 * kSecond)), SG_ERR_LEASE_EXPIRED);
     EXPECT_EQ(sg_transfer_fetch(d, 0, &middle, 1), SG_ERR_LEASE_EXPIRED);
     EXPECT_EQ(sg_transfer_wait_blocks(d, 0, &sink, 1, kSecond), SG_OK) << "resident blocks stay usable";
     EXPECT_TRUE(same_block(src, table, dst, table, 0, sink));
@@ -492,12 +493,12 @@ TEST(Paths, BadUseIsRefusedWithTheReason) {
     // (ThreadSanitizer's slower run showed the first).
     const sg_status_t posted = sg_transfer_post(link.ps, "m", src.kv, table.data(), NB, tokens, &good, &p, nullptr);
     if (posted == SG_OK) {
-        EXPECT_EQ(sg_transfer_wait(p, 5 * kSecond), SG_ERR_LAYOUT_MISMATCH);
+        EXPECT_EQ(sg_transfer_wait(p, sgtest::wait_ns(5 * kSecond)), SG_ERR_LAYOUT_MISMATCH);
         EXPECT_EQ(sg_transfer_release(p), SG_OK);
     } else {
         EXPECT_EQ(posted, SG_ERR_LAYOUT_MISMATCH);
     }
-    EXPECT_EQ(sg_transfer_wait(d, 5 * kSecond), SG_ERR_LAYOUT_MISMATCH);
+    EXPECT_EQ(sg_transfer_wait(d, sgtest::wait_ns(5 * kSecond)), SG_ERR_LAYOUT_MISMATCH);
     EXPECT_EQ(sg_transfer_release(d), SG_OK);
     // The full path has no essential set, digests or fetches.
     ASSERT_EQ(sg_transfer_expect(link.ds, "f", dst.kv, table.data(), NB, tokens, &o, &d, nullptr), SG_OK);
@@ -508,7 +509,7 @@ TEST(Paths, BadUseIsRefusedWithTheReason) {
     auto full = options(0);
     full.flags = SG_TRANSFER_ALL_LAYERS_WRITTEN;
     ASSERT_EQ(sg_transfer_post(link.ps, "f", src.kv, table.data(), NB, tokens, &full, &p, nullptr), SG_OK);
-    ASSERT_EQ(sg_transfer_wait(d, 5 * kSecond), SG_OK);
+    ASSERT_EQ(sg_transfer_wait(d, sgtest::wait_ns(5 * kSecond)), SG_OK);
     EXPECT_EQ(sg_transfer_wait_layer_state(d, 0, SG_LAYER_ESSENTIAL, kSecond), SG_ERR_INVALID_STATE);
     EXPECT_EQ(sg_transfer_release(p), SG_OK);
     EXPECT_EQ(sg_transfer_release(d), SG_OK);
@@ -573,13 +574,13 @@ TEST(Paths, TheNeedleIsResidentWhenDecodeNeedsItAtBudgetOneSixteenth) {
         fetched_needle += std::find(missing.begin(), missing.end(), needle) != missing.end();
         if (!missing.empty()) {
             ASSERT_EQ(sg_transfer_fetch(d, 0, missing.data(), missing.size()), SG_OK);
-            ASSERT_EQ(sg_transfer_wait_blocks(d, 0, missing.data(), missing.size(), 10 * kSecond), SG_OK);
+            ASSERT_EQ(sg_transfer_wait_blocks(d, 0, missing.data(), missing.size(), sgtest::wait_ns(10 * kSecond)), SG_OK);
         }
         // Decode attends now: the needle must be here, with its bytes.
         const auto now = residency(d, 0);
         resident_when_needed += now[needle] && same_block(src, st, dst, dt, 0, needle);
         ASSERT_EQ(sg_transfer_release(d), SG_OK);
-        ASSERT_EQ(sg_transfer_wait(p, 5 * kSecond), SG_OK);
+        ASSERT_EQ(sg_transfer_wait(p, sgtest::wait_ns(5 * kSecond)), SG_OK);
         ASSERT_EQ(sg_transfer_release(p), SG_OK);
     }
     EXPECT_EQ(resident_when_needed, trials);
@@ -622,7 +623,7 @@ TEST(Paths, ACompletedProactiveTransferHasEveryLayerEssential) {
             for (auto &x : q) x = normal(rng);
             ASSERT_EQ(sg_transfer_layer_written_q(p, l, q.data(), W, QH), SG_OK) << sg_last_error_message();
         }
-        ASSERT_EQ(sg_transfer_wait(d, 10 * kSecond), SG_OK) << sg_last_error_message();
+        ASSERT_EQ(sg_transfer_wait(d, sgtest::wait_ns(10 * kSecond)), SG_OK) << sg_last_error_message();
         for (uint32_t l = 0; l < L; ++l) {
             ASSERT_EQ(sg_transfer_wait_layer_state(d, l, SG_LAYER_ESSENTIAL, 0), SG_OK);
             uint32_t state = 0;
@@ -631,7 +632,7 @@ TEST(Paths, ACompletedProactiveTransferHasEveryLayerEssential) {
             size_t n = 0;
             EXPECT_EQ(sg_transfer_digests(d, l, nullptr, 0, &n), SG_OK) << "layer " << l << ": " << sg_last_error_message();
         }
-        ASSERT_EQ(sg_transfer_wait(p, 10 * kSecond), SG_OK) << sg_last_error_message();
+        ASSERT_EQ(sg_transfer_wait(p, sgtest::wait_ns(10 * kSecond)), SG_OK) << sg_last_error_message();
         sg_transfer_release(d);
         sg_transfer_release(p);
     }

@@ -3,6 +3,7 @@
 // transfer never quiesced, and the context's operation budget stayed taken, so a new peer's transfer
 // on the same pool stayed SG_IN_PROGRESS for 30 s and more (every run). Over tcp it recovered.
 #include "support/pair_harness.hpp"
+#include "support/test_time.hpp"
 #include "support/host_pool.hpp"
 
 #include <atomic>
@@ -39,17 +40,17 @@ int decode_peer(const char *provider, uint16_t port, bool die) {
     sg_kv_handle_t kv = nullptr;
     CHILD_CHECK(sg_kv_register(ctx, &pool.layout, &kv, nullptr) == SG_OK, "register");
     sg_session_t s = nullptr;
-    CHILD_CHECK(sg_session_connect(ctx, "127.0.0.1", port, nullptr, 10 * kSecond, &s, nullptr) == SG_OK, "connect");
+    CHILD_CHECK(sg_session_connect(ctx, "127.0.0.1", port, nullptr, sgtest::wait_ns(10 * kSecond), &s, nullptr) == SG_OK, "connect");
     CHILD_CHECK(sg_session_export_kv(s, kv) == SG_OK, "export");
     const auto table = all_blocks();
     sg_transfer_t t = nullptr;
     CHILD_CHECK(sg_transfer_expect(s, "kv", kv, table.data(), table.size(), kBlocks * kTpb, nullptr, &t, nullptr) == SG_OK,
                 "expect");
     if (die) {
-        CHILD_CHECK(sg_transfer_wait_layer(t, 0, 20 * kSecond) == SG_OK, "layer 0");
+        CHILD_CHECK(sg_transfer_wait_layer(t, 0, sgtest::wait_ns(20 * kSecond)) == SG_OK, "layer 0");
         kill(getpid(), SIGKILL);
     }
-    CHILD_CHECK(sg_transfer_wait(t, 20 * kSecond) == SG_OK, "wait");
+    CHILD_CHECK(sg_transfer_wait(t, sgtest::wait_ns(20 * kSecond)) == SG_OK, "wait");
     for (uint32_t l = 0; l < kLayers; ++l)
         for (size_t i = 0; i < pool.k[l].size(); ++i) CHILD_CHECK(pool.k[l][i] == 7 && pool.v[l][i] == 8, "byte %zu", i);
     sg_transfer_release(t);
@@ -76,7 +77,7 @@ void survive_a_killed_decode_side(const char *provider) {
             },
             [&] {
                 sg_session_t s = nullptr;
-                ASSERT_EQ(sg_session_accept(l, nullptr, 10 * kSecond, &s, nullptr), SG_OK) << sg_last_error_message();
+                ASSERT_EQ(sg_session_accept(l, nullptr, sgtest::wait_ns(10 * kSecond), &s, nullptr), SG_OK) << sg_last_error_message();
                 ASSERT_EQ(sg_session_export_kv(s, kv), SG_OK);
                 const auto table = all_blocks();
                 sg_transfer_t t = nullptr;
@@ -89,7 +90,7 @@ void survive_a_killed_decode_side(const char *provider) {
                 }
                 for (uint32_t layer = 1; layer < kLayers; ++layer) ASSERT_EQ(sg_transfer_layer_written(t, layer, nullptr), SG_OK);
                 const auto start = std::chrono::steady_clock::now();
-                const sg_status_t st = sg_transfer_wait(t, 20 * kSecond);
+                const sg_status_t st = sg_transfer_wait(t, sgtest::wait_ns(20 * kSecond));
                 if (die) {
                     EXPECT_EQ(st, SG_ERR_PEER_LOST) << sg_status_str(st);
                     EXPECT_EQ(sg_transfer_wait_quiesced(t, 10 * kSecond), SG_OK)
@@ -145,7 +146,7 @@ void on_sigterm(int) { g_sigterm_seen = 1; }
     Pool pool(0);
     sg_kv_handle_t kv = nullptr;
     CHILD_CHECK(sg_kv_register(b, &pool.layout, &kv, nullptr) == SG_OK, "register");
-    CHILD_CHECK(sg_session_wait_ready(sb, 5 * kSecond) == SG_OK, "ready");
+    CHILD_CHECK(sg_session_wait_ready(sb, sgtest::wait_ns(5 * kSecond)) == SG_OK, "ready");
     CHILD_CHECK(sg_session_export_kv(sb, kv) == SG_OK, "export");
     const auto table = all_blocks();
     sg_transfer_t t = nullptr;

@@ -2,6 +2,7 @@
 // loopback): metadata blobs, matching in either order, layout mismatches, bounds checks before any
 // byte moves, timeouts, cancel, host-driven progress.
 #include <smartgen/smartgen.h>
+#include "support/test_time.hpp"
 
 #include "../test_key.h"
 #include "support/host_pool.hpp"
@@ -69,8 +70,8 @@ struct Pair {
         uint16_t port = 0;
         EXPECT_EQ(sg_listener_port(l, &port), SG_OK);
         EXPECT_NE(port, 0);
-        std::thread t([&] { EXPECT_EQ(sg_session_connect(decode.h, "127.0.0.1", port, nullptr, 5 * kSecond, &ds, nullptr), SG_OK); });
-        EXPECT_EQ(sg_session_accept(l, nullptr, 5 * kSecond, &ps, nullptr), SG_OK) << sg_last_error_message();
+        std::thread t([&] { EXPECT_EQ(sg_session_connect(decode.h, "127.0.0.1", port, nullptr, sgtest::wait_ns(5 * kSecond), &ds, nullptr), SG_OK); });
+        EXPECT_EQ(sg_session_accept(l, nullptr, sgtest::wait_ns(5 * kSecond), &ps, nullptr), SG_OK) << sg_last_error_message();
         t.join();
         EXPECT_EQ(sg_listener_destroy(l), SG_OK);
     }
@@ -135,8 +136,8 @@ TEST(Session, MetadataBlobsMakeAWorkingSession) {
     sg_transfer_options_init(&o);
     o.flags = SG_TRANSFER_ALL_LAYERS_WRITTEN;
     ASSERT_EQ(sg_transfer_post(sa, "blob-1", src.kv, table.data(), 4, 64, &o, &x, nullptr), SG_OK);
-    EXPECT_EQ(sg_transfer_wait(y, 5 * kSecond), SG_OK) << sg_last_error_message();
-    EXPECT_EQ(sg_transfer_wait(x, 5 * kSecond), SG_OK) << sg_last_error_message();
+    EXPECT_EQ(sg_transfer_wait(y, sgtest::wait_ns(5 * kSecond)), SG_OK) << sg_last_error_message();
+    EXPECT_EQ(sg_transfer_wait(x, sgtest::wait_ns(5 * kSecond)), SG_OK) << sg_last_error_message();
     const size_t used = size_t(4) * 16 * 2 * 64;
     for (uint32_t l = 0; l < 2; ++l) {
         EXPECT_EQ(std::memcmp(src.k[l].data(), dst.k[l].data(), used * 2), 0);
@@ -175,12 +176,12 @@ TEST(Session, PostBeforeExpectWithLayerOrderAndStreaming) {
     ASSERT_EQ(sg_transfer_layer_state(x, 0, &state), SG_OK);
     EXPECT_EQ(state, SG_LAYER_WRITTEN);
     ASSERT_EQ(sg_transfer_layer_written(x, 2, nullptr), SG_OK);
-    EXPECT_EQ(sg_transfer_wait_layer(y, 2, 5 * kSecond), SG_OK);
-    EXPECT_EQ(sg_transfer_wait_layer(y, 0, 5 * kSecond), SG_OK);
+    EXPECT_EQ(sg_transfer_wait_layer(y, 2, sgtest::wait_ns(5 * kSecond)), SG_OK);
+    EXPECT_EQ(sg_transfer_wait_layer(y, 0, sgtest::wait_ns(5 * kSecond)), SG_OK);
     EXPECT_EQ(sg_transfer_test(y), SG_IN_PROGRESS);
     ASSERT_EQ(sg_transfer_layer_written(x, 1, nullptr), SG_OK);
-    EXPECT_EQ(sg_transfer_wait(y, 5 * kSecond), SG_OK);
-    EXPECT_EQ(sg_transfer_wait(x, 5 * kSecond), SG_OK);
+    EXPECT_EQ(sg_transfer_wait(y, sgtest::wait_ns(5 * kSecond)), SG_OK);
+    EXPECT_EQ(sg_transfer_wait(x, sgtest::wait_ns(5 * kSecond)), SG_OK);
     const size_t row = 32;
     for (uint32_t l = 0; l < 3; ++l)
         for (uint32_t t = 0; t < 40; ++t)
@@ -211,11 +212,11 @@ TEST(Session, LayoutMismatchIsRefusedOnBothSides) {
         sg_transfer_release(x);
         x = nullptr;
         st = sg_transfer_post(p.ps, "mm", src.kv, t.data(), 2, 32, nullptr, &x, &err);
-        if (st == SG_OK) st = sg_transfer_wait(x, 5 * kSecond);
+        if (st == SG_OK) st = sg_transfer_wait(x, sgtest::wait_ns(5 * kSecond));
     }
     EXPECT_EQ(st, SG_ERR_LAYOUT_MISMATCH);
     EXPECT_NE(std::string(sg_last_error_message()).find("head_dim"), std::string::npos) << sg_last_error_message();
-    EXPECT_EQ(sg_transfer_wait(y, 5 * kSecond), SG_ERR_LAYOUT_MISMATCH);
+    EXPECT_EQ(sg_transfer_wait(y, sgtest::wait_ns(5 * kSecond)), SG_ERR_LAYOUT_MISMATCH);
     char msg[256];
     sg_status_t status;
     ASSERT_EQ(sg_transfer_status(y, &status, msg, sizeof msg), SG_OK);
@@ -270,7 +271,7 @@ TEST(Session, WaitTimesOutWithInProgressAndCancelReachesThePeer) {
     EXPECT_EQ(sg_transfer_test(y), SG_IN_PROGRESS);
     ASSERT_EQ(sg_transfer_cancel(x), SG_OK);
     EXPECT_EQ(sg_transfer_wait(x, kSecond), SG_ERR_CANCELED);
-    EXPECT_EQ(sg_transfer_wait(y, 5 * kSecond), SG_ERR_CANCELED);
+    EXPECT_EQ(sg_transfer_wait(y, sgtest::wait_ns(5 * kSecond)), SG_ERR_CANCELED);
     EXPECT_EQ(sg_transfer_release(x), SG_OK);
     EXPECT_EQ(sg_transfer_release(y), SG_OK);
     EXPECT_EQ(sg_transfer_release(y), SG_ERR_INVALID_HANDLE);
@@ -291,13 +292,13 @@ TEST(Session, CancelOnEitherSideQuiescesBothTransfers) {
         ASSERT_EQ(sg_transfer_expect(p.ds, "q", dst.kv, t, 2, 8, nullptr, &y, nullptr), SG_OK);
         ASSERT_EQ(sg_transfer_post(p.ps, "q", src.kv, t, 2, 8, nullptr, &x, nullptr), SG_OK);
         ASSERT_EQ(sg_transfer_layer_written(x, 0, nullptr), SG_OK);
-        ASSERT_EQ(sg_transfer_wait_layer(y, 0, 5 * kSecond), SG_OK);
+        ASSERT_EQ(sg_transfer_wait_layer(y, 0, sgtest::wait_ns(5 * kSecond)), SG_OK);
         // Running transfers are not quiesced.
         EXPECT_EQ(sg_transfer_wait_quiesced(y, 10 * kMs), SG_ERR_TIMEOUT);
         EXPECT_EQ(sg_transfer_wait_quiesced(x, 0), SG_ERR_TIMEOUT);
         ASSERT_EQ(sg_transfer_cancel(decode_cancels ? y : x), SG_OK);
-        EXPECT_EQ(sg_transfer_wait(x, 5 * kSecond), SG_ERR_CANCELED) << decode_cancels;
-        EXPECT_EQ(sg_transfer_wait(y, 5 * kSecond), SG_ERR_CANCELED) << decode_cancels;
+        EXPECT_EQ(sg_transfer_wait(x, sgtest::wait_ns(5 * kSecond)), SG_ERR_CANCELED) << decode_cancels;
+        EXPECT_EQ(sg_transfer_wait(y, sgtest::wait_ns(5 * kSecond)), SG_ERR_CANCELED) << decode_cancels;
         EXPECT_EQ(sg_transfer_wait_quiesced(y, 5 * kSecond), SG_OK) << decode_cancels;
         EXPECT_EQ(sg_transfer_wait_quiesced(x, 5 * kSecond), SG_OK) << decode_cancels;
         EXPECT_EQ(sg_transfer_release(x), SG_OK);
@@ -325,11 +326,11 @@ TEST(Session, CancelThenRepostNeverMatchesAStaleExpect) {
         ASSERT_EQ(sg_transfer_expect(p.ds, rid.c_str(), dst.kv, t, 2, 8, nullptr, &y, nullptr), SG_OK);
         ASSERT_EQ(sg_transfer_release(x), SG_OK);
         ASSERT_EQ(sg_transfer_post(p.ps, rid.c_str(), src.kv, t, 2, 8, &all, &x2, nullptr), SG_OK);
-        EXPECT_EQ(sg_transfer_wait(y, 5 * kSecond), SG_ERR_CANCELED) << round;
+        EXPECT_EQ(sg_transfer_wait(y, sgtest::wait_ns(5 * kSecond)), SG_ERR_CANCELED) << round;
         EXPECT_EQ(sg_transfer_release(y), SG_OK);
         ASSERT_EQ(sg_transfer_expect(p.ds, rid.c_str(), dst.kv, t, 2, 8, nullptr, &y2, nullptr), SG_OK);
-        EXPECT_EQ(sg_transfer_wait(y2, 5 * kSecond), SG_OK) << round << ": " << sg_last_error_message();
-        EXPECT_EQ(sg_transfer_wait(x2, 5 * kSecond), SG_OK) << round;
+        EXPECT_EQ(sg_transfer_wait(y2, sgtest::wait_ns(5 * kSecond)), SG_OK) << round << ": " << sg_last_error_message();
+        EXPECT_EQ(sg_transfer_wait(x2, sgtest::wait_ns(5 * kSecond)), SG_OK) << round;
         sg_transfer_release(x2);
         sg_transfer_release(y2);
     }
@@ -352,7 +353,7 @@ TEST(Session, GracefulCloseDrainsThenCloses) {
     ASSERT_EQ(sg_transfer_layer_written(x, 1, nullptr), SG_OK);
     EXPECT_EQ(sg_session_close(p.ps, 5 * kSecond), SG_OK) << sg_last_error_message();
     EXPECT_EQ(sg_transfer_wait(x, 0), SG_OK);
-    EXPECT_EQ(sg_transfer_wait(y, 5 * kSecond), SG_OK);
+    EXPECT_EQ(sg_transfer_wait(y, sgtest::wait_ns(5 * kSecond)), SG_OK);
     // Blocks 0 and 1 (4 tokens x 16 values each) of the last layer arrived.
     EXPECT_TRUE(std::equal(src.k[1].begin(), src.k[1].begin() + 128, dst.k[1].begin()));
     // The decode side hears of the close; nothing failed and no peer counts as lost.
@@ -469,7 +470,7 @@ TEST(Session, TransferEventsRunOnTheProgressThread) {
             EXPECT_EQ(e.status_from_callback, SG_OK);
             EXPECT_EQ(e.wait_from_callback, SG_ERR_INVALID_STATE);
         }
-        EXPECT_EQ(sg_transfer_wait(x, 5 * kSecond), SG_OK);
+        EXPECT_EQ(sg_transfer_wait(x, sgtest::wait_ns(5 * kSecond)), SG_OK);
         sg_transfer_release(x);
         sg_transfer_release(y);
     }
@@ -516,8 +517,8 @@ TEST(Session, EveryEventOfATransferIsDeliveredBeforeItsWaitReturns) {
         ASSERT_EQ(sg_context_create(&o, &b, nullptr), SG_OK);
         sg_session_t sa = nullptr, sb = nullptr;
         ASSERT_NO_FATAL_FAILURE(join_by_metadata(a, b, &sa, &sb));
-        ASSERT_EQ(sg_session_wait_ready(sb, 5 * kSecond), SG_OK) << sg_last_error_message();
-        ASSERT_EQ(sg_session_wait_ready(sa, 5 * kSecond), SG_OK) << sg_last_error_message();
+        ASSERT_EQ(sg_session_wait_ready(sb, sgtest::wait_ns(5 * kSecond)), SG_OK) << sg_last_error_message();
+        ASSERT_EQ(sg_session_wait_ready(sa, sgtest::wait_ns(5 * kSecond)), SG_OK) << sg_last_error_message();
         {
             Pool src(a, 3, 1, 16, 4, 8), dst(b, 3, 1, 16, 4, 8);
             ASSERT_EQ(sg_session_export_kv(sa, src.kv), SG_OK);
@@ -531,15 +532,15 @@ TEST(Session, EveryEventOfATransferIsDeliveredBeforeItsWaitReturns) {
                 sg_transfer_t x = nullptr, y = nullptr;
                 ASSERT_EQ(sg_transfer_expect(sb, rid.c_str(), dst.kv, t, 2, 8, nullptr, &y, nullptr), SG_OK);
                 ASSERT_EQ(sg_transfer_post(sa, rid.c_str(), src.kv, t, 2, 8, &all, &x, nullptr), SG_OK);
-                ASSERT_EQ(sg_transfer_wait_layer(y, 2, 5 * kSecond), SG_OK);
+                ASSERT_EQ(sg_transfer_wait_layer(y, 2, sgtest::wait_ns(5 * kSecond)), SG_OK);
                 EXPECT_GE(de.count(rid, SG_EVENT_LAYER_READY), 1u) << rid << ": layer 2's wait returned first";
-                ASSERT_EQ(sg_transfer_wait(y, 5 * kSecond), SG_OK);
+                ASSERT_EQ(sg_transfer_wait(y, sgtest::wait_ns(5 * kSecond)), SG_OK);
                 // No sleep, no progress call: the events are there when the wait returns.
                 EXPECT_EQ(de.count(rid, SG_EVENT_LAYER_READY), 3u) << rid;
                 EXPECT_EQ(de.count(rid, SG_EVENT_FINISHED), 1u) << rid;
                 ASSERT_EQ(sg_transfer_wait_quiesced(y, 5 * kSecond), SG_OK);
                 EXPECT_EQ(de.count(rid, SG_EVENT_QUIESCED), 1u) << rid;
-                ASSERT_EQ(sg_transfer_wait(x, 5 * kSecond), SG_OK);
+                ASSERT_EQ(sg_transfer_wait(x, sgtest::wait_ns(5 * kSecond)), SG_OK);
                 EXPECT_EQ(pe.count(rid, SG_EVENT_FINISHED), 1u) << rid;
                 EXPECT_EQ(sg_transfer_release(y), SG_OK);
                 EXPECT_EQ(sg_transfer_release(x), SG_OK);
@@ -563,7 +564,7 @@ TEST(Session, CancelBeforeMatchReachesALaterExpect) {
     ASSERT_EQ(sg_transfer_cancel(x), SG_OK);
     EXPECT_EQ(sg_transfer_wait(x, kSecond), SG_ERR_CANCELED);
     ASSERT_EQ(sg_transfer_expect(p.ds, "gone", dst.kv, t, 2, 8, nullptr, &y, nullptr), SG_OK);
-    EXPECT_EQ(sg_transfer_wait(y, 5 * kSecond), SG_ERR_CANCELED);
+    EXPECT_EQ(sg_transfer_wait(y, sgtest::wait_ns(5 * kSecond)), SG_ERR_CANCELED);
     sg_transfer_release(x);
     sg_transfer_release(y);
     // The id can be used again afterwards.
@@ -572,8 +573,8 @@ TEST(Session, CancelBeforeMatchReachesALaterExpect) {
     o.flags = SG_TRANSFER_ALL_LAYERS_WRITTEN;
     ASSERT_EQ(sg_transfer_expect(p.ds, "gone", dst.kv, t, 2, 8, nullptr, &y, nullptr), SG_OK);
     ASSERT_EQ(sg_transfer_post(p.ps, "gone", src.kv, t, 2, 8, &o, &x, nullptr), SG_OK);
-    EXPECT_EQ(sg_transfer_wait(y, 5 * kSecond), SG_OK) << sg_last_error_message();
-    EXPECT_EQ(sg_transfer_wait(x, 5 * kSecond), SG_OK);
+    EXPECT_EQ(sg_transfer_wait(y, sgtest::wait_ns(5 * kSecond)), SG_OK) << sg_last_error_message();
+    EXPECT_EQ(sg_transfer_wait(x, sgtest::wait_ns(5 * kSecond)), SG_OK);
     sg_transfer_release(x);
     sg_transfer_release(y);
 }
@@ -598,15 +599,15 @@ TEST(Session, DecodeCancelBeforeMatchReachesALaterPost) {
     sg_transfer_options_init(&o);
     o.flags = SG_TRANSFER_ALL_LAYERS_WRITTEN;
     ASSERT_EQ(sg_transfer_post(p.ps, "withdrawn", src.kv, t, 2, 8, &o, &x, nullptr), SG_OK);
-    EXPECT_EQ(sg_transfer_wait(x, 5 * kSecond), SG_ERR_CANCELED);
+    EXPECT_EQ(sg_transfer_wait(x, sgtest::wait_ns(5 * kSecond)), SG_ERR_CANCELED);
     EXPECT_EQ(sg_transfer_wait_quiesced(x, kSecond), SG_OK);
     sg_transfer_release(x);
     sg_transfer_release(y);
     // A new Expect of the id is a new request: it matches the next post.
     ASSERT_EQ(sg_transfer_expect(p.ds, "withdrawn", dst.kv, t, 2, 8, nullptr, &y, nullptr), SG_OK);
     ASSERT_EQ(sg_transfer_post(p.ps, "withdrawn", src.kv, t, 2, 8, &o, &x, nullptr), SG_OK);
-    EXPECT_EQ(sg_transfer_wait(y, 5 * kSecond), SG_OK) << sg_last_error_message();
-    EXPECT_EQ(sg_transfer_wait(x, 5 * kSecond), SG_OK);
+    EXPECT_EQ(sg_transfer_wait(y, sgtest::wait_ns(5 * kSecond)), SG_OK) << sg_last_error_message();
+    EXPECT_EQ(sg_transfer_wait(x, sgtest::wait_ns(5 * kSecond)), SG_OK);
     sg_transfer_release(x);
     sg_transfer_release(y);
 }
@@ -628,8 +629,8 @@ TEST(Session, AFailedMatchLeavesTheRequestIdUsable) {
         sg_transfer_t x = nullptr, y = nullptr;
         ASSERT_EQ(sg_transfer_expect(p.ds, rid, dst.kv, t, 2, 8, nullptr, &y, nullptr), SG_OK);
         ASSERT_EQ(sg_transfer_post(p.ps, rid, src.kv, t, 2, 8, &o, &x, nullptr), SG_OK) << sg_last_error_message();
-        EXPECT_EQ(sg_transfer_wait(y, 5 * kSecond), SG_OK) << sg_last_error_message();
-        EXPECT_EQ(sg_transfer_wait(x, 5 * kSecond), SG_OK) << sg_last_error_message();
+        EXPECT_EQ(sg_transfer_wait(y, sgtest::wait_ns(5 * kSecond)), SG_OK) << sg_last_error_message();
+        EXPECT_EQ(sg_transfer_wait(x, sgtest::wait_ns(5 * kSecond)), SG_OK) << sg_last_error_message();
         sg_transfer_release(x);
         sg_transfer_release(y);
     };
@@ -641,13 +642,13 @@ TEST(Session, AFailedMatchLeavesTheRequestIdUsable) {
         for (int i = 0; i < 500 && st != SG_ERR_LAYOUT_MISMATCH; ++i) {  // until the Expect is there
             st = sg_transfer_post(p.ps, "mismatch-a", src.kv, t, 2, 8, &o, &x, nullptr);
             if (st == SG_OK) {  // it came before the Expect: the match fails on arrival instead
-                EXPECT_EQ(sg_transfer_wait(x, 5 * kSecond), SG_ERR_LAYOUT_MISMATCH);
+                EXPECT_EQ(sg_transfer_wait(x, sgtest::wait_ns(5 * kSecond)), SG_ERR_LAYOUT_MISMATCH);
                 sg_transfer_release(x);
                 st = SG_ERR_LAYOUT_MISMATCH;
             }
         }
         EXPECT_EQ(st, SG_ERR_LAYOUT_MISMATCH);
-        EXPECT_LT(sg_transfer_wait(y, 5 * kSecond), 0);
+        EXPECT_LT(sg_transfer_wait(y, sgtest::wait_ns(5 * kSecond)), 0);
         sg_transfer_release(y);
     }
     run_ok("mismatch-a");
@@ -656,8 +657,8 @@ TEST(Session, AFailedMatchLeavesTheRequestIdUsable) {
         sg_transfer_t x = nullptr, y = nullptr;
         ASSERT_EQ(sg_transfer_post(p.ps, "mismatch-b", src.kv, t, 2, 8, &o, &x, nullptr), SG_OK);
         ASSERT_EQ(sg_transfer_expect(p.ds, "mismatch-b", dst.kv, t, 3, 12, nullptr, &y, nullptr), SG_OK);
-        EXPECT_EQ(sg_transfer_wait(x, 5 * kSecond), SG_ERR_LAYOUT_MISMATCH);
-        EXPECT_LT(sg_transfer_wait(y, 5 * kSecond), 0);
+        EXPECT_EQ(sg_transfer_wait(x, sgtest::wait_ns(5 * kSecond)), SG_ERR_LAYOUT_MISMATCH);
+        EXPECT_LT(sg_transfer_wait(y, sgtest::wait_ns(5 * kSecond)), 0);
         sg_transfer_release(x);
         sg_transfer_release(y);
     }
@@ -723,8 +724,8 @@ TEST_P(RdmaProvider, MovesAPoolWhenADeviceIsPresent) {
         sg_transfer_t x = nullptr, y = nullptr;
         ASSERT_EQ(sg_transfer_expect(sb, "rdma", dst.kv, t.data(), 8, 128, nullptr, &y, nullptr), SG_OK);
         ASSERT_EQ(sg_transfer_post(sa, "rdma", src.kv, t.data(), 8, 128, &to, &x, nullptr), SG_OK);
-        EXPECT_EQ(sg_transfer_wait(y, 5 * kSecond), SG_OK);
-        EXPECT_EQ(sg_transfer_wait(x, 5 * kSecond), SG_OK);
+        EXPECT_EQ(sg_transfer_wait(y, sgtest::wait_ns(5 * kSecond)), SG_OK);
+        EXPECT_EQ(sg_transfer_wait(x, sgtest::wait_ns(5 * kSecond)), SG_OK);
         EXPECT_EQ(src.k, dst.k);
         sg_transfer_release(x);
         sg_transfer_release(y);
@@ -749,8 +750,8 @@ TEST(Session, CountersAndPrometheusText) {
     sg_transfer_t x = nullptr, y = nullptr, z = nullptr;
     ASSERT_EQ(sg_transfer_expect(p.ds, "m", dst.kv, t.data(), 4, 32, nullptr, &y, nullptr), SG_OK);
     ASSERT_EQ(sg_transfer_post(p.ps, "m", src.kv, t.data(), 4, 32, &o, &x, nullptr), SG_OK);
-    ASSERT_EQ(sg_transfer_wait(x, 5 * kSecond), SG_OK);
-    ASSERT_EQ(sg_transfer_wait(y, 5 * kSecond), SG_OK);
+    ASSERT_EQ(sg_transfer_wait(x, sgtest::wait_ns(5 * kSecond)), SG_OK);
+    ASSERT_EQ(sg_transfer_wait(y, sgtest::wait_ns(5 * kSecond)), SG_OK);
     ASSERT_EQ(sg_transfer_post(p.ps, "never", src.kv, t.data(), 4, 32, nullptr, &z, nullptr), SG_OK);
     ASSERT_EQ(sg_transfer_cancel(z), SG_OK);
     sg_transfer_stats_t ts;
@@ -843,8 +844,8 @@ TEST(Session, NotificationsAndEventFd) {
     ASSERT_EQ(sg_transfer_expect(p.ds, "ev", dst.kv, t, 1, 4, nullptr, &y, nullptr), SG_OK);
     ASSERT_EQ(sg_transfer_post(p.ps, "ev", src.kv, t, 1, 4, &o, &x, nullptr), SG_OK);
     ASSERT_TRUE(readable(efd, 5000));
-    EXPECT_EQ(sg_transfer_wait(y, 5 * kSecond), SG_OK);
-    EXPECT_EQ(sg_transfer_wait(x, 5 * kSecond), SG_OK);
+    EXPECT_EQ(sg_transfer_wait(y, sgtest::wait_ns(5 * kSecond)), SG_OK);
+    EXPECT_EQ(sg_transfer_wait(x, sgtest::wait_ns(5 * kSecond)), SG_OK);
     sg_transfer_release(x);
     sg_transfer_release(y);
 }
@@ -881,10 +882,10 @@ TEST(Session, FullQueueAnswersAgainAndSmallBoundsStillMoveData) {
             ASSERT_EQ(sg_transfer_layer_written(x1, l, nullptr), SG_OK);
             ASSERT_EQ(sg_transfer_layer_written(x2, l, nullptr), SG_OK);
         }
-        EXPECT_EQ(sg_transfer_wait(y1, 5 * kSecond), SG_OK);
-        EXPECT_EQ(sg_transfer_wait(y2, 5 * kSecond), SG_OK);
-        EXPECT_EQ(sg_transfer_wait(x1, 5 * kSecond), SG_OK);
-        EXPECT_EQ(sg_transfer_wait(x2, 5 * kSecond), SG_OK);
+        EXPECT_EQ(sg_transfer_wait(y1, sgtest::wait_ns(5 * kSecond)), SG_OK);
+        EXPECT_EQ(sg_transfer_wait(y2, sgtest::wait_ns(5 * kSecond)), SG_OK);
+        EXPECT_EQ(sg_transfer_wait(x1, sgtest::wait_ns(5 * kSecond)), SG_OK);
+        EXPECT_EQ(sg_transfer_wait(x2, sgtest::wait_ns(5 * kSecond)), SG_OK);
         const size_t be = 8 * 2 * 32;  // elements of one block
         for (uint32_t l = 0; l < 2; ++l)
             for (const auto *tab : {&t1, &t2})
@@ -916,8 +917,8 @@ TEST(Session, ReconnectAfterPeerRestartKeepsHandles) {
     for (int round = 0; round < 2; ++round) {
         auto decode = std::make_unique<Ctx>();
         sg_session_t ps = nullptr, ds = nullptr;
-        std::thread c([&] { EXPECT_EQ(sg_session_connect(decode->h, "127.0.0.1", port, nullptr, 5 * kSecond, &ds, nullptr), SG_OK); });
-        ASSERT_EQ(sg_session_accept(l, nullptr, 5 * kSecond, &ps, nullptr), SG_OK);
+        std::thread c([&] { EXPECT_EQ(sg_session_connect(decode->h, "127.0.0.1", port, nullptr, sgtest::wait_ns(5 * kSecond), &ds, nullptr), SG_OK); });
+        ASSERT_EQ(sg_session_accept(l, nullptr, sgtest::wait_ns(5 * kSecond), &ps, nullptr), SG_OK);
         c.join();
         {
             Pool dst(decode->h, 2, 2, 32, 8, 16);
@@ -929,8 +930,8 @@ TEST(Session, ReconnectAfterPeerRestartKeepsHandles) {
             sg_transfer_t x = nullptr, y = nullptr;
             ASSERT_EQ(sg_transfer_expect(ds, "again", dst.kv, t.data(), 3, 24, nullptr, &y, nullptr), SG_OK);
             ASSERT_EQ(sg_transfer_post(ps, "again", src.kv, t.data(), 3, 24, &o, &x, nullptr), SG_OK);
-            EXPECT_EQ(sg_transfer_wait(y, 5 * kSecond), SG_OK) << "round " << round;
-            EXPECT_EQ(sg_transfer_wait(x, 5 * kSecond), SG_OK) << "round " << round;
+            EXPECT_EQ(sg_transfer_wait(y, sgtest::wait_ns(5 * kSecond)), SG_OK) << "round " << round;
+            EXPECT_EQ(sg_transfer_wait(x, sgtest::wait_ns(5 * kSecond)), SG_OK) << "round " << round;
             const size_t be = 8 * 2 * 32;
             for (uint32_t blk : t) EXPECT_EQ(std::memcmp(&src.k[1][blk * be], &dst.k[1][blk * be], be * 2), 0);
             sg_transfer_release(x);

@@ -8,14 +8,16 @@
 # wrong fails here as it would for a user.
 #
 #   clean_root_deb.sh PACKAGES_DIR SOURCE_DIR [CACHE_DIR]
-# CACHE_DIR (default SOURCE_DIR/build/clean-root) keeps the debootstrapped root (with the build
-# tools the checks need, gcc, pkg-config, cmake, but none of SmartGen's dependencies) between runs;
-# every run works on an overlay of it, so the cached root stays clean. Needs root (chroot, mount);
+# CACHE_DIR (default ~/.cache/smartgen/clean-root, outside the clone, so a fresh clone on a machine
+# that ran this before skips the debootstrap: about 100 s here) keeps the debootstrapped root (with
+# the build tools the checks need, gcc, pkg-config, cmake, but none of SmartGen's dependencies)
+# between runs; every run works on an overlay of it, so the cached root stays clean. A root older
+# than 7 days is made anew, so it does not drift far from the archive. Needs root (chroot, mount);
 # exits 77 (skipped, with the reason) without root, debootstrap or the archive.
 set -euo pipefail
 packages=$(realpath "$1")
 src=$(realpath "$2")
-cache=$(realpath -m "${3:-$src/build/clean-root}")
+cache=$(realpath -m "${3:-${XDG_CACHE_HOME:-$HOME/.cache}/smartgen/clean-root}")
 mirror=${SMARTGEN_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
 skip() { echo "SKIP: $*"; exit 77; }
@@ -25,7 +27,7 @@ ls "$packages"/libsmartgen0_*.deb "$packages"/libsmartgen-dev_*.deb "$packages"/
   { echo "FAIL: no SmartGen .debs in $packages (run scripts/package.sh)"; exit 1; }
 
 base=$cache/bookworm
-if [[ ! -f $base/.smartgen-ready ]]; then
+if [[ ! -f $base/.smartgen-ready || -n $(find "$base/.smartgen-ready" -mtime +7 2>/dev/null) ]]; then
   rm -rf "$base"
   mkdir -p "$cache"
   echo "clean-root: debootstrap bookworm (minbase + gcc, pkg-config, cmake) into $base"

@@ -10,6 +10,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -110,6 +111,24 @@ class EtcdCluster {
         m.pid = pid;
     }
 
+    // Until every live member answers its /health with "true" (a leader elected, the member caught
+    // up), at most `timeout_ns`: a test's clocks start only after this. On a loaded host a cluster
+    // can take many seconds to elect its first leader.
+    bool wait_healthy(uint64_t timeout_ns) const {
+        const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeout_ns);
+        for (;;) {
+            bool all = true;
+            for (const Member &m : members_) {
+                if (m.pid <= 0) continue;
+                const std::string r = request(m, "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+                all = all && r.find(" 200 ") != std::string::npos && r.find("\"health\":\"true\"") != std::string::npos;
+            }
+            if (all) return true;
+            if (std::chrono::steady_clock::now() > until) return false;
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+    }
+
     // Deletes a key as an operator would (etcdctl del), by a plain HTTP request to the first live
     // member's gateway: true when it answered 200.
     bool delete_key(const std::string &key) const {
@@ -127,23 +146,10 @@ class EtcdCluster {
         const std::string body = "{\"key\":\"" + b64 + "\"}";
         for (const Member &m : members_) {
             if (m.pid <= 0) continue;
-            const int fd = socket(AF_INET, SOCK_STREAM, 0);
-            sockaddr_in a{};
-            a.sin_family = AF_INET;
-            a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-            a.sin_port = htons(uint16_t(m.client_port));
-            if (connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) != 0) {
-                close(fd);
-                continue;
-            }
             const std::string req = "POST /v3/kv/deleterange HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
                                     "application/json\r\nConnection: close\r\nContent-Length: " +
                                     std::to_string(body.size()) + "\r\n\r\n" + body;
-            bool ok = ::send(fd, req.data(), req.size(), MSG_NOSIGNAL) == ssize_t(req.size());
-            char buf[512] = {};
-            ok = ok && recv(fd, buf, sizeof buf - 1, 0) > 0 && std::string(buf).find(" 200 ") != std::string::npos;
-            close(fd);
-            if (ok) return true;
+            if (request(m, req).find(" 200 ") != std::string::npos) return true;
         }
         return false;
     }
@@ -167,6 +173,27 @@ class EtcdCluster {
     };
 
     static std::string name(int i) { return "m" + std::to_string(i); }
+
+    // One HTTP/1.1 request to a member's client port; the start of its answer, "" when it gave none
+    // within two seconds.
+    static std::string request(const Member &m, const std::string &req) {
+        const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        timeval tv{2, 0};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        a.sin_port = htons(uint16_t(m.client_port));
+        std::string out;
+        if (connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0 &&
+            ::send(fd, req.data(), req.size(), MSG_NOSIGNAL) == ssize_t(req.size())) {
+            char buf[1024];
+            for (ssize_t n; out.size() < 4096 && (n = recv(fd, buf, sizeof buf, 0)) > 0;) out.append(buf, size_t(n));
+        }
+        close(fd);
+        return out;
+    }
 
     static int free_port() {
         const int fd = socket(AF_INET, SOCK_STREAM, 0);

@@ -13,7 +13,7 @@ import org.junit.jupiter.api.Timeout;
 /**
  * Memory and descriptors stay flat over many cycles of two contexts, a session, two pools and a
  * transfer, everything closed (0.4 grew about 1 MB a cycle in Java). {@code smartgen.leak.cycles}
- * sets the count (default 200; the release phase's java_leak runs 2,000); shm contexts, which take
+ * sets the count (default 200; the release phase's java_leak runs 800 by default); shm contexts, which take
  * milliseconds to make.
  */
 class LeakTest {
@@ -69,14 +69,14 @@ class LeakTest {
     /**
      * A leak grows with every cycle; the allocator's arenas grow only until the load they see has
      * been met once, in steps, so after a warm-up of a quarter the bound is on the median slope of the
-     * measured half's four quarters. Runs as java_leak (-Dsmartgen.leak.cycles=2000).
+     * measured half's four quarters. Runs as java_leak (-Dsmartgen.leak.cycles, 800 by default).
      */
     @Test
     @Timeout(900)
     void cyclesLeakNeitherMemoryNorDescriptors() throws Exception {
         String prop = System.getProperty("smartgen.leak.cycles");
         org.junit.jupiter.api.Assumptions.assumeTrue(prop != null,
-                "the leak test runs as java_leak (2,000 cycles); set -Dsmartgen.leak.cycles to run it here");
+                "the leak test runs as java_leak (800 cycles by default); set -Dsmartgen.leak.cycles to run it here");
         int cycles = Math.max(4, Integer.parseInt(prop));
         byte[] key = new byte[32];
         new SecureRandom().nextBytes(key);
