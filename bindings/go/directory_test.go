@@ -3,6 +3,7 @@ package smartgen
 import (
 	"context"
 	"errors"
+	"math/rand"
 	"net"
 	"os"
 	"os/exec"
@@ -19,13 +20,19 @@ func startEtcd(t *testing.T) string {
 	if err != nil {
 		t.Skip("needs etcd (Debian's etcd-server; scripts/setup-deps.sh installs it)")
 	}
+	// A port that binds now, below the kernel's ephemeral range: one the kernel handed out and took
+	// back could go to another process's socket before etcd binds it.
+	rng := rand.New(rand.NewSource(time.Now().UnixNano() ^ int64(os.Getpid())))
 	port := func() int {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
+		for attempt := 0; attempt < 200; attempt++ {
+			l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(20000+rng.Intn(12000)))
+			if err == nil {
+				defer l.Close()
+				return l.Addr().(*net.TCPAddr).Port
+			}
 		}
-		defer l.Close()
-		return l.Addr().(*net.TCPAddr).Port
+		t.Fatal("no free port in 20000-31999")
+		return 0
 	}
 	client := "http://127.0.0.1:" + strconv.Itoa(port())
 	peer := "http://127.0.0.1:" + strconv.Itoa(port())

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <string>
 #include <thread>
 #include <vector>
@@ -195,18 +196,23 @@ class EtcdCluster {
         return out;
     }
 
+    // A port that binds now, below the kernel's ephemeral range (32768-60999): a port the kernel
+    // handed out and took back could be handed to any other process's socket (a fabric endpoint of a
+    // test running beside this one) before etcd binds it, and the member would never start.
     static int free_port() {
-        const int fd = socket(AF_INET, SOCK_STREAM, 0);
-        sockaddr_in a{};
-        a.sin_family = AF_INET;
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        socklen_t len = sizeof a;
-        int port = 0;
-        if (bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0 &&
-            getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len) == 0)
-            port = ntohs(a.sin_port);
-        close(fd);
-        return port;
+        static unsigned seed = unsigned(getpid()) * 2654435761u ^ unsigned(time(nullptr));
+        for (int attempt = 0; attempt < 200; ++attempt) {
+            const int port = 20000 + int(rand_r(&seed) % 12000);
+            const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+            sockaddr_in a{};
+            a.sin_family = AF_INET;
+            a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+            a.sin_port = htons(uint16_t(port));
+            const bool free = bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0;
+            close(fd);
+            if (free) return port;
+        }
+        return 0;
     }
 
     std::string dir_, initial_cluster_;

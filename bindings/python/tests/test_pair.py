@@ -4,6 +4,7 @@ in one process and in two."""
 import array
 import asyncio
 import os
+import re
 import queue
 import subprocess
 import sys
@@ -191,16 +192,26 @@ def test_two_processes_full_and_selective(prefill, decode):
         with open(os.open(keyfile, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
             f.write(os.urandom(32))
         env = dict(os.environ, SG_AUTH_KEY_FILE=keyfile)
-        import socket
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
         cmd = [sys.executable, "-m", "smartgen.interop", "--layers", "4", "--timeout-s", "60"]
-        p = subprocess.Popen(cmd + ["--role", "prefill", "--listen", f"127.0.0.1:{port}"], env=env,
+        # The listener takes a port of the kernel's choosing and says which. A port picked here and
+        # closed before the listener bound it could be taken meanwhile by any other process's
+        # ephemeral socket (a fabric endpoint of a test running beside this one): the decode side
+        # then connected to a stranger, which hung up on it.
+        p = subprocess.Popen(cmd + ["--role", "prefill", "--listen", "127.0.0.1:0"], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        seen = []
+        port = None
+        for line in p.stderr:  # ends when the prefill process exits without listening
+            seen.append(line)
+            m = re.search(r"listening on 127\.0\.0\.1:(\d+)", line)
+            if m:
+                port = int(m.group(1))
+                break
+        assert port, "the prefill side never listened:\n" + "".join(seen)
         q = subprocess.run(cmd + ["--role", "decode", "--peer", f"127.0.0.1:{port}"], env=env,
                            capture_output=True, text=True, timeout=120)
         out, err = p.communicate(timeout=120)
+        err = "".join(seen) + err
         assert q.returncode == 0, q.stdout + q.stderr
         assert p.returncode == 0, out + err
         assert "result=ok full=ok selective=ok" in q.stdout and "result=ok" in out

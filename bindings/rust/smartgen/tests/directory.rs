@@ -20,8 +20,20 @@ impl Drop for Etcd {
     }
 }
 
+/// A port that binds now, below the kernel's ephemeral range: one the kernel handed out and took
+/// back could go to another process's socket before etcd binds it.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    let mut x = std::process::id() as u64 ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    for _ in 0..200 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let port = 20000 + (x % 12000) as u16;
+        if let Ok(l) = TcpListener::bind(("127.0.0.1", port)) {
+            return l.local_addr().unwrap().port();
+        }
+    }
+    panic!("no free port in 20000-31999");
 }
 
 #[test]

@@ -24,10 +24,19 @@ class DirectoryTest {
     static final int[] SRC_BLOCKS = {4, 8, 15};
     static final int[] DST_BLOCKS = {16, 23, 1};
 
+    /** A port that binds now, below the kernel's ephemeral range: one the kernel handed out and took
+     *  back could go to another process's socket before etcd binds it. */
     static int freePort() throws Exception {
-        try (ServerSocket s = new ServerSocket(0)) {
-            return s.getLocalPort();
+        java.util.Random random = new java.util.Random();
+        for (int attempt = 0; attempt < 200; attempt++) {
+            int port = 20000 + random.nextInt(12000);
+            try (ServerSocket s = new ServerSocket(port, 1, java.net.InetAddress.getLoopbackAddress())) {
+                return s.getLocalPort();
+            } catch (java.io.IOException taken) {
+                // in use: another
+            }
         }
+        throw new IllegalStateException("no free port in 20000-31999");
     }
 
     @Test
