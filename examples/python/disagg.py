@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -154,20 +155,32 @@ def run_decode(a, m: Model, prompt):
 def run_pair(a):
     with tempfile.TemporaryDirectory() as d:
         keyfile = os.path.join(d, "key")
-        with open(os.open(keyfile, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
-            f.write(os.urandom(32))
+        # Hex text: a key file's trailing CR or LF is not part of the key (an editor adds one), so
+        # 32 raw random bytes that happen to end in one would read as 31 and be refused.
+        with open(os.open(keyfile, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+            f.write(os.urandom(32).hex())
         env = dict(os.environ, SG_AUTH_KEY_FILE=keyfile)
-        import socket
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
         common = [sys.executable, os.path.abspath(__file__), "--model", a.model, "--max-new-tokens", str(a.max_new_tokens),
                   "--timeout", str(a.timeout)] + (["--prompt-tokens", a.prompt_tokens] if a.prompt_tokens else []) + \
                  (["--selective", "--budget", str(a.budget)] if a.selective else [])
-        pre = subprocess.Popen(common + ["--role", "prefill", "--listen", f"127.0.0.1:{port}"], env=env)
+        # The prefill side listens on a port of the kernel's choosing and says which: a port picked
+        # here and closed could be taken by another process's socket before it binds.
+        pre = subprocess.Popen(common + ["--role", "prefill", "--listen", "127.0.0.1:0"], env=env,
+                               stderr=subprocess.PIPE, text=True)
+        port = None
+        for line in pre.stderr:
+            sys.stderr.write(line)
+            if line.startswith("listening on 127.0.0.1:"):
+                port = int(line.rsplit(":", 1)[1])
+                break
+        if port is None:
+            raise SystemExit(f"the prefill side exited without listening ({pre.wait()})")
+        relay = threading.Thread(target=lambda: sys.stderr.writelines(pre.stderr), daemon=True)
+        relay.start()
         dec = subprocess.run(common + ["--role", "decode", "--peer", f"127.0.0.1:{port}"], env=env,
                              capture_output=True, text=True, timeout=a.timeout * 4)
         pre.wait(timeout=a.timeout * 4)
+        relay.join(timeout=5)
         sys.stderr.write(dec.stderr)
         if dec.returncode or pre.returncode:
             raise SystemExit(f"decode exited {dec.returncode}, prefill {pre.returncode}")

@@ -189,8 +189,10 @@ def test_two_processes_full_and_selective(prefill, decode):
     """The interop program on both sides: two processes, both transfers, every byte checked."""
     with tempfile.TemporaryDirectory() as d:
         keyfile = os.path.join(d, "key")
-        with open(os.open(keyfile, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
-            f.write(os.urandom(32))
+        # Hex text: a key file's trailing CR or LF is not part of the key, so 32 raw random bytes
+        # ending in one would read as 31 and be refused (1 run in 128).
+        with open(os.open(keyfile, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+            f.write(os.urandom(32).hex())
         env = dict(os.environ, SG_AUTH_KEY_FILE=keyfile)
         cmd = [sys.executable, "-m", "smartgen.interop", "--layers", "4", "--timeout-s", "60"]
         # The listener takes a port of the kernel's choosing and says which. A port picked here and
