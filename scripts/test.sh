@@ -5,7 +5,7 @@
 #            (-j<cores>): unit, abi, integration, example, layering (the folder layering refused
 #            by the build, tests/layering), soak (smartgen-soak --short) and bench (the --quick runs
 #            of smartgen-bench xfer|ttst|cold and smartgen-microbench select|plan: the only place
-#            the benches run). Tests that measure time (bench, soak, deadlines, the timed failure,
+#            the benches run). Tests that assert a time (soak, deadlines, the timed failure,
 #            bootstrap and recovery tests) carry RUN_SERIAL and run alone. Then the model and
 #            quality tests (MODEL_TESTS below) and scripts/demo.sh, from a view in which the repository
 #            has nothing beside it (scripts/isolated.sh): what they read must be in the clone.
