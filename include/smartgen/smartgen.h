@@ -625,11 +625,10 @@ SG_API sg_status_t sg_listener_destroy(sg_listener_t listener);
  * names) and, with a key, the challenge-response in both directions: the session returned is
  * authenticated. Blocks up to timeout_ns (like every timeout in this header, in nanoseconds).
  * Handshakes run concurrently: the listener accepts every connection that arrives and returns the
- * first whose bootstrap finished. A connection that sends nothing for the context's peer_timeout_ms
- * is dropped; one whose peer spoke and then made no progress for 4 times that (or that is
- * unfinished after 10 times that) is dropped too, and that peer is told why (its connect fails with
- * SG_ERR_TIMEOUT, since 0.6). At most 64 are pending, the oldest silent one making room for a
- * newcomer. A handshake still under way when timeout_ns passes is not aborted: the next call goes
+ * first whose bootstrap finished. A connection that makes no progress for 4 times the context's
+ * peer_timeout_ms (1 time before 0.6), or is unfinished after 10 times that, is dropped, and its
+ * peer is told why (its connect fails with SG_ERR_TIMEOUT, since 0.6). At most 64 are pending, the
+ * oldest silent one making room for a newcomer. A handshake still under way when timeout_ns passes is not aborted: the next call goes
  * on with it, so accepting in short slices is fine. Connections that close or time out before
  * sending a byte are dropped quietly; a failed handshake of a peer that spoke is returned
  * (SG_ERR_TIMEOUT for one dropped for stalling, since 0.6).

@@ -44,9 +44,10 @@ constexpr uint64_t kOutcomeGraceNs = 1000000000ull;
 // A handshake that has not finished after this many peer timeouts is dropped, however steadily it
 // drips bytes.
 constexpr uint64_t kHandshakeLimitFactor = 10;
-// A peer that has spoken may then stall this many peer timeouts before the listener drops it: on a
-// busy host a live connector can be off the CPU for seconds between two steps of its handshake.
-// A connection that never sent a byte gets one peer timeout (it holds a slot and may be a scan).
+// A handshake may make no progress for this many peer timeouts before the listener drops it: on a
+// busy host a live connector can be off the CPU for seconds between its connect and its Hello, or
+// between two steps. Connections that never speak (scans) cannot hold the listener up meanwhile:
+// past kMaxPendingHandshakes the oldest of them makes room.
 constexpr uint64_t kHandshakeStallFactor = 4;
 
 std::string errno_text(const char *what) { return std::string(what) + ": " + std::strerror(errno); }
@@ -379,8 +380,8 @@ struct PendingHandshake {
     std::unique_ptr<Handshake> hs;
     uint64_t arrived_ns = 0, last_progress_ns = 0;
     uint64_t deadline(uint64_t peer_timeout_ns) const {
-        const uint64_t stall = hs->heard_from_peer() ? kHandshakeStallFactor * peer_timeout_ns : peer_timeout_ns;
-        return std::min(last_progress_ns + stall, arrived_ns + kHandshakeLimitFactor * peer_timeout_ns);
+        return std::min(last_progress_ns + kHandshakeStallFactor * peer_timeout_ns,
+                        arrived_ns + kHandshakeLimitFactor * peer_timeout_ns);
     }
 
     // Tells the peer why its handshake ends here (best effort: one non-blocking send), then closes
@@ -469,16 +470,16 @@ std::shared_ptr<Session> accept_session(Listener &l, Context &ctx, const sg_sess
             const std::string why = "the handshake did not finish: " + std::to_string((now - p.arrived_ns) / 1000000) +
                                     " ms since the connection, " + std::to_string((now - p.last_progress_ns) / 1000000) +
                                     " ms without progress (peer_timeout_ms " + std::to_string(peer_timeout / 1000000) + ")";
+            // Whoever it is hears why (a live connector that wakes up reports SG_ERR_TIMEOUT).
+            p.refuse(ctx, SG_ERR_TIMEOUT, "the listener dropped it: " + why);
             if (!p.hs->heard_from_peer()) {
                 // Never spoke: a scan or a health check, nobody's failed bootstrap.
                 ctx.log.log(SG_LOG_INFO, "dropped a bootstrap connection that sent nothing: " + why);
                 pending.erase(pending.begin() + ptrdiff_t(i));
                 continue;
             }
-            // A peer that spoke and stalled: it hears why, and so does this accept call, as it would
-            // of a peer whose key check failed.
-            p.refuse(ctx, SG_ERR_TIMEOUT, "the listener dropped it: " + why);
-            pending.erase(pending.begin() + ptrdiff_t(i));
+            // A peer that spoke and stalled: this accept call hears of it too, as it would of a
+            // peer whose key check failed.
             fail(SG_ERR_TIMEOUT, "a peer's bootstrap handshake stalled and was dropped: " + why);
         }
         if (now >= deadline) fail(SG_ERR_TIMEOUT, "timed out waiting for a peer to connect");
@@ -512,6 +513,9 @@ std::shared_ptr<Session> accept_session(Listener &l, Context &ctx, const sg_sess
                         victim = i;
                         break;
                     }
+                pending[victim]->refuse(ctx, SG_ERR_TIMEOUT,
+                                        "the listener dropped it to make room: " + std::to_string(kMaxPendingHandshakes) +
+                                            " handshakes were pending");
                 pending.erase(pending.begin() + ptrdiff_t(victim));
             }
             auto p = std::make_unique<PendingHandshake>();

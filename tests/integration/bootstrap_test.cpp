@@ -218,6 +218,40 @@ TEST(Bootstrap, AStalledHandshakeIsReportedAsATimeoutOnBothSides) {
     sg_context_destroy(b);
 }
 
+// A connection that never says a word is dropped after four peer timeouts without progress, told
+// why (a live connector that was only descheduled reports SG_ERR_TIMEOUT when it wakes), and is
+// nobody's failed bootstrap: the accept call goes on waiting and ends on its own timeout.
+TEST(Bootstrap, ASilentConnectionIsToldWhyItIsDroppedAndTheAcceptGoesOn) {
+    sg_context_options_t o;
+    sg_context_options_init(&o);
+    o.provider = "tcp";
+    o.log_level = SG_LOG_OFF;
+    o.peer_timeout_ms = 200;
+    SG_TEST_USE_KEY(o);
+    sg_context_t a = nullptr;
+    ASSERT_EQ(sg_context_create(&o, &a, nullptr), SG_OK);
+    sg_listener_t l = nullptr;
+    ASSERT_EQ(sg_listener_create(a, "127.0.0.1", 0, &l, nullptr), SG_OK);
+    uint16_t port = 0;
+    sg_listener_port(l, &port);
+    const int silent = connect_to(port);
+    std::string got;
+    std::thread reader([&] {
+        char buf[4096];
+        for (ssize_t n; (n = ::recv(silent, buf, sizeof buf, 0)) > 0;) got.append(buf, size_t(n));
+    });
+    sg_session_t s = nullptr;
+    const auto start = Clock::now();
+    EXPECT_EQ(sg_session_accept(l, nullptr, 3 * kSecond, &s, nullptr), SG_ERR_TIMEOUT);
+    EXPECT_NE(std::string(sg_last_error_message()).find("waiting for a peer"), std::string::npos) << sg_last_error_message();
+    EXPECT_GE(Clock::now() - start, std::chrono::seconds(3));
+    reader.join();  // the listener closed it
+    EXPECT_NE(got.find("the listener dropped it"), std::string::npos) << "no reason among " << got.size() << " bytes";
+    ::close(silent);
+    sg_listener_destroy(l);
+    sg_context_destroy(a);
+}
+
 // The connecting side asks for shm; the accepting context has only tcp. Before both sides reported
 // their outcome, the connector failed with SG_ERR_NO_PROVIDER while the acceptor got SG_OK and a
 // half-open session.
