@@ -16,7 +16,7 @@
 #            in parallel; then smartgen-soak --short (several processes, cancels, SIGKILL + restart,
 #            LeakSanitizer at every worker's exit) with the RSS bound raised for ASan's quarantine
 #   tsan     tsan preset: builds only what the subset needs (integration_tests, link_peer) and runs
-#            the concurrency, session, failure, transfer-path, bootstrap, reconnect and
+#            the concurrency, session, failure, transfer-path, reconnect and
 #            graceful-close tests under ThreadSanitizer, in parallel
 #   package  scripts/package.sh builds the .debs and .rpms from one source tarball (lintian and
 #            rpmlint: no errors), then tests/packaging installs the .debs into a debootstrapped
