@@ -215,8 +215,8 @@ case ${1:-} in
   -h | --help)
     trap - EXIT
     echo "usage: scripts/test.sh [--quick]"
-    echo "  (none)   every phase, as CI runs it: $DEFAULT_PHASES (25-30 min cold, ~15 with a warm ccache)"
-    echo "  --quick  release build without bindings, unit + integration tests only (a few minutes warm)"
+    echo "  (none)   every phase, as CI runs it: $DEFAULT_PHASES (each prints its time and ccache hit rate)"
+    echo "  --quick  release build without bindings, unit + integration tests only (between commits)"
     exit 0 ;;
   *) trap - EXIT; echo "test.sh: unknown argument '$1' (--quick, --help)" >&2; exit 2 ;;
 esac
