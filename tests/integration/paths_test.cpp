@@ -431,10 +431,12 @@ TEST(Paths, AnEndedLeaseEndsTheTransferAndDecodeKeepsWhatItHolds) {
     ASSERT_EQ(sg_transfer_expect(link.ds, "lease", dst.kv, table.data(), NB, uint64_t(NB) * T, &o, &d, nullptr), SG_OK);
     auto po = options(SG_PATH_PROACTIVE | SG_PATH_ON_DEMAND);
     po.flags = SG_TRANSFER_ALL_LAYERS_WRITTEN;
-    po.lease_ns = 1500 * kMs;  // counts from the post here (every layer written): ample for the essential
-                               // blocks to land first, even under ThreadSanitizer
+    // Counts from the post here (every layer written): ample for the essential blocks to land first,
+    // scaled to the build (1.5 s was not under ThreadSanitizer on a 2 vCPU AMD EPYC). Nothing but a
+    // fetch sends the rest, so however long, the lease ends before the transfer could complete.
+    po.lease_ns = sgtest::wait_ns(1500 * kMs);
     ASSERT_EQ(sg_transfer_post(link.ps, "lease", src.kv, table.data(), NB, uint64_t(NB) * T, &po, &p, nullptr), SG_OK);
-    ASSERT_EQ(sg_transfer_wait_layer_state(d, 0, SG_LAYER_ESSENTIAL, 10 * kSecond), SG_OK);
+    ASSERT_EQ(sg_transfer_wait_layer_state(d, 0, SG_LAYER_ESSENTIAL, sgtest::wait_ns(10 * kSecond)), SG_OK);
     const uint32_t sink = 0, middle = NB / 2;
     EXPECT_EQ(sg_transfer_wait(p, sgtest::wait_ns(10 * kSecond)), SG_ERR_LEASE_EXPIRED);
     EXPECT_EQ(sg_transfer_wait(d, sgtest::wait_ns(10 * kSecond)), SG_ERR_LEASE_EXPIRED);
