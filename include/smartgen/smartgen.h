@@ -330,7 +330,7 @@ typedef struct sg_context_options {
      * transfer on it fail with SG_ERR_PEER_LOST. Quiet sessions send a small keep-alive every eighth
      * of it. Default 2000, or the environment's SG_PEER_TIMEOUT_MS (100..3600000; since 0.3); 0
      * means the default. On a busy host the silence counted is what this context watched: time in
-     * which its own progress thread did not run does not count (since 0.6), and a peer whose frames
+     * which its own progress thread did not run does not count, and a peer whose frames
      * have been arriving up to G apart may stay silent for up to 3 G, at most 4 times this value.
      * A broken connection reported by the fabric is detected sooner. A context without a progress
      * thread must call sg_context_progress (or wait) well within this time, or its peers will
@@ -626,12 +626,12 @@ SG_API sg_status_t sg_listener_destroy(sg_listener_t listener);
  * authenticated. Blocks up to timeout_ns (like every timeout in this header, in nanoseconds).
  * Handshakes run concurrently: the listener accepts every connection that arrives and returns the
  * first whose bootstrap finished. A connection that makes no progress for 4 times the context's
- * peer_timeout_ms (1 time before 0.6), or is unfinished after 10 times that, is dropped, and its
- * peer is told why (its connect fails with SG_ERR_TIMEOUT, since 0.6). At most 64 are pending, the
+ * peer_timeout_ms (1 time in the first 0.5 builds), or is unfinished after 10 times that, is dropped, and its
+ * peer is told why (its connect fails with SG_ERR_TIMEOUT). At most 64 are pending, the
  * oldest silent one making room for a newcomer. A handshake still under way when timeout_ns passes is not aborted: the next call goes
  * on with it, so accepting in short slices is fine. Connections that close or time out before
- * sending a byte are dropped quietly; a failed handshake of a peer that spoke is returned
- * (SG_ERR_TIMEOUT for one dropped for stalling, since 0.6).
+ * sending a byte do not fail the accept call; a failed handshake of a peer that spoke is returned
+ * (SG_ERR_TIMEOUT for one dropped for stalling).
  * Both sides agree on the outcome: when either side cannot open the session (no provider in common,
  * say) both calls fail, with the status of the side that could not (Since 0.2).
  * Returns SG_OK; SG_ERR_TIMEOUT; SG_ERR_VERSION_MISMATCH (peer speaks another protocol major);
