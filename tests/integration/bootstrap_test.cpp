@@ -29,6 +29,19 @@ using Clock = std::chrono::steady_clock;
 
 sg_context_t make(const char *provider = "tcp") { return make_test_context(provider); }
 
+// A tcp context whose peer timeout is short, so the listener's drop deadlines come soon.
+sg_context_t make_with_peer_timeout(uint32_t ms) {
+    sg_context_options_t o;
+    sg_context_options_init(&o);
+    o.provider = "tcp";
+    o.log_level = SG_LOG_OFF;
+    o.peer_timeout_ms = ms;
+    SG_TEST_USE_KEY(o);
+    sg_context_t c = nullptr;
+    EXPECT_EQ(sg_context_create(&o, &c, nullptr), SG_OK) << sg_last_error_message();
+    return c;
+}
+
 int connect_to(uint16_t port) {
     const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in a{};
@@ -177,14 +190,8 @@ TEST(Bootstrap, AnAcceptTimeoutDoesNotAbortAHandshakeUnderWay) {
 // gets the listener's reason, SG_ERR_TIMEOUT, instead of "bootstrap send: Broken pipe" as
 // SG_ERR_PEER_LOST.
 TEST(Bootstrap, AStalledHandshakeIsReportedAsATimeoutOnBothSides) {
-    sg_context_options_t o;
-    sg_context_options_init(&o);
-    o.provider = "tcp";
-    o.log_level = SG_LOG_OFF;
-    o.peer_timeout_ms = 300;
-    SG_TEST_USE_KEY(o);
-    sg_context_t a = nullptr;
-    ASSERT_EQ(sg_context_create(&o, &a, nullptr), SG_OK);
+    sg_context_t a = make_with_peer_timeout(300);
+    ASSERT_NE(a, nullptr);
     sg_context_t b = make();
     sg_listener_t l = nullptr;
     ASSERT_EQ(sg_listener_create(a, "127.0.0.1", 0, &l, nullptr), SG_OK);
@@ -222,14 +229,8 @@ TEST(Bootstrap, AStalledHandshakeIsReportedAsATimeoutOnBothSides) {
 // why (a live connector that was only descheduled reports SG_ERR_TIMEOUT when it wakes), and is
 // nobody's failed bootstrap: the accept call goes on waiting and ends on its own timeout.
 TEST(Bootstrap, ASilentConnectionIsToldWhyItIsDroppedAndTheAcceptGoesOn) {
-    sg_context_options_t o;
-    sg_context_options_init(&o);
-    o.provider = "tcp";
-    o.log_level = SG_LOG_OFF;
-    o.peer_timeout_ms = 200;
-    SG_TEST_USE_KEY(o);
-    sg_context_t a = nullptr;
-    ASSERT_EQ(sg_context_create(&o, &a, nullptr), SG_OK);
+    sg_context_t a = make_with_peer_timeout(200);
+    ASSERT_NE(a, nullptr);
     sg_listener_t l = nullptr;
     ASSERT_EQ(sg_listener_create(a, "127.0.0.1", 0, &l, nullptr), SG_OK);
     uint16_t port = 0;
