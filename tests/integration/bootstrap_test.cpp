@@ -30,17 +30,7 @@ using Clock = std::chrono::steady_clock;
 sg_context_t make(const char *provider = "tcp") { return make_test_context(provider); }
 
 // A tcp context whose peer timeout is short, so the listener's drop deadlines come soon.
-sg_context_t make_with_peer_timeout(uint32_t ms) {
-    sg_context_options_t o;
-    sg_context_options_init(&o);
-    o.provider = "tcp";
-    o.log_level = SG_LOG_OFF;
-    o.peer_timeout_ms = ms;
-    SG_TEST_USE_KEY(o);
-    sg_context_t c = nullptr;
-    EXPECT_EQ(sg_context_create(&o, &c, nullptr), SG_OK) << sg_last_error_message();
-    return c;
-}
+sg_context_t make_with_peer_timeout(uint32_t ms) { return make_test_context("tcp", ms); }
 
 int connect_to(uint16_t port) {
     const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
