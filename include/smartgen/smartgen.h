@@ -592,7 +592,9 @@ SG_API sg_status_t sg_kv_register(sg_context_t ctx, const sg_kv_layout_t *layout
                                   sg_error_info_t *err);
 
 /* Deregisters a pool. Fails with SG_ERR_INVALID_STATE while a transfer that uses it is unreleased.
- * NULL accepted. Since 0.1. */
+ * Sessions the pool was exported on that were lost or destroyed were fenced already (see
+ * sg_session_destroy): nothing they carried lands in the memory or reads it after SG_OK. NULL
+ * accepted. Since 0.1. */
 SG_API sg_status_t sg_kv_deregister(sg_kv_handle_t handle);
 
 /* ---------------------------------------------------------------------------------------------
@@ -717,7 +719,11 @@ SG_API sg_status_t sg_session_error(sg_session_t session, sg_status_t *status, c
  * until sg_session_destroy. Since 0.1. */
 SG_API sg_status_t sg_session_close(sg_session_t session, uint64_t timeout_ns);
 
-/* Closes a session at once; its unfinished transfers are canceled. NULL accepted. Since 0.1. */
+/* Closes a session at once; its unfinished transfers are canceled. Before it returns, the
+ * registrations of the pools exported on it are closed and, unless the close handshake finished
+ * (then the peer has stopped writing), every connection to the peer is closed (the fence; over
+ * shm, which has none, the registrations close once this side's writes completed): nothing the
+ * peer still sends lands in those pools afterwards. NULL accepted. Since 0.1. */
 SG_API sg_status_t sg_session_destroy(sg_session_t session);
 
 /* ---------------------------------------------------------------------------------------------
@@ -1241,8 +1247,10 @@ SG_API sg_status_t sg_transfer_cancel(sg_transfer_t xfer);
 /* Waits until the transfer is quiesced: it has finished (completed, failed, canceled, missed its
  * deadline or lost its peer), no operation of it is in flight on this side, and — decode side — the
  * peer can no longer write into its blocks (the peer confirmed that its writes stopped, or the
- * session is lost and its memory registrations are closed). From then on the transfer's blocks may
- * be reused. Returns SG_OK; SG_ERR_TIMEOUT (still running, or the confirmation has not come);
+ * session ended and was fenced: its connections closed, then its memory registrations). From then
+ * on the transfer's blocks may be reused, and nothing of the transfer is written into or read from
+ * them again, even when a link that was down longer than the peer timeout comes back (over shm,
+ * which has no connection to close, the registrations close once this side's writes completed). Returns SG_OK; SG_ERR_TIMEOUT (still running, or the confirmation has not come);
  * SG_ERR_INVALID_HANDLE. Thread-safe. Since 0.1. */
 SG_API sg_status_t sg_transfer_wait_quiesced(sg_transfer_t xfer, uint64_t timeout_ns);
 

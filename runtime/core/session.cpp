@@ -50,7 +50,11 @@ void Session::lose(sg_status_t status, const std::string &why, bool peer_closed)
     advance(SessionState::Closed);
     lost_ns = now_ns();
     forget_held_frames();
-    tp->peer_lost(peer);
+    // A peer given up is fenced now. One that said Bye has stopped writing and read what we sent:
+    // its connection stays for the next session between the two endpoints, and the keys close
+    // once our own writes completed (check_timers).
+    peer_said_bye = peer_closed;
+    if (!peer_closed) fence();
     if (status == SG_ERR_PEER_LOST && !peer_closed) ctx->counters.peers_lost++;
     if (!peer_closed && tp->caps().local_only && ctx->transports[transport_index].get() == tp)
         ctx->renew_transport(transport_index);
@@ -61,7 +65,6 @@ void Session::lose(sg_status_t status, const std::string &why, bool peer_closed)
     // fail_transfer takes unmatched posts out of the book: a copy.
     for (auto &t : matchbook.transfers()) t->fail_with(status, why, false);
     drop_unsent(true);
-    drop_registrations();
     for (auto &[k, t] : matchbook.expects()) t->note_quiesced();
     for (auto &[k, t] : matchbook.matched_posts()) t->note_quiesced();
     ctx->cv.notify_all();
@@ -113,12 +116,24 @@ Session::Session(Context *c, const wire::Hello &hello, const sg_session_options_
     free_send_slots = (1u << StagingArea::kSlots) - 1;
 }
 
+// The session was detached under the context's lock, which fenced it (detach_locked): what is
+// deregistered and unmapped here no longer has a connection that could write into it.
 Session::~Session() {
     for (auto &[id, reg] : local_regs)
         for (auto &r : reg.regions) tp->deregister(r);
     recv_staging.release(tp);
     send_staging.release(tp);
     if (tp) tp->remove_peer(peer);
+}
+
+void Session::fence() {
+    if (!connections_fenced) {
+        // Writes of ours that the provider held complete as failed (their transfers have failed
+        // or will), and no write moves to another lane.
+        tp->peer_lost(peer);
+        connections_fenced = tp->fence(peer);
+    }
+    drop_registrations();
 }
 
 std::shared_ptr<Session> Context::open_session(const wire::Hello &peer, const sg_session_options_t &opt,
@@ -177,15 +192,19 @@ size_t Session::unfinished() const {
     return n;
 }
 
-// Closes a lost session's registrations as soon as none of our writes uses them, so a peer that
-// is only silent, not gone, cannot write into our blocks any more.
+// Closes an ended session's registrations, so that a peer that is only silent, not gone, cannot
+// start a write into our blocks any more: at once after a fence closed its connections (the
+// provider then holds no operation of ours on them), otherwise once none of our writes uses them.
+// Transfers waiting for that quiesce now.
 void Session::drop_registrations() {
-    if (regs_dropped || bytes_inflight) return;
+    if (regs_dropped || (bytes_inflight && !connections_fenced)) return;
     for (auto &[pool_id, reg] : local_regs) {
         for (auto &r : reg.regions) tp->deregister(r);
         reg.regions.clear();
     }
     regs_dropped = true;
+    for (auto &[k, t] : matchbook.expects()) t->note_quiesced();
+    for (auto &[k, t] : matchbook.matched_posts()) t->note_quiesced();
 }
 
 void Session::send(const std::vector<uint8_t> &frame, Transfer *t, bool bulk) {

@@ -172,6 +172,10 @@ class Session {
     double bulk_rate = 0;
     uint64_t rate_window_ns = 0, rate_window_bytes = 0;
     bool regs_dropped = false;  // registrations closed after the session was lost
+    // Every connection to the peer closed (Transport::fence): nothing it sent still lands here and
+    // nothing of ours is still read by the provider. Set when the session is lost or detached.
+    bool connections_fenced = false;
+    bool peer_said_bye = false;  // the session ended by the peer's Bye (graceful: no fence)
     uint64_t lost_ns = 0;       // when the session was lost (CLOCK_MONOTONIC), 0 while it lives
     // Unfinished transfers of the session, against max_transfers_per_session.
     size_t unfinished() const;
@@ -227,6 +231,13 @@ class Session {
     // the session); a write that belongs to no transfer is settled at once.
     void forget_in_ops();
     void drop_registrations();
+    // Closes the peer's connections (Transport::fence) and then its keys: the one place memory
+    // the peer could write becomes the host's again. Runs when the session is lost, or detached
+    // without a finished close handshake.
+    void fence();
+    // The peer can no longer write into anything this session exported: the session ended and its
+    // registrations are closed (after the fence, or once our own operations on them completed).
+    bool writes_stopped() const { return closed() && regs_dropped; }
     // The protocol (protocol.cpp; the handlers also in session_auth.cpp, staging.cpp, paths_*.cpp): each
     // frame of the peer decoded by decode_then and handed to its message type's handler.
     void heard_from();

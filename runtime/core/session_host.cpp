@@ -180,6 +180,14 @@ void Session::detach_locked() {
     }
     forget_held_frames();
     drop_unsent(false);
+    // Under the lock, before ~Session deregisters and unmaps on whatever thread drops the last
+    // reference: nothing the peer still sends may land in what is handed back. A close both sides
+    // finished (our Bye answered: the peer read all we sent and stopped) needs no fence, and keeps
+    // the connection for the next session between the two endpoints; its keys still close.
+    if (bye() == ByeExchange::Answered || peer_said_bye)
+        drop_registrations();
+    else
+        fence();
     // The session object goes away with its handle; a provider that never completes operations to
     // a peer that stopped answering would leave them naming it forever.
     if (tp->caps().local_only) abandon_ops();

@@ -451,8 +451,9 @@ std::string Transfer::invariant_violation() const {
 
 bool Transfer::quiesce_condition() const {
     if (post_side) return inflight == 0;
-    // A lost session's registrations are closed (drop_registrations), so nothing can land.
-    return (decode().peer_quiesced || session->closed()) && decode().unpacks_pending == 0;
+    // An ended session quiesces only once it is fenced and its keys closed (Session::fence):
+    // until then a write the provider accepted may still land.
+    return (decode().peer_quiesced || session->writes_stopped()) && decode().unpacks_pending == 0;
 }
 
 }  // namespace sg::core

@@ -249,6 +249,33 @@ class FakeTransport final : public Transport {
         }
     }
 
+    // Like rxm's fence: the entry leaves the address vector (posts to it fail from now on), what
+    // is pending to it is canceled, and so is every write of the peer's to us that has not landed
+    // (a connection closed under it), which its sender sees fail.
+    // A local_only fabric (shm) has no connection to close: nothing changes, as there.
+    bool fence(PeerAddr peer) override {
+        std::lock_guard lock(f_->mu);
+        if (f_->knobs.local_only) return false;
+        Endpoint &e = f_->endpoints[id_];
+        auto av = e.av.find(peer);
+        if (av == e.av.end()) return true;
+        const uint32_t other = av->second;
+        e.av.erase(av);
+        for (auto it = f_->ops.begin(); it != f_->ops.end();) {
+            const bool ours = it->from == id_ && it->via == peer;
+            const bool theirs = it->from == other && it->to == id_ && !it->send;
+            if (!ours && !theirs) {
+                ++it;
+                continue;
+            }
+            if (!it->completed)
+                f_->complete(*it, ours ? -ECANCELED : -ECONNRESET,
+                             ours ? "fake: the peer was fenced" : "fake: the target closed the connection");
+            it = f_->ops.erase(it);
+        }
+        return true;
+    }
+
     Registration register_memory(void *addr, uint64_t len, uint64_t requested_key) override {
         return add_region(addr, len, requested_key, false);
     }

@@ -458,6 +458,28 @@ class StripedTransport final : public Transport {
     // Writes to a lost peer are canceled; messages still go (a Bye's answer, say), for a while.
     void peer_lost(PeerAddr id) override { kill_peer(id, -ECANCELED, "the session with the peer is lost"); }
 
+    // Every lane's connection to the peer closes, each under its lane's lock (the lane's thread
+    // polls that endpoint): what the peer still sends lands nowhere, and every operation to it,
+    // queued here or held by a provider, completes as failed, none posted again on another lane.
+    bool fence(PeerAddr id) override {
+        kill_peer(id, -ECANCELED, "the peer's connections are fenced");
+        Peer *p = peer(id);
+        {
+            std::lock_guard lock(peers_mu_);
+            p->fenced = true;
+            p->unacked.clear();
+            p->unacked_bytes = 0;
+        }
+        bool closed = true;
+        for (size_t i = 0; i < p->addr.size(); ++i) {
+            Lane &lane = *lanes_[i];
+            std::lock_guard lock(lane.mu);
+            for (Op &op : take_pending(lane, id)) fail_op(std::move(op), -ECANCELED, "the peer's connections are fenced");
+            if (lane.t) closed = lane.t->fence(p->addr[i]) && closed;
+        }
+        return closed;
+    }
+
     LaneStats lane_stats() const override {
         LaneStats s;
         s.lanes = uint32_t(lanes_.size());
@@ -507,6 +529,7 @@ class StripedTransport final : public Transport {
         bool removed = false;
         bool dead = false;  // no lane left, or the runtime gave the peer up: no write moves to it now
         uint64_t dead_ns = 0;
+        bool fenced = false;  // every lane's connection to it closed (fence): nothing more is posted
         bool framed = false;  // both sides frame messages (envelope above)
         uint64_t origin = 0;  // address_hash of its lane 0: how its envelopes name it
         size_t control = 0;   // the lane its messages and urgent writes go on
@@ -669,7 +692,7 @@ class StripedTransport final : public Transport {
             {
                 std::lock_guard lock(peers_mu_);
                 dead = p->dead;
-                give_up_sends = dead && now_ns() - p->dead_ns > kDeadSendGraceNs;
+                give_up_sends = p->fenced || (dead && now_ns() - p->dead_ns > kDeadSendGraceNs);
             }
             if (dead && (!op.send || give_up_sends)) {
                 fail_op(std::move(op), -ECANCELED, "the peer is gone");

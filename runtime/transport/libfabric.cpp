@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <strings.h>
 #include <ctime>
 #include <map>
 #include <mutex>
@@ -63,6 +64,21 @@ __attribute__((constructor)) void restore_signal_dispositions() {
         sigemptyset(&dfl.sa_mask);
         sigaction(sig, &dfl, nullptr);
     }
+}
+
+// rxm closes a peer's connection when the peer leaves the address vector only where
+// FI_AV_REMOVE_CLEANUP is on, and libfabric reads that once, at its first call. The fence
+// (Transport::fence) is that removal: without it a write whose header the provider accepted
+// keeps landing after the session that owned the memory is gone. A host that set the variable
+// itself keeps its choice (then fence() reports connections it could not close).
+bool connection_cleanup_enabled() {
+    static const bool enabled = [] {
+        ::setenv("FI_AV_REMOVE_CLEANUP", "1", /*overwrite=*/0);
+        const char *v = std::getenv("FI_AV_REMOVE_CLEANUP");
+        return v && (std::strcmp(v, "1") == 0 || strcasecmp(v, "yes") == 0 || strcasecmp(v, "true") == 0 ||
+                     strcasecmp(v, "on") == 0 || strcasecmp(v, "y") == 0);
+    }();
+    return enabled;
 }
 
 std::string fi_text(int rc) { return std::string(fi_strerror(-rc)) + " (" + std::to_string(rc) + ")"; }
@@ -186,6 +202,7 @@ std::vector<Candidate> discover(const char *local_addr) {
     hints->domain_attr->mr_mode = int(FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY |
                                       FI_MR_ENDPOINT | FI_MR_RAW | FI_MR_MMU_NOTIFY | FI_MR_RMA_EVENT | FI_MR_HMEM);
     fi_info *list = nullptr;
+    (void)connection_cleanup_enabled();
     int rc = fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, hints.get(), &list);
     std::vector<Candidate> out;
     if (rc == -FI_ENODATA) return out;
@@ -249,17 +266,47 @@ class LibfabricTransport final : public Transport {
         int rc = fi_av_insert(av_, address.data(), 1, &addr, 0, nullptr);
         if (rc != 1) fail(SG_ERR_TRANSPORT, "fi_av_insert of the peer's endpoint name failed: " + fi_text(rc));
         if (shm_lock_fd_ >= 0) watch_shm_peer(addr, reinterpret_cast<const char *>(address.data()));
-        return addr;
+        std::lock_guard lock(peers_mu_);
+        const PeerAddr handle = next_peer_++;
+        peers_[handle] = PeerEntry{addr, false};
+        AddrUse &use = addr_use_[addr];
+        use.live++;
+        use.av_refs++;
+        return handle;
     }
 
     void remove_peer(PeerAddr peer) override {
-        fi_addr_t a = peer;
-        fi_av_remove(av_, &a, 1, 0);
-        std::lock_guard lock(shm_peers_mu_);
-        if (auto it = shm_peers_.find(peer); it != shm_peers_.end()) {
-            ::close(it->second.fd);
-            shm_peers_.erase(it);
+        std::lock_guard lock(peers_mu_);
+        auto it = peers_.find(peer);
+        if (it == peers_.end()) return;
+        const PeerEntry entry = it->second;
+        peers_.erase(it);
+        // An unfenced peer's address stays in the vector: on rxm, removing it would close the
+        // connection (FI_AV_REMOVE_CLEANUP), which a session that ended with a finished close
+        // handshake keeps for the next session between the two endpoints (a frame of the next
+        // one sent on it while it closed was lost: Reconnect.* beside a CPU hog). The provider
+        // gives the next insert of that name the same entry, so they are bounded by the peers
+        // this endpoint has known.
+        if (!entry.fenced) {
+            auto use = addr_use_.find(entry.addr);
+            if (use != addr_use_.end() && use->second.live > 0) use->second.live--;
         }
+    }
+
+    // The address leaves the vector at once, which on rxm (FI_AV_REMOVE_CLEANUP) closes the
+    // peer's connection under the endpoint's lock: a write of the peer's that is half received
+    // stops there, and every operation of ours to it is flushed, its completion an error. The
+    // handle stays the caller's until remove_peer; posts to it fail. A connection another live
+    // handle still uses (a new session with the same peer while the old one ends: one address, one
+    // connection) is not closed: then only the keys fence the old session.
+    bool fence(PeerAddr peer) override {
+        std::lock_guard lock(peers_mu_);
+        auto it = peers_.find(peer);
+        if (it == peers_.end()) return fence_closes_connections_;
+        if (it->second.fenced) return it->second.closed;
+        it->second.fenced = true;
+        it->second.closed = leave(it->second.addr) && fence_closes_connections_;
+        return it->second.closed;
     }
 
     Registration register_memory(void *addr, uint64_t len, uint64_t requested_key) override {
@@ -325,11 +372,11 @@ class LibfabricTransport final : public Transport {
         msg.msg_iov = iov;
         msg.desc = desc;
         msg.iov_count = n;
-        msg.addr = peer;
+        msg.addr = resolve(peer);
         msg.rma_iov = &rma;
         msg.rma_iov_count = 1;
         msg.context = cookie;
-        refuse_if_shm_peer_gone(peer);
+        refuse_if_shm_peer_gone(msg.addr);
         ssize_t rc = fi_writemsg(ep_, &msg, write_flags_);
         if (rc == -FI_EAGAIN) return -EAGAIN;
         if (rc) fi_fail("fi_writemsg", int(rc));
@@ -337,8 +384,9 @@ class LibfabricTransport final : public Transport {
     }
 
     int post_send(PeerAddr peer, const void *buf, uint64_t len, void *desc, void *cookie) override {
-        refuse_if_shm_peer_gone(peer);
-        ssize_t rc = fi_send(ep_, buf, len, desc, peer, cookie);
+        const fi_addr_t addr = resolve(peer);
+        refuse_if_shm_peer_gone(addr);
+        ssize_t rc = fi_send(ep_, buf, len, desc, addr, cookie);
         if (rc == -FI_EAGAIN) return -EAGAIN;
         if (rc) fi_fail("fi_send", int(rc));
         return 0;
@@ -418,6 +466,7 @@ class LibfabricTransport final : public Transport {
     }
 
     void open(const OpenOptions &opt) {
+        fence_closes_connections_ = connection_cleanup_enabled();
         InfoPtr hints = make_hints();
         std::string prov = opt.provider.empty() ? "tcp;ofi_rxm" : opt.provider;
         hints->fabric_attr->prov_name = strdup(prov.c_str());
@@ -449,6 +498,8 @@ class LibfabricTransport final : public Transport {
         caps_ = caps_of(list);
         caps_.provider = prov;  // the layered name ("tcp;ofi_rxm"), which is what users ask for
         caps_.local_only = !reaches_other_hosts(prov, network ? node.c_str() : nullptr);
+        // Connections a fence can close: rxm's, one per peer; shm and EFA have none.
+        fence_closes_connections_ = fence_closes_connections_ && prov.find("ofi_rxm") != std::string::npos;
 
         if ((rc = fi_fabric(info_->fabric_attr, &fabric_, nullptr))) fi_fail("fi_fabric", rc);
         if ((rc = fi_domain(fabric_, info_.get(), &domain_, nullptr))) fi_fail("fi_domain", rc);
@@ -541,6 +592,36 @@ class LibfabricTransport final : public Transport {
         std::string region;
     };
 
+    // The provider's address of a peer handle; a fenced peer's is gone.
+    fi_addr_t resolve(PeerAddr peer) {
+        std::lock_guard lock(peers_mu_);
+        auto it = peers_.find(peer);
+        if (it == peers_.end()) fail(SG_ERR_INTERNAL, "no peer " + std::to_string(peer) + " on this endpoint");
+        if (it->second.fenced) fail(SG_ERR_PEER_LOST, "the connection to the peer was fenced (its session ended)");
+        return it->second.addr;
+    }
+
+    // One live handle of `addr` is gone (fenced or removed). The last one takes the address out of
+    // the vector, once for every insert (the provider counts them): rxm closes the connection at
+    // the first removal whatever the count, so none may come while a live handle shares it.
+    // Returns whether the address left. With peers_mu_ held.
+    bool leave(fi_addr_t addr) {
+        auto use = addr_use_.find(addr);
+        if (use == addr_use_.end()) return true;
+        if (--use->second.live > 0) return false;
+        const uint32_t refs = use->second.av_refs;
+        addr_use_.erase(use);
+        for (uint32_t i = 0; i < refs; ++i) fi_av_remove(av_, &addr, 1, 0);
+        {
+            std::lock_guard shm_lock(shm_peers_mu_);
+            if (auto it = shm_peers_.find(addr); it != shm_peers_.end()) {
+                ::close(it->second.fd);
+                shm_peers_.erase(it);
+            }
+        }
+        return true;
+    }
+
     void watch_shm_peer(fi_addr_t addr, const char *name) {
         if (!is_smartgen_region_name(name)) return;  // named by another program, or by the provider
         const int fd = shm_open(name, O_RDONLY | O_CLOEXEC, 0);
@@ -594,6 +675,23 @@ class LibfabricTransport final : public Transport {
     int shm_lock_fd_ = -1;  // holds a shared flock on this endpoint's shm region while it lives
     std::mutex shm_peers_mu_;  // a lane's thread may post while the core inserts or removes peers
     std::unordered_map<fi_addr_t, ShmPeer> shm_peers_;
+    // Peers by handle, not by address: a fenced address leaves the vector at once and the provider
+    // may give its slot to the next peer inserted, while the fenced handle is still held.
+    struct PeerEntry {
+        fi_addr_t addr = FI_ADDR_UNSPEC;
+        bool fenced = false;
+        bool closed = false;  // the fence closed its connection
+    };
+    // The provider hands one address to every insert of the same name, and counts the inserts.
+    struct AddrUse {
+        uint32_t live = 0;     // handles of it not fenced nor removed
+        uint32_t av_refs = 0;  // inserts not yet removed from the vector
+    };
+    std::mutex peers_mu_;  // taken before shm_peers_mu_
+    std::unordered_map<PeerAddr, PeerEntry> peers_;
+    std::unordered_map<fi_addr_t, AddrUse> addr_use_;
+    PeerAddr next_peer_ = 1;
+    bool fence_closes_connections_ = false;
     uint64_t write_flags_ = FI_COMPLETION;
     bool shm_ = false;
     size_t recv_buffers_ = 0;

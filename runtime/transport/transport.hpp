@@ -167,6 +167,18 @@ class Transport {
     // holds for it and has not handed to the provider complete now with -ECANCELED. A plain
     // endpoint holds none.
     virtual void peer_lost(PeerAddr peer) { (void)peer; }
+    // The fence: closes every connection to the peer, under the provider's lock, so that nothing
+    // the peer sent lands here from the return on (a write whose header was accepted and whose
+    // payload is still on its way included) and nothing this side posted to it is read from local
+    // memory any more (those operations complete as failed). Idempotent; the handle stays the
+    // caller's until remove_peer, and posts to it fail. Returns true when that holds; false where
+    // the provider has no connection to close (shm, EFA) or may not close it (FI_AV_REMOVE_CLEANUP
+    // set off by the host): then closing the keys the peer was given is the only fence, and the
+    // caller may do so only once its own operations on them have completed.
+    virtual bool fence(PeerAddr peer) {
+        (void)peer;
+        return false;
+    }
 };
 
 // Cookies handed to post_* start with provider context space.

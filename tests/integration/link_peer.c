@@ -8,30 +8,9 @@
 #include <smartgen/smartgen.h>
 
 #include "../test_key.h"
+#include "netns_peer.h"
 
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
-
-#define NS 1000000000ull
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static void die(const char *what, sg_status_t st) {
-    fprintf(stderr, "link_peer: %s: %s (%s)\n", what, sg_status_str(st), sg_last_error_message());
-    exit(1);
-}
-#define CHECK(call, what)                \
-    do {                                 \
-        sg_status_t st_ = (call);        \
-        if (st_ != SG_OK) die(what, st_); \
-    } while (0)
 
 int main(int argc, char **argv) {
     if (argc < 4) {
@@ -55,28 +34,8 @@ int main(int argc, char **argv) {
         kp[l] = k[l];
         vp[l] = v[l];
     }
-    sg_kv_layout_t lay;
-    sg_kv_layout_init(&lay);
-    lay.num_layers = LAYERS;
-    lay.num_kv_heads = 2;
-    lay.head_dim = 64;
-    lay.tokens_per_block = 16;
-    lay.num_blocks = BLOCKS;
-    lay.layer_k_base = kp;
-    lay.layer_v_base = vp;
-    lay.layer_base_count = LAYERS;
-    sg_kv_handle_t kv;
-    CHECK(sg_kv_register(ctx, &lay, &kv, NULL), "register");
-
-    sg_session_t s;
-    if (prefill) {
-        CHECK(sg_session_connect(ctx, argv[3], (uint16_t)atoi(argv[4]), NULL, 10 * NS, &s, NULL), "connect");
-    } else {
-        sg_listener_t l;
-        CHECK(sg_listener_create(ctx, argv[2], (uint16_t)atoi(argv[3]), &l, NULL), "listen");
-        CHECK(sg_session_accept(l, NULL, 10 * NS, &s, NULL), "accept");
-        sg_listener_destroy(l);
-    }
+    sg_kv_handle_t kv = register_pool(ctx, LAYERS, 2, 64, BLOCKS, kp, vp);
+    sg_session_t s = open_session(ctx, prefill, argv);
     CHECK(sg_session_export_kv(s, kv), "export");
     const uint32_t table[4] = {0, 1, 2, 3};
     sg_transfer_t x;

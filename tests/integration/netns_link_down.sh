@@ -2,46 +2,20 @@
 # A prefill and a decode process in two network namespaces joined by a veth pair
 # (198.51.100.0/24, made here and removed on exit). Once layer 0 is across, the link is taken down
 # with `ip link set down`; both survivors must report SG_ERR_PEER_LOST within 3 s.
-# Exit 77 (ctest: skipped) when namespaces cannot be made here (not root, no iproute2).
+# Exit 77 (ctest: skipped) when namespaces cannot be made here (netns_pair.sh).
 set -euo pipefail
 peer_bin=$1
-id=$$
-a=sgA$id b=sgB$id va=sgva$id vb=sgvb$id
-if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null || ! ip netns add "$a" 2>/dev/null; then
-  echo "SKIP: needs root and iproute2 to create network namespaces"
-  exit 77
-fi
-cleanup() {
-  exec 3>&- 4>&- 2>/dev/null || true
-  kill "${pids[@]}" 2>/dev/null || true
-  ip netns del "$a" 2>/dev/null || true
-  ip netns del "$b" 2>/dev/null || true
-  rm -rf "$tmp"
-}
-pids=()
-tmp=$(mktemp -d)
-trap cleanup EXIT
-ip netns add "$b"
-ip link add "$va" type veth peer name "$vb"
-ip link set "$va" netns "$a"
-ip link set "$vb" netns "$b"
-ip -n "$a" addr add 198.51.100.1/24 dev "$va"
-ip -n "$b" addr add 198.51.100.2/24 dev "$vb"
-for ns in "$a" "$b"; do ip -n "$ns" link set lo up; done
-ip -n "$a" link set "$va" up
-ip -n "$b" link set "$vb" up
+. "$(dirname "$0")/netns_pair.sh"
+netns_pair_up sg
 
-port=$((40000 + id % 20000))
+port=$((40000 + $$ % 20000))
 mkfifo "$tmp/in_dec" "$tmp/in_pre"
 ip netns exec "$b" "$peer_bin" decode 198.51.100.2 "$port" <"$tmp/in_dec" >"$tmp/dec.out" 2>&1 &
 pids+=($!)
 exec 3>"$tmp/in_dec"
 # The prefill side connects once the decode side listens (a fixed 0.3 s was too short under
 # ThreadSanitizer: "connection refused").
-for _ in $(seq 100); do
-  ip netns exec "$b" ss -ltnH "sport = :$port" 2>/dev/null | grep -q . && break
-  sleep 0.1
-done
+netns_wait_listener "$b" "$port" || true
 ip netns exec "$a" "$peer_bin" prefill 198.51.100.1 198.51.100.2 "$port" <"$tmp/in_pre" >"$tmp/pre.out" 2>&1 &
 pids+=($!)
 exec 4>"$tmp/in_pre"
