@@ -281,16 +281,18 @@ class LibfabricTransport final : public Transport {
         if (it == peers_.end()) return;
         const PeerEntry entry = it->second;
         peers_.erase(it);
-        // An unfenced peer's address stays in the vector: on rxm, removing it would close the
-        // connection (FI_AV_REMOVE_CLEANUP), which a session that ended with a finished close
-        // handshake keeps for the next session between the two endpoints (a frame of the next
-        // one sent on it while it closed was lost: Reconnect.* beside a CPU hog). The provider
-        // gives the next insert of that name the same entry, so they are bounded by the peers
-        // this endpoint has known.
-        if (!entry.fenced) {
-            auto use = addr_use_.find(entry.addr);
-            if (use != addr_use_.end() && use->second.live > 0) use->second.live--;
+        if (entry.fenced) return;
+        // Where removal closes connections (rxm with FI_AV_REMOVE_CLEANUP), an unfenced peer's
+        // address stays in the vector: its connection, which a session that ended with a finished
+        // close handshake keeps for the next session between the two endpoints (closing it lost a
+        // frame of that next one: Reconnect.* beside a CPU hog). The provider gives the next insert
+        // of the name the same entry, so they are bounded by the peers this endpoint has known.
+        if (!fence_closes_connections_) {
+            leave(entry.addr);
+            return;
         }
+        auto use = addr_use_.find(entry.addr);
+        if (use != addr_use_.end() && use->second.live > 0) use->second.live--;
     }
 
     // The address leaves the vector at once, which on rxm (FI_AV_REMOVE_CLEANUP) closes the
