@@ -5,7 +5,8 @@
 #   ASAN_OPTIONS  detect_leaks: LeakSanitizer at exit of every test process; abort_on_error: a report
 #                 ends the process with SIGABRT, which no harness can mistake for a normal exit code;
 #                 check_initialization_order: static initialisers that read another file's globals.
-#   LSAN_OPTIONS  print_suppressions=0: a clean report is one line.
+#   LSAN_OPTIONS  print_suppressions=0: a clean report is one line; suppressions: what leaks in a
+#                 library that is not SmartGen's, each entry with its reason (lsan-suppressions.txt).
 #   TSAN_OPTIONS  halt_on_error: the first race fails the test; second_deadlock_stack: both stacks of
 #                 a lock-order inversion; die_after_fork=0: the failure tests fork a peer that starts
 #                 its own threads, which SmartGen's fork rule allows (the child makes its own context).
@@ -14,6 +15,7 @@
 SMARTGEN_ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:check_initialization_order=1"
 SMARTGEN_TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:die_after_fork=0"
 export ASAN_OPTIONS="${SMARTGEN_ASAN_OPTIONS}${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
-export LSAN_OPTIONS="print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
+SMARTGEN_LSAN_SUPPRESSIONS="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lsan-suppressions.txt"
+export LSAN_OPTIONS="print_suppressions=0:suppressions=${SMARTGEN_LSAN_SUPPRESSIONS}${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 export TSAN_OPTIONS="${SMARTGEN_TSAN_OPTIONS}${TSAN_OPTIONS:+:$TSAN_OPTIONS}"
 export SMARTGEN_ASAN_OPTIONS SMARTGEN_TSAN_OPTIONS
