@@ -239,12 +239,22 @@ class FakeTransport final : public Transport {
         std::lock_guard lock(f_->mu);
         Endpoint &e = f_->endpoints[id_];
         e.av.erase(peer);
+        fail_pending([&](const Op &op) { return op.from == id_ && op.via == peer; },
+                     [](const Op &) { return std::make_pair(-ECANCELED, "fake: peer removed from the address vector"); });
+    }
+
+    // With f_->mu held: the operations `which` picks fail now (`why`: status and text) and leave.
+    template <class Which, class Why>
+    void fail_pending(Which which, Why why) {
         for (auto it = f_->ops.begin(); it != f_->ops.end();) {
-            if (it->from != id_ || it->via != peer) {
+            if (!which(*it)) {
                 ++it;
                 continue;
             }
-            if (!it->completed) f_->complete(*it, -ECANCELED, "fake: peer removed from the address vector");
+            if (!it->completed) {
+                const auto [status, text] = why(*it);
+                f_->complete(*it, status, text);
+            }
             it = f_->ops.erase(it);
         }
     }
@@ -261,18 +271,12 @@ class FakeTransport final : public Transport {
         if (av == e.av.end()) return true;
         const uint32_t other = av->second;
         e.av.erase(av);
-        for (auto it = f_->ops.begin(); it != f_->ops.end();) {
-            const bool ours = it->from == id_ && it->via == peer;
-            const bool theirs = it->from == other && it->to == id_ && !it->send;
-            if (!ours && !theirs) {
-                ++it;
-                continue;
-            }
-            if (!it->completed)
-                f_->complete(*it, ours ? -ECANCELED : -ECONNRESET,
-                             ours ? "fake: the peer was fenced" : "fake: the target closed the connection");
-            it = f_->ops.erase(it);
-        }
+        auto ours = [&](const Op &op) { return op.from == id_ && op.via == peer; };
+        fail_pending([&](const Op &op) { return ours(op) || (op.from == other && op.to == id_ && !op.send); },
+                     [&](const Op &op) {
+                         return ours(op) ? std::make_pair(-ECANCELED, "fake: the peer was fenced")
+                                         : std::make_pair(-ECONNRESET, "fake: the target closed the connection");
+                     });
         return true;
     }
 
