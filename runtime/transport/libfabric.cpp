@@ -1,6 +1,7 @@
 // libfabric implementation of Transport: one RDM endpoint, one completion queue for transmit and
 // receive, an address vector, and a ring of pre-posted receive buffers for control messages.
 #include "transport/transport.hpp"
+#include "transport/shm_lock_breaker.hpp"
 
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
@@ -544,6 +545,8 @@ class LibfabricTransport final : public Transport {
             if (recv_reg_.mr) deregister(recv_reg_);
             slots_.clear();
             recv_area_.reset();
+            shm::unwatch_region(own_breaker_token_);
+            own_breaker_token_ = 0;
             if (shm_lock_fd_ >= 0) ::close(shm_lock_fd_);
             shm_lock_fd_ = -1;
             throw;
@@ -566,6 +569,7 @@ class LibfabricTransport final : public Transport {
             shm_lock_fd_ = shm_open(shm_name.c_str(), O_RDONLY | O_CLOEXEC, 0);
             if (shm_lock_fd_ < 0 || flock(shm_lock_fd_, LOCK_SH) != 0)
                 fail(SG_ERR_TRANSPORT, "cannot mark shm region " + shm_name + " as in use: " + std::strerror(errno));
+            own_breaker_token_ = shm::watch_region(shm_name, true);
         }
 
         // Left uninitialized: pages are touched only as messages land in them.
@@ -589,9 +593,12 @@ class LibfabricTransport final : public Transport {
     // tries that lock: if it can be taken, the owner is gone, and the post fails as a lost
     // connection without entering the provider. That costs one flock call per post to a shm peer.
     // A kill that lands while a post is already waiting on the peer's spin lock is not caught.
+    // A kill that lands while a post already waits on the peer's spin lock, or while the peer
+    // holds ours, is left to the lock breaker (shm_lock_breaker.hpp), which watches both regions.
     struct ShmPeer {
         int fd = -1;
         std::string region;
+        uint64_t breaker_token = 0;
     };
 
     // The provider's address of a peer handle; a fenced peer's is gone.
@@ -617,6 +624,7 @@ class LibfabricTransport final : public Transport {
         {
             std::lock_guard shm_lock(shm_peers_mu_);
             if (auto it = shm_peers_.find(addr); it != shm_peers_.end()) {
+                shm::unwatch_region(it->second.breaker_token);
                 ::close(it->second.fd);
                 shm_peers_.erase(it);
             }
@@ -631,8 +639,10 @@ class LibfabricTransport final : public Transport {
         std::lock_guard lock(shm_peers_mu_);
         auto &p = shm_peers_[addr];
         if (p.fd >= 0) ::close(p.fd);
+        shm::unwatch_region(p.breaker_token);
         p.fd = fd;
         p.region = name;
+        p.breaker_token = shm::watch_region(name, false);
     }
 
     void refuse_if_shm_peer_gone(fi_addr_t peer) {
@@ -663,7 +673,11 @@ class LibfabricTransport final : public Transport {
         if (domain_) fi_close(&domain_->fid);
         if (fabric_) fi_close(&fabric_->fid);
         if (shm_lock_fd_ >= 0) ::close(shm_lock_fd_);  // after the provider has removed the region
-        for (auto &[addr, p] : shm_peers_) ::close(p.fd);
+        for (auto &[addr, p] : shm_peers_) {
+            shm::unwatch_region(p.breaker_token);
+            ::close(p.fd);
+        }
+        shm::unwatch_region(own_breaker_token_);
     }
 
     InfoPtr info_;
@@ -675,6 +689,7 @@ class LibfabricTransport final : public Transport {
     fid_ep *ep_ = nullptr;
     int wait_fd_ = -1;
     int shm_lock_fd_ = -1;  // holds a shared flock on this endpoint's shm region while it lives
+    uint64_t own_breaker_token_ = 0;  // this endpoint's region, watched by the lock breaker
     std::mutex shm_peers_mu_;  // a lane's thread may post while the core inserts or removes peers
     std::unordered_map<fi_addr_t, ShmPeer> shm_peers_;
     // Peers by handle, not by address: a fenced address leaves the vector at once and the provider
