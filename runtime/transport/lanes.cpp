@@ -985,6 +985,9 @@ class StripedTransport final : public Transport {
             std::lock_guard lock(peers_mu_);
             if (e.stream >= peers_.size()) return;
             Peer &p = *peers_[e.stream];
+            // Only the peer the stream goes to acks it, and only what was sent on it: an ack erases
+            // the copies a broken control lane would send again.
+            if (!p.framed || e.origin != p.origin || e.seq > p.next_seq) return;
             while (!p.unacked.empty() && p.unacked.front().first <= e.seq) {
                 p.unacked_bytes -= p.unacked.front().second.size();
                 p.unacked.pop_front();

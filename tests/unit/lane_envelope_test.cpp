@@ -1,0 +1,113 @@
+// The lane envelope's acks (transport/lanes.cpp, docs/protocol.md 3.1) between striped transports
+// on the fake fabric, their lanes driven by poll(): an ack erases the messages a sender keeps to
+// send again when its control lane breaks, so only the peer whose stream it names may give one,
+// and only for messages that were sent.
+#include "transport/fake.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace sg::transport;
+
+struct Messages : CompletionSink {
+    std::vector<std::string> got;
+    void on_complete(void *, int, const char *) override {}
+    void on_message(std::span<const uint8_t> bytes) override { got.emplace_back(bytes.begin(), bytes.end()); }
+};
+
+OpenOptions options(uint32_t lanes) {
+    OpenOptions o;
+    o.provider = "fake";
+    o.lanes = lanes;
+    o.lane_threads = false;
+    o.delivery_complete = true;
+    return o;
+}
+
+void put_le(uint8_t *p, uint64_t v, int bytes) {
+    for (int i = 0; i < bytes; ++i) p[i] = uint8_t(v >> (8 * i));
+}
+uint64_t get_le(const uint8_t *p, int bytes) {
+    uint64_t v = 0;
+    for (int i = 0; i < bytes; ++i) v |= uint64_t(p[i]) << (8 * i);
+    return v;
+}
+
+// An Ack as protocol.md 3.1 lays it out: 'SGL1' | kind 2 | lane | 0 | stream | 0 | origin | nonce | seq.
+std::vector<uint8_t> ack(uint32_t stream, uint64_t origin, uint64_t nonce, uint64_t seq) {
+    std::vector<uint8_t> e(40, 0);
+    put_le(&e[0], 0x314C4753u, 4);
+    e[4] = 2;
+    put_le(&e[8], stream, 4);
+    put_le(&e[16], origin, 8);
+    put_le(&e[24], nonce, 8);
+    put_le(&e[32], seq, 8);
+    return e;
+}
+
+uint64_t fnv1a(std::span<const uint8_t> bytes) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (uint8_t b : bytes) h = (h ^ b) * 0x100000001b3ull;
+    return h;
+}
+
+alignas(16) uint8_t cookies[16][kCookieBytes];
+
+// A (two lanes) sends three messages to B (two lanes) that B has not read yet; C, a third peer of
+// A's, sends A an ack naming A's stream to B. Then A's control lane to B breaks: A must still hold
+// the three messages and send them again on its other lane.
+void forged_ack_changes_nothing(bool own_origin, uint64_t seq) {
+    fake::Fabric fabric(7, fake::Knobs{});
+    // C is two plain endpoints that A takes for a framing peer's two lanes: it sees A's envelopes
+    // and writes its own.
+    auto a = open(options(2)), b = open(options(2)), c = open(options(1)), c_lane1 = open(options(1));
+    const auto a_lanes = a->lane_addresses(), b_lanes = b->lane_addresses();
+    const PeerAddr a_to_b = a->insert_peer_lanes(b_lanes, true);
+    (void)b->insert_peer_lanes(a_lanes, true);
+    const std::vector<std::vector<uint8_t>> c_lanes = {c->local_address(), c_lane1->local_address()};
+    const PeerAddr a_to_c = a->insert_peer_lanes(c_lanes, true);
+    const PeerAddr c_to_a = c->insert_peer(a_lanes[0]);
+    Messages at_a, at_b, at_c;
+
+    const std::vector<std::string> sent = {"first", "second", "third"};
+    for (size_t i = 0; i < sent.size(); ++i)
+        ASSERT_EQ(a->post_send(a_to_b, sent[i].data(), sent[i].size(), nullptr, cookies[i]), 0);
+    const std::string hi = "hello c";
+    ASSERT_EQ(a->post_send(a_to_c, hi.data(), hi.size(), nullptr, cookies[8]), 0);
+    for (int i = 0; i < 4 && at_c.got.empty(); ++i) {
+        a->poll(at_a);
+        c->poll(at_c);
+    }
+    ASSERT_EQ(at_c.got.size(), 1u);
+    const auto &framed = at_c.got[0];
+    ASSERT_GE(framed.size(), 40u) << "A frames its messages to C";
+    const uint64_t a_nonce = get_le(reinterpret_cast<const uint8_t *>(framed.data()) + 24, 8);
+
+    // A's stream to B is its first peer entry (0). The ack says it comes from C (its origin), or
+    // from B but for more messages than A ever sent B.
+    const uint64_t origin = own_origin ? fnv1a(c_lanes[0]) : fnv1a(b_lanes[0]);
+    const auto forged = ack(0, origin, a_nonce, seq);
+    ASSERT_EQ(c->post_send(c_to_a, forged.data(), forged.size(), nullptr, cookies[9]), 0);
+    for (int i = 0; i < 4; ++i) {
+        c->poll(at_c);
+        a->poll(at_a);
+    }
+
+    fabric.drop_link(fake::Fabric::endpoint_id(a_lanes[0]), fake::Fabric::endpoint_id(b_lanes[0]));
+    for (int i = 0; i < 200 && at_b.got.size() < sent.size(); ++i) {
+        a->poll(at_a);
+        b->poll(at_b);
+    }
+    EXPECT_EQ(at_b.got, sent) << "B got every message once, in order, over A's other lane";
+}
+
+TEST(LaneEnvelope, AnAckFromAnotherPeerIsIgnored) { forged_ack_changes_nothing(true, 3); }
+
+TEST(LaneEnvelope, AnAckForMessagesNeverSentIsIgnored) { forged_ack_changes_nothing(false, 1000); }
+
+}  // namespace
