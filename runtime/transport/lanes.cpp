@@ -268,12 +268,25 @@ class StripedTransport final : public Transport {
         Peer *p = peer(id);
         // Removed first, so nothing is queued for it from now on (acks, notices, messages sent again)
         // and nothing still queued is posted to an address the endpoint no longer has.
+        // Another live entry for the same peer (a new session while this one ends) keeps the
+        // peer's streams: a receiver cannot tell which of its entries a stream belongs to, and
+        // erasing the new one's would hold its next messages back for good.
+        bool origin_still_used = false;
         {
             std::lock_guard lock(peers_mu_);
             p->removed = true;
             p->unacked.clear();
+            PeerAddr other = id;
+            for (PeerAddr q = 0; q < peers_.size(); ++q)
+                if (q != id && !peers_[q]->removed && peers_[q]->framed && peers_[q]->origin == p->origin) other = q;
+            origin_still_used = other != id;
             auto it = by_origin_.find(p->origin);
-            if (it != by_origin_.end() && it->second == id) by_origin_.erase(it);
+            if (it != by_origin_.end() && it->second == id) {
+                if (origin_still_used)
+                    it->second = other;
+                else
+                    by_origin_.erase(it);
+            }
         }
         for (size_t i = 0; i < p->addr.size(); ++i) {
             Lane &lane = *lanes_[i];
@@ -288,6 +301,7 @@ class StripedTransport final : public Transport {
             else
                 lane.t->remove_peer(p->addr[i]);
         }
+        if (origin_still_used) return;
         std::lock_guard lock(streams_mu_);
         for (auto it = streams_.begin(); it != streams_.end();)
             it = it->first.origin == p->origin ? streams_.erase(it) : std::next(it);

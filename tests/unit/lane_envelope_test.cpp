@@ -110,4 +110,33 @@ TEST(LaneEnvelope, AnAckFromAnotherPeerIsIgnored) { forged_ack_changes_nothing(t
 
 TEST(LaneEnvelope, AnAckForMessagesNeverSentIsIgnored) { forged_ack_changes_nothing(false, 1000); }
 
+// A second session with the same peer while the first ends (a reconnect): both sides hold two
+// entries for each other. Removing B's old entry for A must leave the stream of A's new session
+// alone; it erased every stream from A's address, so the new session's next messages waited for
+// ones B had already delivered and never came up.
+TEST(LaneEnvelope, RemovingAnOldEntryForAPeerKeepsTheNewSessionsStream) {
+    fake::Fabric fabric(11, fake::Knobs{});
+    auto a = open(options(2)), b = open(options(2));
+    const auto a_lanes = a->lane_addresses(), b_lanes = b->lane_addresses();
+    (void)a->insert_peer_lanes(b_lanes, true);
+    const PeerAddr b_to_a_old = b->insert_peer_lanes(a_lanes, true);
+    const PeerAddr a_to_b_new = a->insert_peer_lanes(b_lanes, true);
+    (void)b->insert_peer_lanes(a_lanes, true);
+    Messages at_a, at_b;
+    const std::vector<std::string> before = {"one", "two"}, after = {"three", "four"};
+    size_t cookie = 0;
+    auto send_and_read = [&](const std::vector<std::string> &batch, size_t want) {
+        for (const auto &m : batch) ASSERT_EQ(a->post_send(a_to_b_new, m.data(), m.size(), nullptr, cookies[cookie++]), 0);
+        for (int i = 0; i < 50 && at_b.got.size() < want; ++i) {
+            a->poll(at_a);
+            b->poll(at_b);
+        }
+    };
+    send_and_read(before, 2);
+    ASSERT_EQ(at_b.got, before);
+    b->remove_peer(b_to_a_old);
+    send_and_read(after, 4);
+    EXPECT_EQ(at_b.got, (std::vector<std::string>{"one", "two", "three", "four"}));
+}
+
 }  // namespace
