@@ -592,7 +592,6 @@ class LibfabricTransport final : public Transport {
     // A SmartGen peer holds a shared flock on its region while it lives (above), so each post first
     // tries that lock: if it can be taken, the owner is gone, and the post fails as a lost
     // connection without entering the provider. That costs one flock call per post to a shm peer.
-    // A kill that lands while a post is already waiting on the peer's spin lock is not caught.
     // A kill that lands while a post already waits on the peer's spin lock, or while the peer
     // holds ours, is left to the lock breaker (shm_lock_breaker.hpp), which watches both regions.
     struct ShmPeer {
