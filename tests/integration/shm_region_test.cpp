@@ -313,7 +313,8 @@ bool survive_a_peer_killed_holding(HeldLock which) {
             // only catches a peer that is gone before it); with ours held, the post's completion
             // wakes our progress, which waits on our lock. Then the kill lands.
             std::thread poster([s] { (void)sg_session_notify(s, "stuck", 5); });
-            // Long enough for our progress to come round (keepalives) while the peer still lives.
+            // With ours held, past the breaker's second on our own region, so that at the kill only
+            // the peer's death is missing for it to act.
             std::this_thread::sleep_for(std::chrono::milliseconds(which == HeldLock::Ours ? 1500 : 200));
             kill(child, SIGKILL);
             poster.join();
@@ -329,7 +330,8 @@ bool survive_a_peer_killed_holding(HeldLock which) {
         sg_status_t st = SG_OK;
         char detail[256] = "";
         while (st == SG_OK && std::chrono::steady_clock::now() - start < std::chrono::seconds(15)) {
-            // Only the progress can learn of this loss (silence): no post of ours finds it first.
+            // No post from here: only the progress can find this loss (a keep-alive that meets the
+            // dead peer, or its silence), and only once nothing holds it on the lock.
             sg_session_error(s, &st, detail, sizeof detail);
             if (st == SG_OK) std::this_thread::sleep_for(std::chrono::milliseconds(20));
         }
