@@ -249,12 +249,16 @@ bool hold_region_lock_of(pid_t pid) {
 // Which lock the peer leaves held when it is killed.
 enum class HeldLock : char { Ours = 'O', Its = 'I' };
 
-// A peer process that connects to `port`, exchanges a message, takes the lock when `hold`, says so
-// on `to_parent` ('L'; 'S' when the region is not libfabric 1.17's; 'N' when told not to) and waits
-// to be killed.
-[[noreturn]] void run_lock_holding_peer(uint16_t port, HeldLock which, bool hold, int to_parent) {
+// A peer process: reads the port to connect to from `from_parent`, exchanges a message, takes the
+// lock when `hold`, says so on `to_parent` ('L'; 'S' when the region is not libfabric 1.17's; 'N'
+// when told not to) and waits to be killed. Forked before the test's own context exists: a child
+// forked after it inherits libfabric's list of this process's shm endpoints, takes the parent's for
+// its own, and talks to it by another path (under ASan, no message got across in 20 s).
+[[noreturn]] void run_lock_holding_peer(int from_parent, HeldLock which, bool hold, int to_parent) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     alarm(60);
+    uint16_t port = 0;
+    if (read(from_parent, &port, sizeof port) != ssize_t(sizeof port)) _exit(2);
     sg_context_t c = make_shm_context(60000);
     sg_session_options_t so;
     sg_session_options_init(&so);
@@ -279,6 +283,21 @@ void wedged(int) {
 bool survive_a_peer_killed_holding(HeldLock which) {
     signal(SIGALRM, wedged);
     alarm(45);
+    // Both peers first, then this side's context (run_lock_holding_peer says why).
+    pid_t children[2];
+    int port_pipes[2][2], said_pipes[2][2];
+    for (int round = 0; round < 2; ++round) {
+        EXPECT_EQ(pipe(port_pipes[round]), 0);
+        EXPECT_EQ(pipe(said_pipes[round]), 0);
+        children[round] = fork();
+        if (children[round] == 0) {
+            ::close(port_pipes[round][1]);
+            ::close(said_pipes[round][0]);
+            run_lock_holding_peer(port_pipes[round][0], which, round == 0, said_pipes[round][1]);
+        }
+        ::close(port_pipes[round][0]);
+        ::close(said_pipes[round][1]);
+    }
     sg_context_t c = make_shm_context(2000);
     if (!c) return true;
     sg_listener_t l = nullptr;
@@ -287,14 +306,9 @@ bool survive_a_peer_killed_holding(HeldLock which) {
     EXPECT_EQ(sg_listener_port(l, &port), SG_OK);
     bool layout_known = true;
     for (int round = 0; round < 2; ++round) {
-        int pipe_fds[2];
-        EXPECT_EQ(pipe(pipe_fds), 0);
-        const pid_t child = fork();
-        if (child == 0) {
-            ::close(pipe_fds[0]);
-            run_lock_holding_peer(port, which, round == 0, pipe_fds[1]);
-        }
-        ::close(pipe_fds[1]);
+        const pid_t child = children[round];
+        EXPECT_EQ(write(port_pipes[round][1], &port, sizeof port), ssize_t(sizeof port));
+        ::close(port_pipes[round][1]);
         sg_session_options_t so;
         sg_session_options_init(&so);
         sg_session_t s = nullptr;
@@ -304,8 +318,8 @@ bool survive_a_peer_killed_holding(HeldLock which) {
             EXPECT_EQ(wait_for_word(s, 10), SG_OK) << "no message from a new peer after the first was killed";
         }
         char said = 0;
-        EXPECT_EQ(read(pipe_fds[0], &said, 1), 1);
-        ::close(pipe_fds[0]);
+        EXPECT_EQ(read(said_pipes[round][0], &said, 1), 1);
+        ::close(said_pipes[round][0]);
         if (round == 0) layout_known = said == 'L';
         if (round == 0 && said == 'L') {
             // Something for our progress to do while the lock is held, as a busy session always
