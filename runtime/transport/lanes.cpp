@@ -532,6 +532,7 @@ class StripedTransport final : public Transport {
         void *cookie = nullptr;
         uint32_t lane = 0;
         bool framed_data = false;  // a numbered message: kept until acked, sent again on failover
+        bool moved = false;        // a write already moved once off a lane that failed it
         std::unique_ptr<OwnCookie> own;  // set for the transport's own sends: no event goes up
     };
 
@@ -795,6 +796,14 @@ class StripedTransport final : public Transport {
         if (!is_connection_error(status)) {
             // This operation's own failure (a protection error, say): the transfer's, not the lane's.
             fail_op(std::move(op), status, text);
+            return;
+        }
+        if (!op.send && op.moved) {
+            // The second lane this write breaks: the write is the cause (a target that refuses it
+            // closes the connection, as the tcp provider does for a key it does not know), so it
+            // fails by itself and costs no further lane. A lane that broke for another reason
+            // shows it with its other operations.
+            fail_op(std::move(op), status, text + " (the write failed on a second lane: given up, that lane kept)");
             return;
         }
         const PeerAddr id = op.peer;
@@ -1155,6 +1164,7 @@ class StripedTransport final : public Transport {
                     failures.push_back(std::move(*it));
                 } else {
                     p.outstanding[size_t(best)] += it->op.bytes;
+                    it->op.moved = true;
                     moves.emplace_back(std::move(it->op), best);
                 }
                 it = held_.erase(it);
