@@ -167,9 +167,6 @@ bool is_smartgen_region_name(const char *name) {
     return *p == '\0';
 }
 
-// True when nobody holds the shared lock a live SmartGen endpoint keeps on its region (the region's
-// process is gone); the caller then holds the region's lock exclusively.
-bool region_owner_gone(int fd) { return flock(fd, LOCK_EX | LOCK_NB) == 0; }
 
 // Removes regions of SmartGen shm endpoints whose processes are gone. Best effort: a region
 // another user owns, or one that disappears meanwhile, is skipped. Returns how many were removed.
@@ -185,7 +182,7 @@ size_t reap_orphaned_shm_regions() {
         struct stat st {};
         const bool old_enough = fstat(fd, &st) == 0 && st.st_uid == geteuid() &&
                                 now - st.st_mtime >= kShmReapAgeSeconds;
-        if (old_enough && region_owner_gone(fd) && shm_unlink(entry->d_name) == 0) ++removed;
+        if (old_enough && shm::region_owner_gone(fd) && shm_unlink(entry->d_name) == 0) ++removed;
         ::close(fd);
     }
     closedir(dir);
@@ -648,7 +645,7 @@ class LibfabricTransport final : public Transport {
         if (shm_lock_fd_ < 0) return;
         std::lock_guard lock(shm_peers_mu_);
         auto it = shm_peers_.find(peer);
-        if (it == shm_peers_.end() || !region_owner_gone(it->second.fd)) return;
+        if (it == shm_peers_.end() || !shm::region_owner_gone(it->second.fd)) return;
         flock(it->second.fd, LOCK_UN);  // a region whose owner is gone is the next reaper's to remove
         fail(SG_ERR_PEER_LOST,
              "the peer's shm endpoint is gone: the process that held region " + it->second.region + " has exited");

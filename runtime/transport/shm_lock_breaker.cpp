@@ -57,9 +57,9 @@ struct Region {
     Clock::time_point next_check{};
 };
 
-// True when nobody holds the shared flock a live SmartGen endpoint keeps on its region.
+// region_owner_gone, leaving the flock as it was: the breaker only looks.
 bool owner_gone(int fd) {
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) return false;
+    if (!region_owner_gone(fd)) return false;
     flock(fd, LOCK_UN);
     return true;
 }
@@ -234,5 +234,6 @@ void unwatch_region(uint64_t token) {
     if (token) breaker().unwatch(token);
 }
 uint64_t locks_released() { return breaker().released(); }
+bool region_owner_gone(int fd) { return flock(fd, LOCK_EX | LOCK_NB) == 0; }
 
 }  // namespace sg::transport::shm

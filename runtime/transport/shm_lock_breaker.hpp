@@ -1,5 +1,6 @@
 // Internal to runtime/transport (libfabric.cpp): releases spin locks that a killed process left
-// held in a libfabric 1.17 shm region.
+// held in a libfabric 1.17 shm region, and tells whether a SmartGen shm region's owner is gone
+// (the test the breaker, the reaper and each post to a shm peer share).
 //
 // libfabric 1.17's shm provider guards each endpoint's command queue with a pthread spin lock that
 // lives in the endpoint's shared region. A poster takes the *target's* lock; the owner takes its
@@ -31,6 +32,10 @@ namespace sg::transport::shm {
 // header is not one this breaker understands (then nothing is watched).
 uint64_t watch_region(const std::string &name, bool own);
 void unwatch_region(uint64_t token);
+
+// True when nobody holds the shared flock a live SmartGen endpoint keeps on its region (the
+// region's process is gone); the caller then holds the region's flock exclusively.
+bool region_owner_gone(int fd);
 
 // Locks released since the process started (for tests and diagnostics).
 uint64_t locks_released();
