@@ -193,7 +193,9 @@ class Breaker {
     }
 
     void release(Region &r) {
-        pthread_spin_unlock(reinterpret_cast<pthread_spinlock_t *>(r.lock_word));
+        // What pthread_spin_unlock stores, without the call: the lock was taken in another process,
+        // and a sanitizer that intercepts the call reports an unlock of a lock it never saw taken.
+        __atomic_store_n(r.lock_word, unlocked_word_, __ATOMIC_RELEASE);
         r.held_since = {};
         released_.fetch_add(1, std::memory_order_relaxed);
     }
