@@ -8,6 +8,7 @@
 #include <cstring>
 #include <dirent.h>
 #include <list>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <unistd.h>
@@ -439,7 +440,40 @@ Resources sample(const std::vector<sg_context_t> &ctxs) {
     return r;
 }
 
+// "socket:[inode]" alone cannot tell a kept connection from a half-closed one: add the tcp state and
+// ports from /proc/net/tcp{,6} so the report says what each leftover socket is.
+static std::map<std::string, std::string> tcp_sockets() {
+    static const char *const states[] = {"?",         "ESTABLISHED", "SYN_SENT", "SYN_RECV", "FIN_WAIT1", "FIN_WAIT2",
+                                         "TIME_WAIT", "CLOSE",       "CLOSE_WAIT", "LAST_ACK", "LISTEN",  "CLOSING"};
+    std::map<std::string, std::string> out;
+    for (const char *path : {"/proc/self/net/tcp", "/proc/self/net/tcp6"}) {
+        FILE *f = std::fopen(path, "r");
+        if (!f) continue;
+        char line[512];
+        if (!std::fgets(line, sizeof line, f)) {  // header
+            std::fclose(f);
+            continue;
+        }
+        while (std::fgets(line, sizeof line, f)) {
+            char local[64], remote[64];
+            unsigned state = 0;
+            unsigned long long inode = 0;
+            if (std::sscanf(line, " %*d: %63s %63s %x %*s %*s %*s %*s %*s %llu", local, remote, &state, &inode) != 4)
+                continue;
+            auto port = [](const char *a) {
+                const char *colon = std::strrchr(a, ':');
+                return colon ? std::to_string(std::strtoul(colon + 1, nullptr, 16)) : std::string("?");
+            };
+            out["socket:[" + std::to_string(inode) + "]"] =
+                std::string(" tcp ") + (state < 12 ? states[state] : "?") + " " + port(local) + "->" + port(remote);
+        }
+        std::fclose(f);
+    }
+    return out;
+}
+
 std::vector<std::pair<int, std::string>> fd_table() {
+    const auto tcp = tcp_sockets();
     std::vector<std::pair<int, std::string>> out;
     DIR *d = opendir("/proc/self/fd");
     if (!d) return out;
@@ -450,7 +484,8 @@ std::vector<std::pair<int, std::string>> fd_table() {
         std::snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
         ssize_t n = readlink(path, target, sizeof target - 1);
         target[n > 0 ? n : 0] = 0;
-        out.push_back({std::atoi(e->d_name), target});
+        auto t = tcp.find(target);
+        out.push_back({std::atoi(e->d_name), t == tcp.end() ? std::string(target) : target + t->second});
     }
     closedir(d);
     std::sort(out.begin(), out.end());

@@ -72,8 +72,8 @@ const char *session_provider(const char *p) { return std::strcmp(p, "tcp") == 0 
 
 std::string res_line(const char *tag, const Resources &r) {
     char b[128];
-    std::snprintf(b, sizeof b, "%s %llu %llu %llu", tag, (unsigned long long)r.rss, (unsigned long long)r.fds,
-                  (unsigned long long)r.registrations);
+    std::snprintf(b, sizeof b, "%s %llu %llu %llu %llu", tag, (unsigned long long)r.rss, (unsigned long long)r.fds,
+                  (unsigned long long)r.registrations, (unsigned long long)r.kept_fds_allowed);
     return b;
 }
 
@@ -318,7 +318,28 @@ int run_worker(const Config &cfg) {
     for (Local &L : locals) threads.emplace_back(main_session, std::cref(cfg), prefill, std::ref(L), int(locals.size()));
     for (auto &t : threads) t.join();
 
-    const Resources end = sample(ctxs);
+    // Each tcp context may keep one connection per lane to its live peer context (finding 2).
+    uint64_t kept_fds_allowed = 0;
+    for (Local &L : locals) {
+        sg_context_stats_t st;
+        sg_context_stats_init(&st);
+        if (std::strcmp(L.provider, "tcp") == 0 && sg_context_stats(L.ctx, &st) == SG_OK) kept_fds_allowed += st.lanes;
+    }
+    // The connections of a session lost to a killed peer close on the provider's progress, which may
+    // come after the session's last call returned (under ASan, a fresh-clone CI run sampled one such
+    // socket still open): give them a few seconds before the end is sampled. A descriptor that
+    // leaked stays, and fails the run as before.
+    Resources end = sample(ctxs);
+    const uint64_t settle_start = now_ns();
+    while (end.fds > base.fds + kept_fds_allowed && now_ns() - settle_start < 5'000'000'000ull) {
+        sleep_ms(100);
+        end = sample(ctxs);
+    }
+    if (now_ns() - settle_start > 50'000'000ull)
+        emit_line("INFO descriptors took " + std::to_string((now_ns() - settle_start) / 1'000'000) +
+                  " ms to come back within the allowance (" + std::to_string(end.fds) + " at the end, baseline " +
+                  std::to_string(base.fds) + " + " + std::to_string(kept_fds_allowed) + ")");
+    end.kept_fds_allowed = kept_fds_allowed;
     if (end.fds != base.fds) {  // name what differs, for the report
         const auto end_fds = fd_table();
         for (auto &f : end_fds)
