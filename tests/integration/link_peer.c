@@ -3,7 +3,11 @@
  *   link_peer prefill LOCAL_ADDR PEER_ADDR PORT  connects, posts "link", writes layer 0, waits
  * Each prints "READY" once layer 0 is across, then waits for the transfer to end. It exits 0 only
  * when the transfer fails with SG_ERR_PEER_LOST within 3 s of the link going down (the script
- * signals that moment by writing a line to our stdin), and prints the time it took. */
+ * signals that moment by writing a line to our stdin), and prints the time it took.
+ * Under a sanitizer the bound is the runtime's own cap, four peer timeouts (8.5 s): the silence a
+ * peer is allowed grows with the gaps this host's progress shows (docs/protocol.md 4.10), and
+ * ThreadSanitizer on two busy cores shows gaps of a second (CI: PEER_LOST after 3.36 s, allowed
+ * 3.34 s after gaps of 1.11 s). */
 #define _POSIX_C_SOURCE 200809L
 #include <smartgen/smartgen.h>
 
@@ -54,7 +58,12 @@ int main(int argc, char **argv) {
     if (!fgets(line, sizeof line, stdin)) return 1; /* the script took the link down */
     const double t0 = now_s();
     if (prefill) CHECK(sg_transfer_layer_written(x, 1, NULL), "layer 1"); /* work toward a dead link */
-    const sg_status_t st = sg_transfer_wait(x, 5 * NS);
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+    const double bound_s = 8.5;
+#else
+    const double bound_s = 3.0;
+#endif
+    const sg_status_t st = sg_transfer_wait(x, 10 * NS);
     const double took = now_s() - t0;
     sg_status_t se = SG_OK;
     sg_session_error(s, &se, NULL, 0);
@@ -63,5 +72,5 @@ int main(int argc, char **argv) {
     sg_session_destroy(s);
     sg_kv_deregister(kv);
     sg_context_destroy(ctx);
-    return (st == SG_ERR_PEER_LOST && se == SG_ERR_PEER_LOST && took < 3.0) ? 0 : 1;
+    return (st == SG_ERR_PEER_LOST && se == SG_ERR_PEER_LOST && took < bound_s) ? 0 : 1;
 }

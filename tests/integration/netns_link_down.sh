@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A prefill and a decode process in two network namespaces joined by a veth pair
 # (198.51.100.0/24, made here and removed on exit). Once layer 0 is across, the link is taken down
-# with `ip link set down`; both survivors must report SG_ERR_PEER_LOST within 3 s.
+# with `ip link set down`; both survivors must report SG_ERR_PEER_LOST within 3 s (within the
+# runtime's cap of four peer timeouts under a sanitizer: link_peer.c).
 # Exit 77 (ctest: skipped) when namespaces cannot be made here (netns_pair.sh).
 set -euo pipefail
 peer_bin=$1
