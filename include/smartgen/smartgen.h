@@ -369,7 +369,9 @@ typedef struct sg_context_options {
      * a session's writes are striped over (the one that has least outstanding to that peer takes
      * the next write, so a faster lane carries more); control messages keep to lane 0 and a layer's
      * notice still never overtakes its data. A write that fails on a lane is moved to the others
-     * (sg_context_stats: lane_failovers). Since 0.5, with a 0.5 peer, losing lane 0 loses nothing
+     * (sg_context_stats: lane_failovers), only once the peer has closed its connection on that
+     * lane, so no first copy lands after the moved one (wire 1.6); with a peer of an older wire
+     * minor such a write fails instead. Since 0.5, with a 0.5 peer, losing lane 0 loses nothing
      * either: the session's messages move to a live lane, those the peer had not acknowledged are
      * sent again and delivered once, and the peer is told at once; only losing every lane loses
      * the session. 0 = the default: the number of

@@ -110,7 +110,10 @@ Session::Session(Context *c, const wire::Hello &hello, const sg_session_options_
     std::vector<std::vector<uint8_t>> lanes;  // the peer's lanes on this provider, lane 0 first
     for (size_t k = peer_ep; k < hello.endpoints.size(); ++k)
         if (hello.endpoints[k].provider == provider) lanes.push_back(hello.endpoints[k].address);
-    peer = tp->insert_peer_lanes(lanes, hello.proto_minor >= 5);
+    using LaneProtocol = transport::Transport::LaneProtocol;
+    peer = tp->insert_peer_lanes(lanes, hello.proto_minor >= 6   ? LaneProtocol::Fencing
+                                        : hello.proto_minor >= 5 ? LaneProtocol::Framed
+                                                                 : LaneProtocol::Plain);
     // Staging areas come on first use, by role (Session::offer_staging, Session::ensure_send_staging):
     // a session that only posts never receives staged writes, one that only expects never packs.
     free_send_slots = (1u << StagingArea::kSlots) - 1;

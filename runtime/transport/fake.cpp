@@ -40,6 +40,7 @@ struct Op {
     uint64_t ready_at = 0;            // the target's poll count from which it may land
     bool early = false;               // completes at the initiator's next poll, before it lands
     bool completed = false;           // its completion is queued already (early)
+    bool late = false;                // its link dropped: it lands anyway (Knobs::late_landing_polls)
 };
 
 struct Completion {
@@ -130,7 +131,20 @@ struct Fabric::State {
     void fail_cut_ops() {
         for (auto it = ops.begin(); it != ops.end();) {
             const bool initiator_gone = !alive(it->from);
+            if (it->late && alive(it->to)) {  // in the target's socket already: only its fence stops it
+                ++it;
+                continue;
+            }
             if (!cut(it->from, it->to) || (knobs.local_only && !initiator_gone)) {
+                ++it;
+                continue;
+            }
+            if (knobs.late_landing_polls && !it->send && alive(it->from) && alive(it->to)) {
+                snapshot(*it);  // the bytes left the initiator before the link dropped
+                if (!it->completed) complete(*it, -ECONNRESET, "fake: connection reset by peer");
+                it->completed = true;
+                it->late = true;
+                it->ready_at = endpoints[it->to].polls + knobs.late_landing_polls;
                 ++it;
                 continue;
             }

@@ -60,6 +60,10 @@ struct Knobs {
     double broken_posts_throw = 0.5; // chance, per broken link, that later posts throw (else they
                                      // are taken and fail at completion, as rxm does either way)
     uint32_t max_events_per_poll = 64;
+    // TCP's late landing: a write whose link drops before it landed fails at its initiator at once,
+    // yet (its bytes already in the target's socket) lands this many polls of the target later,
+    // unless the target fences the initiator first (Transport::fence). 0: it never lands.
+    uint32_t late_landing_polls = 0;
     bool refuse_device_memory = false;  // hmem: register_device_memory fails (as fi_mr_regattr may)
 };
 

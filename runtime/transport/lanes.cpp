@@ -16,13 +16,21 @@
 //   on lanes > 0 ask for delivery completion and this transport reports no send-after-write
 //   ordering, so the runtime sends a layer's notice only once its writes have completed (lane 0's
 //   own writes are ordered before its notices by the provider, as on a plain endpoint).
-// - A write that fails on a lane marks that lane failed for that peer and waits until the peer
-//   shows it is alive on another lane (a completion there since), then is posted again on a live
-//   lane: the same bytes to the same place, so the transfer stays byte-exact, and the runtime sees
-//   one completion. This assumes a connection-class error (reset, EIO, ...) means the first copy
-//   will not land later: true of a TCP connection once reset, which is what fails a lane here.
-//   Other errors fail the write as on a plain endpoint. Every lane's writes ask for delivery
-//   completion, so a write reported complete has landed and a lane that breaks later loses none.
+// - A lane given up for a peer (an error of ours, or the peer's notice) is fenced here: its
+//   connection to that peer closes (Transport::fence on that lane's endpoint), so nothing the peer
+//   sent on it lands from then on. A broken connection does not stop the receiver by itself: the
+//   tcp provider checks a write's key once, when its header arrives, and goes on copying the rest
+//   from the socket, whose queue a reset does not purge.
+// - A write that fails on a lane with a connection error is held; whichever side gives a lane up
+//   tells the other (LaneLost), and each side, once its own connection on the lane is closed,
+//   answers LaneFenced (wire 1.6). The held write is posted again on a live lane only after the
+//   peer's LaneFenced says its connection closed: the same bytes to the same place, so the
+//   transfer stays byte-exact, the runtime sees one completion, and no late first copy can land
+//   after the second (in a staging slot the runtime has reused, say). Without the answer within
+//   kFenceWaitNs, with a peer that cannot fence (1.5 and older), or for a write that already moved
+//   once, the write fails instead. Other errors fail the write as on a plain endpoint. Every lane's
+//   writes ask for delivery completion, so a write reported complete has landed and a lane that
+//   breaks later loses none.
 // - Messages to a peer that frames its own (a 0.5 peer: wire minor 1.5) travel in an envelope:
 //   a sequence number per (sender, peer), cumulative acks from the receiver, and lane-loss notices.
 //   The sender keeps every message until it is acked. When the lane carrying a peer's messages
@@ -70,11 +78,13 @@ struct LaneRegistrations {
 // origin names the sender (a hash of its lane-0 address: the receiver knows its peers by those),
 // nonce the sending transport's life (a restarted process at the same address starts afresh), and
 // stream the sender's peer entry for the receiver. Data carries seq and a runtime message after
-// the envelope; Ack acks every seq up to its own; LaneLost says the sender gave up `lane`.
+// the envelope; Ack acks every seq up to its own; LaneLost says the sender gave up `lane`;
+// LaneFenced (1.6) says the sender's connection on `lane` to the receiver is closed, seq 1, or that
+// it could not close it (another of its sessions with the receiver shares it), seq 0.
 // A runtime frame starts with 'SGW1', so a receiver tells framed from plain by the first word.
 constexpr uint32_t kLaneMagic = 0x314C4753u;  // "SGL1"
 constexpr size_t kEnvelopeBytes = 40;
-enum class FrameKind : uint8_t { Data = 1, Ack = 2, LaneLost = 3 };
+enum class FrameKind : uint8_t { Data = 1, Ack = 2, LaneLost = 3, LaneFenced = 4 };
 
 struct Envelope {
     FrameKind kind = FrameKind::Data;
@@ -227,11 +237,11 @@ class StripedTransport final : public Transport {
 
     PeerAddr insert_peer(std::span<const uint8_t> address) override {
         std::vector<std::vector<uint8_t>> one{std::vector<uint8_t>(address.begin(), address.end())};
-        return insert_peer_lanes(one, false);
+        return insert_peer_lanes(one, LaneProtocol::Plain);
     }
 
     // Lane i talks to the peer's lane i; lanes beyond the shorter side's count stay unused for it.
-    PeerAddr insert_peer_lanes(std::span<const std::vector<uint8_t>> addresses, bool peer_frames_lanes) override {
+    PeerAddr insert_peer_lanes(std::span<const std::vector<uint8_t>> addresses, LaneProtocol peer_protocol) override {
         if (addresses.empty()) fail(SG_ERR_PROTOCOL, "the peer named no endpoint");
         open_endpoints();
         const size_t n = std::min(addresses.size(), lanes_.size());
@@ -251,10 +261,12 @@ class StripedTransport final : public Transport {
         peer->failed.assign(n, false);
         for (size_t i = 0; i < n; ++i) peer->failed[i] = lanes_[i]->broken.load();
         peer->outstanding.assign(n, 0);
-        peer->last_ok_ns.assign(n, 0);
+        peer->told_lost.assign(n, false);
+        peer->peer_fence.assign(n, PeerFence::Unknown);
         // Framed copies are this transport's own memory, which a provider wanting local
         // descriptors could not send.
-        peer->framed = peer_frames_lanes && n > 1 && !caps_.needs_local_desc;
+        peer->framed = peer_protocol != LaneProtocol::Plain && n > 1 && !caps_.needs_local_desc;
+        peer->fences = peer->framed && peer_protocol == LaneProtocol::Fencing;
         peer->origin = address_hash(addresses[0]);
         for (size_t i = 0; i < n && peer->failed[peer->control]; ++i) peer->control = i;
         std::lock_guard lock(peers_mu_);
@@ -422,6 +434,7 @@ class StripedTransport final : public Transport {
     size_t poll(CompletionSink &sink) override {
         for (size_t i = 0; i < lanes_.size(); ++i)
             if (lanes_[i]->inline_driven) drive_lane(i);
+        run_lane_fences();
         resolve_held();
         send_acks(false);
         uint64_t drained;
@@ -457,7 +470,7 @@ class StripedTransport final : public Transport {
         if (send_acks(true)) return false;
         {
             std::lock_guard lock(peers_mu_);
-            if (!held_.empty()) return false;  // poll() decides their fate on a clock
+            if (!held_.empty() || !lane_fences_.empty()) return false;  // poll()'s to settle, held ones on a clock
         }
         {
             std::lock_guard lock(events_mu_);
@@ -505,9 +518,10 @@ class StripedTransport final : public Transport {
 
   private:
     static constexpr uint32_t kMaxLanes = 16;
-    // How long a write that failed on one lane waits for the peer to show it is alive elsewhere
-    // before it moves anyway. A dead peer fails lane 0 (or the whole session) well within it.
-    static constexpr uint64_t kFailoverWaitNs = 200000000;
+    // How long a write that broke its lane waits for the peer's LaneFenced before it fails. The
+    // answer takes one round trip on a live lane; a peer that died is lost (and the write failed)
+    // by its peer timeout, which this outlasts on a busy host too.
+    static constexpr uint64_t kFenceWaitNs = 5000000000ull;
     // How long messages to a peer given up still try to leave (a Bye's answer behind a full queue).
     static constexpr uint64_t kDeadSendGraceNs = 1000000000;
     // A receiver acks after this many messages even while busy (and always before it sleeps).
@@ -536,16 +550,20 @@ class StripedTransport final : public Transport {
         std::unique_ptr<OwnCookie> own;  // set for the transport's own sends: no event goes up
     };
 
+    enum class PeerFence : uint8_t { Unknown, Closed, Open };  // the peer's connection on a lane
+
     struct Peer {
         std::vector<PeerAddr> addr;  // per lane, in that lane's address vector
         std::vector<bool> failed;
         std::vector<uint64_t> outstanding;  // bytes posted and not completed, per lane
-        std::vector<uint64_t> last_ok_ns;   // when a lane last completed something for this peer
+        std::vector<bool> told_lost;        // a LaneLost for the lane went to the peer
+        std::vector<PeerFence> peer_fence;  // what the peer's LaneFenced said of each lane
         bool removed = false;
         bool dead = false;  // no lane left, or the runtime gave the peer up: no write moves to it now
         uint64_t dead_ns = 0;
         bool fenced = false;  // every lane's connection to it closed (fence): nothing more is posted
         bool framed = false;  // both sides frame messages (envelope above)
+        bool fences = false;  // and the peer answers LaneLost with LaneFenced (1.6)
         uint64_t origin = 0;  // address_hash of its lane 0: how its envelopes name it
         size_t control = 0;   // the lane its messages and urgent writes go on
         uint64_t next_seq = 0;
@@ -570,8 +588,8 @@ class StripedTransport final : public Transport {
         uint64_t early_bytes = 0;
     };
 
-    // A write that failed on a lane > 0, waiting to learn whether only that lane broke (then it
-    // moves) or the peer died (then its error goes up as it is).
+    // A write that broke its lane, waiting for the peer's LaneFenced for that lane (then it moves)
+    // or its loss (then its error goes up as it is). op.lane is the lane it was posted on.
     struct Held {
         Op op;
         int status = 0;
@@ -713,6 +731,17 @@ class StripedTransport final : public Transport {
                 fail_op(std::move(op), -ECANCELED, "the peer is gone");
                 continue;
             }
+            if (!op.send) {
+                bool lane_failed;
+                {
+                    std::lock_guard lock(peers_mu_);
+                    lane_failed = lane_index < p->failed.size() && p->failed[lane_index];
+                }
+                if (lane_failed) {  // given up since it was queued: never posted, so it moves
+                    reroute_unposted(std::move(op));
+                    continue;
+                }
+            }
             if (op.framed_data || op.own) {
                 // Sent again on the new control lane when this one broke: this copy stays home.
                 bool lane_failed;
@@ -785,10 +814,6 @@ class StripedTransport final : public Transport {
         }
         if (status == 0) {
             if (!op.send) lane.bytes_completed.fetch_add(op.bytes, std::memory_order_relaxed);
-            {
-                std::lock_guard lock(peers_mu_);
-                if (op.peer < peers_.size()) peers_[op.peer]->last_ok_ns[lane_index] = now_ns();
-            }
             if (!op.own) push_completion(cookie);
             return;
         }
@@ -807,10 +832,11 @@ class StripedTransport final : public Transport {
             return;
         }
         const PeerAddr id = op.peer;
-        bool framed = false;
+        bool framed = false, fences = false;
         {
             std::lock_guard lock(peers_mu_);
             framed = id < peers_.size() && peers_[id]->framed && !peers_[id]->replay_incomplete;
+            fences = framed && peers_[id]->fences;
         }
         if (!framed && (op.send || lane_index == 0)) {
             // An older peer's messages travel on lane 0 alone: its failure is the session's.
@@ -828,10 +854,21 @@ class StripedTransport final : public Transport {
             }
             return;
         }
+        if (!fences) {
+            // Its first copy may still land, and a peer that cannot fence cannot say when it no
+            // longer can: the write fails rather than land twice (the session goes on).
+            fail_op(std::move(op), status, text + " (its lane broke; the peer cannot confirm the lane is fenced, so "
+                                                  "the write is not sent again)");
+            if (!live_lane_left) kill_peer(id, status, text);
+            return;
+        }
         {
             std::lock_guard lock(peers_mu_);
             Peer *p = id < peers_.size() ? peers_[id].get() : nullptr;
             if (p && !p->removed && !p->dead && live_lane_left) {
+                // The peer learnt of the lane from us (lose_lane above) or told us itself; either
+                // way it answers a LaneLost of ours, which it may not have had yet.
+                if (!p->told_lost[lane_index]) tell_lane_lost(id, *p, lane_index);
                 held_.push_back({std::move(op), status, text, now_ns()});
                 wake_caller();  // poll() decides its fate
                 return;
@@ -839,6 +876,24 @@ class StripedTransport final : public Transport {
         }
         fail_op(std::move(op), status, text);
         if (!live_lane_left) kill_peer(id, status, text);
+    }
+
+    // With peers_mu_ held: a notice about `lane` (LaneLost, LaneFenced) goes to the peer on its
+    // control lane.
+    void send_lane_notice(PeerAddr id, const Peer &p, FrameKind kind, size_t lane, uint64_t seq = 0) {
+        Envelope e;
+        e.kind = kind;
+        e.lane = uint8_t(lane);
+        e.stream = id;
+        e.origin = origin_.load(std::memory_order_relaxed);
+        e.nonce = nonce_;
+        e.seq = seq;
+        enqueue(p.control, own_send(id, seal(e, {})));
+    }
+
+    void tell_lane_lost(PeerAddr id, Peer &p, size_t lane) {
+        p.told_lost[lane] = true;
+        send_lane_notice(id, p, FrameKind::LaneLost, lane);
     }
 
     // Gives up `lane` to a peer. If it carried the peer's messages, the first live lane takes them
@@ -856,7 +911,8 @@ class StripedTransport final : public Transport {
             if (!p.failed[lane]) {
                 p.failed[lane] = true;
                 lanes_lost_.fetch_add(1);
-            } else {
+                lane_fences_.emplace_back(id, lane);  // poll() closes our connection on it
+            } else if (p.told_lost[lane]) {
                 tell_peer = false;  // already done
             }
             int live = -1;
@@ -888,15 +944,7 @@ class StripedTransport final : public Transport {
                     enqueue(p.control, std::move(again));
                 }
             }
-            if (tell_peer && p.framed) {
-                Envelope e;
-                e.kind = FrameKind::LaneLost;
-                e.lane = uint8_t(lane);
-                e.stream = id;
-                e.origin = origin_.load(std::memory_order_relaxed);
-                e.nonce = nonce_;
-                enqueue(p.control, own_send(id, seal(e, {})));
-            }
+            if (tell_peer && p.framed) tell_lane_lost(id, p, lane);
         }
         for (void *c : done) push_completion(c);
         wake_caller();  // poll() posts on an inline lane
@@ -1027,11 +1075,79 @@ class StripedTransport final : public Transport {
                 if (it == by_origin_.end() || !peers_[it->second]->peer_nonce || peers_[it->second]->peer_nonce != e.nonce)
                     return;
                 id = it->second;
+                // Answered once our connection on the lane is closed, however often it is asked
+                // (the fence is idempotent): the peer may hold writes since our first answer.
+                if (peers_[id]->fences && e.lane < peers_[id]->failed.size() && peers_[id]->failed[e.lane])
+                    lane_fences_.emplace_back(id, e.lane);
             }
             lose_lane(id, e.lane, /*tell_peer=*/false);
+            wake_caller();
+            return;
+        }
+        case FrameKind::LaneFenced: {
+            std::lock_guard lock(peers_mu_);
+            auto it = by_origin_.find(e.origin);
+            if (it == by_origin_.end() || !peers_[it->second]->peer_nonce || peers_[it->second]->peer_nonce != e.nonce)
+                return;
+            Peer &p = *peers_[it->second];
+            if (!p.fences || e.lane >= p.peer_fence.size()) return;
+            p.peer_fence[e.lane] = e.seq == 1 ? PeerFence::Closed : PeerFence::Open;
+            wake_caller();  // poll() moves the writes held for it
             return;
         }
         }
+    }
+
+    // Closes our connection on each lane given up for a peer (lose_lane), each under its lane's
+    // lock, and tells a peer that fences whether it closed. On the caller's thread (poll), which
+    // holds no lane's lock.
+    void run_lane_fences() {
+        std::vector<std::pair<PeerAddr, size_t>> todo;
+        {
+            std::lock_guard lock(peers_mu_);
+            if (lane_fences_.empty()) return;
+            todo.swap(lane_fences_);
+        }
+        for (auto &[id, lane_index] : todo) {
+            PeerAddr addr;
+            {
+                std::lock_guard lock(peers_mu_);
+                const Peer &p = *peers_[id];
+                if (p.removed || lane_index >= p.addr.size()) continue;
+                addr = p.addr[lane_index];
+            }
+            Lane &lane = *lanes_[lane_index];
+            bool closed = false;
+            {
+                std::lock_guard lock(lane.mu);
+                // Writes queued on the lane and never posted have no first copy: they move.
+                for (Op &op : take_pending(lane, id, /*writes_only=*/true)) reroute_unposted(std::move(op));
+                if (lane.t) closed = lane.t->fence(addr);
+            }
+            std::lock_guard lock(peers_mu_);
+            Peer &p = *peers_[id];
+            if (!p.removed && !p.dead && p.fences) send_lane_notice(id, p, FrameKind::LaneFenced, lane_index, closed ? 1 : 0);
+        }
+    }
+
+    // A write that was queued on a lane given up before it was posted: no copy of it exists, so it
+    // goes to the live lane with the fewest bytes outstanding, or fails when none is left.
+    void reroute_unposted(Op op) {
+        int best = -1;
+        {
+            std::lock_guard lock(peers_mu_);
+            Peer &p = *peers_[op.peer];
+            p.outstanding[op.lane] -= std::min(p.outstanding[op.lane], op.bytes);
+            if (!p.dead && !p.removed)
+                for (size_t i = 0; i < p.addr.size(); ++i)
+                    if (!p.failed[i] && (best < 0 || p.outstanding[i] < p.outstanding[size_t(best)])) best = int(i);
+            if (best >= 0) p.outstanding[size_t(best)] += op.bytes;
+        }
+        if (best < 0) {
+            fail_op(std::move(op), -ECONNRESET, "every lane to the peer has failed");
+            return;
+        }
+        enqueue(size_t(best), std::move(op));
     }
 
     // With streams_mu_ held.
@@ -1134,8 +1250,9 @@ class StripedTransport final : public Transport {
         return taken;
     }
 
-    // Moves a held write once the peer shows it is alive on another lane (a completion there since
-    // the failure), or after kFailoverWaitNs without lane 0 failing; fails it if the peer died.
+    // Moves a held write once the peer's LaneFenced says its connection on the write's lane is
+    // closed (no late first copy can land after the second); fails it if the peer could not close
+    // it, did not answer within kFenceWaitNs, or died.
     void resolve_held() {
         std::vector<std::pair<Op, int>> moves;
         std::vector<Held> failures;
@@ -1145,15 +1262,18 @@ class StripedTransport final : public Transport {
             const uint64_t now = now_ns();
             for (auto it = held_.begin(); it != held_.end();) {
                 Peer &p = *peers_[it->op.peer];
-                if (p.dead || p.removed) {
+                const PeerFence fence = it->op.lane < p.peer_fence.size() ? p.peer_fence[it->op.lane] : PeerFence::Open;
+                if (p.dead || p.removed || fence == PeerFence::Open || now - it->since_ns >= kFenceWaitNs) {
+                    if (!p.dead && !p.removed)
+                        it->text += fence == PeerFence::Open
+                                        ? " (its lane broke and the peer could not close that connection: not sent again)"
+                                        : " (its lane broke and the peer did not confirm the lane fenced in time: not "
+                                          "sent again)";
                     failures.push_back(std::move(*it));
                     it = held_.erase(it);
                     continue;
                 }
-                bool alive_elsewhere = now - it->since_ns >= kFailoverWaitNs;
-                for (size_t i = 0; i < p.addr.size() && !alive_elsewhere; ++i)
-                    alive_elsewhere = !p.failed[i] && p.last_ok_ns[i] > it->since_ns;
-                if (!alive_elsewhere) {
+                if (fence != PeerFence::Closed) {
                     ++it;
                     continue;
                 }
@@ -1275,6 +1395,7 @@ class StripedTransport final : public Transport {
     std::mutex peers_mu_;  // a leaf
     std::vector<std::unique_ptr<Peer>> peers_;
     std::vector<Held> held_;  // under peers_mu_
+    std::vector<std::pair<PeerAddr, size_t>> lane_fences_;  // (peer, lane) for run_lane_fences; under peers_mu_
     std::mutex events_mu_;  // a leaf
     std::deque<Event> events_;
     int event_fd_ = -1;

@@ -148,11 +148,16 @@ class Transport {
     // fall back to the calls above. lane_addresses()[0] is local_address(); a peer that names only
     // its first lane (an older or single-lane peer) gets every operation on lane 0.
     virtual std::vector<std::vector<uint8_t>> lane_addresses() { return {local_address()}; }
-    // peer_frames_lanes: the peer's striped transport frames its messages (sequence numbers, acks,
-    // lane-loss notices; wire minor 1.5), so this side may frame its own and move a session's
-    // messages off a lane that breaks. An older peer gets plain messages on lane 0.
-    virtual PeerAddr insert_peer_lanes(std::span<const std::vector<uint8_t>> addresses, bool peer_frames_lanes) {
-        (void)peer_frames_lanes;
+    // What the peer's striped transport speaks (its wire minor, docs/protocol.md 3.1):
+    // - Plain (before 1.5): plain messages on lane 0 alone; lane 0's failure is the session's.
+    // - Framed (1.5): messages in the envelope (sequence numbers, acks, lane-loss notices), so a
+    //   session's messages move off a lane that breaks; a write that breaks a lane fails.
+    // - Fencing (1.6): also answers a lane-loss notice once it has closed its own connection on that
+    //   lane (LaneFenced), so a write that broke a lane is sent again on another, at most once, only
+    //   after no late copy of it can land.
+    enum class LaneProtocol : uint8_t { Plain, Framed, Fencing };
+    virtual PeerAddr insert_peer_lanes(std::span<const std::vector<uint8_t>> addresses, LaneProtocol peer_protocol) {
+        (void)peer_protocol;
         if (addresses.empty()) fail(SG_ERR_PROTOCOL, "the peer named no endpoint");
         return insert_peer(addresses[0]);
     }

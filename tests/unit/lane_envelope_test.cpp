@@ -67,10 +67,10 @@ void forged_ack_changes_nothing(bool own_origin, uint64_t seq) {
     // and writes its own.
     auto a = open(options(2)), b = open(options(2)), c = open(options(1)), c_lane1 = open(options(1));
     const auto a_lanes = a->lane_addresses(), b_lanes = b->lane_addresses();
-    const PeerAddr a_to_b = a->insert_peer_lanes(b_lanes, true);
-    (void)b->insert_peer_lanes(a_lanes, true);
+    const PeerAddr a_to_b = a->insert_peer_lanes(b_lanes, Transport::LaneProtocol::Fencing);
+    (void)b->insert_peer_lanes(a_lanes, Transport::LaneProtocol::Fencing);
     const std::vector<std::vector<uint8_t>> c_lanes = {c->local_address(), c_lane1->local_address()};
-    const PeerAddr a_to_c = a->insert_peer_lanes(c_lanes, true);
+    const PeerAddr a_to_c = a->insert_peer_lanes(c_lanes, Transport::LaneProtocol::Fencing);
     const PeerAddr c_to_a = c->insert_peer(a_lanes[0]);
     Messages at_a, at_b, at_c;
 
@@ -118,10 +118,10 @@ TEST(LaneEnvelope, RemovingAnOldEntryForAPeerKeepsTheNewSessionsStream) {
     fake::Fabric fabric(11, fake::Knobs{});
     auto a = open(options(2)), b = open(options(2));
     const auto a_lanes = a->lane_addresses(), b_lanes = b->lane_addresses();
-    (void)a->insert_peer_lanes(b_lanes, true);
-    const PeerAddr b_to_a_old = b->insert_peer_lanes(a_lanes, true);
-    const PeerAddr a_to_b_new = a->insert_peer_lanes(b_lanes, true);
-    (void)b->insert_peer_lanes(a_lanes, true);
+    (void)a->insert_peer_lanes(b_lanes, Transport::LaneProtocol::Fencing);
+    const PeerAddr b_to_a_old = b->insert_peer_lanes(a_lanes, Transport::LaneProtocol::Fencing);
+    const PeerAddr a_to_b_new = a->insert_peer_lanes(b_lanes, Transport::LaneProtocol::Fencing);
+    (void)b->insert_peer_lanes(a_lanes, Transport::LaneProtocol::Fencing);
     Messages at_a, at_b;
     const std::vector<std::string> before = {"one", "two"}, after = {"three", "four"};
     size_t cookie = 0;

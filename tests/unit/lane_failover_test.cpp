@@ -46,8 +46,8 @@ TEST(LaneFailover, AWriteTheTargetRefusesCostsOneLaneNotThePeer) {
     } catch (const std::exception &e) {
         GTEST_SKIP() << "no tcp provider with three lanes here: " << e.what();
     }
-    const PeerAddr a_to_b = a->insert_peer_lanes(b->lane_addresses(), true);
-    (void)b->insert_peer_lanes(a->lane_addresses(), true);
+    const PeerAddr a_to_b = a->insert_peer_lanes(b->lane_addresses(), Transport::LaneProtocol::Fencing);
+    (void)b->insert_peer_lanes(a->lane_addresses(), Transport::LaneProtocol::Fencing);
     std::vector<uint8_t> target(1 << 20, 0), source(256 * 1024, 0x5a);
     Registration reg = b->register_memory(target.data(), target.size(), 0x7e57);
     Registration src = a->register_memory(source.data(), source.size(), 0x50c);
