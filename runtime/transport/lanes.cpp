@@ -421,6 +421,7 @@ class StripedTransport final : public Transport {
             p->unacked_bytes += op.message.size();
             while (p->unacked_bytes > kMaxUnackedBytes) {
                 p->unacked_bytes -= p->unacked.front().second.size();
+                p->dropped_through = p->unacked.front().first;
                 p->unacked.pop_front();
                 p->replay_incomplete = true;
             }
@@ -569,7 +570,8 @@ class StripedTransport final : public Transport {
         uint64_t next_seq = 0;
         std::deque<std::pair<uint64_t, std::vector<uint8_t>>> unacked;  // (seq, sealed message)
         uint64_t unacked_bytes = 0;
-        bool replay_incomplete = false;  // copies were dropped (kMaxUnackedBytes)
+        bool replay_incomplete = false;  // copies were dropped (kMaxUnackedBytes) and not yet acked
+        uint64_t dropped_through = 0;    // the last seq whose copy was dropped
         uint64_t peer_nonce = 0;  // from its first numbered message: its notices must carry it
     };
 
@@ -828,7 +830,7 @@ class StripedTransport final : public Transport {
             // closes the connection, as the tcp provider does for a key it does not know), so it
             // fails by itself and costs no further lane. A lane that broke for another reason
             // shows it with its other operations.
-            fail_op(std::move(op), status, text + " (the write failed on a second lane: given up, that lane kept)");
+            fail_op(std::move(op), kLaneWriteGivenUp, text + " (the write failed on a second lane: given up, that lane kept)");
             return;
         }
         const PeerAddr id = op.peer;
@@ -857,8 +859,9 @@ class StripedTransport final : public Transport {
         if (!fences) {
             // Its first copy may still land, and a peer that cannot fence cannot say when it no
             // longer can: the write fails rather than land twice (the session goes on).
-            fail_op(std::move(op), status, text + " (its lane broke; the peer cannot confirm the lane is fenced, so "
-                                                  "the write is not sent again)");
+            fail_op(std::move(op), live_lane_left ? kLaneWriteGivenUp : status,
+                    text + " (its lane broke; the peer cannot confirm the lane is fenced, so the write is not sent "
+                           "again)");
             if (!live_lane_left) kill_peer(id, status, text);
             return;
         }
@@ -1063,6 +1066,9 @@ class StripedTransport final : public Transport {
                 p.unacked_bytes -= p.unacked.front().second.size();
                 p.unacked.pop_front();
             }
+            // Every dropped copy has arrived: a control lane that breaks from now on can send
+            // again all that is unacked, as before the drop.
+            if (p.replay_incomplete && e.seq >= p.dropped_through) p.replay_incomplete = false;
             return;
         }
         case FrameKind::LaneLost: {
@@ -1264,11 +1270,13 @@ class StripedTransport final : public Transport {
                 Peer &p = *peers_[it->op.peer];
                 const PeerFence fence = it->op.lane < p.peer_fence.size() ? p.peer_fence[it->op.lane] : PeerFence::Open;
                 if (p.dead || p.removed || fence == PeerFence::Open || now - it->since_ns >= kFenceWaitNs) {
-                    if (!p.dead && !p.removed)
+                    if (!p.dead && !p.removed) {
+                        it->status = kLaneWriteGivenUp;  // the lane's loss, not the session's
                         it->text += fence == PeerFence::Open
                                         ? " (its lane broke and the peer could not close that connection: not sent again)"
                                         : " (its lane broke and the peer did not confirm the lane fenced in time: not "
                                           "sent again)";
+                    }
                     failures.push_back(std::move(*it));
                     it = held_.erase(it);
                     continue;

@@ -7,6 +7,7 @@
 
 #include "common/common.hpp"
 
+#include <cerrno>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -188,6 +189,12 @@ class Transport {
 
 // Cookies handed to post_* start with provider context space.
 inline constexpr size_t kCookieBytes = 64;
+
+// The status of a write a striped transport gave up because its lane broke while the peer lives
+// (the peer could not confirm the lane fenced, or the write broke a second lane): the write's and
+// its transfer's failure, not the session's. A connection error (is_connection_error) loses the
+// session above, which only losing every lane may do.
+inline constexpr int kLaneWriteGivenUp = -ENOLINK;
 
 struct OpenOptions {
     std::string provider;    // canonical name; "" = best ranked for a remote peer

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -137,6 +138,48 @@ TEST(LaneEnvelope, RemovingAnOldEntryForAPeerKeepsTheNewSessionsStream) {
     b->remove_peer(b_to_a_old);
     send_and_read(after, 4);
     EXPECT_EQ(at_b.got, (std::vector<std::string>{"one", "two", "three", "four"}));
+}
+
+// A sender keeps at most 64 MiB of unacked messages for a peer; past that the oldest copies go,
+// and until they are acked a broken control lane cannot send everything again, so it loses the
+// peer. Once the peer has acked past every dropped copy, nothing is missing any more: a control
+// lane that breaks later must move the messages as before. The mark was never cleared, so one
+// burst past 64 MiB made every later control-lane failure lose the session.
+TEST(LaneEnvelope, OnceDroppedCopiesAreAckedAControlLaneBreakLosesNothing) {
+    fake::Fabric fabric(13, fake::Knobs{});
+    auto a = open(options(2)), b = open(options(2));
+    const auto a_lanes = a->lane_addresses(), b_lanes = b->lane_addresses();
+    const PeerAddr a_to_b = a->insert_peer_lanes(b_lanes, Transport::LaneProtocol::Fencing);
+    (void)b->insert_peer_lanes(a_lanes, Transport::LaneProtocol::Fencing);
+    Messages at_a, at_b;
+    // 340 messages of 200 KiB: 68 MiB posted before B reads any (the oldest copies are dropped).
+    const size_t burst = 340;
+    const std::string big(200 * 1024, 'x');
+    static std::vector<std::array<uint8_t, kCookieBytes>> burst_cookies(burst + 8);
+    for (size_t i = 0; i < burst; ++i)
+        ASSERT_EQ(a->post_send(a_to_b, big.data(), big.size(), nullptr, burst_cookies[i].data()), 0);
+    for (int i = 0; i < 5000 && at_b.got.size() < burst; ++i) {
+        a->poll(at_a);
+        b->poll(at_b);
+    }
+    ASSERT_EQ(at_b.got.size(), burst);
+    // B acks every 16 messages it delivers (the last ack covers 336, past every dropped copy);
+    // A takes the acks.
+    for (int i = 0; i < 20; ++i) {
+        b->poll(at_b);
+        a->poll(at_a);
+    }
+    at_b.got.clear();
+
+    fabric.drop_link(fake::Fabric::endpoint_id(a_lanes[0]), fake::Fabric::endpoint_id(b_lanes[0]));
+    const std::vector<std::string> after = {"after-1", "after-2", "after-3"};
+    for (size_t i = 0; i < after.size(); ++i)
+        ASSERT_EQ(a->post_send(a_to_b, after[i].data(), after[i].size(), nullptr, burst_cookies[burst + i].data()), 0);
+    for (int i = 0; i < 200 && at_b.got.size() < after.size(); ++i) {
+        a->poll(at_a);
+        b->poll(at_b);
+    }
+    EXPECT_EQ(at_b.got, after) << "the messages sent after lane 0 broke did not move to lane 1";
 }
 
 }  // namespace

@@ -68,6 +68,7 @@ TEST(LaneFailover, AWriteTheTargetRefusesCostsOneLaneNotThePeer) {
     const int refused = run_until(cookies[0]);
     ASSERT_NE(refused, 1) << "the refused write never completed";
     EXPECT_NE(refused, 0) << "a write with a key the target never gave out completed";
+    EXPECT_FALSE(sg::is_connection_error(refused)) << "the refused write's status would lose the session above";
     EXPECT_LE(a->lane_stats().lanes_lost, 1u) << "the refused write took more than the lane it first broke";
 
     // The peer is still there: a good write completes and lands.

@@ -153,6 +153,7 @@ TEST(LaneFence, WithAPeerThatCannotFenceTheWriteFailsAndNothingLandsLate) {
     const int st = p.run_until(p.at_a, cookies[0]);
     ASSERT_NE(st, 1) << "the write never completed";
     EXPECT_NE(st, 0) << "a write whose first copy may still land was sent again to a peer that cannot fence";
+    EXPECT_FALSE(sg::is_connection_error(st)) << "a write given up for its lane alone would lose the session above";
     EXPECT_EQ(p.a->lane_stats().failovers, 0u);
 
     std::memset(p.b_mem.data(), 0x55, kBytes);
@@ -182,6 +183,7 @@ TEST(LaneFence, AWriteWhoseLaneThePeerNeverConfirmsFencedFailsInTime) {
     const int st = p.at_a.status_of(cookies[0]);
     ASSERT_NE(st, 1) << "a write held for a fence that never came was never settled";
     EXPECT_NE(st, 0);
+    EXPECT_FALSE(sg::is_connection_error(st)) << "a write given up for its lane alone would lose the session above";
     EXPECT_GE(waited, 4.5) << "it failed before the peer had its time to answer";
     EXPECT_EQ(p.a->lane_stats().failovers, 0u);
 }
