@@ -315,8 +315,14 @@ class StripedTransport final : public Transport {
         }
         if (origin_still_used) return;
         std::lock_guard lock(streams_mu_);
-        for (auto it = streams_.begin(); it != streams_.end();)
-            it = it->first.origin == p->origin ? streams_.erase(it) : std::next(it);
+        for (auto it = streams_.begin(); it != streams_.end();) {
+            if (it->first.origin != p->origin) {
+                ++it;
+                continue;
+            }
+            early_bytes_all_ -= it->second.early_bytes;
+            it = streams_.erase(it);
+        }
     }
 
 
@@ -514,6 +520,9 @@ class StripedTransport final : public Transport {
         s.failovers = failovers_.load();
         s.lanes_lost = lanes_lost_.load();
         for (auto &lane : lanes_) s.bytes_per_lane.push_back(lane->bytes_completed.load());
+        std::lock_guard lock(streams_mu_);
+        s.streams = streams_.size();
+        s.early_bytes = early_bytes_all_;
         return s;
     }
 
@@ -534,6 +543,7 @@ class StripedTransport final : public Transport {
     // those a broken lane overtook: a few).
     static constexpr size_t kMaxReordered = 4096;
     static constexpr uint64_t kMaxReorderedBytes = 16ull << 20;
+    static constexpr uint64_t kMaxEarlyBytesAll = 64ull << 20;
     // Streams a receiver keeps state for beyond its peers' own.
     static constexpr size_t kMaxStreams = 1024;
 
@@ -1017,16 +1027,17 @@ class StripedTransport final : public Transport {
             const StreamKey key{e.origin, e.nonce, e.stream};
             auto found = streams_.find(key);
             if (found == streams_.end()) {
-                // Anyone who reaches the endpoint can name new streams: past kMaxStreams only a
-                // peer's own (by its origin) gets state; the rest go up unnumbered, like bare frames.
-                bool known;
+                // Anyone who reaches the endpoint can name new streams, and an origin is a hash of a
+                // public address: past kMaxStreams only a peer's own life (its origin and the nonce
+                // its first message carried) gets state; the rest go up unnumbered, like bare frames.
+                bool own;
                 {
                     std::lock_guard plock(peers_mu_);
                     auto it = by_origin_.find(e.origin);
-                    known = it != by_origin_.end();
-                    if (known && !peers_[it->second]->peer_nonce) peers_[it->second]->peer_nonce = e.nonce;
+                    if (it != by_origin_.end() && !peers_[it->second]->peer_nonce) peers_[it->second]->peer_nonce = e.nonce;
+                    own = it != by_origin_.end() && peers_[it->second]->peer_nonce == e.nonce;
                 }
-                if (!known && streams_.size() >= kMaxStreams) {
+                if (!own && streams_.size() >= kMaxStreams) {
                     Event ev;
                     ev.is_message = true;
                     ev.message.assign(bytes.begin() + kEnvelopeBytes, bytes.end());
@@ -1039,8 +1050,13 @@ class StripedTransport final : public Transport {
             if (e.seq <= st.delivered) return;  // a copy sent again that had arrived the first time
             if (e.seq > st.delivered + 1) {
                 const size_t len = bytes.size() - kEnvelopeBytes;
-                if (st.early.size() < kMaxReordered && st.early_bytes + len <= kMaxReorderedBytes) {
+                // Bounded per stream and for all streams together: a sender that forges streams
+                // (any nonce under a known origin) cannot make the transport hold more than
+                // kMaxEarlyBytesAll. Legitimately only the few messages a broken lane overtook wait.
+                if (st.early.size() < kMaxReordered && st.early_bytes + len <= kMaxReorderedBytes &&
+                    early_bytes_all_ + len <= kMaxEarlyBytesAll) {
                     st.early_bytes += len;
+                    early_bytes_all_ += len;
                     st.early.emplace(e.seq, std::vector<uint8_t>(bytes.begin() + kEnvelopeBytes, bytes.end()));
                 }
                 return;
@@ -1049,6 +1065,7 @@ class StripedTransport final : public Transport {
             for (auto it = st.early.begin(); it != st.early.end() && it->first <= st.delivered + 1;) {
                 if (it->first == st.delivered + 1) deliver(st, it->second);
                 st.early_bytes -= it->second.size();
+                early_bytes_all_ -= it->second.size();
                 it = st.early.erase(it);
             }
             if (st.owed >= kAckEvery) wake_caller();
@@ -1413,8 +1430,9 @@ class StripedTransport final : public Transport {
     std::atomic<uint64_t> origin_{0};  // lane 0's address hashed, once its endpoint is open
     uint64_t nonce_ = 0;
     std::unordered_map<uint64_t, PeerAddr> by_origin_;  // framed peers by their origin; under peers_mu_
-    std::mutex streams_mu_;  // taken before peers_mu_ and events_mu_, never while holding either
+    mutable std::mutex streams_mu_;  // taken before peers_mu_ and events_mu_, never while holding either
     std::map<StreamKey, Stream> streams_;
+    uint64_t early_bytes_all_ = 0;  // Stream::early_bytes over every stream; under streams_mu_
 };
 
 }  // namespace

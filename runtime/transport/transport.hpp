@@ -167,6 +167,8 @@ class Transport {
         uint64_t failovers = 0;    // writes moved off a failed lane and completed on another
         uint64_t lanes_lost = 0;   // (peer, lane) pairs given up after an error
         std::vector<uint64_t> bytes_per_lane;
+        uint64_t streams = 0;      // senders' message streams the envelope keeps state for
+        uint64_t early_bytes = 0;  // messages held until an earlier one of their stream arrives
     };
     virtual LaneStats lane_stats() const { return {}; }
     // The runtime has given up on this peer (its session is lost): operations the transport still

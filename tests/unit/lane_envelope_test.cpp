@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <string>
@@ -180,6 +181,54 @@ TEST(LaneEnvelope, OnceDroppedCopiesAreAckedAControlLaneBreakLosesNothing) {
         b->poll(at_b);
     }
     EXPECT_EQ(at_b.got, after) << "the messages sent after lane 0 broke did not move to lane 1";
+}
+
+// Anyone who reaches an endpoint can send envelopes, and an origin is a hash of a public address. A
+// forger that names a known peer's origin with fresh nonces, each message early (seq 2, so it
+// waits for a seq 1 that never comes), made the receiver keep a stream and up to 16 MiB for each
+// nonce without bound. Now streams past 1024 must be the peer's own life, and early messages of
+// every stream together are held to 64 MiB; the real peer's messages still arrive once.
+TEST(LaneEnvelope, ForgedStreamsUnderAKnownOriginHoldBoundedMemory) {
+    fake::Fabric fabric(17, fake::Knobs{});
+    auto v = open(options(2)), p = open(options(2)), forger = open(options(1));
+    const auto v_lanes = v->lane_addresses(), p_lanes = p->lane_addresses();
+    const PeerAddr p_to_v = p->insert_peer_lanes(v_lanes, Transport::LaneProtocol::Fencing);
+    (void)v->insert_peer_lanes(p_lanes, Transport::LaneProtocol::Fencing);
+    const PeerAddr forger_to_v = forger->insert_peer(v_lanes[0]);
+    Messages at_v, at_p, at_forger;
+    auto pump = [&] {
+        for (int i = 0; i < 4; ++i) {
+            p->poll(at_p);
+            forger->poll(at_forger);
+            v->poll(at_v);
+        }
+    };
+    const std::string first = "first";
+    ASSERT_EQ(p->post_send(p_to_v, first.data(), first.size(), nullptr, cookies[0]), 0);
+    pump();
+    ASSERT_EQ(at_v.got, std::vector<std::string>{first});
+
+    const uint64_t p_origin = fnv1a(p_lanes[0]);
+    std::vector<uint8_t> frame(40 + 60 * 1024, 0xee);
+    put_le(&frame[0], 0x314C4753u, 4);
+    frame[4] = 1;  // Data
+    put_le(&frame[16], p_origin, 8);
+    put_le(&frame[32], 2, 8);  // early: seq 1 of this "stream" never comes
+    const int forged = 3000;   // 176 MiB if each were kept
+    for (int i = 0; i < forged; ++i) {
+        put_le(&frame[24], 0x5eed0000ull + uint64_t(i), 8);  // a fresh nonce each time
+        ASSERT_EQ(forger->post_send(forger_to_v, frame.data(), frame.size(), nullptr, cookies[1 + i % 8]), 0);
+        if (i % 64 == 63) pump();
+    }
+    pump();
+    const auto stats = v->lane_stats();
+    EXPECT_LE(stats.streams, 1025u) << "forged streams got state past the bound";
+    EXPECT_LE(stats.early_bytes, uint64_t(64) << 20) << "forged early messages held past 64 MiB";
+
+    const std::string second = "second";
+    ASSERT_EQ(p->post_send(p_to_v, second.data(), second.size(), nullptr, cookies[9]), 0);
+    for (int i = 0; i < 50 && std::count(at_v.got.begin(), at_v.got.end(), second) == 0; ++i) pump();
+    EXPECT_EQ(std::count(at_v.got.begin(), at_v.got.end(), second), 1) << "the real peer's message did not arrive once";
 }
 
 }  // namespace
