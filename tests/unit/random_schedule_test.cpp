@@ -66,6 +66,11 @@ std::string run_schedule(uint64_t seed) {
         cfg.lanes = 1 + uint32_t(lane_rng.below(3));
         cfg.decode_lanes = 1 + uint32_t(lane_rng.below(3));
     }
+    // Late landings (issue 38), from a stream of their own too: in half the schedules a write whose
+    // link drops still lands up to 24 target polls later unless the target fenced the link first,
+    // as TCP does with what is already in the receiver's socket.
+    fake::Rng late_rng(seed ^ 0x6c617465ull);
+    k.late_landing_polls = late_rng.below(2) ? 1 + uint32_t(late_rng.below(24)) : 0;
     FakePair p(seed, cfg);
 
     const size_t n = 1 + rng.below(4);
@@ -198,6 +203,18 @@ std::string run_schedule(uint64_t seed) {
             why += x.id + " failed with " + std::to_string(x.expect->status) + " after the link broke; ";
     }
     if (!why.empty()) return why;  // torn down by nobody: what is stuck would hang release
+    // The oracle: a quiesced transfer's blocks are the host's again. It writes its own bytes over
+    // every decode pool and runs both contexts on past the latest late landing: nothing may change.
+    for (size_t i = 0; i < xs.size(); ++i) xs[i].dst->fill(0x0ac1e000 + seed * 8 + i);
+    p.run_until([] { return false; }, 2 * uint64_t(k.late_landing_polls) + 64);
+    for (size_t i = 0; i < xs.size(); ++i) {
+        HostPool expected(xs[i].dst->layers, xs[i].dst->blocks, xs[i].dst->head_dim);
+        expected.fill(0x0ac1e000 + seed * 8 + i);
+        if (expected.k != xs[i].dst->k || expected.v != xs[i].dst->v)
+            why += xs[i].id + ": its decode pool changed after the transfer quiesced (" +
+                   (k.late_landing_polls ? "late landings on" : "no late landings") + "); ";
+    }
+    if (!why.empty()) return why;
     for (auto &x : xs) {
         x.post->release();
         x.expect->release();
