@@ -1156,21 +1156,20 @@ class StripedTransport final : public Transport {
     // A write that was queued on a lane given up before it was posted: no copy of it exists, so it
     // goes to the live lane with the fewest bytes outstanding, or fails when none is left.
     void reroute_unposted(Op op) {
-        int best = -1;
+        Peer *p;
+        bool gone;
         {
             std::lock_guard lock(peers_mu_);
-            Peer &p = *peers_[op.peer];
-            p.outstanding[op.lane] -= std::min(p.outstanding[op.lane], op.bytes);
-            if (!p.dead && !p.removed)
-                for (size_t i = 0; i < p.addr.size(); ++i)
-                    if (!p.failed[i] && (best < 0 || p.outstanding[i] < p.outstanding[size_t(best)])) best = int(i);
-            if (best >= 0) p.outstanding[size_t(best)] += op.bytes;
+            p = peers_[op.peer].get();
+            p->outstanding[op.lane] -= std::min(p->outstanding[op.lane], op.bytes);
+            gone = p->dead || p->removed;
         }
-        if (best < 0) {
+        const int lane = gone ? -1 : pick_lane(*p, op.bytes);
+        if (lane < 0) {
             fail_op(std::move(op), -ECONNRESET, "every lane to the peer has failed");
             return;
         }
-        enqueue(size_t(best), std::move(op));
+        enqueue(size_t(lane), std::move(op));
     }
 
     // With streams_mu_ held.

@@ -77,6 +77,26 @@ def test_arrays_that_cannot_be_pools(key):
                             dtype="fp16")
 
 
+def _one_transfer_to_a_context_with(key, on_event, rid, check):
+    """Blocks 0, 1 posted into blocks 3, 4 of a decode context whose events go to on_event;
+    check(b, k, k2) runs once the decode side's wait returned, before either transfer is released."""
+    a = smartgen.Context("tcp", auth_key=key)
+    b = smartgen.Context("tcp", auth_key=key, on_event=on_event)
+    try:
+        sa, sb = connect(a, b)
+        k, v, k2, v2, pa, pb = exported((a, b, sa, sb))
+        x = sb.expect(rid, pb, [3, 4], 2 * TPB)
+        y = sa.post(rid, pa, [0, 1], 2 * TPB, all_layers_written=True)
+        x.wait(20)
+        check(b, k, k2)
+        y.wait(20)
+        x.release()
+        y.release()
+    finally:
+        b.close()
+        a.close()
+
+
 def test_a_callback_that_raises_costs_the_host_nothing(key, monkeypatch):
     reported = []
     monkeypatch.setattr("sys.unraisablehook", lambda u: reported.append(u.exc_type))
@@ -84,22 +104,11 @@ def test_a_callback_that_raises_costs_the_host_nothing(key, monkeypatch):
     def bad(event):
         raise RuntimeError("the host's bug")
 
-    a = smartgen.Context("tcp", auth_key=key)
-    b = smartgen.Context("tcp", auth_key=key, on_event=bad)
-    try:
-        sa, sb = connect(a, b)
-        k, v, k2, v2, pa, pb = exported((a, b, sa, sb))
-        x = sb.expect("cb", pb, [3, 4], 2 * TPB)
-        y = sa.post("cb", pa, [0, 1], 2 * TPB, all_layers_written=True)
-        x.wait(20)
-        y.wait(20)
+    def check(b, k, k2):
         assert np.array_equal(k2[:, [3, 4]], k[:, [0, 1]])
         assert b.callback_errors >= LAYERS + 1 and RuntimeError in reported
-        x.release()
-        y.release()
-    finally:
-        b.close()
-        a.close()
+
+    _one_transfer_to_a_context_with(key, bad, "cb", check)
 
 
 def test_a_wait_returns_once_every_callback_of_the_transfer_has_run(key):
@@ -112,21 +121,10 @@ def test_a_wait_returns_once_every_callback_of_the_transfer_has_run(key):
         time.sleep(0.15)
         seen.append(event.kind)
 
-    a = smartgen.Context("tcp", auth_key=key)
-    b = smartgen.Context("tcp", auth_key=key, on_event=slow)
-    try:
-        sa, sb = connect(a, b)
-        k, v, k2, v2, pa, pb = exported((a, b, sa, sb))
-        x = sb.expect("slow-cb", pb, [3, 4], 2 * TPB)
-        y = sa.post("slow-cb", pa, [0, 1], 2 * TPB, all_layers_written=True)
-        x.wait(20)
+    def check(b, k, k2):
         assert len(seen) >= LAYERS + 1, f"wait returned after {len(seen)} of the transfer's {LAYERS + 1} callbacks"
-        y.wait(20)
-        x.release()
-        y.release()
-    finally:
-        b.close()
-        a.close()
+
+    _one_transfer_to_a_context_with(key, slow, "slow-cb", check)
 
 
 def test_ctrl_c_interrupts_a_wait_and_the_transfer_can_still_be_released(pair):
