@@ -374,7 +374,9 @@ typedef struct sg_context_options {
      * minor such a write fails instead. Since 0.5, with a 0.5 peer, losing lane 0 loses nothing
      * either: the session's messages move to a live lane, those the peer had not acknowledged are
      * sent again and delivered once, and the peer is told at once; only losing every lane loses
-     * the session. 0 = the default: the number of
+     * the session. Since 0.5, with a peer of wire 1.7, a lane given up comes back once both sides
+     * have closed it twice, so a session survives any number of lane resets while one lane is up
+     * at a time. 0 = the default: the number of
      * addresses in local_addr when it names several, else 2 on tcp;ofi_rxm (measured: 1.5x the
      * bulk throughput of one on loopback) and 1 on other providers; the environment variable
      * SG_LANES, read at creation, overrides it. Writes under 256 KiB stay on lane 0.

@@ -111,7 +111,8 @@ Session::Session(Context *c, const wire::Hello &hello, const sg_session_options_
     for (size_t k = peer_ep; k < hello.endpoints.size(); ++k)
         if (hello.endpoints[k].provider == provider) lanes.push_back(hello.endpoints[k].address);
     using LaneProtocol = transport::Transport::LaneProtocol;
-    peer = tp->insert_peer_lanes(lanes, hello.proto_minor >= 6   ? LaneProtocol::Fencing
+    peer = tp->insert_peer_lanes(lanes, hello.proto_minor >= 7   ? LaneProtocol::Healing
+                                        : hello.proto_minor >= 6 ? LaneProtocol::Fencing
                                         : hello.proto_minor >= 5 ? LaneProtocol::Framed
                                                                  : LaneProtocol::Plain);
     // Staging areas come on first use, by role (Session::offer_staging, Session::ensure_send_staging):

@@ -6,6 +6,7 @@
 
 #include <rdma/fabric.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <deque>
@@ -68,6 +69,9 @@ struct Endpoint {
 struct Link {
     bool broken = false;
     bool posts_throw = false;  // after breaking: posts throw (else they fail at completion)
+    // Since it broke, which ends fenced the other (the lower endpoint id's, the higher's). Once
+    // both have, the next insert of one by the other connects anew, as TCP would: the link works.
+    bool fenced_lo = false, fenced_hi = false;
 };
 
 std::mutex g_install_mu;
@@ -242,6 +246,12 @@ class FakeTransport final : public Transport {
         const uint32_t peer = Fabric::endpoint_id(address);
         if (!peer) fail(SG_ERR_PROTOCOL, "the peer's fake endpoint name is not one");
         std::lock_guard lock(f_->mu);
+        // Both ends closed their side of a broken connection: a new one forms (looked up, not made:
+        // making a link draws from the schedule's generator).
+        if (auto l = f_->links.find({std::min(id_, peer), std::max(id_, peer)});
+            l != f_->links.end() && l->second.broken && l->second.fenced_lo && l->second.fenced_hi) {
+            l->second.broken = l->second.fenced_lo = l->second.fenced_hi = false;
+        }
         Endpoint &e = f_->endpoints[id_];
         const PeerAddr a = e.next_av++;
         e.av[a] = peer;
@@ -285,6 +295,8 @@ class FakeTransport final : public Transport {
         if (av == e.av.end()) return true;
         const uint32_t other = av->second;
         e.av.erase(av);
+        if (auto l = f_->links.find({std::min(id_, other), std::max(id_, other)}); l != f_->links.end() && l->second.broken)
+            (id_ < other ? l->second.fenced_lo : l->second.fenced_hi) = true;
         auto ours = [&](const Op &op) { return op.from == id_ && op.via == peer; };
         fail_pending([&](const Op &op) { return ours(op) || (op.from == other && op.to == id_ && !op.send); },
                      [&](const Op &op) {

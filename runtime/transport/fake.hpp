@@ -97,7 +97,9 @@ class Fabric {
     static uint32_t endpoint_id(std::span<const uint8_t> address);
     // The connection between two endpoints breaks: what is pending between them completes with
     // ECONNRESET, and later posts either throw or fail at completion (broken_posts_throw, per link).
-    // On a local_only fabric there is no connection to break: this does nothing.
+    // Once each end has fenced the other, an insert of one by the other connects anew and the link
+    // works again (a lane that heals). On a local_only fabric there is no connection to break: this
+    // does nothing.
     void drop_link(uint32_t a, uint32_t b);
     // The endpoint's process dies: it is cut off from every peer. Peers' operations to it fail
     // (ECONNRESET) or, local_only, never complete; if the test polls it again (to clean up), its

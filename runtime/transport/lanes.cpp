@@ -31,6 +31,11 @@
 //   once, the write fails instead. Other errors fail the write as on a plain endpoint. Every lane's
 //   writes ask for delivery completion, so a write reported complete has landed and a lane that
 //   breaks later loses none.
+// - With a 1.7 peer a lane given up comes back (advance_repairs): rxm connects again by itself, so
+//   the peer may have opened a new connection on the lane after our fence and before its own; once
+//   each side has heard the other's first fence, it closes the lane a second time (inserting the
+//   peer's name finds that connection; fencing the entry closes it), and once both have, it inserts
+//   the name for good in the lane's next epoch. Held writes of a 1.7 peer move on its second fence.
 // - Messages to a peer that frames its own (a 0.5 peer: wire minor 1.5) travel in an envelope:
 //   a sequence number per (sender, peer), cumulative acks from the receiver, and lane-loss notices.
 //   The sender keeps every message until it is acked. When the lane carrying a peer's messages
@@ -56,6 +61,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <optional>
 #include <random>
 #include <tuple>
 #include <mutex>
@@ -74,22 +80,30 @@ struct LaneRegistrations {
 };
 
 // The envelope of a message between two framing striped transports (40 bytes, little-endian):
-//   u32 magic 'SGL1' | u8 kind | u8 lane | u16 0 | u32 stream | u32 0 | u64 origin | u64 nonce | u64 seq
+//   u32 magic 'SGL1' | u8 kind | u8 lane | u16 stage | u32 stream | u32 epoch | u64 origin | u64 nonce | u64 seq
 // origin names the sender (a hash of its lane-0 address: the receiver knows its peers by those),
 // nonce the sending transport's life (a restarted process at the same address starts afresh), and
 // stream the sender's peer entry for the receiver. Data carries seq and a runtime message after
 // the envelope; Ack acks every seq up to its own; LaneLost says the sender gave up `lane`;
 // LaneFenced (1.6) says the sender's connection on `lane` to the receiver is closed, seq 1, or that
 // it could not close it (another of its sessions with the receiver shares it), seq 0.
+// Since 1.7 a lane notice names the lane's epoch (how many times the lane has healed) and a
+// LaneFenced its stage: 1 after the sender's first fence of that epoch, 2 after its closing fence,
+// with kStageReply set when it answers a notice about an epoch the sender has left (never answered).
+// Before 1.7 both fields were 0.
 // A runtime frame starts with 'SGW1', so a receiver tells framed from plain by the first word.
 constexpr uint32_t kLaneMagic = 0x314C4753u;  // "SGL1"
 constexpr size_t kEnvelopeBytes = 40;
 enum class FrameKind : uint8_t { Data = 1, Ack = 2, LaneLost = 3, LaneFenced = 4 };
 
+constexpr uint16_t kStageReply = 0x100;
+
 struct Envelope {
     FrameKind kind = FrameKind::Data;
     uint8_t lane = 0;
+    uint16_t stage = 0;
     uint32_t stream = 0;
+    uint32_t epoch = 0;
     uint64_t origin = 0, nonce = 0, seq = 0;
 };
 
@@ -107,7 +121,9 @@ std::vector<uint8_t> seal(const Envelope &e, std::span<const uint8_t> payload) {
     put_le(&out[0], kLaneMagic, 4);
     out[4] = uint8_t(e.kind);
     out[5] = e.lane;
+    put_le(&out[6], e.stage, 2);
     put_le(&out[8], e.stream, 4);
+    put_le(&out[12], e.epoch, 4);
     put_le(&out[16], e.origin, 8);
     put_le(&out[24], e.nonce, 8);
     put_le(&out[32], e.seq, 8);
@@ -119,7 +135,9 @@ bool open_envelope(std::span<const uint8_t> bytes, Envelope &e) {
     if (bytes.size() < kEnvelopeBytes || get_le(bytes.data(), 4) != kLaneMagic) return false;
     e.kind = FrameKind(bytes[4]);
     e.lane = bytes[5];
+    e.stage = uint16_t(get_le(&bytes[6], 2));
     e.stream = uint32_t(get_le(&bytes[8], 4));
+    e.epoch = uint32_t(get_le(&bytes[12], 4));
     e.origin = get_le(&bytes[16], 8);
     e.nonce = get_le(&bytes[24], 8);
     e.seq = get_le(&bytes[32], 8);
@@ -262,11 +280,17 @@ class StripedTransport final : public Transport {
         for (size_t i = 0; i < n; ++i) peer->failed[i] = lanes_[i]->broken.load();
         peer->outstanding.assign(n, 0);
         peer->told_lost.assign(n, false);
-        peer->peer_fence.assign(n, PeerFence::Unknown);
+        peer->heard.assign(n, PeerWord{});
+        peer->epoch.assign(n, 0);
+        peer->fence_stage.assign(n, FenceStage::None);
+        peer->fence_open.assign(n, false);
+        peer->notice_ns.assign(n, 0);
+        peer->names.assign(addresses.begin(), addresses.begin() + ptrdiff_t(n));
         // Framed copies are this transport's own memory, which a provider wanting local
         // descriptors could not send.
         peer->framed = peer_protocol != LaneProtocol::Plain && n > 1 && !caps_.needs_local_desc;
-        peer->fences = peer->framed && peer_protocol == LaneProtocol::Fencing;
+        peer->fences = peer->framed && (peer_protocol == LaneProtocol::Fencing || peer_protocol == LaneProtocol::Healing);
+        peer->heals = peer->fences && peer_protocol == LaneProtocol::Healing;
         peer->origin = address_hash(addresses[0]);
         for (size_t i = 0; i < n && peer->failed[peer->control]; ++i) peer->control = i;
         std::lock_guard lock(peers_mu_);
@@ -309,7 +333,7 @@ class StripedTransport final : public Transport {
             // transport's own sends (acks) are unknown to the runtime, which may remove the peer
             // while one is in flight. Its address goes once none is left (drive_lane).
             if (has_in_flight(lane, id))
-                lane.removals.emplace_back(id, p->addr[i]);
+                lane.removals.push_back({id, p->addr[i], UINT32_MAX});
             else
                 lane.t->remove_peer(p->addr[i]);
         }
@@ -442,6 +466,7 @@ class StripedTransport final : public Transport {
         for (size_t i = 0; i < lanes_.size(); ++i)
             if (lanes_[i]->inline_driven) drive_lane(i);
         run_lane_fences();
+        advance_repairs();
         resolve_held();
         send_acks(false);
         uint64_t drained;
@@ -519,6 +544,7 @@ class StripedTransport final : public Transport {
         s.lanes = uint32_t(lanes_.size());
         s.failovers = failovers_.load();
         s.lanes_lost = lanes_lost_.load();
+        s.lanes_healed = lanes_healed_.load();
         for (auto &lane : lanes_) s.bytes_per_lane.push_back(lane->bytes_completed.load());
         std::lock_guard lock(streams_mu_);
         s.streams = streams_.size();
@@ -532,6 +558,8 @@ class StripedTransport final : public Transport {
     // answer takes one round trip on a live lane; a peer that died is lost (and the write failed)
     // by its peer timeout, which this outlasts on a busy host too.
     static constexpr uint64_t kFenceWaitNs = 5000000000ull;
+    // How often a side repairing a lane sends its last notice again while it waits for the peer's.
+    static constexpr uint64_t kNoticeAgainNs = 250000000;
     // How long messages to a peer given up still try to leave (a Bye's answer behind a full queue).
     static constexpr uint64_t kDeadSendGraceNs = 1000000000;
     // A receiver acks after this many messages even while busy (and always before it sleeps).
@@ -556,6 +584,7 @@ class StripedTransport final : public Transport {
         void *message_desc = nullptr;
         void *cookie = nullptr;
         uint32_t lane = 0;
+        uint32_t epoch = 0;        // the lane's epoch for the peer when it was posted (1.7)
         bool framed_data = false;  // a numbered message: kept until acked, sent again on failover
         bool moved = false;        // a write already moved once off a lane that failed it
         std::unique_ptr<OwnCookie> own;  // set for the transport's own sends: no event goes up
@@ -563,12 +592,31 @@ class StripedTransport final : public Transport {
 
     enum class PeerFence : uint8_t { Unknown, Closed, Open };  // the peer's connection on a lane
 
+    // What the peer last said of one lane, for the newest epoch it named (a 1.6 peer names 0).
+    struct PeerWord {
+        uint32_t epoch = 0;
+        bool lost = false;  // it gave the lane up (LaneLost)
+        uint8_t stage = 0;  // its fences of the epoch: 1 first, 2 closing (LaneFenced)
+        bool open = false;  // it could not close its connection: the lane stays down
+    };
+    // How far this side's own fences of a lane's epoch got (1.7 repairs; 1.6 uses First alone).
+    enum class FenceStage : uint8_t { None, First, ClosingQueued, Closing };
+
     struct Peer {
         std::vector<PeerAddr> addr;  // per lane, in that lane's address vector
         std::vector<bool> failed;
         std::vector<uint64_t> outstanding;  // bytes posted and not completed, per lane
         std::vector<bool> told_lost;        // a LaneLost for the lane went to the peer
-        std::vector<PeerFence> peer_fence;  // what the peer's LaneFenced said of each lane
+        std::vector<PeerWord> heard;        // what the peer's notices said of each lane
+        // Repairs (1.7): per lane, the epoch both sides count its connections by (one more each
+        // time it heals), this side's fences of it, and when this side last sent its notice
+        // (sent again while it waits for the peer's).
+        std::vector<uint32_t> epoch;
+        std::vector<FenceStage> fence_stage;
+        std::vector<bool> fence_open;  // one of our fences of this epoch could not close the connection
+        std::vector<uint64_t> notice_ns;
+        std::vector<std::vector<uint8_t>> names;  // the peer's lane addresses, inserted again on healing
+        bool heals = false;  // both sides repair lanes (1.7)
         bool removed = false;
         bool dead = false;  // no lane left, or the runtime gave the peer up: no write moves to it now
         uint64_t dead_ns = 0;
@@ -622,7 +670,14 @@ class StripedTransport final : public Transport {
         std::atomic<bool> sleeping{false};
         std::atomic<uint64_t> bytes_completed{0};
         std::atomic<bool> broken{false};  // its thread failed (lose_lane_everywhere): no peer uses it
-        std::vector<std::pair<PeerAddr, PeerAddr>> removals;  // (peer, its address here) to remove once idle; under mu
+        // Addresses to remove from the endpoint once no operation posted to them is in flight
+        // (before_epoch: those of the peer's ops posted in an earlier epoch; all, for a removed
+        // peer). Under mu.
+        struct Removal {
+            PeerAddr peer, addr;
+            uint32_t before_epoch;
+        };
+        std::vector<Removal> removals;
     };
 
     struct Event {
@@ -738,6 +793,8 @@ class StripedTransport final : public Transport {
                 std::lock_guard lock(peers_mu_);
                 dead = p->dead;
                 give_up_sends = p->fenced || (dead && now_ns() - p->dead_ns > kDeadSendGraceNs);
+                // The connection it goes on (the epoch changes only under this lane's mu, held here).
+                op.epoch = lane_index < p->epoch.size() ? p->epoch[lane_index] : 0;
             }
             if (dead && (!op.send || give_up_sends)) {
                 fail_op(std::move(op), -ECANCELED, "the peer is gone");
@@ -849,6 +906,22 @@ class StripedTransport final : public Transport {
             std::lock_guard lock(peers_mu_);
             framed = id < peers_.size() && peers_[id]->framed && !peers_[id]->replay_incomplete;
             fences = framed && peers_[id]->fences;
+            Peer *p = id < peers_.size() ? peers_[id].get() : nullptr;
+            if (p && p->heals && lane_index < p->epoch.size() && op.epoch < p->epoch[lane_index]) {
+                // Posted on a connection of an earlier epoch, which both sides have closed twice
+                // since (the lane healed): its failure says nothing of the lane now. A message's
+                // copy went again when that epoch's lane was given up; a write has no copy that
+                // can still land and moves (resolve_held), once.
+                if (op.send) {
+                    if (!op.own) push_completion(op.cookie);
+                    return;
+                }
+                if (!p->dead && !p->removed) {
+                    held_.push_back({std::move(op), status, text, now_ns()});
+                    wake_caller();
+                    return;
+                }
+            }
         }
         if (!framed && (op.send || lane_index == 0)) {
             // An older peer's messages travel on lane 0 alone: its failure is the session's.
@@ -893,10 +966,13 @@ class StripedTransport final : public Transport {
 
     // With peers_mu_ held: a notice about `lane` (LaneLost, LaneFenced) goes to the peer on its
     // control lane.
-    void send_lane_notice(PeerAddr id, const Peer &p, FrameKind kind, size_t lane, uint64_t seq = 0) {
+    void send_lane_notice(PeerAddr id, const Peer &p, FrameKind kind, size_t lane, uint64_t seq = 0, uint16_t stage = 0,
+                          std::optional<uint32_t> epoch = std::nullopt) {
         Envelope e;
         e.kind = kind;
         e.lane = uint8_t(lane);
+        e.stage = stage;
+        e.epoch = epoch ? *epoch : (lane < p.epoch.size() ? p.epoch[lane] : 0);
         e.stream = id;
         e.origin = origin_.load(std::memory_order_relaxed);
         e.nonce = nonce_;
@@ -906,6 +982,7 @@ class StripedTransport final : public Transport {
 
     void tell_lane_lost(PeerAddr id, Peer &p, size_t lane) {
         p.told_lost[lane] = true;
+        p.notice_ns[lane] = now_ns();
         send_lane_notice(id, p, FrameKind::LaneLost, lane);
     }
 
@@ -924,7 +1001,7 @@ class StripedTransport final : public Transport {
             if (!p.failed[lane]) {
                 p.failed[lane] = true;
                 lanes_lost_.fetch_add(1);
-                lane_fences_.emplace_back(id, lane);  // poll() closes our connection on it
+                lane_fences_.push_back({id, lane, p.epoch[lane], FenceStage::First});  // poll() closes our connection on it
             } else if (p.told_lost[lane]) {
                 tell_peer = false;  // already done
             }
@@ -1098,24 +1175,67 @@ class StripedTransport final : public Transport {
                 if (it == by_origin_.end() || !peers_[it->second]->peer_nonce || peers_[it->second]->peer_nonce != e.nonce)
                     return;
                 id = it->second;
-                // Answered once our connection on the lane is closed, however often it is asked
-                // (the fence is idempotent): the peer may hold writes since our first answer.
-                if (peers_[id]->fences && e.lane < peers_[id]->failed.size() && peers_[id]->failed[e.lane])
-                    lane_fences_.emplace_back(id, e.lane);
+                Peer &p = *peers_[id];
+                if (e.lane >= p.failed.size()) return;
+                if (p.heals) {
+                    // An epoch this side has left was closed twice on both sides: say so again
+                    // (the peer waits for a notice it missed). One the peer reached first (it
+                    // healed, then lost the lane again) is taken up when this side heals into it.
+                    if (e.epoch < p.epoch[e.lane]) {
+                        send_lane_notice(id, p, FrameKind::LaneFenced, e.lane, 1, 2 | kStageReply, e.epoch);
+                        return;
+                    }
+                    if (PeerWord *w = hear(p, e.lane, e.epoch)) w->lost = true;
+                    if (e.epoch > p.epoch[e.lane]) {
+                        wake_caller();
+                        return;
+                    }
+                    // Asked again: our notice may be lost; the next poll sends it again.
+                    if (p.fence_stage[e.lane] != FenceStage::None) p.notice_ns[e.lane] = 0;
+                } else if (p.fences && p.failed[e.lane]) {
+                    // Answered once our connection on the lane is closed, however often it is asked
+                    // (the fence is idempotent): the peer may hold writes since our first answer.
+                    lane_fences_.push_back({id, e.lane, 0, FenceStage::First});
+                }
             }
             lose_lane(id, e.lane, /*tell_peer=*/false);
             wake_caller();
             return;
         }
         case FrameKind::LaneFenced: {
-            std::lock_guard lock(peers_mu_);
-            auto it = by_origin_.find(e.origin);
-            if (it == by_origin_.end() || !peers_[it->second]->peer_nonce || peers_[it->second]->peer_nonce != e.nonce)
-                return;
-            Peer &p = *peers_[it->second];
-            if (!p.fences || e.lane >= p.peer_fence.size()) return;
-            p.peer_fence[e.lane] = e.seq == 1 ? PeerFence::Closed : PeerFence::Open;
-            wake_caller();  // poll() moves the writes held for it
+            PeerAddr id;
+            {
+                std::lock_guard lock(peers_mu_);
+                auto it = by_origin_.find(e.origin);
+                if (it == by_origin_.end() || !peers_[it->second]->peer_nonce || peers_[it->second]->peer_nonce != e.nonce)
+                    return;
+                id = it->second;
+                Peer &p = *peers_[id];
+                if (!p.fences || e.lane >= p.heard.size()) return;
+                if (!p.heals) {
+                    // 1.6: seq 1, closed; 0, it could not close it. The last word counts.
+                    p.heard[e.lane] = PeerWord{0, false, 1, e.seq != 1};
+                    wake_caller();
+                    return;
+                }
+                if (e.epoch < p.epoch[e.lane]) {
+                    if (!(e.stage & kStageReply))
+                        send_lane_notice(id, p, FrameKind::LaneFenced, e.lane, 1, 2 | kStageReply, e.epoch);
+                    return;
+                }
+                PeerWord *w = hear(p, e.lane, e.epoch);
+                if (!w) return;
+                w->stage = std::max<uint8_t>(w->stage, uint8_t(std::clamp<int>(e.stage & 0xff, 1, 2)));
+                if (e.seq != 1) w->open = true;
+                // A fence of the lane is also word that the peer gave it up (its LaneLost may have
+                // been lost with the control lane it went on).
+                if (e.epoch > p.epoch[e.lane] || p.failed[e.lane]) {
+                    wake_caller();  // poll() moves the writes held for it and goes on with the repair
+                    return;
+                }
+            }
+            lose_lane(id, e.lane, /*tell_peer=*/false);
+            wake_caller();
             return;
         }
         }
@@ -1123,34 +1243,186 @@ class StripedTransport final : public Transport {
 
     // Closes our connection on each lane given up for a peer (lose_lane), each under its lane's
     // lock, and tells a peer that fences whether it closed. On the caller's thread (poll), which
-    // holds no lane's lock.
+    // holds no lane's lock. A 1.7 job belongs to its epoch: one queued before the lane healed must
+    // not close the new connection.
     void run_lane_fences() {
-        std::vector<std::pair<PeerAddr, size_t>> todo;
+        std::vector<FenceJob> todo;
         {
             std::lock_guard lock(peers_mu_);
             if (lane_fences_.empty()) return;
             todo.swap(lane_fences_);
         }
-        for (auto &[id, lane_index] : todo) {
-            PeerAddr addr;
+        for (const FenceJob &job : todo) {
+            std::vector<uint8_t> name;
             {
                 std::lock_guard lock(peers_mu_);
-                const Peer &p = *peers_[id];
-                if (p.removed || lane_index >= p.addr.size()) continue;
-                addr = p.addr[lane_index];
+                const Peer &p = *peers_[job.id];
+                if (p.removed || job.lane >= p.addr.size() || (p.heals && job.epoch != p.epoch[job.lane])) continue;
+                if (job.stage == FenceStage::Closing) name = p.names[job.lane];
             }
-            Lane &lane = *lanes_[lane_index];
+            Lane &lane = *lanes_[job.lane];
             bool closed = false;
             {
                 std::lock_guard lock(lane.mu);
-                // Writes queued on the lane and never posted have no first copy: they move.
-                for (Op &op : take_pending(lane, id, /*writes_only=*/true)) reroute_unposted(std::move(op));
-                if (lane.t) closed = lane.t->fence(addr);
+                if (job.stage == FenceStage::First) {
+                    // Writes queued on the lane and never posted have no first copy: they move.
+                    for (Op &op : take_pending(lane, job.id, /*writes_only=*/true)) reroute_unposted(std::move(op));
+                    PeerAddr addr;
+                    {
+                        std::lock_guard plock(peers_mu_);
+                        addr = peers_[job.id]->addr[job.lane];
+                    }
+                    if (lane.t) closed = lane.t->fence(addr);
+                } else if (lane.t) {
+                    closed = close_again(*lane.t, name);
+                }
             }
             std::lock_guard lock(peers_mu_);
-            Peer &p = *peers_[id];
-            if (!p.removed && !p.dead && p.fences) send_lane_notice(id, p, FrameKind::LaneFenced, lane_index, closed ? 1 : 0);
+            Peer &p = *peers_[job.id];
+            if (p.removed || p.dead || !p.fences) continue;
+            if (!p.heals) {
+                send_lane_notice(job.id, p, FrameKind::LaneFenced, job.lane, closed ? 1 : 0);
+                continue;
+            }
+            if (job.epoch != p.epoch[job.lane]) continue;
+            if (!closed) p.fence_open[job.lane] = true;  // the lane stays down, its held writes fail
+            p.fence_stage[job.lane] = std::max(p.fence_stage[job.lane], job.stage);
+            p.notice_ns[job.lane] = now_ns();
+            send_lane_notice(job.id, p, FrameKind::LaneFenced, job.lane, closed ? 1 : 0,
+                             job.stage == FenceStage::Closing ? 2 : 1);
         }
+    }
+
+    // The closing fence (1.7). Our first fence closed the connections the lane had; the peer, until
+    // its own first fence, may have opened another (rxm connects again by itself on its next post,
+    // and accepts a connection from an address its vector no longer has), on which a write of its
+    // could still land. Inserting the peer's name again finds that connection, and fencing the
+    // entry closes it; after the peer's first fence it posts nothing more on the lane's epoch.
+    static bool close_again(Transport &t, std::span<const uint8_t> name) {
+        PeerAddr h;
+        try {
+            h = t.insert_peer(name);
+        } catch (const Error &) {
+            return false;
+        }
+        const bool closed = t.fence(h);
+        t.remove_peer(h);
+        return closed;
+    }
+
+    // With peers_mu_ held: the peer's word on a lane about `epoch`, nullptr when it has said
+    // something of a later epoch already (an old notice, sent again).
+    static PeerWord *hear(Peer &p, size_t lane, uint32_t epoch) {
+        PeerWord &w = p.heard[lane];
+        if (epoch < w.epoch) return nullptr;
+        if (epoch > w.epoch) w = PeerWord{epoch, false, 0, false};
+        return &w;
+    }
+
+    // With peers_mu_ held: whether a write posted on `lane` in `epoch` can still land at the peer.
+    // Closed: no (the peer's fences of that epoch are done: its first with a 1.6 peer, its closing
+    // one with a 1.7 peer, which moves only past an epoch both sides closed twice). Open: the peer
+    // or this side could not close a connection, so it may. Unknown: not yet said.
+    static PeerFence fence_for(const Peer &p, size_t lane, uint32_t epoch) {
+        if (lane >= p.heard.size()) return PeerFence::Open;
+        const PeerWord &w = p.heard[lane];
+        if (p.heals) {
+            if (epoch < p.epoch[lane] || w.epoch > epoch) return PeerFence::Closed;
+            if (p.fence_open[lane] || (w.epoch == epoch && w.open)) return PeerFence::Open;
+            return w.epoch == epoch && w.stage >= 2 ? PeerFence::Closed : PeerFence::Unknown;
+        }
+        if (w.open) return PeerFence::Open;
+        return w.stage >= 1 ? PeerFence::Closed : PeerFence::Unknown;
+    }
+
+    // Lane repairs (1.7), on the caller's thread after run_lane_fences. A lane given up goes
+    // Live -> First (our fence done, LaneFenced stage 1 sent) -> Closing (the peer's stage 1 heard:
+    // our closing fence done, stage 2 sent) -> Live again in the next epoch once the peer's stage
+    // 2 is heard, or once the peer names a later epoch (it healed, which it does only after both
+    // sides' closing fences). A lane either side could not close stays down. While this side waits,
+    // its last notice goes again every kNoticeAgainNs: notices are not numbered, and one sent on a
+    // control lane that broke under it is lost.
+    void advance_repairs() {
+        std::vector<std::pair<PeerAddr, size_t>> heals;
+        bool closing = false;
+        {
+            std::lock_guard lock(peers_mu_);
+            const uint64_t now = now_ns();
+            for (PeerAddr id = 0; id < peers_.size(); ++id) {
+                Peer &p = *peers_[id];
+                if (!p.heals || p.removed || p.dead) continue;
+                for (size_t l = 0; l < p.failed.size(); ++l) {
+                    if (!p.failed[l] || lanes_[l]->broken) continue;
+                    const PeerWord &w = p.heard[l];
+                    const bool said_now = w.epoch == p.epoch[l];
+                    if (p.fence_open[l] || (said_now && w.open)) continue;
+                    const bool again = now - p.notice_ns[l] >= kNoticeAgainNs;
+                    if (p.fence_stage[l] == FenceStage::First) {
+                        if (said_now && w.stage >= 1) {
+                            p.fence_stage[l] = FenceStage::ClosingQueued;
+                            lane_fences_.push_back({id, l, p.epoch[l], FenceStage::Closing});
+                            closing = true;
+                        } else if (again) {
+                            p.notice_ns[l] = now;
+                            send_lane_notice(id, p, FrameKind::LaneFenced, l, 1, 1);
+                        }
+                    } else if (p.fence_stage[l] == FenceStage::Closing) {
+                        if (w.epoch > p.epoch[l] || (said_now && w.stage >= 2)) {
+                            heals.emplace_back(id, l);
+                        } else if (again) {
+                            p.notice_ns[l] = now;
+                            send_lane_notice(id, p, FrameKind::LaneFenced, l, 1, 2);
+                        }
+                    }
+                }
+            }
+        }
+        if (closing) run_lane_fences();
+        for (auto &[id, l] : heals) heal_lane(id, l);
+    }
+
+    // The lane comes back for the peer in the next epoch: its name inserted anew (the first post
+    // connects), the old entry removed once nothing posted to it is in flight. If the peer has
+    // already given up the new epoch (it healed first, then lost the lane again), so does this side.
+    void heal_lane(PeerAddr id, size_t l) {
+        Lane &lane = *lanes_[l];
+        bool lost_again = false;
+        uint32_t epoch = 0;
+        {
+            std::lock_guard lock(lane.mu);
+            std::vector<uint8_t> name;
+            {
+                std::lock_guard plock(peers_mu_);
+                const Peer &p = *peers_[id];
+                if (p.removed || p.dead || !p.failed[l]) return;
+                name = p.names[l];
+            }
+            PeerAddr fresh;
+            try {
+                fresh = lane.t->insert_peer(name);
+            } catch (const Error &) {
+                std::lock_guard plock(peers_mu_);
+                peers_[id]->fence_open[l] = true;  // cannot come back: stays down
+                return;
+            }
+            std::lock_guard plock(peers_mu_);
+            Peer &p = *peers_[id];
+            if (p.removed || p.dead) {
+                lane.t->remove_peer(fresh);
+                return;
+            }
+            epoch = ++p.epoch[l];
+            lane.removals.push_back({id, p.addr[l], epoch});
+            p.addr[l] = fresh;
+            p.failed[l] = false;
+            p.told_lost[l] = false;
+            p.fence_stage[l] = FenceStage::None;
+            p.notice_ns[l] = 0;
+            lost_again = p.heard[l].epoch == epoch && p.heard[l].lost;
+            lanes_healed_.fetch_add(1);
+        }
+        if (lost_again) lose_lane(id, l, /*tell_peer=*/false);
+        wake_caller();
     }
 
     // A write that was queued on a lane given up before it was posted: no copy of it exists, so it
@@ -1251,9 +1523,10 @@ class StripedTransport final : public Transport {
     }
 
     // With lane.mu held.
-    static bool has_in_flight(const Lane &lane, PeerAddr id) {
+    // Whether an operation of the peer's posted before `before_epoch` is in the provider's hands.
+    static bool has_in_flight(const Lane &lane, PeerAddr id, uint32_t before_epoch = UINT32_MAX) {
         for (const auto &[cookie, op] : lane.in_flight)
-            if (op.peer == id) return true;
+            if (op.peer == id && op.epoch < before_epoch) return true;
         return false;
     }
 
@@ -1284,7 +1557,7 @@ class StripedTransport final : public Transport {
             const uint64_t now = now_ns();
             for (auto it = held_.begin(); it != held_.end();) {
                 Peer &p = *peers_[it->op.peer];
-                const PeerFence fence = it->op.lane < p.peer_fence.size() ? p.peer_fence[it->op.lane] : PeerFence::Open;
+                const PeerFence fence = fence_for(p, it->op.lane, it->op.epoch);
                 if (p.dead || p.removed || fence == PeerFence::Open || now - it->since_ns >= kFenceWaitNs) {
                     if (!p.dead && !p.removed) {
                         it->status = kLaneWriteGivenUp;  // the lane's loss, not the session's
@@ -1331,11 +1604,11 @@ class StripedTransport final : public Transport {
         const size_t n = lane.t->poll(sink);
         if (n) post_pending(lane_index);  // completions free queue entries
         for (auto it = lane.removals.begin(); it != lane.removals.end();) {
-            if (has_in_flight(lane, it->first)) {
+            if (has_in_flight(lane, it->peer, it->before_epoch)) {
                 ++it;
                 continue;
             }
-            lane.t->remove_peer(it->second);
+            lane.t->remove_peer(it->addr);
             it = lane.removals.erase(it);
         }
         return n;
@@ -1419,13 +1692,20 @@ class StripedTransport final : public Transport {
     std::mutex peers_mu_;  // a leaf
     std::vector<std::unique_ptr<Peer>> peers_;
     std::vector<Held> held_;  // under peers_mu_
-    std::vector<std::pair<PeerAddr, size_t>> lane_fences_;  // (peer, lane) for run_lane_fences; under peers_mu_
+    // A fence of one lane's connection to a peer, for run_lane_fences (under peers_mu_).
+    struct FenceJob {
+        PeerAddr id;
+        size_t lane;
+        uint32_t epoch;
+        FenceStage stage;  // First, or Closing (1.7: once the peer has fenced too)
+    };
+    std::vector<FenceJob> lane_fences_;
     std::mutex events_mu_;  // a leaf
     std::deque<Event> events_;
     int event_fd_ = -1;
     int wait_epoll_ = -1;
     std::atomic<bool> stop_{false};
-    std::atomic<uint64_t> failovers_{0}, lanes_lost_{0};
+    std::atomic<uint64_t> failovers_{0}, lanes_lost_{0}, lanes_healed_{0};
     std::atomic<uint64_t> origin_{0};  // lane 0's address hashed, once its endpoint is open
     uint64_t nonce_ = 0;
     std::unordered_map<uint64_t, PeerAddr> by_origin_;  // framed peers by their origin; under peers_mu_

@@ -156,7 +156,11 @@ class Transport {
     // - Fencing (1.6): also answers a lane-loss notice once it has closed its own connection on that
     //   lane (LaneFenced), so a write that broke a lane is sent again on another, at most once, only
     //   after no late copy of it can land.
-    enum class LaneProtocol : uint8_t { Plain, Framed, Fencing };
+    // - Healing (1.7): a lane given up is closed in two steps (each side fences, then, once the
+    //   other has, closes again whatever connection the other opened meanwhile) and then comes back:
+    //   its address is inserted anew, so a session survives any number of lane resets as long as
+    //   one lane is up at a time.
+    enum class LaneProtocol : uint8_t { Plain, Framed, Fencing, Healing };
     virtual PeerAddr insert_peer_lanes(std::span<const std::vector<uint8_t>> addresses, LaneProtocol peer_protocol) {
         (void)peer_protocol;
         if (addresses.empty()) fail(SG_ERR_PROTOCOL, "the peer named no endpoint");
@@ -166,6 +170,7 @@ class Transport {
         uint32_t lanes = 1;
         uint64_t failovers = 0;    // writes moved off a failed lane and completed on another
         uint64_t lanes_lost = 0;   // (peer, lane) pairs given up after an error
+        uint64_t lanes_healed = 0; // of those, the ones back in use (1.7 peers)
         std::vector<uint64_t> bytes_per_lane;
         uint64_t streams = 0;      // senders' message streams the envelope keeps state for
         uint64_t early_bytes = 0;  // messages held until an earlier one of their stream arrives

@@ -29,7 +29,9 @@ inline constexpr uint16_t kProtoMajor = 1;
 // 1.6: a striped transport answers a lane-loss notice with LaneFenced once its own connection on
 //      that lane is closed, and sends a write that broke a lane again only after the peer's answer
 //      (docs/protocol.md 3.1); with a 1.5 peer such a write fails instead. No change to these frames.
-inline constexpr uint16_t kProtoMinor = 6;
+// 1.7: a lane given up is closed in two steps and then used again (lanes heal); the envelope's
+//      lane notices carry the lane's epoch. No change to these frames.
+inline constexpr uint16_t kProtoMinor = 7;
 inline constexpr uint16_t kOptionalBit = 0x8000;
 inline constexpr size_t kFrameHeaderBytes = 4 + 2 + 2 + 2 + 2 + 8 + 4;
 // Largest frame either side sends or accepts (receive buffers are this size).

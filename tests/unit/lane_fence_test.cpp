@@ -3,6 +3,7 @@
 // its bytes, already in the target's socket, still land a while later unless the target closes that
 // connection first. A write moved to another lane as soon as the peer looked alive there landed
 // twice: the second copy completed, the host reused the memory, and the first copy overwrote it.
+// LaneHeal.*: with a 1.7 peer the lane then comes back (docs/protocol.md 3.1).
 #include "transport/fake.hpp"
 
 #include <gtest/gtest.h>
@@ -186,6 +187,99 @@ TEST(LaneFence, AWriteWhoseLaneThePeerNeverConfirmsFencedFailsInTime) {
     EXPECT_FALSE(sg::is_connection_error(st)) << "a write given up for its lane alone would lose the session above";
     EXPECT_GE(waited, 4.5) << "it failed before the peer had its time to answer";
     EXPECT_EQ(p.a->lane_stats().failovers, 0u);
+}
+
+// ---- Lanes that heal (1.7) ----
+// With a 1.7 peer a lane given up is closed twice on both sides (a first fence each, then, once the
+// peer's first is heard, a closing fence that also closes whatever connection the peer opened in
+// between) and then inserted again: the session gets the lane back.
+
+uint64_t healed(const Pair &p, bool at_a) { return (at_a ? p.a : p.b)->lane_stats().lanes_healed; }
+
+// Polls until both sides have healed `n` lanes (or 4000 rounds).
+bool run_until_healed(Pair &p, uint64_t n) {
+    for (int i = 0; i < 4000 && (healed(p, true) < n || healed(p, false) < n); ++i) p.poll();
+    return healed(p, true) >= n && healed(p, false) >= n;
+}
+
+// The fence test above with a 1.7 peer: both writes move once both sides closed lane 1 twice, the
+// memory reused after them is never written, and lane 1 then carries writes again.
+TEST(LaneHeal, AWriteThatBrokeItsLaneMovesOnceBothSidesClosedItAndTheLaneComesBack) {
+    Pair p(3, LaneProtocol::Healing);
+    std::vector<uint8_t> from_b(kBytes, 0xb2);
+    Registration src_b = p.b->register_memory(from_b.data(), from_b.size(), 0x1b);
+    const LocalIov iov_b{from_b.data(), from_b.size(), src_b.desc};
+    p.a_writes_b(cookies[0]);
+    ASSERT_EQ(p.b->post_write_as(WriteClass::Bulk, p.b_to_a, {&iov_b, 1}, p.a_reg.remote_base, p.a_reg.key, cookies[1]), 0);
+    p.drop_lane(1);
+
+    EXPECT_EQ(p.run_until(p.at_a, cookies[0]), 0) << "A's write was not moved to lane 0";
+    EXPECT_EQ(p.run_until(p.at_b, cookies[1]), 0) << "B's write was not moved to lane 0";
+    EXPECT_TRUE(all(p.b_mem, 0xa1));
+    EXPECT_TRUE(all(p.a_mem, 0xb2));
+    EXPECT_EQ(p.a->lane_stats().failovers, 1u);
+    EXPECT_EQ(p.b->lane_stats().failovers, 1u);
+    std::memset(p.a_mem.data(), 0x55, kBytes);
+    std::memset(p.b_mem.data(), 0x55, kBytes);
+    for (uint32_t i = 0; i < 3 * kLateByPolls; ++i) p.poll();
+    EXPECT_TRUE(all(p.b_mem, 0x55)) << "A's first copy landed in B's memory after the moved copy completed";
+    EXPECT_TRUE(all(p.a_mem, 0x55)) << "B's first copy landed in A's memory after the moved copy completed";
+
+    ASSERT_TRUE(run_until_healed(p, 1)) << "lane 1 never came back (healed: A " << healed(p, true) << ", B "
+                                        << healed(p, false) << ")";
+    const uint64_t lane1_before = p.a->lane_stats().bytes_per_lane[1];
+    std::memset(p.from_a.data(), 0xc3, kBytes);
+    p.a_writes_b(cookies[2]);
+    EXPECT_EQ(p.run_until(p.at_a, cookies[2]), 0);
+    EXPECT_TRUE(all(p.b_mem, 0xc3));
+    EXPECT_GT(p.a->lane_stats().bytes_per_lane[1], lane1_before) << "the healed lane carried nothing";
+    EXPECT_EQ(p.a->lane_stats().failovers, 1u);
+    p.b->deregister(src_b);
+}
+
+// Lane resets at five different times over one session's life, one lane down at a time (lane 1,
+// then lane 0, which carries the messages, and so on): each time a write in flight on the broken
+// lane moves once or lands, every message arrives once and in order, nothing lands late in memory
+// the host reused, and the lane comes back. Without healing the second reset left no lane.
+TEST(LaneHeal, ASessionSurvivesFiveLaneResetsOneLaneDownAtATime) {
+    Pair p(11, LaneProtocol::Healing);
+    size_t messages = p.at_b.messages.size();
+    for (int round = 0; round < 5; ++round) {
+        SCOPED_TRACE("reset " + std::to_string(round + 1));
+        const size_t lane = round % 2 == 0 ? 1 : 0;
+        const uint8_t v = uint8_t(0x10 + round);
+        std::memset(p.from_a.data(), v, kBytes);
+        p.a_writes_b(cookies[0]);
+        const std::string m = "round " + std::to_string(round);
+        ASSERT_EQ(p.a->post_send(p.a_to_b, m.data(), m.size(), nullptr, cookies[1]), 0);
+        p.drop_lane(lane);
+        EXPECT_EQ(p.run_until(p.at_a, cookies[0]), 0) << "the write on the reset lane failed";
+        EXPECT_TRUE(all(p.b_mem, v));
+        ASSERT_TRUE(run_until_healed(p, uint64_t(round + 1))) << "lane " << lane << " never came back";
+        for (int i = 0; i < 200 && p.at_b.messages.size() < messages + 1; ++i) p.poll();
+        ASSERT_EQ(p.at_b.messages.size(), messages + 1) << "a message was lost or duplicated";
+        EXPECT_EQ(p.at_b.messages.back(), m);
+        messages = p.at_b.messages.size();
+        std::memset(p.b_mem.data(), 0x55, kBytes);
+        for (uint32_t i = 0; i < 3 * kLateByPolls; ++i) p.poll();
+        EXPECT_TRUE(all(p.b_mem, 0x55)) << "a first copy landed after the host reused the memory";
+        p.at_a.done.clear();
+    }
+    EXPECT_EQ(p.a->lane_stats().lanes_lost, 5u);
+    EXPECT_EQ(p.b->lane_stats().lanes_lost, 5u);
+    EXPECT_EQ(p.a->lane_stats().lanes_healed, 5u);
+    EXPECT_EQ(p.b->lane_stats().lanes_healed, 5u);
+}
+
+// A 1.6 peer cannot heal: its lanes stay down as before, and the session goes on the others.
+TEST(LaneHeal, WithA16PeerALaneGivenUpStaysDown) {
+    Pair p(13, LaneProtocol::Fencing);
+    p.a_writes_b(cookies[0]);
+    p.drop_lane(1);
+    EXPECT_EQ(p.run_until(p.at_a, cookies[0]), 0);
+    for (int i = 0; i < 500; ++i) p.poll();
+    EXPECT_EQ(healed(p, true), 0u);
+    EXPECT_EQ(healed(p, false), 0u);
 }
 
 }  // namespace
