@@ -1168,13 +1168,10 @@ class StripedTransport final : public Transport {
         case FrameKind::LaneLost: {
             PeerAddr id;
             {
-                // Taken only from the peer's own life (the nonce its messages carry): an origin
-                // is a hash of a public address, which anyone could put in an envelope.
                 std::lock_guard lock(peers_mu_);
-                auto it = by_origin_.find(e.origin);
-                if (it == by_origin_.end() || !peers_[it->second]->peer_nonce || peers_[it->second]->peer_nonce != e.nonce)
-                    return;
-                id = it->second;
+                const auto known = notice_sender(e);
+                if (!known) return;
+                id = *known;
                 Peer &p = *peers_[id];
                 if (e.lane >= p.failed.size()) return;
                 if (p.heals) {
@@ -1206,10 +1203,9 @@ class StripedTransport final : public Transport {
             PeerAddr id;
             {
                 std::lock_guard lock(peers_mu_);
-                auto it = by_origin_.find(e.origin);
-                if (it == by_origin_.end() || !peers_[it->second]->peer_nonce || peers_[it->second]->peer_nonce != e.nonce)
-                    return;
-                id = it->second;
+                const auto known = notice_sender(e);
+                if (!known) return;
+                id = *known;
                 Peer &p = *peers_[id];
                 if (!p.fences || e.lane >= p.heard.size()) return;
                 if (!p.heals) {
@@ -1308,6 +1304,16 @@ class StripedTransport final : public Transport {
         const bool closed = t.fence(h);
         t.remove_peer(h);
         return closed;
+    }
+
+    // With peers_mu_ held: the peer a lane notice comes from. Taken only from the peer's own life
+    // (the nonce its messages carry): an origin is a hash of a public address, which anyone could
+    // put in an envelope.
+    std::optional<PeerAddr> notice_sender(const Envelope &e) const {
+        auto it = by_origin_.find(e.origin);
+        if (it == by_origin_.end() || !peers_[it->second]->peer_nonce || peers_[it->second]->peer_nonce != e.nonce)
+            return std::nullopt;
+        return it->second;
     }
 
     // With peers_mu_ held: the peer's word on a lane about `epoch`, nullptr when it has said

@@ -440,6 +440,26 @@ static std::vector<uint8_t> read_file(const std::string &path) {
 // every transfer still completes, the decode process finds every byte of every layer right, neither
 // side loses the session, the side that did not see the break itself is told within 100 ms, and a
 // pattern the decode process writes over its whole pool after the last release is intact 2 s later.
+
+// The ss command that kills lane `lane`'s connections between this (prefill) context and the
+// decode process whose metadata is in `decode_metadata_file`. A lane's connection runs between the
+// two sides' endpoints of that lane, opened by whichever side sent first: either side's port
+// matches. Both sides must name three lanes; else a failure is recorded.
+std::string lane_kill_command(sg_context_t ctx, const std::string &decode_metadata_file, uint32_t lane) {
+    const auto ports = lane_ports(read_file(decode_metadata_file));
+    std::vector<uint8_t> blob(65536);
+    size_t len = 0;
+    if (sg_context_get_metadata(ctx, blob.data(), blob.size(), &len) != SG_OK) blob.clear();
+    blob.resize(std::min(len, blob.size()));
+    const auto own_ports = lane_ports(blob);
+    if (ports.size() != 3 || own_ports.size() != 3 || lane >= 3) {
+        ADD_FAILURE() << "lanes named in the metadata: decode " << ports.size() << ", prefill " << own_ports.size()
+                      << " (want 3)";
+        return "false";
+    }
+    const std::string a = std::to_string(ports[lane]), b = std::to_string(own_ports[lane]);
+    return "ss -K -t -n '( sport = :" + a + " or dport = :" + a + " or sport = :" + b + " or dport = :" + b + " )'";
+}
 struct RailRun {
     bool lost = false;          // the kill broke something in flight (else the lane just reconnected)
     double told_ms = 0;         // from the first side knowing to both knowing
@@ -476,20 +496,9 @@ RailRun rail_run(uint32_t killed_lane) {
         sg_context_stats_init(&cs);
         ASSERT_EQ(sg_context_stats(ctx, &cs), SG_OK);
         if (cs.lanes_lost > 0 || i < 2 || p.tokens < 1024) return;
-        // A lane's connection runs between the two sides' endpoints of that lane, opened by
-        // whichever side sent first: match either side's port.
-        const auto ports = lane_ports(read_file(cfg.decode_metadata_file));
-        ASSERT_EQ(ports.size(), 3u) << "decode lanes in its metadata";
-        std::vector<uint8_t> blob(65536);
-        size_t len = 0;
-        ASSERT_EQ(sg_context_get_metadata(ctx, blob.data(), blob.size(), &len), SG_OK);
-        blob.resize(len);
-        const auto own_ports = lane_ports(blob);
-        ASSERT_EQ(own_ports.size(), 3u) << "prefill lanes in its metadata";
+        const std::string cmd = lane_kill_command(ctx, cfg.decode_metadata_file, killed_lane) + " 2>&1";
+        ASSERT_FALSE(::testing::Test::HasFailure());
         std::this_thread::sleep_for(std::chrono::milliseconds(1 + out.kills % 3));
-        const std::string a = std::to_string(ports[killed_lane]), b = std::to_string(own_ports[killed_lane]);
-        const std::string cmd = "ss -K -t -n '( sport = :" + a + " or dport = :" + a + " or sport = :" + b +
-                                " or dport = :" + b + " )' 2>&1";
         kill_ns = monotonic_ns();
         FILE *f = popen(cmd.c_str(), "r");
         ASSERT_NE(f, nullptr);
@@ -574,18 +583,9 @@ TEST(KvPairTcp, ARailKilledAtFiveTimesHealsEachTime) {
         // breaks nothing. After four such kills in a row the cycle moves on to the next lane.
         if (idle_kills >= 4) ++skipped, idle_kills = 0;
         const uint32_t lane = std::array<uint32_t, 3>{1, 2, 0}[(broke + skipped) % 3];
-        const auto ports = lane_ports(read_file(cfg.decode_metadata_file));
-        ASSERT_EQ(ports.size(), 3u) << "decode lanes in its metadata";
-        std::vector<uint8_t> blob(65536);
-        size_t len = 0;
-        ASSERT_EQ(sg_context_get_metadata(ctx, blob.data(), blob.size(), &len), SG_OK);
-        blob.resize(len);
-        const auto own_ports = lane_ports(blob);
-        ASSERT_EQ(own_ports.size(), 3u) << "prefill lanes in its metadata";
+        const std::string cmd = lane_kill_command(ctx, cfg.decode_metadata_file, lane) + " >/dev/null 2>&1";
+        ASSERT_FALSE(::testing::Test::HasFailure());
         std::this_thread::sleep_for(std::chrono::milliseconds(1 + kills % 3));
-        const std::string a = std::to_string(ports[lane]), b = std::to_string(own_ports[lane]);
-        const std::string cmd = "ss -K -t -n '( sport = :" + a + " or dport = :" + a + " or sport = :" + b +
-                                " or dport = :" + b + " )' >/dev/null 2>&1";
         ASSERT_EQ(std::system(cmd.c_str()), 0);
         ++kills;
         // Waits until this side has given the lane up (or the kill broke nothing), then lets the
