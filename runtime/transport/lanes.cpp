@@ -1001,6 +1001,7 @@ class StripedTransport final : public Transport {
             if (!p.failed[lane]) {
                 p.failed[lane] = true;
                 lanes_lost_.fetch_add(1);
+                if (p.heals) lanes_in_repair_.fetch_add(1, std::memory_order_relaxed);
                 lane_fences_.push_back({id, lane, p.epoch[lane], FenceStage::First});  // poll() closes our connection on it
             } else if (p.told_lost[lane]) {
                 tell_peer = false;  // already done
@@ -1349,6 +1350,8 @@ class StripedTransport final : public Transport {
     // its last notice goes again every kNoticeAgainNs: notices are not numbered, and one sent on a
     // control lane that broke under it is lost.
     void advance_repairs() {
+        // The progress thread polls all the time: nothing to scan while no lane is down.
+        if (lanes_in_repair_.load(std::memory_order_relaxed) == 0) return;
         std::vector<std::pair<PeerAddr, size_t>> heals;
         bool closing = false;
         {
@@ -1426,6 +1429,7 @@ class StripedTransport final : public Transport {
             p.notice_ns[l] = 0;
             lost_again = p.heard[l].epoch == epoch && p.heard[l].lost;
             lanes_healed_.fetch_add(1);
+            lanes_in_repair_.fetch_sub(1, std::memory_order_relaxed);
         }
         if (lost_again) lose_lane(id, l, /*tell_peer=*/false);
         wake_caller();
@@ -1712,6 +1716,9 @@ class StripedTransport final : public Transport {
     int wait_epoll_ = -1;
     std::atomic<bool> stop_{false};
     std::atomic<uint64_t> failovers_{0}, lanes_lost_{0}, lanes_healed_{0};
+    // Lanes of 1.7 peers given up and not yet healed (those of peers since lost or removed stay
+    // counted: then advance_repairs scans and skips them).
+    std::atomic<uint64_t> lanes_in_repair_{0};
     std::atomic<uint64_t> origin_{0};  // lane 0's address hashed, once its endpoint is open
     uint64_t nonce_ = 0;
     std::unordered_map<uint64_t, PeerAddr> by_origin_;  // framed peers by their origin; under peers_mu_
