@@ -329,7 +329,8 @@ typedef struct sg_context_options {
     /* A session whose peer has sent nothing for this long is lost: the session and every pending
      * transfer on it fail with SG_ERR_PEER_LOST. Quiet sessions send a small keep-alive every eighth
      * of it. Default 2000, or the environment's SG_PEER_TIMEOUT_MS (100..3600000; since 0.3); 0
-     * means the default. On a busy host the silence counted is what this context watched: time in
+     * means the default. With a peer of 0.5 or later, keep-alives go every eighth of this or of the
+     * peer's timeout, whichever is shorter, so two contexts may use different values. On a busy host the silence counted is what this context watched: time in
      * which its own progress thread did not run does not count, and a peer whose frames
      * have been arriving up to G apart may stay silent for up to 3 G, at most 4 times this value.
      * A broken connection reported by the fabric is detected sooner. A context without a progress

@@ -212,8 +212,12 @@ void Session::on_bye(wire::Bye &m) {
     lose(SG_ERR_PEER_LOST, kPeerClosed, true);
 }
 
-// A Ping only proves the peer alive, which heard_from has recorded.
-void Session::on_ping(wire::Ping &) {}
+// A Ping proves the peer alive, which heard_from has recorded, and says how often it must hear
+// from us. A peer asking for more than a frame per kMinKeepaliveNs gets one per kMinKeepaliveNs:
+// the timers run every 10 ms and a peer may not make us spin.
+void Session::on_ping(wire::Ping &m) {
+    if (m.keepalive_ns) peer_keepalive_ns = std::max(m.keepalive_ns, kMinKeepaliveNs);
+}
 
 void Session::on_notify(wire::Notify &m) {
     if (notifications.size() >= 4096) {

@@ -296,10 +296,16 @@ void Context::check_timers_locked() {
                         std::to_string(l.largest_gap_ns() / 1000000) + " ms)");
             continue;
         }
-        // Eight keep-alives per timeout: a peer has to get one frame through in any eighth of it.
-        if (s->may_send && s->outbox.empty() && now - s->last_sent_ns > peer_timeout_ns_ / 8) {
+        // Eight keep-alives per timeout, ours or the peer's when it is shorter: the side with the
+        // shorter timeout judges us, and a keep-alive a link or a busy host delays by more than
+        // its timeout less our period loses the session (a 12 s side pinging every 1.5 s kept a
+        // 2 s side's session with half a second to spare).
+        const uint64_t keepalive_ns = peer_timeout_ns_ / 8;
+        const uint64_t period_ns = s->peer_keepalive_ns ? std::min(keepalive_ns, s->peer_keepalive_ns) : keepalive_ns;
+        if (s->may_send && s->outbox.empty() && now - s->last_sent_ns > period_ns) {
             wire::Ping ping;
             ping.sent_ns = now;
+            ping.keepalive_ns = keepalive_ns;
             std::vector<uint8_t> out;
             wire::encode(out, id, ping);
             s->send(out);

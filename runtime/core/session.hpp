@@ -117,6 +117,10 @@ class Session {
     uint64_t notifications_dropped = 0;
     PeerLiveness liveness;       // any frame from the peer keeps it alive (liveness.hpp)
     uint64_t last_sent_ns = 0;   // any frame to the peer accepted by the provider
+    // How often the peer needs a frame from us (its Ping, 1.7): its peer timeout may be shorter
+    // than ours, and our keep-alives must keep *its* clock, not ours. 0: not said.
+    uint64_t peer_keepalive_ns = 0;
+    static constexpr uint64_t kMinKeepaliveNs = 20000000;
 
     // Our pools registered for this session (one registration per region) and exported.
     struct LocalReg {

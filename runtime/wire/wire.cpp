@@ -24,7 +24,7 @@
 //   Cancel, Error  1 request_id bytes, 2 decode_xfer_id u64, 3 status i32, 4 message bytes,
 //                  5 from_post_side u32 (0 or 1)
 //   Bye            1 status i32; since 1.1: optional 1 reply u32 (0 or 1)
-//   Ping           1 sent_ns u64
+//   Ping           1 sent_ns u64; since 1.7: optional 1 keepalive_ns u64
 //   Notify         1 payload bytes (<= kMaxNotifyBytes)
 //   AuthChallenge  1 nonce bytes (32)
 //   AuthProof      1 mac bytes (32)
@@ -418,7 +418,10 @@ void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Release &m) {
 }
 
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Ping &m) {
-    encode_frame(out, sender_ctx, MsgType::Ping, [&] { int_field(out, 1, m.sent_ns); });
+    encode_frame(out, sender_ctx, MsgType::Ping, [&] {
+        int_field(out, 1, m.sent_ns);
+        if (m.keepalive_ns) int_field(out, kOptionalBit | 1, m.keepalive_ns);
+    });
 }
 
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Notify &m) {
@@ -630,7 +633,7 @@ DecodeError decode(std::span<const uint8_t> body, Release &m) {
 }
 
 DecodeError decode(std::span<const uint8_t> body, Ping &m) {
-    return walk(body, {1}, [&](uint16_t, Bytes v) { return get(v, m.sent_ns); });
+    return walk(body, {1, 0, 1}, [&](uint16_t tag, Bytes v) { return tag == 1 ? get(v, m.sent_ns) : get(v, m.keepalive_ns); });
 }
 
 DecodeError decode(std::span<const uint8_t> body, Notify &m) {

@@ -264,6 +264,9 @@ struct Opened {
 
 struct Ping {
     uint64_t sent_ns = 0;  // sender's CLOCK_MONOTONIC, for diagnostics only
+    // Since 1.7 (optional): how often the sender needs a frame from us to keep the session, in ns
+    // (its peer timeout / 8). 0: not said (an older peer).
+    uint64_t keepalive_ns = 0;
 };
 
 struct Notify {

@@ -964,6 +964,44 @@ TEST(Session, TunablesHaveBounds) {
     EXPECT_EQ(sg_context_provider(c.h, name, 3), SG_ERR_BUFFER_TOO_SMALL);
 }
 
+// The side with the shorter peer timeout judges the other's keep-alives: a context with a long
+// timeout keeps a short-timeout peer's session by pinging at the peer's pace (its Ping says it),
+// not every eighth of its own 60 s. Before, the 60 s side pinged every 7.5 s and an idle session
+// was lost on the 2 s side after 2 s.
+TEST(Session, KeepAlivesFollowTheShorterTimeout) {
+    auto make = [](uint32_t timeout_ms) {
+        sg_context_options_t o;
+        sg_context_options_init(&o);
+        o.provider = "tcp";
+        o.peer_timeout_ms = timeout_ms;
+        SG_TEST_USE_KEY(o);
+        sg_context_t h = nullptr;
+        EXPECT_EQ(sg_context_create(&o, &h, nullptr), SG_OK) << sg_last_error_message();
+        return h;
+    };
+    sg_context_t brief = make(2000), patient = make(60000);
+    sg_session_t bs = nullptr, ps = nullptr;
+    join_by_metadata(brief, patient, &bs, &ps);
+    ASSERT_TRUE(bs && ps);
+    sg_context_stats_t before, after;
+    sg_context_stats_init(&before);
+    sg_context_stats_init(&after);
+    ASSERT_EQ(sg_context_stats(patient, &before), SG_OK);
+    std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+    ASSERT_EQ(sg_context_stats(patient, &after), SG_OK);
+    sg_status_t err = SG_OK;
+    ASSERT_EQ(sg_session_error(bs, &err, nullptr, 0), SG_OK);
+    EXPECT_EQ(err, SG_OK) << "the 2 s side lost an idle session with a 60 s peer";
+    ASSERT_EQ(sg_session_error(ps, &err, nullptr, 0), SG_OK);
+    EXPECT_EQ(err, SG_OK);
+    // One keep-alive per 250 ms: 12 in 3 s; a loaded host may skip some, never most.
+    EXPECT_GE(after.messages_sent - before.messages_sent, 6u);
+    sg_session_destroy(bs);
+    sg_session_destroy(ps);
+    EXPECT_EQ(sg_context_destroy(brief), SG_OK);
+    EXPECT_EQ(sg_context_destroy(patient), SG_OK);
+}
+
 TEST(Session, ConnectFailuresAreReported) {
     Ctx c;
     sg_session_t s = nullptr;

@@ -293,6 +293,8 @@ TEST(WireRoundTrip, SmallMessages) {
     EXPECT_EQ(round_trip(Bye{0}), Bye{0});
     EXPECT_EQ(round_trip(Bye{0, 1}), (Bye{0, 1}));
     EXPECT_EQ(round_trip(Ping{0xfedcba9876543210ull}).sent_ns, 0xfedcba9876543210ull);
+    EXPECT_EQ(round_trip(Ping{0xfedcba9876543210ull}).keepalive_ns, 0u);  // what a 1.6 peer sends
+    EXPECT_EQ(round_trip(Ping{1, 250000000}).keepalive_ns, 250000000u);
     const std::vector<uint8_t> note(4096, 0x5a);
     EXPECT_EQ(round_trip(Notify{note}).payload, note);
 }
