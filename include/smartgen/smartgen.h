@@ -1178,7 +1178,9 @@ SG_API sg_status_t sg_transfer_test(sg_transfer_t xfer);
 
 /* Waits up to timeout_ns for completion: SG_ERR_TIMEOUT when the timeout passes first (the transfer
  * goes on); otherwise as sg_transfer_test. Since 0.1; SG_ERR_TIMEOUT (not SG_IN_PROGRESS) on
- * timeout since 0.2. */
+ * timeout since 0.2. Since 0.5, between two 0.5 contexts, bytes that went through a staging slot
+ * are checked (CRC32C): a chunk whose bytes changed on the way fails the transfer on both sides
+ * with SG_ERR_TRANSPORT, and its blocks must not be used. */
 SG_API sg_status_t sg_transfer_wait(sg_transfer_t xfer, uint64_t timeout_ns);
 
 /* Waits up to timeout_ns for one layer to be ready: SG_OK, SG_ERR_TIMEOUT when the timeout passes

@@ -101,6 +101,15 @@ struct Allocator {
 template <class T>
 using Vec = std::vector<T, Allocator<T>>;
 
+// ---- checksums ----
+// CRC32C (Castagnoli), zlib-style: crc32c(0, a) then crc32c(that, b) is the CRC of a then b.
+// "123456789" gives 0xE3069283. Uses the CPU's crc32 instruction where it has one (checked at
+// run time). crc32c_copy copies len bytes from src to dst and returns the CRC of them, reading
+// each byte once; crc32c_portable is the table code every CPU runs, for tests of the other.
+uint32_t crc32c(uint32_t crc, const void *data, size_t len) noexcept;
+uint32_t crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len) noexcept;
+uint32_t crc32c_portable(uint32_t crc, const void *data, size_t len) noexcept;
+
 // ---- time ----
 // Whether a completion status (a negative errno) is one providers report for operations on a
 // connection that went away (rxm fails what was queued on it with EIO or ECANCELED when the peer

@@ -161,6 +161,11 @@ class Session {
     bool have_peer_staging = false;
     uint32_t free_peer_slots = 0;  // bitmask of the peer's free receive slots
     uint32_t free_send_slots = 0;  // bitmask of our free pack slots
+    // Each slot's generation (StagedChunk, 1.7): the last one we wrote into the peer's slot, and
+    // the last one the peer wrote into ours. A chunk notice whose generation did not grow names
+    // bytes that are not the ones it describes.
+    uint32_t peer_slot_generation[StagingArea::kSlots] = {};
+    uint32_t recv_slot_generation[StagingArea::kSlots] = {};
     // Measured throughput (bytes per ns, smoothed) of candidate layers sent directly [0] and
     // staged [1] on this session; 0 while unmeasured. Drives SG_STAGING_AUTO.
     double path_rate[2] = {0, 0};

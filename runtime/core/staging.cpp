@@ -177,7 +177,7 @@ bool Transfer::post_staged_chunk(uint32_t layer, const Vec<plan::Op> &ops, size_
         if (p.wire_quant) p.quant_segments.push_back(q);
         chunk.segments.push_back({layer * prefill().dst->regions_per_layer + op.dst_region, op.dst_offset, op.len});
     }
-    wire::encode(p.notice, ctx->id, chunk);
+    p.chunk = std::move(chunk);
     p.variant = &staging_variant(p.src_device >= 0, p.wire_quant != 0);
     p.t = shared_from_this();
     p.layer = layer;
@@ -231,6 +231,7 @@ void Context::run_packs(std::unique_lock<std::mutex> &lock) {
             p.variant->pack(p, slot);
         } catch (const Error &e) {
             p.error = e.message();
+            p.error_status = e.status();
         }
         p.packed = true;
     }
@@ -238,7 +239,7 @@ void Context::run_packs(std::unique_lock<std::mutex> &lock) {
     packing_ = false;
     std::deque<PackJob> waiting;  // the provider was full: retried on a later pass, in order
     for (PackJob &p : batch) {
-        if (!p.error.empty() && !p.t->finished()) p.t->fail_with(SG_ERR_INTERNAL, p.error, true);
+        if (!p.error.empty() && !p.t->finished()) p.t->fail_with(p.error_status, p.error, true);
         if (p.t->finished() || p.t->session->closed()) {
             drop_pack(p);
         } else if (!waiting.empty() || !post_pack(p)) {
@@ -281,10 +282,18 @@ bool Context::post_pack(PackJob &p) {
         return false;
     }
     t.layers[p.layer].staged_chunks++;
+    // The generation counts writes handed to the provider: one whose write fails sends no notice,
+    // and the peer sees the next generation skip it (it only has to grow).
+    uint32_t &generation = s.peer_slot_generation[p.rslot];
+    generation = generation == UINT32_MAX ? 1 : generation + 1;
+    p.chunk.generation = generation;
+    p.chunk.crc32c = p.crc;
+    std::vector<uint8_t> notice;
+    wire::encode(notice, id, p.chunk);
     if (s.tp->caps().send_after_write) {
-        s.send(p.notice, &t);
+        s.send(notice, &t);
     } else {
-        c->bytes.assign(p.notice.begin(), p.notice.end());  // sent when the write completes
+        c->bytes.assign(notice.begin(), notice.end());  // sent when the write completes
     }
     SG_ASSERT((p.unit ? p.unit->packs_pending : t.layers[p.layer].out.packs_pending) > 0,
               "transfer '" + t.request_id + "': a pack handed over twice");
@@ -333,6 +342,17 @@ void Context::drop_pack(PackJob &p) {
 void Session::on_staged_chunk(wire::StagedChunk &m) {
     if (m.slot >= StagingArea::kSlots) fail(SG_ERR_PROTOCOL, "StagedChunk names a slot that does not exist");
     if (!recv_staging.base) fail(SG_ERR_PROTOCOL, "StagedChunk on a session that offered no staging slots");
+    // A slot is written again only after we credited it, so each notice of a slot follows the
+    // last: one whose generation did not grow (a notice sent twice, or one for a write we already
+    // unpacked) describes bytes that are no longer there. The wrap from 2^32-1 to 1 is the one step
+    // down a peer may take.
+    if (m.generation) {
+        uint32_t &last = recv_slot_generation[m.slot];
+        if (m.generation <= last && !(last == UINT32_MAX && m.generation == 1))
+            fail(SG_ERR_PROTOCOL, "StagedChunk for slot " + std::to_string(m.slot) + " with generation " +
+                                      std::to_string(m.generation) + " after generation " + std::to_string(last));
+        last = m.generation;
+    }
     if (Transfer *running = running_expect(m.decode_xfer_id)) {
         Transfer &t = *running;
         const kv::Layout &L = t.pool->layout;
@@ -395,12 +415,16 @@ void Context::run_unpacks(std::unique_lock<std::mutex> &lock) {
             u.variant->unpack(u, area.base + size_t(u.chunk.slot) * StagingArea::kSlotBytes + u.chunk.slot_offset);
         } catch (const Error &e) {
             u.error = e.message();
+            u.error_status = e.status();
         }
     }
     lock.lock();
     unpacking_ = false;
     for (UnpackJob &u : batch) {
-        if (!u.error.empty() && !u.t->finished()) u.t->fail_with(SG_ERR_INTERNAL, u.error, true);
+        if (!u.error.empty() && !u.t->finished()) {
+            if (u.error_status == SG_ERR_TRANSPORT) log.log(SG_LOG_WARN, u.error);
+            u.t->fail_with(u.error_status, u.error, true);
+        }
         finish_unpack(u);
     }
     if (!unpacks_.empty()) wake();

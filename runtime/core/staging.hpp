@@ -36,6 +36,7 @@ struct PackJob {
     uint32_t wire_quant = 0;
     int32_t src_device = -1;  // the source pool's CUDA device: pieces are device addresses
     std::string error;        // the device copy failed: the transfer fails with this
+    sg_status_t error_status = SG_OK;
     struct QuantSegment {
         uint32_t pieces;
         uint32_t region_in_layer;
@@ -43,8 +44,9 @@ struct PackJob {
         quant::Shape shape;
     };
     std::vector<QuantSegment> quant_segments;
-    std::vector<uint8_t> notice;  // its StagedChunk frame
-    bool packed = false;          // copied; waiting for the provider (it answered EAGAIN)
+    wire::StagedChunk chunk;  // its notice; generation and CRC are set when it is handed over
+    uint32_t crc = 0;         // CRC32C of the slot's `used` bytes, computed by the pack
+    bool packed = false;      // copied; waiting for the provider (it answered EAGAIN)
 };
 
 // The decode side's half: checked under the mutex (on_staged_chunk) and copied into the pool
@@ -56,8 +58,16 @@ struct UnpackJob {
     wire::StagedChunk chunk;
     std::vector<quant::Shape> shapes;  // quantized chunks: each segment's, as checked on arrival
     uint64_t wire_bytes = 0;           // quantized chunks: the slot bytes their segments took
-    std::string error;                 // the device copy failed: the transfer fails with this
+    // The device copy failed, or the slot's bytes are not the ones the notice describes: the
+    // transfer fails with this.
+    std::string error;
+    sg_status_t error_status = SG_OK;
 };
+
+// The check of a chunk whose notice carries one (wire 1.7): `crc` is what the unpack read from the
+// slot. Throws sg::Error(SG_ERR_TRANSPORT) naming the chunk when they differ: the slot held bytes
+// other than the chunk's (a torn write, or a late copy of an earlier one).
+void check_chunk_crc(const UnpackJob &u, uint32_t crc);
 
 // How a staged chunk's bytes move, one table per variant: the pool's memory (host, or CUDA device
 // memory through the CUDA plugin) times the wire coding (raw, or quantized: quant/). Chosen once
@@ -65,9 +75,12 @@ struct UnpackJob {
 // Both run without the context's mutex and throw sg::Error (a device copy that failed).
 struct StagingVariant {
     const char *name;
-    // The chunk's pieces (pool memory) into its pack slot.
+    // The chunk's pieces (pool memory) into its pack slot, and p.crc: the CRC32C of the slot's
+    // p.used bytes, folded into the copy where the copy is ours.
     void (*pack)(PackJob &p, uint8_t *slot);
-    // The chunk's segments from the receive slot (src: the chunk's first byte) into the pool.
+    // The chunk's segments from the receive slot (src: the chunk's first byte) into the pool;
+    // when the notice carries a CRC, the slot's bytes are checked (check_chunk_crc) in the same
+    // pass where the copy is ours, else before they are copied.
     void (*unpack)(UnpackJob &u, const uint8_t *src);
 };
 const StagingVariant &staging_variant(bool device_memory, bool quantized);

@@ -2,6 +2,7 @@
 // wire coding, run without the context's mutex. Device memory goes through the CUDA plugin: raw
 // chunks straight between the slot and the device, quantized ones through host memory, where the
 // codec (quant/) runs.
+#include <cstdio>
 #include <cstring>
 #include <span>
 
@@ -17,11 +18,13 @@ using SourcePieces = std::span<const std::pair<const uint8_t *, uint64_t>>;
 
 // ---- pack: pool pieces into the slot ----
 
-void copy_pieces(SourcePieces pieces, uint8_t *slot) {
+uint32_t copy_pieces(SourcePieces pieces, uint8_t *slot) {
+    uint32_t crc = 0;
     for (auto [src, len] : pieces) {
-        std::memcpy(slot, src, len);
+        crc = crc32c_copy(crc, slot, src, len);
         slot += len;
     }
+    return crc;
 }
 
 // Each segment's pieces (host memory) coded into the slot.
@@ -36,11 +39,19 @@ void encode_segments(const PackJob &p, SourcePieces pieces, uint8_t *slot) {
     }
 }
 
-void pack_host_raw(PackJob &p, uint8_t *slot) { copy_pieces(p.pieces, slot); }
+void pack_host_raw(PackJob &p, uint8_t *slot) { p.crc = copy_pieces(p.pieces, slot); }
 
-void pack_host_quantized(PackJob &p, uint8_t *slot) { encode_segments(p, p.pieces, slot); }
+// The codec and the device copy write the slot themselves: the CRC reads what they wrote, while it
+// is still in cache.
+void pack_host_quantized(PackJob &p, uint8_t *slot) {
+    encode_segments(p, p.pieces, slot);
+    p.crc = crc32c(0, slot, p.used);
+}
 
-void pack_device_raw(PackJob &p, uint8_t *slot) { cuda_stage_out(p.src_device, p.pieces, slot); }
+void pack_device_raw(PackJob &p, uint8_t *slot) {
+    cuda_stage_out(p.src_device, p.pieces, slot);
+    p.crc = crc32c(0, slot, p.used);
+}
 
 void pack_device_quantized(PackJob &p, uint8_t *slot) {
     thread_local std::vector<uint8_t> from_device;
@@ -55,6 +66,7 @@ void pack_device_quantized(PackJob &p, uint8_t *slot) {
         at += len;
     }
     encode_segments(p, host_pieces, slot);
+    p.crc = crc32c(0, slot, p.used);
 }
 
 // ---- unpack: the slot into the pool ----
@@ -65,9 +77,26 @@ uint8_t *segment_in_pool(const UnpackJob &u, const wire::Segment &seg) {
     return u.t->pool->region(layer, region) + seg.offset;  // checked by on_staged_chunk
 }
 
+bool checked(const UnpackJob &u) { return u.chunk.generation != 0; }
+
+uint64_t slot_bytes(const UnpackJob &u) {
+    uint64_t n = 0;
+    if (u.chunk.wire_quant)
+        for (const quant::Shape &shape : u.shapes) n += shape.wire_bytes();
+    else
+        for (const wire::Segment &seg : u.chunk.segments) n += seg.length;
+    return n;
+}
+
+// The chunk's bytes checked where they lie, before a copy that is not ours (codec, device) reads them.
+void check_in_slot(const UnpackJob &u, const uint8_t *src) {
+    if (checked(u)) check_chunk_crc(u, crc32c(0, src, slot_bytes(u)));
+}
+
 // Each segment decoded from the slot into out(i, segment), one after the other.
 template <class Out>
 void decode_segments(UnpackJob &u, const uint8_t *src, Out out) {
+    check_in_slot(u, src);
     const kv::Layout &L = u.t->pool->layout;
     kernels::QuantCode code{};
     quant::code_of(u.chunk.wire_quant, code);
@@ -80,11 +109,15 @@ void decode_segments(UnpackJob &u, const uint8_t *src, Out out) {
     }
 }
 
+// The check rides the copy: the bytes checked are the bytes the pool got. A mismatch fails the
+// transfer, whose blocks the host then must not use.
 void unpack_host_raw(UnpackJob &u, const uint8_t *src) {
+    uint32_t crc = 0;
     for (const wire::Segment &seg : u.chunk.segments) {
-        std::memcpy(segment_in_pool(u, seg), src, seg.length);
+        crc = crc32c_copy(crc, segment_in_pool(u, seg), src, seg.length);
         src += seg.length;
     }
+    if (checked(u)) check_chunk_crc(u, crc);
 }
 
 void unpack_host_quantized(UnpackJob &u, const uint8_t *src) {
@@ -99,6 +132,7 @@ void collect_device_pieces(const UnpackJob &u) {
 }
 
 void unpack_device_raw(UnpackJob &u, const uint8_t *src) {
+    check_in_slot(u, src);
     collect_device_pieces(u);
     cuda_stage_in(u.t->pool->layout.device, device_pieces, src);
 }
@@ -125,6 +159,17 @@ constexpr StagingVariant kVariants[2][2] = {
 };
 
 }  // namespace
+
+void check_chunk_crc(const UnpackJob &u, uint32_t crc) {
+    const wire::StagedChunk &m = u.chunk;
+    if (crc == m.crc32c) return;
+    char hex[64];
+    std::snprintf(hex, sizeof hex, "CRC32C %08x, the notice says %08x", crc, m.crc32c);
+    throw Error(SG_ERR_TRANSPORT, "the staged chunk of layer " + std::to_string(m.layer) + " in slot " +
+                                      std::to_string(m.slot) + " (generation " + std::to_string(m.generation) +
+                                      ") does not hold the bytes its notice describes: " + hex +
+                                      " (a torn write, or a late copy of an earlier chunk)");
+}
 
 const StagingVariant &staging_variant(bool device_memory, bool quantized) {
     return kVariants[device_memory][quantized];

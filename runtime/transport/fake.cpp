@@ -545,7 +545,8 @@ size_t FakeTransport::poll(CompletionSink &sink) {
                     uint64_t offset = 0;
                     const Region *r = f_->target(id_, op.key, op.remote_addr, op.len, offset);
                     if (r) {
-                        uint8_t *dst = reinterpret_cast<uint8_t *>(r->addr) + offset;
+                        uint8_t *const first = reinterpret_cast<uint8_t *>(r->addr) + offset;
+                        uint8_t *dst = first;
                         if (op.snapped) {
                             f_->copy(dst, op.data.data(), op.len, r->device);
                         } else {
@@ -554,6 +555,9 @@ size_t FakeTransport::poll(CompletionSink &sink) {
                                 dst += v.len;
                             }
                         }
+                        // A byte the wire got wrong, as a torn or stale landing leaves it.
+                        if (op.len && !r->device && f_->rng.chance(f_->knobs.corrupt_landing))
+                            first[f_->rng.below(op.len)] ^= 0x40;
                     }
                     if (!op.completed)
                         f_->complete(op, r ? 0 : -EACCES,

@@ -64,6 +64,9 @@ struct Knobs {
     // yet (its bytes already in the target's socket) lands this many polls of the target later,
     // unless the target fences the initiator first (Transport::fence). 0: it never lands.
     uint32_t late_landing_polls = 0;
+    // Chance that a write lands with one byte flipped (host memory targets): what a torn write or
+    // a stale copy leaves, for the checks that must catch it (staged chunks' CRC32C).
+    double corrupt_landing = 0;
     bool refuse_device_memory = false;  // hmem: register_device_memory fails (as fi_mr_regattr may)
 };
 

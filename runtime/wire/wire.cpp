@@ -18,7 +18,8 @@
 //   LayerReady     1 decode_xfer_id u64, 2 layer u32, 3 bytes u64, 4 staged_chunks u32
 //   StagedChunk    1 decode_xfer_id u64, 2 layer u32, 3 slot u32, 4 slot_offset u64,
 //                  5 segments: packed 20-byte records {u32 region, u64 offset, u64 length};
-//                  since 1.3: optional 1 wire_quant u32
+//                  since 1.3: optional 1 wire_quant u32; since 1.7: optional 2 generation u32
+//                  (not 0) and optional 3 crc32c u32, both or neither
 //   StagingCredit  1 slot u32
 //   TransferDone   1 decode_xfer_id u64, 2 bytes u64
 //   Cancel, Error  1 request_id bytes, 2 decode_xfer_id u64, 3 status i32, 4 message bytes,
@@ -305,6 +306,10 @@ void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const StagedChunk &m
         }
         end_field(out, at);
         if (m.wire_quant) int_field(out, kOptionalBit | 1, m.wire_quant);
+        if (m.generation) {
+            int_field(out, kOptionalBit | 2, m.generation);
+            int_field(out, kOptionalBit | 3, m.crc32c);
+        }
     });
 }
 
@@ -571,9 +576,12 @@ DecodeError decode(std::span<const uint8_t> body, LayerReady &m) {
 }
 
 DecodeError decode(std::span<const uint8_t> body, StagedChunk &m) {
-    return walk(body, {5, 0, 1}, [&](uint16_t tag, Bytes v) {
+    bool have_crc = false;
+    const E e = walk(body, {5, 0, 3}, [&](uint16_t tag, Bytes v) {
         switch (tag) {
         case kOptionalBit | 1: return get(v, m.wire_quant);
+        case kOptionalBit | 2: return get(v, m.generation);
+        case kOptionalBit | 3: have_crc = true; return get(v, m.crc32c);
         case 1: return get(v, m.decode_xfer_id);
         case 2: return get(v, m.layer);
         case 3: return get(v, m.slot);
@@ -587,6 +595,8 @@ DecodeError decode(std::span<const uint8_t> body, StagedChunk &m) {
         }
         return kUnreachable;
     });
+    // A generation of 0 would read as "not sent", and a CRC without it as a check of nothing.
+    return e == E::None && have_crc != (m.generation != 0) ? E::BadValue : e;
 }
 
 DecodeError decode(std::span<const uint8_t> body, StagingCredit &m) {

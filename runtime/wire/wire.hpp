@@ -30,7 +30,8 @@ inline constexpr uint16_t kProtoMajor = 1;
 //      that lane is closed, and sends a write that broke a lane again only after the peer's answer
 //      (docs/protocol.md 3.1); with a 1.5 peer such a write fails instead. No change to these frames.
 // 1.7: a lane given up is closed in two steps and then used again (lanes heal); the envelope's
-//      lane notices carry the lane's epoch. No change to these frames.
+//      lane notices carry the lane's epoch. StagedChunk's optional generation and CRC32C; Ping's
+//      optional keepalive_ns.
 inline constexpr uint16_t kProtoMinor = 7;
 inline constexpr uint16_t kOptionalBit = 0x8000;
 inline constexpr size_t kFrameHeaderBytes = 4 + 2 + 2 + 2 + 2 + 8 + 4;
@@ -167,6 +168,12 @@ struct StagedChunk {
     // Since 1.3: SG_WIRE_QUANT_* of every segment (quant/quant.hpp gives their wire form; a
     // segment's length stays its length in the pool). 0: raw bytes.
     uint32_t wire_quant = 0;
+    // Since 1.7, both or neither: the slot's generation (each chunk the sender writes into the slot
+    // counts one, from 1; it only grows) and the CRC32C of the chunk's bytes in the slot, as they
+    // travel. The receiver refuses a generation that did not grow and a chunk whose bytes do not
+    // match. 0: not sent (an older peer).
+    uint32_t generation = 0;
+    uint32_t crc32c = 0;
 };
 
 struct StagingCredit {

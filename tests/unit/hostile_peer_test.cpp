@@ -120,6 +120,26 @@ TEST(HostilePeer, AStagedChunkWhoseSlotOffsetWrapsFailsTheSessionAndTouchesNoMem
     for (uint16_t x : p.pool.k[0]) ASSERT_EQ(x, 0u);
 }
 
+// A slot's generation only grows (wire 1.7): the same notice twice names bytes we already
+// unpacked and whose slot the peer may be writing again.
+TEST(HostilePeer, AStagedChunkWhoseGenerationDidNotGrowFailsTheSession) {
+    Pair p;
+    auto t = p.expect_on_decode();
+    wire::StagedChunk m;
+    m.decode_xfer_id = t->id;
+    m.segments.push_back({0, 0, 128});
+    m.generation = 5;
+    const std::vector<uint8_t> zeros(128, 0);  // what an unwritten slot holds
+    m.crc32c = crc32c(0, zeros.data(), zeros.size());
+    p.inject(p.decode, m);
+    {
+        std::lock_guard lock(p.decode.mu);
+        ASSERT_FALSE(p.at_decode->closed()) << p.at_decode->error_message;
+    }
+    p.inject(p.decode, m);
+    EXPECT_TRUE(p.decode_lost_for("with generation 5 after generation 5"));
+}
+
 TEST(HostilePeer, AnOutOfRangeSegmentOffsetFailsTheSession) {
     Pair p;
     auto t = p.expect_on_decode();

@@ -340,6 +340,37 @@ TEST(Schedule, PostsRefusedWithEagainAreRetried) {
     r.finish();
 }
 
+// A staged chunk checks its bytes (wire 1.7: its slot's generation and CRC32C): a chunk that lands
+// with a byte changed (a torn write, a late copy of an earlier chunk) fails its transfer on both
+// sides with SG_ERR_TRANSPORT instead of completing with wrong bytes; the session goes on, and the
+// next request, on a clean wire, is exact.
+TEST(Schedule, AStagedChunkWhoseBytesChangedOnTheWayFailsItsTransfer) {
+    PairConfig cfg;
+    cfg.knobs.corrupt_landing = 1.0;
+    FakePair p(23, cfg);
+    {
+        Request r(p, 2, 16, 64);
+        r.do_expect();
+        r.do_post();
+        ASSERT_TRUE(r.run_to_quiesce());
+        EXPECT_GT(r.post->stats.staged_bytes, 0u) << "the request did not go through staging slots";
+        EXPECT_EQ(r.expect->status, SG_ERR_TRANSPORT) << r.expect->error;
+        EXPECT_NE(r.expect->error.find("CRC32C"), std::string::npos) << r.expect->error;
+        EXPECT_NE(r.post->status, SG_OK);
+        r.post->release();
+        r.expect->release();
+    }
+    fake::Knobs clean;
+    p.fabric.set_knobs(clean);
+    Request r(p, 2, 16, 64);
+    r.do_expect();
+    r.do_post();
+    ASSERT_TRUE(r.run_to_quiesce());
+    EXPECT_EQ(r.expect->status, SG_OK) << r.expect->error;
+    EXPECT_TRUE(r.exact());
+    r.finish();
+}
+
 TEST(Schedule, ABrokenConnectionFailsBothSidesWithPeerLostAndStillQuiesces) {
     fake::Knobs k;
     k.delay = 0.3;

@@ -38,8 +38,8 @@ static bool operator==(const LayerReady &a, const LayerReady &b) {
            std::tie(b.decode_xfer_id, b.layer, b.bytes, b.staged_chunks);
 }
 static bool operator==(const StagedChunk &a, const StagedChunk &b) {
-    return std::tie(a.decode_xfer_id, a.layer, a.slot, a.slot_offset, a.segments) ==
-           std::tie(b.decode_xfer_id, b.layer, b.slot, b.slot_offset, b.segments);
+    return std::tie(a.decode_xfer_id, a.layer, a.slot, a.slot_offset, a.segments, a.wire_quant, a.generation, a.crc32c) ==
+           std::tie(b.decode_xfer_id, b.layer, b.slot, b.slot_offset, b.segments, b.wire_quant, b.generation, b.crc32c);
 }
 static bool operator==(const StagingCredit &a, const StagingCredit &b) { return a.slot == b.slot; }
 static bool operator==(const TransferDone &a, const TransferDone &b) {
@@ -540,6 +540,32 @@ TEST(WireFields, UnknownOptionalFieldsAreSkippedInEveryType) {
     StagedChunk m;
     ASSERT_EQ(decode(body_of(buf), m), E::None);
     EXPECT_EQ(m, sample_chunk());
+}
+
+// A staged chunk's check (1.7) is its slot's generation and the CRC32C of its bytes, both or
+// neither: a CRC alone, or a generation of 0 (which reads as "not sent"), is refused.
+TEST(WireFields, AStagedChunksCheckComesWhole) {
+    StagedChunk checked = sample_chunk();
+    checked.generation = 0xfffffffeu;
+    checked.crc32c = 0;
+    EXPECT_EQ(round_trip(checked), checked);
+    checked.crc32c = 0xe3069283u;
+    EXPECT_EQ(round_trip(checked), checked);
+    const Buf crc = {1, 2, 3, 4}, zero = {0, 0, 0, 0};
+    StagedChunk m;
+    Buf alone;
+    encode(alone, kCtx, sample_chunk());
+    append_raw_field(alone, 0, kOptionalBit | 3, crc);
+    EXPECT_EQ(decode(body_of(alone), m), E::BadValue);
+    Buf generation_zero = alone;
+    append_raw_field(generation_zero, 0, kOptionalBit | 2, zero);
+    m = {};
+    EXPECT_EQ(decode(body_of(generation_zero), m), E::BadValue);
+    Buf generation_only;
+    encode(generation_only, kCtx, sample_chunk());
+    append_raw_field(generation_only, 0, kOptionalBit | 2, crc);
+    m = {};
+    EXPECT_EQ(decode(body_of(generation_only), m), E::BadValue);
 }
 
 TEST(WireFields, AppendRawFieldPatchesTheRightFrame) {
