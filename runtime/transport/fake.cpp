@@ -42,6 +42,12 @@ struct Op {
     bool early = false;               // completes at the initiator's next poll, before it lands
     bool completed = false;           // its completion is queued already (early)
     bool late = false;                // its link dropped: it lands anyway (Knobs::late_landing_polls)
+    // A partial landing (Knobs::partial_landing): the first `landed` bytes are in the target at
+    // `pinned`, where the key sent it when the first byte came; the rest lands there later
+    // whatever became of the key, as a TCP receiver copies a write whose header it accepted.
+    uint8_t *pinned = nullptr;
+    bool pinned_device = false;
+    uint64_t landed = 0;
 };
 
 struct Completion {
@@ -149,6 +155,7 @@ struct Fabric::State {
                 it->completed = true;
                 it->late = true;
                 it->ready_at = endpoints[it->to].polls + knobs.late_landing_polls;
+                if (it->len > 1 && rng.chance(knobs.partial_landing)) land_prefix(*it);
                 ++it;
                 continue;
             }
@@ -171,6 +178,16 @@ struct Fabric::State {
             at += v.len;
         }
         op.snapped = true;
+    }
+    // The key is checked now, at the first byte; a prefix lands, the rest waits at that address.
+    void land_prefix(Op &op) {
+        uint64_t offset = 0;
+        const Region *r = target(op.to, op.key, op.remote_addr, op.len, offset);
+        if (!r) return;  // refused at the first byte: nothing lands, then or later
+        op.pinned = reinterpret_cast<uint8_t *>(r->addr) + offset;
+        op.pinned_device = r->device;
+        op.landed = 1 + rng.below(op.len - 1);
+        copy(op.pinned, op.data.data(), op.landed, op.pinned_device);
     }
     // The registration of `to` that `key` names and the offset remote_addr means in it.
     const Region *target(uint32_t to, uint64_t key, uint64_t remote_addr, uint64_t len, uint64_t &offset) {
@@ -541,6 +558,9 @@ size_t FakeTransport::poll(CompletionSink &sink) {
                     }
                     events.push_back(std::move(ev));
                     f_->complete(op, 0, "");
+                } else if (op.pinned) {
+                    // The rest of a partial landing: its key was checked at the first byte.
+                    f_->copy(op.pinned + op.landed, op.data.data() + op.landed, op.len - op.landed, op.pinned_device);
                 } else {
                     uint64_t offset = 0;
                     const Region *r = f_->target(id_, op.key, op.remote_addr, op.len, offset);

@@ -64,6 +64,11 @@ struct Knobs {
     // yet (its bytes already in the target's socket) lands this many polls of the target later,
     // unless the target fences the initiator first (Transport::fence). 0: it never lands.
     uint32_t late_landing_polls = 0;
+    // Chance that such a late write lands in part at once (a prefix, the key checked then) and the
+    // rest at its late time at the same address, even if the key was closed in between: TCP's
+    // receiver checks the key when a write's header arrives and then copies the payload as it
+    // comes. Only a fence of the initiator stops the rest.
+    double partial_landing = 0;
     // Chance that a write lands with one byte flipped (host memory targets): what a torn write or
     // a stale copy leaves, for the checks that must catch it (staged chunks' CRC32C).
     double corrupt_landing = 0;

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -209,6 +210,37 @@ TEST(FakeTransport, ADroppedLinkFailsWhatIsPendingAndWhatIsPostedLater) {
     }
     EXPECT_EQ(failed, 4u);
     EXPECT_EQ(fabric.pending(), 0u);
+}
+
+// TCP's receiver checks a write's key when its header arrives and copies the payload as it comes:
+// a write whose link drops lands a prefix at once and the rest later at the same address, even
+// after the key was closed. Only a fence of the initiator stops the rest.
+TEST(FakeTransport, APartialLandingFinishesWhateverBecameOfTheKeyUnlessTheTargetFences) {
+    fake::Knobs k;
+    k.late_landing_polls = 3;
+    k.partial_landing = 1.0;
+    for (bool fence : {false, true}) {
+        fake::Fabric fabric(5, k);
+        Link l;
+        std::vector<uint8_t> src(4096, 0xab), dst(8192, 0);
+        Registration r = l.b->register_memory(dst.data(), dst.size(), 0x77);
+        LocalIov iov{src.data(), src.size(), nullptr};
+        ASSERT_EQ(l.a->post_write(l.a_to_b, {&iov, 1}, 1024, r.key, cookies[0]), 0);
+        fabric.drop_link(l.a_id, l.b_id);
+        auto landed = [&] { return size_t(std::count(dst.begin(), dst.end(), uint8_t(0xab))); };
+        const size_t prefix = landed();
+        EXPECT_GT(prefix, 0u) << "no prefix landed when the link dropped";
+        EXPECT_LT(prefix, src.size());
+        EXPECT_EQ(dst[1024], 0xab);  // a prefix: from the write's first byte on
+        Recorder ra, rb;
+        ASSERT_EQ(l.a->poll(ra), 1u);
+        EXPECT_EQ(ra.events[0].status, -ECONNRESET);  // the initiator sees it fail at once
+        l.b->deregister(r);  // the key is closed: it was checked at the first byte
+        if (fence) EXPECT_TRUE(l.b->fence(l.b_to_a));
+        for (int i = 0; i < 6; ++i) l.b->poll(rb);
+        EXPECT_EQ(landed(), fence ? prefix : src.size()) << (fence ? "fenced" : "not fenced");
+        EXPECT_EQ(fabric.pending(), 0u);
+    }
 }
 
 TEST(FakeTransport, ALocalOnlyFabricNeverCompletesOperationsToADeadPeer) {
