@@ -206,6 +206,11 @@ void Session::drop_registrations() {
         for (auto &r : reg.regions) tp->deregister(r);
         reg.regions.clear();
     }
+    // The staging slots' keys close here too, under the lock, with the peer fenced or done: ~Session
+    // runs on whatever thread drops the last reference, and there it only unmaps memory no key
+    // reaches any more.
+    if (recv_staging.reg.mr) tp->deregister(recv_staging.reg);
+    if (send_staging.reg.mr) tp->deregister(send_staging.reg);
     regs_dropped = true;
     for (auto &[k, t] : matchbook.expects()) t->note_quiesced();
     for (auto &[k, t] : matchbook.matched_posts()) t->note_quiesced();

@@ -180,8 +180,9 @@ void Session::detach_locked() {
     }
     forget_held_frames();
     drop_unsent(false);
-    // Under the lock, before ~Session deregisters and unmaps on whatever thread drops the last
-    // reference: nothing the peer still sends may land in what is handed back. A close both sides
+    // Under the lock, before ~Session unmaps the staging slots on whatever thread drops the last
+    // reference: nothing the peer still sends may land in what is handed back, and every key
+    // closes here (drop_registrations). A close both sides
     // finished (our Bye answered: the peer read all we sent and stopped) needs no fence, and keeps
     // the connection for the next session between the two endpoints; its keys still close.
     if (bye() == ByeExchange::Answered || peer_said_bye)

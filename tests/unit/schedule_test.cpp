@@ -371,6 +371,30 @@ TEST(Schedule, AStagedChunkWhoseBytesChangedOnTheWayFailsItsTransfer) {
     r.finish();
 }
 
+// Every key a session gave its peer closes under the context's lock when the session closes (its
+// staging slots' too), not in ~Session, which runs on whatever thread drops the last reference and
+// only unmaps memory no key reaches any more. Before, the staging slots stayed registered until
+// the last reference went.
+TEST(Schedule, AClosedSessionHoldsNoRegistrationWhileItsObjectLives) {
+    FakePair p(31);
+    Request r(p, 2, 16, 64);
+    r.do_expect();
+    r.do_post();
+    ASSERT_TRUE(r.run_to_quiesce());
+    ASSERT_GT(r.post->stats.staged_bytes, 0u) << "the request did not go through staging slots";
+    ASSERT_TRUE(r.exact());
+    r.post->release();
+    r.expect->release();
+    // Held here: both Session objects outlive the checks below.
+    const std::shared_ptr<core::Session> decode_side = p.at_decode, prefill_side = p.at_prefill;
+    p.blocking(*p.prefill, [&] { p.at_prefill->close(); });
+    p.blocking(*p.decode, [&] { p.at_decode->close(); });
+    EXPECT_EQ(p.prefill->stats().registrations, 0u);
+    EXPECT_EQ(p.decode->stats().registrations, 0u);
+    r.post.reset();
+    r.expect.reset();
+}
+
 TEST(Schedule, ABrokenConnectionFailsBothSidesWithPeerLostAndStillQuiesces) {
     fake::Knobs k;
     k.delay = 0.3;
