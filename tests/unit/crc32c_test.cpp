@@ -22,14 +22,14 @@ TEST(Crc32c, KnownValues) {
     EXPECT_EQ(sg::crc32c(0, ones.data(), 32), 0x62A8AB43u);
 }
 
-// Every length up to a few words, at every alignment, split anywhere: the fast path, the portable
-// path and the copying path agree, and the copy is exact.
+// Lengths around a word and around the three-stream rounds (3 KiB), at every alignment, split
+// anywhere: the fast path, the portable path and the copying path agree, and the copy is exact.
 TEST(Crc32c, PathsAgreeAtEveryLengthAlignmentAndSplit) {
     std::mt19937_64 rng(7);
-    std::vector<uint8_t> data(4096 + 16);
+    std::vector<uint8_t> data(100003 + 16);
     for (auto &b : data) b = uint8_t(rng());
     for (size_t align = 0; align < 8; ++align)
-        for (size_t len : {0, 1, 7, 8, 9, 15, 16, 17, 63, 64, 65, 1000, 4096}) {
+        for (size_t len : {0, 1, 7, 8, 9, 15, 16, 17, 63, 64, 65, 1000, 3071, 3072, 3073, 4096, 6151, 16384, 100003}) {
             const uint8_t *p = data.data() + align;
             const uint32_t want = sg::crc32c_portable(0, p, len);
             ASSERT_EQ(sg::crc32c(0, p, len), want) << len << " at +" << align;

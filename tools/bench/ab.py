@@ -2,6 +2,7 @@
 """A/B the whole request between two builds, alternated run by run on the same machine.
 
     tools/bench/ab.py BASE_BUILD NEW_BUILD [--runs 8] [--hog N] [--tokens 8192] [--new-tokens 256]
+                      [--cases full,selective,"staged tcp","staged shm"]
 
 Runs smartgen-disagg (emulated Llama-3-8B over tcp on loopback) in full-streaming and selective
 modes, BASE then NEW then BASE ... so drift in the machine's state hits both alike, and
@@ -62,6 +63,8 @@ def main():
     ap.add_argument("--hog", type=int, default=0)
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--cases", default="full,selective,staged tcp,staged shm",
+                    help="comma-separated subset of: full, selective, staged tcp, staged shm")
     args = ap.parse_args()
     hog = None
     if args.hog:
@@ -70,6 +73,10 @@ def main():
         time.sleep(1)
     cases = [("full", lambda b: disagg(b, "full", args)), ("selective", lambda b: disagg(b, "selective", args)),
              ("staged tcp", lambda b: staged(b, "tcp")), ("staged shm", lambda b: staged(b, "shm"))]
+    wanted = [c.strip() for c in args.cases.split(",")]
+    cases = [c for c in cases if c[0] in wanted]
+    if not cases:
+        sys.exit("ab.py: --cases names none of: full, selective, staged tcp, staged shm")
     results = {name: {"base": [], "new": []} for name, _ in cases}
     try:
         for i in range(args.runs):
