@@ -52,20 +52,9 @@ uint32_t step64_table(uint32_t c, uint64_t v) {
 
 uint32_t step8_table(uint32_t c, uint8_t b) { return (c >> 8) ^ kTables[0][(c ^ b) & 0xff]; }
 
-// dst == nullptr: check only.
-uint32_t run_table(uint32_t c, uint8_t *dst, const uint8_t *src, size_t n) {
-    for (; n >= 8; n -= 8, src += 8) {
-        const uint64_t v = load64(src);
-        if (dst) {
-            std::memcpy(dst, &v, 8);
-            dst += 8;
-        }
-        c = step64_table(c, v);
-    }
-    for (; n; --n, ++src) {
-        if (dst) *dst++ = *src;
-        c = step8_table(c, *src);
-    }
+uint32_t run_table(uint32_t c, const uint8_t *src, size_t n) {
+    for (; n >= 8; n -= 8, src += 8) c = step64_table(c, load64(src));
+    for (; n; --n, ++src) c = step8_table(c, *src);
     return c;
 }
 
@@ -111,11 +100,7 @@ struct Shifter {
 // after them and folded in, which CRC's linearity allows.
 constexpr size_t kStripe = 1024;
 
-__attribute__((target("sse4.2"))) uint32_t run_sse42(uint32_t c32, uint8_t *dst, const uint8_t *src, size_t n) {
-    if (dst) {
-        std::memcpy(dst, src, n);
-        src = dst;  // check what was stored, while it is in cache
-    }
+__attribute__((target("sse4.2"))) uint32_t run_sse42(uint32_t c32, const uint8_t *src, size_t n) {
     static const Shifter one(kStripe), two(2 * kStripe);
     uint64_t c = c32;
     for (; n >= 3 * kStripe; n -= 3 * kStripe, src += 3 * kStripe) {
@@ -133,7 +118,7 @@ __attribute__((target("sse4.2"))) uint32_t run_sse42(uint32_t c32, uint8_t *dst,
 }
 #endif
 
-using Runner = uint32_t (*)(uint32_t, uint8_t *, const uint8_t *, size_t);
+using Runner = uint32_t (*)(uint32_t, const uint8_t *, size_t);
 
 Runner pick() {
 #if defined(__x86_64__)
@@ -150,15 +135,17 @@ Runner runner() {
 }  // namespace
 
 uint32_t crc32c(uint32_t crc, const void *data, size_t len) noexcept {
-    return ~runner()(~crc, nullptr, static_cast<const uint8_t *>(data), len);
+    return ~runner()(~crc, static_cast<const uint8_t *>(data), len);
 }
 
+// What was stored is what is checked, read again while it is in cache.
 uint32_t crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len) noexcept {
-    return ~runner()(~crc, static_cast<uint8_t *>(dst), static_cast<const uint8_t *>(src), len);
+    if (len) std::memcpy(dst, src, len);
+    return crc32c(crc, dst, len);
 }
 
 uint32_t crc32c_portable(uint32_t crc, const void *data, size_t len) noexcept {
-    return ~run_table(~crc, nullptr, static_cast<const uint8_t *>(data), len);
+    return ~run_table(~crc, static_cast<const uint8_t *>(data), len);
 }
 
 }  // namespace sg

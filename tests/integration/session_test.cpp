@@ -6,6 +6,7 @@
 
 #include "../test_key.h"
 #include "support/host_pool.hpp"
+#include "support/test_context.hpp"
 
 #include <gtest/gtest.h>
 
@@ -969,17 +970,7 @@ TEST(Session, TunablesHaveBounds) {
 // not every eighth of its own 60 s. Before, the 60 s side pinged every 7.5 s and an idle session
 // was lost on the 2 s side after 2 s.
 TEST(Session, KeepAlivesFollowTheShorterTimeout) {
-    auto make = [](uint32_t timeout_ms) {
-        sg_context_options_t o;
-        sg_context_options_init(&o);
-        o.provider = "tcp";
-        o.peer_timeout_ms = timeout_ms;
-        SG_TEST_USE_KEY(o);
-        sg_context_t h = nullptr;
-        EXPECT_EQ(sg_context_create(&o, &h, nullptr), SG_OK) << sg_last_error_message();
-        return h;
-    };
-    sg_context_t brief = make(2000), patient = make(60000);
+    sg_context_t brief = make_test_context("tcp", 2000), patient = make_test_context("tcp", 60000);
     sg_session_t bs = nullptr, ps = nullptr;
     join_by_metadata(brief, patient, &bs, &ps);
     ASSERT_TRUE(bs && ps);

@@ -86,8 +86,8 @@ def main():
             print(f"ab.py: run {i + 1} of {args.runs} done", file=sys.stderr, flush=True)
     finally:
         if hog:
-            hog.terminate()
-            subprocess.run(["pkill", "-f", "cpu-hog"], stderr=subprocess.DEVNULL)
+            hog.terminate()  # its trap ends the spinning processes it started
+            hog.wait()
     print(f"{cpu_model()}, {os.cpu_count()} CPUs; {args.runs} runs each, alternated; "
           f"{'with ' + str(args.hog) + ' busy thread(s) beside' if args.hog else 'quiet'}")
     print("| case: figure | base min / median / max | new min / median / max | new ÷ base (median; worst) |")
