@@ -111,7 +111,9 @@ SG_API sg_status_t sg_context_get_param(sg_context_t h, sg_param_t p, uint64_t *
     });
 }
 
-SG_API void(sg_context_stats_init)(sg_context_stats_t *s) { sg_context_stats_init_sized(s, sizeof *s); }
+// 0.5 appended the verification counters; the plain function keeps writing the 0.4 struct (abi.hpp).
+constexpr size_t kContextStatsSize04 = offsetof(sg_context_stats_t, blocks_verified);
+SG_API void(sg_context_stats_init)(sg_context_stats_t *s) { sg_context_stats_init_sized(s, kContextStatsSize04); }
 SG_API void sg_context_stats_init_sized(sg_context_stats_t *s, size_t size) {
     init_sized(s, size, zeroed_with_size<sg_context_stats_t>());
 }

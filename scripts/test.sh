@@ -13,8 +13,9 @@
 #            9 s from its committed seeds (fixed -seed, corpus in a temporary copy)
 #   asan     asan preset: AddressSanitizer + LeakSanitizer, every test but bench, layering and scale (the
 #            benches measure nothing useful under ASan; the layering is the same include graph),
-#            in parallel; then smartgen-soak --short (several processes, cancels, SIGKILL + restart,
-#            LeakSanitizer at every worker's exit) with the RSS bound raised for ASan's quarantine
+#            in parallel; then smartgen-soak --short --verify (several processes, cancels, SIGKILL +
+#            restart, LeakSanitizer at every worker's exit, SG_TRANSFER_VERIFY=1) with the RSS bound
+#            raised for ASan's quarantine
 #   tsan     tsan preset: builds only what the subset needs (integration_tests, link_peer) and runs
 #            the concurrency, session, failure, transfer-path, reconnect and
 #            graceful-close tests under ThreadSanitizer, in parallel
@@ -153,7 +154,8 @@ run_asan_phase() {
   preset_build_and_test asan -LE 'bench|layering|soak|scale' &&
     # The soak's short form with LeakSanitizer in every worker; ASan's quarantine keeps freed memory,
     # so the RSS growth bound is raised as docs/soak.md says (everything else is checked as in release).
-    "$ROOT/${BUILD_PREFIX}asan/tools/soak/smartgen-soak" --short --rss-bound-mib 512
+    # With the runtime's end-to-end verification on (the release soak runs without it).
+    "$ROOT/${BUILD_PREFIX}asan/tools/soak/smartgen-soak" --short --verify --rss-bound-mib 512
 }
 
 # ThreadSanitizer: the tests labelled tsan (tests/CMakeLists.txt: those that run threads against

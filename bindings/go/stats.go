@@ -10,6 +10,8 @@ type ContextStats struct {
 	TransfersCompleted, TransfersFailed, TransfersCanceled      uint64
 	DeadlinesHit, PeersLost, SessionsOpen, AuthFailures, Stalls uint64
 	Registrations, Lanes, LaneFailovers, LanesLost              uint64
+	// End-to-end verification (SG_TRANSFER_VERIFY=1): blocks checked on arrival, and mismatches.
+	BlocksVerified, VerifyMismatches uint64
 }
 
 // Stats is a snapshot of the context's counters (sg_context_stats).
@@ -34,5 +36,6 @@ func (c *Context) Stats() (ContextStats, error) {
 		PeersLost: o.GetPeers_lost(), SessionsOpen: o.GetSessions_open(), AuthFailures: o.GetAuth_failures(),
 		Stalls: o.GetStalls(), Registrations: o.GetRegistrations(), Lanes: o.GetLanes(),
 		LaneFailovers: o.GetLane_failovers(), LanesLost: o.GetLanes_lost(),
+		BlocksVerified: o.GetBlocks_verified(), VerifyMismatches: o.GetVerify_mismatches(),
 	}, nil
 }

@@ -491,6 +491,14 @@ typedef struct sg_context_stats {
     uint64_t lanes;
     uint64_t lane_failovers;
     uint64_t lanes_lost;
+    /* Since 0.5: end-to-end verification, on where either side's environment has
+     * SG_TRANSFER_VERIFY=1 at context creation (both sides 0.5; host pools, not quantized on the
+     * wire): the prefill side sends the CRC32C of each block's content, and the decode side checks
+     * each block once its bytes are in place. Blocks checked (decode side), and those that did not
+     * match; a mismatch fails its transfer on both sides with SG_ERR_TRANSPORT naming the layer
+     * and block. It costs one read of every byte on each side (docs/benchmarks.md). */
+    uint64_t blocks_verified;
+    uint64_t verify_mismatches;
 } sg_context_stats_t;
 
 /* Sets struct_size and clears the rest. Since 0.1. */

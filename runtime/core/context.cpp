@@ -83,6 +83,12 @@ Context::Context(const sg_context_options_t &opt) : id(random_u64()), opt_(opt) 
         default_timeout_ms = v;
     }
     peer_timeout_ns_ = uint64_t(opt.peer_timeout_ms ? opt.peer_timeout_ms : default_timeout_ms) * 1000000;
+    // Soak and canary traffic turn on end-to-end verification without a rebuild of the host.
+    if (const char *env = std::getenv("SG_TRANSFER_VERIFY"); env && *env) {
+        if (std::strcmp(env, "0") != 0 && std::strcmp(env, "1") != 0)
+            fail(SG_ERR_INVALID_ARGUMENT, std::string("SG_TRANSFER_VERIFY='") + env + "' is not 0 or 1");
+        verify_transfers_ = env[0] == '1';
+    }
     if (opt.max_bytes_in_flight) budget_.max_bytes = opt.max_bytes_in_flight;
     if (opt.max_session_bytes_in_flight) budget_.max_session_bytes = opt.max_session_bytes_in_flight;
     if (opt.max_transfers_per_session) max_transfers_per_session_ = opt.max_transfers_per_session;

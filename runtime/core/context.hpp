@@ -72,6 +72,8 @@ class Context : public transport::CompletionSink {
     const auth::Key &key() const { return key_; }
     void set_param(sg_param_t p, uint64_t v);
     uint64_t peer_timeout_ns() const { return peer_timeout_ns_; }
+    // SG_TRANSFER_VERIFY=1 at creation: ask for (decode) and send (prefill) blocks' content CRCs.
+    bool verify_transfers() const { return verify_transfers_; }
     uint64_t get_param(sg_param_t p) const;
 
     // The counters, with the registrations the transports hold now. Takes mu.
@@ -157,6 +159,7 @@ class Context : public transport::CompletionSink {
     uint64_t max_op_bytes_ = 16ull << 20;
     uint32_t spin_us_ = defaults::kProgressSpinUs;
     uint64_t peer_timeout_ns_ = defaults::kPeerTimeoutMs * 1000000ull;
+    bool verify_transfers_ = false;
     uint64_t next_timer_check_ns_ = 0;
     plan::InflightBudget budget_;  // the scheduler's in-flight bounds (plan/schedule.hpp)
     uint32_t max_transfers_per_session_ = defaults::kMaxTransfersPerSession;

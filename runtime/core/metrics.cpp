@@ -31,6 +31,10 @@ std::string Context::metrics_text() {
         {"smartgen_lanes", "gauge", "Lanes the context stripes writes over.", s.lanes},
         {"smartgen_lane_failovers_total", "counter", "Writes moved off a failed lane.", s.lane_failovers},
         {"smartgen_lanes_lost_total", "counter", "(peer, lane) pairs given up after an error.", s.lanes_lost},
+        {"smartgen_blocks_verified_total", "counter", "Blocks whose content CRC was checked on arrival.",
+         s.blocks_verified},
+        {"smartgen_verify_mismatches_total", "counter", "Blocks whose content did not match the sender's CRC.",
+         s.verify_mismatches},
     };
     std::string text;
     for (const Metric &m : metrics) {

@@ -92,6 +92,12 @@ void Transfer::check_fetches(uint32_t layer) {
 void Transfer::decode_block_resident(uint32_t layer, std::span<const uint32_t> blocks, const UnitPath &path,
                                     uint64_t bytes) {
     Transfer::Layer &L = layers[layer];
+    if (!L.in.expected_crcs.empty()) {
+        std::vector<uint32_t> landed;
+        for (uint32_t b : blocks)
+            if (!residency.test(layer, b)) landed.push_back(b);
+        if (!verify_blocks(layer, landed)) return;
+    }
     for (uint32_t b : blocks) {
         if (residency.test(layer, b)) continue;
         residency.set(layer, b);
@@ -119,6 +125,7 @@ void Transfer::apply_blocks_ready(const wire::BlocksReady &m) {
         L.in.digest_chunks_announced = m.digest_chunks;
     }
     decode_block_resident(m.layer, m.blocks, path, m.bytes);
+    if (finished()) return;  // verification failed it
     if (m.essential) maybe_essential(m.layer);
 }
 

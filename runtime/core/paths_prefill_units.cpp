@@ -195,6 +195,7 @@ void Transfer::selective_notices() {
     for (size_t i = 0; i < sel().posted_units.size();) {
         SendUnit &u = *sel().posted_units[i];
         if (u.step() == SendUnit::Step::Compiled && u.packs_pending == 0 && (saw || u.outstanding == 0)) {
+            send_block_crcs(u.layer);
             for (size_t first = 0; first < std::max<size_t>(1, u.blocks.size()); first += kMaxBlocksPerMessage) {
                 wire::BlocksReady m;
                 m.decode_xfer_id = id;

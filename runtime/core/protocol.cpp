@@ -153,6 +153,8 @@ const Session::Route &Session::route(wire::MsgType type) {
         at(T::Digests) = route_to<Digests, &Session::on_digests>("Digests");
         at(T::BlocksReady) = route_to<BlocksReady, &Session::on_blocks_ready>("BlocksReady");
         at(T::Fetch) = route_to<Fetch, &Session::on_fetch>("Fetch");
+        // Verification (verify.cpp).
+        at(T::BlockCrcs) = route_to<BlockCrcs, &Session::on_block_crcs>("BlockCrcs");
         return r;
     }();
     return table[size_t(type)];

@@ -290,6 +290,7 @@ class Session {
     void on_digests(wire::Digests &m);
     void on_blocks_ready(wire::BlocksReady &m);
     void on_fetch(wire::Fetch &m);
+    void on_block_crcs(wire::BlockCrcs &m);  // verify.cpp
 
   private:
     // The end of the session on this side, with the context's mutex held: closed, its unsent

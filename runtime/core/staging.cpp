@@ -142,6 +142,7 @@ bool Transfer::post_staged_chunk(uint32_t layer, const Vec<plan::Op> &ops, size_
     }
     if (!s.free_peer_slots || !s.free_send_slots) return false;
     PackJob p;
+    p.checked = s.peer_minor >= 7;
     p.rslot = uint32_t(__builtin_ctz(s.free_peer_slots));
     p.lslot = uint32_t(__builtin_ctz(s.free_send_slots));
     wire::StagedChunk chunk;
@@ -285,7 +286,7 @@ bool Context::post_pack(PackJob &p) {
     // The generation counts writes handed to the provider: one whose write fails sends no notice,
     // and the peer sees the next generation skip it (it only has to grow).
     uint32_t &generation = s.peer_slot_generation[p.rslot];
-    generation = generation == UINT32_MAX ? 1 : generation + 1;
+    generation = wire::next_generation(generation);
     p.chunk.generation = generation;
     p.chunk.crc32c = p.crc;
     std::vector<uint8_t> notice;
@@ -348,7 +349,7 @@ void Session::on_staged_chunk(wire::StagedChunk &m) {
     // down a peer may take.
     if (m.generation) {
         uint32_t &last = recv_slot_generation[m.slot];
-        if (m.generation <= last && !(last == UINT32_MAX && m.generation == 1))
+        if (!wire::generation_grew(last, m.generation))
             fail(SG_ERR_PROTOCOL, "StagedChunk for slot " + std::to_string(m.slot) + " with generation " +
                                       std::to_string(m.generation) + " after generation " + std::to_string(last));
         last = m.generation;

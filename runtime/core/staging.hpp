@@ -46,6 +46,7 @@ struct PackJob {
     std::vector<QuantSegment> quant_segments;
     wire::StagedChunk chunk;  // its notice; generation and CRC are set when it is handed over
     uint32_t crc = 0;         // CRC32C of the slot's `used` bytes, computed by the pack
+    bool checked = true;      // the peer reads the CRC (wire 1.7): a 1.6 peer's pack copies only
     bool packed = false;      // copied; waiting for the provider (it answered EAGAIN)
 };
 

@@ -90,6 +90,8 @@ std::shared_ptr<Transfer> Context::expect(const std::shared_ptr<Session> &s, con
     m.num_tokens = num_tokens;
     m.block_ids.assign(table.begin(), table.end());
     m.wire_quant = opt.wire_quant;
+    // A device pool is not for the CPU to read, and quantized bytes are not the sent ones.
+    m.verify = verify_transfers() && pool->layout.mem_kind == SG_MEM_HOST && !opt.wire_quant;
     std::vector<uint8_t> out;
     wire::encode(out, id, m);
     if (out.size() > wire::kMaxFrameBytes) {
@@ -194,6 +196,10 @@ void Session::match(const std::shared_ptr<Transfer> &t, const wire::Expect &e) {
                                              quant::name_of(e.wire_quant) + " (options.wire_quant)");
         t->prefill().dst = &rp->second;
         t->prefill().dst_table.assign(e.block_ids.begin(), e.block_ids.end());
+        // Verification, asked by either side: only a 1.8 peer knows BlockCrcs.
+        t->prefill().send_crcs = peer_minor >= 8 && (e.verify || (ctx->verify_transfers() &&
+                                                                    rp->second.layout.mem_kind == SG_MEM_HOST)) &&
+                                 t->pool->layout.mem_kind == SG_MEM_HOST && !t->options.wire_quant;
         t->announce_paths();
         t->advance(plan::TransferState::Running);
         ctx->active_.push_back(t);
@@ -249,6 +255,7 @@ void Transfer::maybe_send_notices() {
         if (L.out.step() < LayerStep::Posted) break;  // notices go in send order
         const bool may_notice = L.out.packs_pending == 0 && (saw || L.out.outstanding == 0);
         if (L.out.step() == LayerStep::Posted && may_notice) {
+            send_block_crcs(l);
             wire::LayerReady m;
             m.decode_xfer_id = id;
             m.layer = l;
@@ -303,6 +310,7 @@ void Transfer::layers_ready_in_order() {
         Transfer::Layer &L = layers[layer];
         if (L.staged_chunks < L.in.chunks_announced) break;
         if (!L.ready) {
+            if (!verify_layer(layer)) return;
             residency.set_layer(layer);
             mark_ready(layer);
             any = true;

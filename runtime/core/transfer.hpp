@@ -131,6 +131,7 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
             uint32_t spec_cursor = 0;         // next block the speculative path looks at
             std::vector<uint32_t> selected;   // essential blocks, chosen when the layer was written
             std::vector<uint32_t> demand_waiting;  // fetched before the layer was written
+            bool crcs_sent = false;           // verification: BlockCrcs went before its first notice
 
           private:
             Step step_ = Step::Unwritten;
@@ -150,6 +151,9 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
             uint32_t digest_chunks_announced = 0, digest_chunks_received = 0;
             // BlocksReady notices whose staged chunks (counted per layer) are not all unpacked yet
             std::vector<wire::BlocksReady> held_notices;
+            // Verification: the sender's content CRC of each block (BlockCrcs), and which arrived.
+            std::vector<uint32_t> expected_crcs;
+            std::vector<uint8_t> crc_known;
         } in;
     };
     using LayerStep = Layer::Out::Step;
@@ -187,6 +191,7 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
         bool quiesce_sent = false;  // Quiesced sent after a failure or a release
         bool stalled = false;       // waiting for the in-flight bounds (counted once per episode)
         bool peer_released = false; // the decode side released a selective transfer
+        bool send_crcs = false;     // verification: BlockCrcs before each layer's first notice
         uint64_t lease_deadline_ns = 0;  // set when the last layer is written and lease_ns > 0
     };
     // A transfer holds its own side's part only: prefill() and sel() on the posting side, decode()
@@ -305,6 +310,12 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
     // deadline passes). Without a progress thread it delivers them here, on the waiting thread.
     void drain_events(std::unique_lock<std::mutex> &lock, uint64_t deadline);
     void mark_ready(uint32_t layer);  // the layer's bytes are all in place (or delivered)
+    // Verification (SG_TRANSFER_VERIFY): the prefill side sends a layer's block CRCs once, before
+    // its first notice; the decode side checks blocks whose bytes are now in place against them
+    // and fails the transfer on a mismatch (false then).
+    void send_block_crcs(uint32_t layer);
+    bool verify_blocks(uint32_t layer, std::span<const uint32_t> blocks);
+    bool verify_layer(uint32_t layer);
     void layers_ready_in_order();
     void complete_if_done();
     void send_done();                   // TransferDone, once

@@ -176,6 +176,31 @@ void check_block_table(const Layout &layout, std::span<const uint32_t> ids, uint
                                               std::to_string(keyed[i] >> 32) + " (each block may appear once)");
 }
 
+uint32_t content_crc(const Layout &layout, const uint8_t *const layer_bases[2], std::span<const uint32_t> table,
+                     uint64_t first_token, uint64_t end_token) {
+    SG_ASSERT(end_token >= first_token && blocks_for(end_token, layout.tokens_per_block) <= table.size(),
+              "content_crc: tokens outside the block table");
+    const uint64_t row = layout.row_bytes(), tpb = layout.tokens_per_block;
+    uint32_t crc = 0;
+    for (uint32_t plane = 0; plane < 2; ++plane)
+        for (uint64_t t = first_token; t < end_token;) {
+            const uint32_t in_block = uint32_t(t % tpb);
+            const uint64_t run = std::min<uint64_t>(end_token - t, tpb - in_block);
+            const Layout::Loc loc = layout.plane(plane, table[t / tpb]);
+            const uint8_t *base = layer_bases[loc.region] + loc.offset;
+            if (layout.order == SG_BLOCK_TOKEN_MAJOR) {
+                // A run of tokens is one stretch of rows: the canonical order already.
+                crc = crc32c(crc, base + layout.row_offset(in_block, 0), run * layout.num_kv_heads * row);
+            } else {
+                for (uint64_t k = 0; k < run; ++k)
+                    for (uint32_t h = 0; h < layout.num_kv_heads; ++h)
+                        crc = crc32c(crc, base + layout.row_offset(uint32_t(in_block + k), h), row);
+            }
+            t += run;
+        }
+    return crc;
+}
+
 void Residency::reset(uint32_t num_layers, size_t num_blocks) {
     num_blocks_ = num_blocks;
     words_per_layer_ = (num_blocks + 63) / 64;

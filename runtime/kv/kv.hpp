@@ -78,6 +78,14 @@ constexpr uint64_t blocks_for(uint64_t num_tokens, uint32_t tokens_per_block) {
 // repeated id).
 void check_block_table(const Layout &layout, std::span<const uint32_t> block_ids, uint64_t num_tokens);
 
+// CRC32C (common/crc32c) of tokens [first_token, end_token) of one layer of a request, in an order
+// no layout changes: every K row, token by token and head by head, then every V row the same way.
+// Each side of a transfer computes it over its own blocks, so the two agree when the bytes do,
+// whatever block size, order, packing or stride either pool has. layer_bases[r] is region r of the
+// layer; table maps the request's block index to the pool's block. Host memory only.
+uint32_t content_crc(const Layout &layout, const uint8_t *const layer_bases[2], std::span<const uint32_t> table,
+                     uint64_t first_token, uint64_t end_token);
+
 // Per layer, one bit per entry of a request's block table; a bit is set only once that block's
 // bytes are in place.
 class Residency {

@@ -14,7 +14,8 @@
 //                  {u64 key, u64 base, u64 length}; since 1.4: optional 1 device_direct u32
 //                  (0 or 1, SG_MEM_CUDA only: the regions are registered device memory)
 //   Expect         1 request_id bytes, 2 decode_xfer_id u64, 3 handle_id u64, 4 num_tokens u64,
-//                  5 block_ids: packed u32 array; since 1.3: optional 1 wire_quant u32
+//                  5 block_ids: packed u32 array; since 1.3: optional 1 wire_quant u32; since
+//                  1.8: optional 2 verify u32 (0 or 1)
 //   LayerReady     1 decode_xfer_id u64, 2 layer u32, 3 bytes u64, 4 staged_chunks u32
 //   StagedChunk    1 decode_xfer_id u64, 2 layer u32, 3 slot u32, 4 slot_offset u64,
 //                  5 segments: packed 20-byte records {u32 region, u64 offset, u64 length};
@@ -42,6 +43,8 @@
 //   TransferAck    1 decode_xfer_id u64 (since 1.1)
 //   Opened         1 status i32, 2 message bytes (since 1.1)
 //   Release        1 request_id bytes, 2 decode_xfer_id u64 (since 1.2)
+//   BlockCrcs      1 decode_xfer_id u64, 2 layer u32, 3 first_block u32, 4 crcs: packed u32 array,
+//                  not empty (since 1.8)
 //
 // Every tag of v1.0 is required and must appear exactly once, Hello's endpoint excepted (0..n
 // times). Strings and packed arrays are required too but may be zero bytes long: requiring them
@@ -280,6 +283,7 @@ void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Expect &m) {
         for (uint32_t id : m.block_ids) put(out, id);
         end_field(out, at);
         if (m.wire_quant) int_field(out, kOptionalBit | 1, m.wire_quant);
+        if (m.verify) int_field(out, kOptionalBit | 2, m.verify);
     });
 }
 
@@ -408,6 +412,15 @@ void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Opened &m) {
     encode_frame(out, sender_ctx, MsgType::Opened, [&] {
         int_field(out, 1, m.status);
         str_field(out, 2, m.message);
+    });
+}
+
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const BlockCrcs &m) {
+    encode_frame(out, sender_ctx, MsgType::BlockCrcs, [&] {
+        int_field(out, 1, m.decode_xfer_id);
+        int_field(out, 2, m.layer);
+        int_field(out, 3, m.first_block);
+        u32_array_field(out, 4, m.crcs);
     });
 }
 
@@ -550,9 +563,10 @@ DecodeError decode(std::span<const uint8_t> body, HandleExport &m) {
 }
 
 DecodeError decode(std::span<const uint8_t> body, Expect &m) {
-    return walk(body, {5, 0, 1}, [&](uint16_t tag, Bytes v) {
+    const E e = walk(body, {5, 0, 2}, [&](uint16_t tag, Bytes v) {
         switch (tag) {
         case kOptionalBit | 1: return get(v, m.wire_quant);
+        case kOptionalBit | 2: return get(v, m.verify);
         case 1: return get(v, m.request_id, kMaxNameBytes);
         case 2: return get(v, m.decode_xfer_id);
         case 3: return get(v, m.handle_id);
@@ -561,6 +575,7 @@ DecodeError decode(std::span<const uint8_t> body, Expect &m) {
         }
         return kUnreachable;
     });
+    return e == E::None && m.verify > 1 ? E::BadValue : e;
 }
 
 DecodeError decode(std::span<const uint8_t> body, LayerReady &m) {
@@ -630,6 +645,19 @@ DecodeError decode(std::span<const uint8_t> body, Bye &m) {
 
 DecodeError decode(std::span<const uint8_t> body, Opened &m) {
     return walk(body, {2}, [&](uint16_t tag, Bytes v) { return tag == 1 ? get(v, m.status) : get(v, m.message, kMaxBodyBytes); });
+}
+
+DecodeError decode(std::span<const uint8_t> body, BlockCrcs &m) {
+    const E e = walk(body, {4}, [&](uint16_t tag, Bytes v) {
+        switch (tag) {
+        case 1: return get(v, m.decode_xfer_id);
+        case 2: return get(v, m.layer);
+        case 3: return get(v, m.first_block);
+        case 4: return get_records<4>(v, m.crcs, [](const uint8_t *p, uint32_t &crc) { crc = load<uint32_t>(p); });
+        }
+        return kUnreachable;
+    });
+    return e == E::None && m.crcs.empty() ? E::BadValue : e;
 }
 
 DecodeError decode(std::span<const uint8_t> body, TransferAck &m) {

@@ -32,7 +32,8 @@ inline constexpr uint16_t kProtoMajor = 1;
 // 1.7: a lane given up is closed in two steps and then used again (lanes heal); the envelope's
 //      lane notices carry the lane's epoch. StagedChunk's optional generation and CRC32C; Ping's
 //      optional keepalive_ns.
-inline constexpr uint16_t kProtoMinor = 7;
+// 1.8: end-to-end verification (SG_TRANSFER_VERIFY): Expect's optional verify; BlockCrcs.
+inline constexpr uint16_t kProtoMinor = 8;
 inline constexpr uint16_t kOptionalBit = 0x8000;
 inline constexpr size_t kFrameHeaderBytes = 4 + 2 + 2 + 2 + 2 + 8 + 4;
 // Largest frame either side sends or accepts (receive buffers are this size).
@@ -67,8 +68,10 @@ enum class MsgType : uint16_t {
     Opened = 24,         // bootstrap, each way, last: whether the sender could open its session
     // Since 1.2:
     Release = 25,        // decode -> prefill: the decode side is done with a selective transfer (not a failure)
+    // Since 1.8 (sent only to a peer of 1.8 or later):
+    BlockCrcs = 26,      // prefill -> decode: what a layer's blocks must hold, checked as they arrive
 };
-inline constexpr MsgType kLastMsgType = MsgType::Release;
+inline constexpr MsgType kLastMsgType = MsgType::BlockCrcs;
 
 inline constexpr size_t kNonceBytes = 32;
 inline constexpr size_t kMacBytes = 32;  // HMAC-SHA256
@@ -141,6 +144,7 @@ struct Expect {
     uint64_t num_tokens = 0;
     std::vector<uint32_t> block_ids;
     uint32_t wire_quant = 0;         // since 1.3: the SG_WIRE_QUANT_* the decode side consents to
+    uint32_t verify = 0;             // since 1.8: 1 asks for BlockCrcs (the decode side checks them)
 };
 
 struct LayerReady {
@@ -175,6 +179,11 @@ struct StagedChunk {
     uint32_t generation = 0;
     uint32_t crc32c = 0;
 };
+
+// A staging slot's generation (StagedChunk, since 1.7) counts from 1 and wraps from UINT32_MAX to 1;
+// the receiver takes a chunk only if its generation grew (the wrap counts as growing).
+constexpr uint32_t next_generation(uint32_t g) { return g == UINT32_MAX ? 1 : g + 1; }
+constexpr bool generation_grew(uint32_t last, uint32_t g) { return g > last || (last == UINT32_MAX && g == 1); }
 
 struct StagingCredit {
     uint32_t slot = 0;
@@ -236,6 +245,16 @@ struct BlocksReady {
     // StagedChunk notices of this layer sent before this notice (all units together): the blocks
     // are in place once the receiver has unpacked that many chunks of the layer.
     uint32_t staged_chunks = 0;
+};
+
+// Since 1.8: the content CRCs (kv::content_crc) of blocks [first_block, first_block + crcs.size())
+// of a layer, numbered as the decode side's block table. Sent before the layer's first notice; the
+// decode side checks each block once its bytes are in place.
+struct BlockCrcs {
+    uint64_t decode_xfer_id = 0;
+    uint32_t layer = 0;
+    uint32_t first_block = 0;
+    std::vector<uint32_t> crcs;
 };
 
 struct Fetch {
@@ -318,6 +337,7 @@ void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Fetch &m);
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const TransferAck &m);
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Release &m);
 void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const Opened &m);
+void encode(std::vector<uint8_t> &out, uint64_t sender_ctx, const BlockCrcs &m);
 
 // Parses the frame header and checks magic, major version and that body_len fits in `frame`.
 // On success `body` is the body's bytes (a view into frame).
@@ -348,6 +368,7 @@ DecodeError decode(std::span<const uint8_t> body, Fetch &m);
 DecodeError decode(std::span<const uint8_t> body, TransferAck &m);
 DecodeError decode(std::span<const uint8_t> body, Release &m);
 DecodeError decode(std::span<const uint8_t> body, Opened &m);
+DecodeError decode(std::span<const uint8_t> body, BlockCrcs &m);
 
 // For tests of forward compatibility: appends a field with an arbitrary tag to the last frame in
 // `out` (fixing its body_len), as a newer peer would.

@@ -85,6 +85,8 @@ void decode_all(std::span<const uint8_t> body) {
     try_decode<Fetch>(body, "Fetch");
     try_decode<TransferAck>(body, "TransferAck");
     try_decode<Opened>(body, "Opened");
+    try_decode<Release>(body, "Release");
+    try_decode<BlockCrcs>(body, "BlockCrcs");
 }
 
 }  // namespace

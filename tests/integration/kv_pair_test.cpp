@@ -178,8 +178,10 @@ int decode_side(const char *provider, uint16_t port, uint64_t run_seed, int coun
     CHILD_CHECK(sg_kv_register(ctx, &pool.layout, &kv, nullptr) == SG_OK, "register");
     CHILD_CHECK(sg_session_export_kv(s, kv) == SG_OK, "export");
     std::vector<uint8_t> bitmap;
+    uint64_t blocks_expected = 0;  // (layer, block) pairs of every request, for verification
     for (int i = 0; i < count; ++i) {
         const Plan p = make_plan(run_seed, i, src_shape, dst_shape);
+        blocks_expected += uint64_t(p.dst_table.size()) * dst_shape.layers;
         const std::string rid = "req-" + std::to_string(i);
         sg_transfer_t x = nullptr;
         CHILD_CHECK(sg_transfer_expect(s, rid.c_str(), kv, p.dst_table.data(), p.dst_table.size(), p.tokens, nullptr, &x,
@@ -227,6 +229,16 @@ int decode_side(const char *provider, uint16_t port, uint64_t run_seed, int coun
         FILE *f = std::fopen((metadata_file + ".told").c_str(), "w");
         CHILD_CHECK(f && std::fprintf(f, "%llu\n", (unsigned long long)watch->first_ns()) > 0 && std::fclose(f) == 0,
                     "write the told time");
+    }
+    if (const char *v = std::getenv("SG_TRANSFER_VERIFY"); v && std::strcmp(v, "1") == 0) {
+        // Every block of every request checked on arrival against the prefill side's CRC, through
+        // two different layouts, once each.
+        sg_context_stats_t cs;
+        sg_context_stats_init(&cs);
+        CHILD_CHECK(sg_context_stats(ctx, &cs) == SG_OK, "context stats");
+        CHILD_CHECK(cs.verify_mismatches == 0, "%llu blocks did not verify", (unsigned long long)cs.verify_mismatches);
+        CHILD_CHECK(cs.blocks_verified == blocks_expected, "%llu blocks verified of %llu",
+                    (unsigned long long)cs.blocks_verified, (unsigned long long)blocks_expected);
     }
     CHILD_CHECK(sg_kv_deregister(kv) == SG_OK, "deregister");
     CHILD_CHECK(sg_session_destroy(s) == SG_OK, "session destroy");
@@ -390,8 +402,15 @@ TEST(KvPairShm, AutoPolicyStagesSmallOperationsOnTheSameHost) {
     run_prefill({"shm", UINT64_MAX, Shape{}, Shape{}, std::max(10, transfer_count() / 4)});
 }
 
-// Different tokens-per-block and block order on the decode side are mapped by the runtime.
-TEST(KvPairTcp, MapsDifferentBlockSizeAndOrder) {
+// Different tokens-per-block and block order on the decode side are mapped by the runtime. With
+// end-to-end verification on (SG_TRANSFER_VERIFY=1 in both processes): the CRC of each block's
+// content agrees across the two layouts, and the decode process checks that every block of every
+// request was verified and none differed (besides its own check of every byte).
+TEST(KvPairTcp, MapsDifferentBlockSizeAndOrderVerified) {
+    struct VerifyOn {
+        VerifyOn() { ::setenv("SG_TRANSFER_VERIFY", "1", 1); }
+        ~VerifyOn() { ::unsetenv("SG_TRANSFER_VERIFY"); }
+    } on;
     Shape dst;
     dst.tpb = 32;
     dst.blocks = 512;

@@ -512,3 +512,68 @@ TEST(KvDesc, RefusesNonsenseAsProtocolError) {
 
 }  // namespace
 }  // namespace sg::kv
+
+// ---- content_crc: the same tokens give the same CRC in any layout ----
+
+namespace sg::kv {
+namespace {
+
+// A pool of one layer in host memory, filled so that element (plane, token, head, dim) of the
+// request holds the same value whatever the layout.
+struct CrcPool {
+    Layout layout;
+    std::vector<uint32_t> table;
+    std::vector<std::vector<uint8_t>> regions;
+    CrcPool(uint32_t tpb, uint32_t order, uint32_t packing, std::vector<uint32_t> table_, uint64_t tokens) {
+        LayoutDesc d = desc(3, 8, tpb);
+        d.num_layers = 1;
+        d.num_blocks = 16;
+        d.block_order = order;
+        d.packing = packing;
+        const uint64_t plane = uint64_t(tpb) * 3 * 8 * 2;
+        d.block_stride_bytes = packing == SG_KV_SEPARATE ? plane : 2 * plane;
+        layout = from_desc(d);
+        table = std::move(table_);
+        regions.assign(layout.regions_per_layer(), std::vector<uint8_t>(layout.region_bytes(), 0xee));
+        for (uint32_t p = 0; p < 2; ++p)
+            for (uint64_t t = 0; t < tokens; ++t)
+                for (uint32_t h = 0; h < 3; ++h) {
+                    const Layout::Loc loc = layout.plane(p, table[t / tpb]);
+                    uint8_t *row = regions[loc.region].data() + loc.offset + layout.row_offset(uint32_t(t % tpb), h);
+                    for (uint32_t i = 0; i < 16; ++i) row[i] = uint8_t(p * 131 + t * 7 + h * 29 + i);
+                }
+    }
+    uint32_t crc(uint64_t first, uint64_t end) const {
+        const uint8_t *bases[2] = {regions[0].data(), regions.size() > 1 ? regions[1].data() : nullptr};
+        return content_crc(layout, bases, table, first, end);
+    }
+};
+
+TEST(KvContentCrc, AgreesAcrossBlockSizeOrderAndPackingAndSeesOneByte) {
+    const uint64_t tokens = 37;  // the last block of each pool is partial
+    const CrcPool a(16, SG_BLOCK_TOKEN_MAJOR, SG_KV_SEPARATE, {5, 0, 9}, tokens);
+    CrcPool b(4, SG_BLOCK_HEAD_MAJOR, SG_KV_FUSED, {15, 2, 7, 1, 0, 3, 4, 5, 6, 8}, tokens);
+    for (uint64_t first = 0; first < tokens; first += 4) {
+        const uint64_t end = std::min<uint64_t>(tokens, first + 4);
+        EXPECT_EQ(a.crc(first, end), b.crc(first, end)) << "tokens " << first << ".." << end;
+    }
+    EXPECT_EQ(a.crc(0, tokens), b.crc(0, tokens));
+    EXPECT_NE(a.crc(0, 4), a.crc(4, 8));
+    // One byte of token 22, head 2, V plane (block 5 of b's request) changed: that block only.
+    const Layout::Loc loc = b.layout.plane(1, b.table[22 / 4]);
+    b.regions[loc.region][loc.offset + b.layout.row_offset(22 % 4, 2) + 5] ^= 1;
+    for (uint64_t first = 0; first < tokens; first += 4) {
+        const uint64_t end = std::min<uint64_t>(tokens, first + 4);
+        if (first == 20)
+            EXPECT_NE(a.crc(first, end), b.crc(first, end));
+        else
+            EXPECT_EQ(a.crc(first, end), b.crc(first, end)) << "tokens " << first << ".." << end;
+    }
+    // Bytes outside the request's tokens (the partial block's tail, other blocks) do not count.
+    const Layout::Loc tail = b.layout.plane(0, b.table[9]);
+    b.regions[tail.region][tail.offset + b.layout.row_offset(3, 0)] ^= 1;  // token 39 > 36
+    EXPECT_EQ(a.crc(36, 37), b.crc(36, 37));
+}
+
+}  // namespace
+}  // namespace sg::kv

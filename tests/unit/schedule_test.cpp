@@ -371,6 +371,96 @@ TEST(Schedule, AStagedChunkWhoseBytesChangedOnTheWayFailsItsTransfer) {
     r.finish();
 }
 
+// SG_TRANSFER_VERIFY for the contexts made while it lives (read at their creation).
+struct Verify {
+    explicit Verify(const char *on) { ::setenv("SG_TRANSFER_VERIFY", on, 1); }
+    ~Verify() { ::unsetenv("SG_TRANSFER_VERIFY"); }
+};
+
+// End-to-end verification (SG_TRANSFER_VERIFY, wire 1.8). A direct write carries no check of its
+// own: one that lands with a byte changed completes the transfer with wrong bytes. With
+// verification on, the decode side finds the block whose content differs from the sender's CRC,
+// and the transfer fails on both sides with SG_ERR_TRANSPORT naming layer and block; the next
+// request on a clean wire is exact and every one of its blocks was checked.
+TEST(Schedule, VerificationCatchesADirectWriteThatLandedWrong) {
+    PairConfig cfg;
+    cfg.knobs.corrupt_landing = 1.0;
+    NoStaging direct;
+    {
+        Verify off("0");
+        FakePair p(23, cfg);
+        Request r(p, 2, 16, 64);
+        r.do_expect();
+        r.do_post();
+        ASSERT_TRUE(r.run_to_quiesce());
+        ASSERT_EQ(r.post->stats.staged_bytes, 0u) << "the request went through staging slots";
+        EXPECT_EQ(r.expect->status, SG_OK) << "unverified, a corrupt direct write goes unseen";
+        EXPECT_FALSE(r.exact()) << "the fabric corrupted nothing: the test proves nothing";
+        EXPECT_EQ(p.decode->stats().blocks_verified, 0u);
+        r.finish();
+    }
+    Verify on("1");
+    FakePair p(23, cfg);
+    {
+        Request r(p, 2, 16, 64);
+        r.do_expect();
+        r.do_post();
+        ASSERT_TRUE(r.run_to_quiesce());
+        EXPECT_EQ(r.expect->status, SG_ERR_TRANSPORT) << r.expect->error;
+        EXPECT_NE(r.expect->error.find("verification: layer"), std::string::npos) << r.expect->error;
+        EXPECT_NE(r.expect->error.find("block"), std::string::npos) << r.expect->error;
+        EXPECT_NE(r.post->status, SG_OK);
+        EXPECT_EQ(p.decode->stats().verify_mismatches, 1u);
+        r.post->release();
+        r.expect->release();
+    }
+    p.fabric.set_knobs(fake::Knobs{});
+    const uint64_t before = p.decode->stats().blocks_verified;
+    Request r(p, 2, 16, 64);
+    r.do_expect();
+    r.do_post();
+    ASSERT_TRUE(r.run_to_quiesce());
+    EXPECT_EQ(r.expect->status, SG_OK) << r.expect->error;
+    EXPECT_TRUE(r.exact());
+    EXPECT_EQ(p.decode->stats().blocks_verified - before, 2u * 16u);
+    EXPECT_EQ(p.decode->stats().verify_mismatches, 1u);
+    r.finish();
+}
+
+// The selective paths check each block as its notice makes it resident (proactive first, the rest
+// streamed behind): every block of every layer once, none twice; and a staged request is checked
+// after its chunks' own CRCs too.
+TEST(Schedule, VerificationChecksEveryBlockOnceOnTheSelectivePathsAndTheStagedOne) {
+    Verify on("1");
+    FakePair p(29);
+    {
+        Request r(p, 4, 32, 128);
+        const select::Profile profile = select::parse_profile(
+            R"({"version": 1, "model": "t", "num_layers": 4, "num_kv_heads": 1, "block_tokens": 4,
+                "defaults": {"policy": "sinks_recent", "budget": {"tokens": 32}, "sinks": 16, "recent": 16}})");
+        r.do_expect();
+        r.do_post(transfer_options(SG_PATH_PROACTIVE | SG_PATH_SPECULATIVE), &profile);
+        ASSERT_TRUE(r.run_to_quiesce());
+        EXPECT_EQ(r.expect->status, SG_OK) << r.expect->error;
+        EXPECT_TRUE(r.exact());
+        EXPECT_GT(r.expect->stats.bytes_proactive, 0u);
+        EXPECT_GT(r.expect->stats.bytes_speculative, 0u);
+        EXPECT_EQ(p.decode->stats().blocks_verified, 4u * 32u);
+        r.post->release();
+        r.expect->release();
+    }
+    const uint64_t before = p.decode->stats().blocks_verified;
+    Request r(p, 2, 16, 64);
+    r.do_expect();
+    r.do_post();
+    ASSERT_TRUE(r.run_to_quiesce());
+    EXPECT_GT(r.post->stats.staged_bytes, 0u) << "the request did not go through staging slots";
+    EXPECT_EQ(r.expect->status, SG_OK) << r.expect->error;
+    EXPECT_EQ(p.decode->stats().blocks_verified - before, 2u * 16u);
+    EXPECT_EQ(p.decode->stats().verify_mismatches, 0u);
+    r.finish();
+}
+
 // Every key a session gave its peer closes under the context's lock when the session closes (its
 // staging slots' too), not in ~Session, which runs on whatever thread drops the last reference and
 // only unmaps memory no key reaches any more. Before, the staging slots stayed registered until

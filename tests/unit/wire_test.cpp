@@ -30,8 +30,8 @@ static bool operator==(const HandleExport &a, const HandleExport &b) {
            std::tie(b.handle_id, b.layout, b.regions_per_layer, b.regions, b.device_direct);
 }
 static bool operator==(const Expect &a, const Expect &b) {
-    return std::tie(a.request_id, a.decode_xfer_id, a.handle_id, a.num_tokens, a.block_ids) ==
-           std::tie(b.request_id, b.decode_xfer_id, b.handle_id, b.num_tokens, b.block_ids);
+    return std::tie(a.request_id, a.decode_xfer_id, a.handle_id, a.num_tokens, a.block_ids, a.wire_quant, a.verify) ==
+           std::tie(b.request_id, b.decode_xfer_id, b.handle_id, b.num_tokens, b.block_ids, b.wire_quant, b.verify);
 }
 static bool operator==(const LayerReady &a, const LayerReady &b) {
     return std::tie(a.decode_xfer_id, a.layer, a.bytes, a.staged_chunks) ==
@@ -150,6 +150,7 @@ std::vector<Buf> corpus() {
     add([](Buf &b) { encode(b, kCtx, TransferAck{8}); });
     add([](Buf &b) { encode(b, kCtx, Opened{-7, "no provider in common"}); });
     add([](Buf &b) { encode(b, kCtx, Release{"req-9", 8}); });
+    add([](Buf &b) { encode(b, kCtx, BlockCrcs{8, 1, 2, {0xdeadbeef, 7}}); });
     return frames;
 }
 
@@ -184,6 +185,7 @@ DecodeError decode_frame(Bytes frame) {
     case MsgType::TransferAck: { TransferAck m; return decode(body, m); }
     case MsgType::Opened: { Opened m; return decode(body, m); }
     case MsgType::Release: { Release m; return decode(body, m); }
+    case MsgType::BlockCrcs: { BlockCrcs m; return decode(body, m); }
     }
     return E::UnknownType;
 }
@@ -192,13 +194,13 @@ DecodeError decode_frame(Bytes frame) {
 void decode_as_every_type(Bytes body) {
     Hello a; HandleExport b; Expect c; LayerReady d; StagedChunk e; StagingCredit f; TransferDone g;
     TransferError h; Bye i; Ping j; Notify k; AuthChallenge l; AuthProof m; AuthResult n;
-    Quiesced o; CancelAck p; Reposted q; Selective r; Digests s; BlocksReady t; Fetch u;
+    Quiesced o; CancelAck p; Reposted q; Selective r; Digests s; BlocksReady t; Fetch u; BlockCrcs v;
     (void)decode(body, a); (void)decode(body, b); (void)decode(body, c); (void)decode(body, d);
     (void)decode(body, e); (void)decode(body, f); (void)decode(body, g); (void)decode(body, h);
     (void)decode(body, i); (void)decode(body, j); (void)decode(body, k); (void)decode(body, l);
     (void)decode(body, m); (void)decode(body, n); (void)decode(body, o); (void)decode(body, p);
     (void)decode(body, q); (void)decode(body, r); (void)decode(body, s); (void)decode(body, t);
-    (void)decode(body, u);
+    (void)decode(body, u); (void)decode(body, v);
 }
 
 // An exact-size heap copy, so that reading one byte past the end trips AddressSanitizer.
@@ -566,6 +568,44 @@ TEST(WireFields, AStagedChunksCheckComesWhole) {
     append_raw_field(generation_only, 0, kOptionalBit | 2, crc);
     m = {};
     EXPECT_EQ(decode(body_of(generation_only), m), E::BadValue);
+}
+
+// Both sides count a slot's generations with the same two helpers: from 1, UINT32_MAX then 1.
+TEST(WireFields, AGenerationWrapsToOneAndStillGrows) {
+    EXPECT_EQ(next_generation(0), 1u);
+    EXPECT_EQ(next_generation(41), 42u);
+    EXPECT_EQ(next_generation(UINT32_MAX), 1u);
+    EXPECT_TRUE(generation_grew(0, 1));
+    EXPECT_TRUE(generation_grew(41, 43));  // a write that failed skips one
+    EXPECT_TRUE(generation_grew(UINT32_MAX, 1));
+    EXPECT_FALSE(generation_grew(42, 42));
+    EXPECT_FALSE(generation_grew(42, 7));
+    EXPECT_FALSE(generation_grew(UINT32_MAX - 1, 1));
+}
+
+// 1.8: an Expect may ask for BlockCrcs; the CRCs of a layer's blocks come as a non-empty run.
+TEST(WireFields, VerificationAsksOnceAndItsCrcsComeAsARun) {
+    Expect asks = sample_expect(3);
+    asks.verify = 1;
+    EXPECT_EQ(round_trip(asks), asks);
+    Buf two;
+    encode(two, kCtx, sample_expect(3));
+    append_raw_field(two, 0, kOptionalBit | 2, Buf{2, 0, 0, 0});
+    Expect m;
+    EXPECT_EQ(decode(body_of(two), m), E::BadValue);
+
+    const BlockCrcs crcs{8, 3, 5, {0xdeadbeefu, 0, 0xffffffffu}};
+    Buf frame;
+    encode(frame, kCtx, crcs);
+    BlockCrcs back;
+    ASSERT_EQ(decode(body_of(frame), back), E::None);
+    EXPECT_EQ(back.decode_xfer_id, 8u);
+    EXPECT_EQ(back.layer, 3u);
+    EXPECT_EQ(back.first_block, 5u);
+    EXPECT_EQ(back.crcs, crcs.crcs);
+    Buf empty;
+    encode(empty, kCtx, BlockCrcs{8, 3, 5, {}});
+    EXPECT_EQ(decode(body_of(empty), back), E::BadValue);
 }
 
 TEST(WireFields, AppendRawFieldPatchesTheRightFrame) {

@@ -62,6 +62,7 @@ private:
     std::map<int, std::pair<int, int>> ports_;  // session -> (port, decode incarnation)
     std::unordered_map<uint64_t, Record> records_;
     std::vector<int> allowed_losses_, losses_;
+    uint64_t runtime_blocks_verified_ = 0, runtime_mismatches_ = 0;  // SG_TRANSFER_VERIFY (--verify)
     uint64_t bytes_verified_ = 0, unexpected_ = 0, kills_ = 0, reconnects_ = 0, done_sessions_ = 0;
     uint64_t warm_transfers_ = 0, baseline_failures_ = 0;
     uint64_t t0_ = 0, last_progress_ = 0, last_done_ = 0;
@@ -157,6 +158,11 @@ void Orchestrator::handle(Worker &w, const std::string &line) {
         Resources &r = t == "BASE" ? w.base : w.end;
         r.rss = a, r.fds = b, r.registrations = c, r.kept_fds_allowed = kept;
         (t == "BASE" ? w.has_base : w.has_end) = true;
+    } else if (t == "VERIFY") {
+        if (std::sscanf(line.c_str(), "VERIFY %llu %llu", &a, &b) != 2) return;
+        runtime_blocks_verified_ += a;
+        runtime_mismatches_ += b;
+        if (b) unexpected(w.name() + ": the runtime's verification found " + std::to_string(b) + " blocks that differ");
     } else if (t == "PORT") {
         if (std::sscanf(line.c_str(), "PORT %d %llu", &s, &a) != 2) return;
         ports_[s] = {int(a), w.incarnation};
@@ -417,24 +423,27 @@ int Orchestrator::run() {
     }
     const bool ok = unexpected_ == 0 && bad == 0 && resources_ok && baseline_failures_ == 0;
     std::printf("\n%-28s %llu\n%-28s %.1f s\n%-28s %.1f\n%-28s %llu\n%-28s %llu\n%-28s %llu\n%-28s %llu\n%-28s %.3f GiB\n"
-                "%-28s %llu\n%-28s %llu\n%-28s %llu\n%-28s %llu\n%-28s %s\n",
+                "%-28s %llu\n%-28s %llu\n%-28s %llu\n%-28s %llu\n%-28s %llu\n%-28s %llu\n%-28s %s\n",
                 "transfers", (unsigned long long)records_.size(), "duration", el, "transfers/s",
                 double(records_.size()) / el, "completed", (unsigned long long)completed, "canceled",
                 (unsigned long long)canceled, "peer-lost", (unsigned long long)lost, "unexpected failures",
                 (unsigned long long)unexpected_, "bytes verified", double(bytes_verified_) / double(1ull << 30),
                 "kills", (unsigned long long)kills_, "reconnected sessions", (unsigned long long)reconnects_,
-                "warm-up transfers", (unsigned long long)warm_transfers_, "processes off baseline",
+                "warm-up transfers", (unsigned long long)warm_transfers_, "blocks checked by runtime",
+                (unsigned long long)runtime_blocks_verified_, "runtime CRC mismatches",
+                (unsigned long long)runtime_mismatches_, "processes off baseline",
                 (unsigned long long)baseline_failures_, "verdict", ok ? "PASS" : "FAIL");
     std::printf("{\"soak\":\"smartgen\",\"ok\":%s,\"seed\":%llu,\"sessions\":%d,\"transfers_per_session\":%d,"
                 "\"transfers\":%llu,\"duration_s\":%.2f,\"transfers_per_s\":%.1f,\"completed\":%llu,\"canceled\":%llu,"
                 "\"peer_lost\":%llu,\"unexpected_failures\":%llu,\"baseline_failures\":%llu,\"bytes_verified\":%llu,\"kills\":%llu,"
-                "\"reconnects\":%llu,\"rss_bound_bytes\":%llu,\"processes\":[%s]}\n",
+                "\"reconnects\":%llu,\"runtime_blocks_verified\":%llu,\"runtime_verify_mismatches\":%llu,"
+                "\"rss_bound_bytes\":%llu,\"processes\":[%s]}\n",
                 ok ? "true" : "false", (unsigned long long)cfg_.seed, cfg_.sessions, cfg_.transfers,
                 (unsigned long long)records_.size(), el, double(records_.size()) / el, (unsigned long long)completed,
                 (unsigned long long)canceled, (unsigned long long)lost, (unsigned long long)unexpected_,
                 (unsigned long long)baseline_failures_, (unsigned long long)bytes_verified_, (unsigned long long)kills_,
-                (unsigned long long)reconnects_,
-                (unsigned long long)bound, procs.c_str());
+                (unsigned long long)reconnects_, (unsigned long long)runtime_blocks_verified_,
+                (unsigned long long)runtime_mismatches_, (unsigned long long)bound, procs.c_str());
     if (!findings_.empty()) {
         std::printf("\nunexpected (first %zu):\n", findings_.size());
         for (auto &f : findings_) std::printf("  %s\n", f.c_str());
@@ -461,6 +470,8 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (!cfg.role.empty()) return soak::run_worker(cfg);
+    // Read by every context at its creation; the workers inherit it.
+    if (cfg.verify) ::setenv("SG_TRANSFER_VERIFY", "1", 1);
     char self[4096];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) {

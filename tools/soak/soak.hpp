@@ -35,6 +35,7 @@ struct Config {
     int wait_s = 60;
     int progress_s = 5;
     std::string providers = "tcp,shm";  // sessions alternate over these
+    bool verify = false;                // SG_TRANSFER_VERIFY=1 in every worker (end-to-end CRCs)
     int hog_threads = 0;                // busy threads beside each worker: a host whose CPUs are shared
     // worker only
     std::string role;  // "prefill" or "decode"

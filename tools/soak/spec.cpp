@@ -35,6 +35,8 @@ void usage() {
         "  --providers LIST        sessions alternate over these: tcp,shm (default), tcp, shm\n"
         "  --hog-threads N         N threads spinning at normal priority in every worker process, as an\n"
         "                          engine's would beside the runtime (default 0); no session may be lost\n"
+        "  --verify                end-to-end verification in every context (SG_TRANSFER_VERIFY=1): the\n"
+        "                          runtime checks each block's CRC on arrival; one mismatch fails the run\n"
         "  --timeout S             whole run (default 1800); --wait S: one wait in a worker (60)\n"
         "  --progress S            seconds between progress lines (default 5)\n"
         "Exit status 0 when no unexpected failure happened, every byte checked was right, and every\n"
@@ -54,6 +56,10 @@ bool parse_args(int argc, char **argv, Config &c, bool &help) {
         if (a == "--short") {
             c.sessions = 8, c.prefill_procs = 2, c.decode_procs = 2, c.transfers = 200, c.kills = 2;
             c.warmup = 4, c.timeout_s = 120, c.wait_s = 15, c.progress_s = 2, c.cancel_rate = 0.15;
+            continue;
+        }
+        if (a == "--verify") {
+            c.verify = true;
             continue;
         }
         if (a == "--help" || a == "-h") {

@@ -350,6 +350,16 @@ int run_worker(const Config &cfg) {
                 emit_line("INFO descriptor closed since the baseline: " + std::to_string(f.first) + " -> " + f.second);
     }
     emit_line(res_line("END", end));
+    // What the runtime's own end-to-end verification checked (SG_TRANSFER_VERIFY=1, --verify).
+    uint64_t blocks_verified = 0, mismatches = 0;
+    for (Local &L : locals) {
+        sg_context_stats_t st;
+        sg_context_stats_init(&st);
+        if (sg_context_stats(L.ctx, &st) != SG_OK) continue;
+        blocks_verified += st.blocks_verified;
+        mismatches += st.verify_mismatches;
+    }
+    emit_line("VERIFY " + std::to_string(blocks_verified) + " " + std::to_string(mismatches));
     for (Local &L : locals) {
         sg_listener_destroy(L.listener);
         destroy_pools(L.pools);

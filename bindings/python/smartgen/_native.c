@@ -283,6 +283,7 @@ static PyObject *py_context_stats(PyObject *self, PyObject *h) {
     STAT(messages_received); STAT(retries); STAT(transfers_completed); STAT(transfers_failed);
     STAT(transfers_canceled); STAT(deadlines_hit); STAT(peers_lost); STAT(sessions_open); STAT(auth_failures);
     STAT(stalls); STAT(registrations); STAT(lanes); STAT(lane_failovers); STAT(lanes_lost);
+    STAT(blocks_verified); STAT(verify_mismatches);
     return d;
 }
 

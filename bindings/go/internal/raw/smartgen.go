@@ -96,21 +96,21 @@ typedef long long swig_type_66;
 typedef long long swig_type_67;
 typedef long long swig_type_68;
 typedef long long swig_type_69;
-typedef _gostring_ swig_type_70;
+typedef long long swig_type_70;
 typedef long long swig_type_71;
 typedef long long swig_type_72;
 typedef long long swig_type_73;
-typedef long long swig_type_74;
+typedef _gostring_ swig_type_74;
 typedef long long swig_type_75;
 typedef long long swig_type_76;
 typedef long long swig_type_77;
-typedef _gostring_ swig_type_78;
+typedef long long swig_type_78;
 typedef long long swig_type_79;
-typedef _gostring_ swig_type_80;
+typedef long long swig_type_80;
 typedef long long swig_type_81;
-typedef long long swig_type_82;
+typedef _gostring_ swig_type_82;
 typedef long long swig_type_83;
-typedef long long swig_type_84;
+typedef _gostring_ swig_type_84;
 typedef long long swig_type_85;
 typedef long long swig_type_86;
 typedef long long swig_type_87;
@@ -164,39 +164,39 @@ typedef long long swig_type_134;
 typedef long long swig_type_135;
 typedef long long swig_type_136;
 typedef long long swig_type_137;
-typedef _gostring_ swig_type_138;
-typedef _gostring_ swig_type_139;
-typedef _gostring_ swig_type_140;
+typedef long long swig_type_138;
+typedef long long swig_type_139;
+typedef long long swig_type_140;
 typedef long long swig_type_141;
 typedef _gostring_ swig_type_142;
-typedef long long swig_type_143;
+typedef _gostring_ swig_type_143;
 typedef _gostring_ swig_type_144;
 typedef long long swig_type_145;
-typedef long long swig_type_146;
-typedef _gostring_ swig_type_147;
-typedef long long swig_type_148;
+typedef _gostring_ swig_type_146;
+typedef long long swig_type_147;
+typedef _gostring_ swig_type_148;
 typedef long long swig_type_149;
-typedef _gostring_ swig_type_150;
-typedef long long swig_type_151;
-typedef _gostring_ swig_type_152;
+typedef long long swig_type_150;
+typedef _gostring_ swig_type_151;
+typedef long long swig_type_152;
 typedef long long swig_type_153;
-typedef long long swig_type_154;
-typedef _gostring_ swig_type_155;
+typedef _gostring_ swig_type_154;
+typedef long long swig_type_155;
 typedef _gostring_ swig_type_156;
-typedef _gostring_ swig_type_157;
+typedef long long swig_type_157;
 typedef long long swig_type_158;
 typedef _gostring_ swig_type_159;
-typedef long long swig_type_160;
+typedef _gostring_ swig_type_160;
 typedef _gostring_ swig_type_161;
-typedef _gostring_ swig_type_162;
-typedef long long swig_type_163;
+typedef long long swig_type_162;
+typedef _gostring_ swig_type_163;
 typedef long long swig_type_164;
 typedef _gostring_ swig_type_165;
 typedef _gostring_ swig_type_166;
 typedef long long swig_type_167;
 typedef long long swig_type_168;
-typedef long long swig_type_169;
-typedef long long swig_type_170;
+typedef _gostring_ swig_type_169;
+typedef _gostring_ swig_type_170;
 typedef long long swig_type_171;
 typedef long long swig_type_172;
 typedef long long swig_type_173;
@@ -221,6 +221,10 @@ typedef long long swig_type_191;
 typedef long long swig_type_192;
 typedef long long swig_type_193;
 typedef long long swig_type_194;
+typedef long long swig_type_195;
+typedef long long swig_type_196;
+typedef long long swig_type_197;
+typedef long long swig_type_198;
 extern void _wrap_Swig_free_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern uintptr_t _wrap_Swig_malloc_raw_e2876bbee506b3ac(swig_intgo arg1);
 extern swig_intgo _wrap_SG_VERSION_NUMBER_raw_e2876bbee506b3ac(void);
@@ -368,13 +372,17 @@ extern void _wrap_sg_context_stats_t_lane_failovers_set_raw_e2876bbee506b3ac(uin
 extern swig_type_55 _wrap_sg_context_stats_t_lane_failovers_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_context_stats_t_lanes_lost_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_56 arg2);
 extern swig_type_57 _wrap_sg_context_stats_t_lanes_lost_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_context_stats_t_blocks_verified_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_58 arg2);
+extern swig_type_59 _wrap_sg_context_stats_t_blocks_verified_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_context_stats_t_verify_mismatches_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_60 arg2);
+extern swig_type_61 _wrap_sg_context_stats_t_verify_mismatches_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_delete_sg_context_stats_t_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_context_stats_init_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_context_stats_init_sized_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_58 arg2);
+extern void _wrap_sg_context_stats_init_sized_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_62 arg2);
 extern int _wrap_sg_context_stats_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
-extern int _wrap_sg_context_metrics_text_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_59 arg3, swig_voidp arg4);
-extern void _wrap_sg_kv_layout_t_struct_size_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_60 arg2);
-extern swig_type_61 _wrap_sg_kv_layout_t_struct_size_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern int _wrap_sg_context_metrics_text_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_63 arg3, swig_voidp arg4);
+extern void _wrap_sg_kv_layout_t_struct_size_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_64 arg2);
+extern swig_type_65 _wrap_sg_kv_layout_t_struct_size_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_kv_layout_t_num_layers_set_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2);
 extern int _wrap_sg_kv_layout_t_num_layers_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_kv_layout_t_num_kv_heads_set_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2);
@@ -383,8 +391,8 @@ extern void _wrap_sg_kv_layout_t_head_dim_set_raw_e2876bbee506b3ac(uintptr_t arg
 extern int _wrap_sg_kv_layout_t_head_dim_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_kv_layout_t_tokens_per_block_set_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2);
 extern int _wrap_sg_kv_layout_t_tokens_per_block_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_kv_layout_t_num_blocks_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_62 arg2);
-extern swig_type_63 _wrap_sg_kv_layout_t_num_blocks_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_kv_layout_t_num_blocks_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_66 arg2);
+extern swig_type_67 _wrap_sg_kv_layout_t_num_blocks_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_kv_layout_t_dtype_set_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2);
 extern int _wrap_sg_kv_layout_t_dtype_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_kv_layout_t_packing_set_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2);
@@ -395,184 +403,184 @@ extern void _wrap_sg_kv_layout_t_mem_kind_set_raw_e2876bbee506b3ac(uintptr_t arg
 extern int _wrap_sg_kv_layout_t_mem_kind_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_kv_layout_t_device_set_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2);
 extern int _wrap_sg_kv_layout_t_device_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_kv_layout_t_block_stride_bytes_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_64 arg2);
-extern swig_type_65 _wrap_sg_kv_layout_t_block_stride_bytes_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_kv_layout_t_block_stride_bytes_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_68 arg2);
+extern swig_type_69 _wrap_sg_kv_layout_t_block_stride_bytes_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern uintptr_t _wrap_new_sg_kv_layout_t_raw_e2876bbee506b3ac(void);
 extern void _wrap_delete_sg_kv_layout_t_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_kv_layout_init_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_kv_layout_init_sized_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_66 arg2);
+extern void _wrap_sg_kv_layout_init_sized_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_70 arg2);
 extern int _wrap_sg_kv_layout_validate_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
 extern int _wrap_sg_kv_layout_plane_bytes_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2);
 extern int _wrap_sg_kv_layout_region_bytes_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2);
 extern int _wrap_sg_kv_register_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2, swig_voidp arg3, uintptr_t arg4);
 extern int _wrap_sg_kv_deregister_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_session_options_t_struct_size_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_67 arg2);
-extern swig_type_68 _wrap_sg_session_options_t_struct_size_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_session_options_t_struct_size_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_71 arg2);
+extern swig_type_72 _wrap_sg_session_options_t_struct_size_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern uintptr_t _wrap_new_sg_session_options_t_raw_e2876bbee506b3ac(void);
 extern void _wrap_delete_sg_session_options_t_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_session_options_init_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_session_options_init_sized_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_69 arg2);
-extern int _wrap_sg_listener_create_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_70 arg2, short arg3, swig_voidp arg4, uintptr_t arg5);
+extern void _wrap_sg_session_options_init_sized_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_73 arg2);
+extern int _wrap_sg_listener_create_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_74 arg2, short arg3, swig_voidp arg4, uintptr_t arg5);
 extern int _wrap_sg_listener_port_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2);
 extern int _wrap_sg_listener_destroy_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern int _wrap_sg_context_get_metadata_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_71 arg3, swig_voidp arg4);
-extern int _wrap_sg_session_wait_ready_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_72 arg2);
+extern int _wrap_sg_context_get_metadata_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_75 arg3, swig_voidp arg4);
+extern int _wrap_sg_session_wait_ready_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_76 arg2);
 extern int _wrap_sg_session_export_kv_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
-extern int _wrap_sg_session_provider_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_73 arg3);
-extern int _wrap_sg_session_notify_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_74 arg3);
-extern int _wrap_sg_session_next_notification_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_75 arg3, swig_voidp arg4);
-extern int _wrap_sg_session_error_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_type_76 arg4);
-extern int _wrap_sg_session_close_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_77 arg2);
+extern int _wrap_sg_session_provider_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_77 arg3);
+extern int _wrap_sg_session_notify_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_78 arg3);
+extern int _wrap_sg_session_next_notification_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_79 arg3, swig_voidp arg4);
+extern int _wrap_sg_session_error_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_type_80 arg4);
+extern int _wrap_sg_session_close_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_81 arg2);
 extern int _wrap_sg_session_destroy_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern swig_intgo _wrap_SG_PROFILE_MAX_BYTES_raw_e2876bbee506b3ac(void);
-extern int _wrap_sg_profile_parse_raw_e2876bbee506b3ac(swig_type_78 arg1, swig_type_79 arg2, swig_voidp arg3, uintptr_t arg4);
-extern int _wrap_sg_profile_load_raw_e2876bbee506b3ac(swig_type_80 arg1, swig_voidp arg2, uintptr_t arg3);
-extern int _wrap_sg_profile_to_json_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_81 arg3, swig_voidp arg4);
+extern int _wrap_sg_profile_parse_raw_e2876bbee506b3ac(swig_type_82 arg1, swig_type_83 arg2, swig_voidp arg3, uintptr_t arg4);
+extern int _wrap_sg_profile_load_raw_e2876bbee506b3ac(swig_type_84 arg1, swig_voidp arg2, uintptr_t arg3);
+extern int _wrap_sg_profile_to_json_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_85 arg3, swig_voidp arg4);
 extern int _wrap_sg_profile_destroy_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_selector_input_init_sized_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_82 arg2);
+extern void _wrap_sg_selector_input_init_sized_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_86 arg2);
 extern swig_intgo _wrap_SG_WIRE_QUANT_NONE_raw_e2876bbee506b3ac(void);
 extern swig_intgo _wrap_SG_WIRE_QUANT_INT8_raw_e2876bbee506b3ac(void);
 extern swig_intgo _wrap_SG_WIRE_QUANT_FP8_E4M3_raw_e2876bbee506b3ac(void);
-extern void _wrap_sg_transfer_options_t_struct_size_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_83 arg2);
-extern swig_type_84 _wrap_sg_transfer_options_t_struct_size_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_options_t_struct_size_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_87 arg2);
+extern swig_type_88 _wrap_sg_transfer_options_t_struct_size_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_transfer_options_t_paths_set_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2);
 extern int _wrap_sg_transfer_options_t_paths_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_transfer_options_t_flags_set_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2);
 extern int _wrap_sg_transfer_options_t_flags_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_transfer_options_t_priority_set_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2);
 extern int _wrap_sg_transfer_options_t_priority_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_options_t_deadline_ns_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_85 arg2);
-extern swig_type_86 _wrap_sg_transfer_options_t_deadline_ns_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_options_t_deadline_ns_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_89 arg2);
+extern swig_type_90 _wrap_sg_transfer_options_t_deadline_ns_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_transfer_options_t_profile_set_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_sg_transfer_options_t_profile_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_options_t_lease_ns_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_87 arg2);
-extern swig_type_88 _wrap_sg_transfer_options_t_lease_ns_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_options_t_lease_ns_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_91 arg2);
+extern swig_type_92 _wrap_sg_transfer_options_t_lease_ns_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_transfer_options_t_wire_quant_set_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2);
 extern int _wrap_sg_transfer_options_t_wire_quant_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern uintptr_t _wrap_new_sg_transfer_options_t_raw_e2876bbee506b3ac(void);
 extern void _wrap_delete_sg_transfer_options_t_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_transfer_options_init_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_options_init_sized_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_89 arg2);
+extern void _wrap_sg_transfer_options_init_sized_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_93 arg2);
 extern int _wrap_sg_transfer_layer_written_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, uintptr_t arg3);
 extern int _wrap_sg_transfer_layer_written_q_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, int arg4, int arg5);
-extern void _wrap_sg_layer_written_init_sized_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_90 arg2);
-extern int _wrap_sg_transfer_wait_layer_state_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, int arg3, swig_type_91 arg4);
-extern int _wrap_sg_transfer_digests_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_92 arg4, swig_voidp arg5);
-extern int _wrap_sg_transfer_fetch_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_93 arg4);
-extern int _wrap_sg_transfer_wait_blocks_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_94 arg4, swig_type_95 arg5);
+extern void _wrap_sg_layer_written_init_sized_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_94 arg2);
+extern int _wrap_sg_transfer_wait_layer_state_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, int arg3, swig_type_95 arg4);
+extern int _wrap_sg_transfer_digests_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_96 arg4, swig_voidp arg5);
+extern int _wrap_sg_transfer_fetch_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_97 arg4);
+extern int _wrap_sg_transfer_wait_blocks_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_98 arg4, swig_type_99 arg5);
 extern int _wrap_sg_transfer_test_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern int _wrap_sg_transfer_wait_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_96 arg2);
-extern int _wrap_sg_transfer_wait_layer_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_type_97 arg3);
+extern int _wrap_sg_transfer_wait_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_100 arg2);
+extern int _wrap_sg_transfer_wait_layer_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_type_101 arg3);
 extern int _wrap_sg_transfer_layer_state_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3);
-extern int _wrap_sg_transfer_residency_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_98 arg4, swig_voidp arg5);
-extern int _wrap_sg_transfer_status_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_type_99 arg4);
-extern void _wrap_sg_transfer_stats_t_struct_size_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_100 arg2);
-extern swig_type_101 _wrap_sg_transfer_stats_t_struct_size_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_stats_t_bytes_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_102 arg2);
-extern swig_type_103 _wrap_sg_transfer_stats_t_bytes_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_stats_t_rma_ops_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_104 arg2);
-extern swig_type_105 _wrap_sg_transfer_stats_t_rma_ops_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_stats_t_segments_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_106 arg2);
-extern swig_type_107 _wrap_sg_transfer_stats_t_segments_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_stats_t_staged_bytes_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_108 arg2);
-extern swig_type_109 _wrap_sg_transfer_stats_t_staged_bytes_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_stats_t_staging_copies_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_110 arg2);
-extern swig_type_111 _wrap_sg_transfer_stats_t_staging_copies_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_stats_t_layers_ready_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_112 arg2);
-extern swig_type_113 _wrap_sg_transfer_stats_t_layers_ready_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_stats_t_start_ns_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_114 arg2);
-extern swig_type_115 _wrap_sg_transfer_stats_t_start_ns_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_stats_t_end_ns_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_116 arg2);
-extern swig_type_117 _wrap_sg_transfer_stats_t_end_ns_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_stats_t_bytes_full_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_118 arg2);
-extern swig_type_119 _wrap_sg_transfer_stats_t_bytes_full_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_stats_t_bytes_proactive_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_120 arg2);
-extern swig_type_121 _wrap_sg_transfer_stats_t_bytes_proactive_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_stats_t_bytes_on_demand_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_122 arg2);
-extern swig_type_123 _wrap_sg_transfer_stats_t_bytes_on_demand_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_stats_t_bytes_speculative_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_124 arg2);
-extern swig_type_125 _wrap_sg_transfer_stats_t_bytes_speculative_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_stats_t_digest_bytes_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_126 arg2);
-extern swig_type_127 _wrap_sg_transfer_stats_t_digest_bytes_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_stats_t_fetch_requests_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_128 arg2);
-extern swig_type_129 _wrap_sg_transfer_stats_t_fetch_requests_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_stats_t_fetch_blocks_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_130 arg2);
-extern swig_type_131 _wrap_sg_transfer_stats_t_fetch_blocks_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_stats_t_quantized_bytes_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_132 arg2);
-extern swig_type_133 _wrap_sg_transfer_stats_t_quantized_bytes_get_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_stats_t_quantized_wire_bytes_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_134 arg2);
-extern swig_type_135 _wrap_sg_transfer_stats_t_quantized_wire_bytes_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern int _wrap_sg_transfer_residency_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_102 arg4, swig_voidp arg5);
+extern int _wrap_sg_transfer_status_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_type_103 arg4);
+extern void _wrap_sg_transfer_stats_t_struct_size_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_104 arg2);
+extern swig_type_105 _wrap_sg_transfer_stats_t_struct_size_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_stats_t_bytes_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_106 arg2);
+extern swig_type_107 _wrap_sg_transfer_stats_t_bytes_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_stats_t_rma_ops_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_108 arg2);
+extern swig_type_109 _wrap_sg_transfer_stats_t_rma_ops_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_stats_t_segments_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_110 arg2);
+extern swig_type_111 _wrap_sg_transfer_stats_t_segments_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_stats_t_staged_bytes_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_112 arg2);
+extern swig_type_113 _wrap_sg_transfer_stats_t_staged_bytes_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_stats_t_staging_copies_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_114 arg2);
+extern swig_type_115 _wrap_sg_transfer_stats_t_staging_copies_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_stats_t_layers_ready_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_116 arg2);
+extern swig_type_117 _wrap_sg_transfer_stats_t_layers_ready_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_stats_t_start_ns_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_118 arg2);
+extern swig_type_119 _wrap_sg_transfer_stats_t_start_ns_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_stats_t_end_ns_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_120 arg2);
+extern swig_type_121 _wrap_sg_transfer_stats_t_end_ns_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_stats_t_bytes_full_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_122 arg2);
+extern swig_type_123 _wrap_sg_transfer_stats_t_bytes_full_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_stats_t_bytes_proactive_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_124 arg2);
+extern swig_type_125 _wrap_sg_transfer_stats_t_bytes_proactive_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_stats_t_bytes_on_demand_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_126 arg2);
+extern swig_type_127 _wrap_sg_transfer_stats_t_bytes_on_demand_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_stats_t_bytes_speculative_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_128 arg2);
+extern swig_type_129 _wrap_sg_transfer_stats_t_bytes_speculative_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_stats_t_digest_bytes_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_130 arg2);
+extern swig_type_131 _wrap_sg_transfer_stats_t_digest_bytes_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_stats_t_fetch_requests_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_132 arg2);
+extern swig_type_133 _wrap_sg_transfer_stats_t_fetch_requests_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_stats_t_fetch_blocks_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_134 arg2);
+extern swig_type_135 _wrap_sg_transfer_stats_t_fetch_blocks_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_stats_t_quantized_bytes_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_136 arg2);
+extern swig_type_137 _wrap_sg_transfer_stats_t_quantized_bytes_get_raw_e2876bbee506b3ac(uintptr_t arg1);
+extern void _wrap_sg_transfer_stats_t_quantized_wire_bytes_set_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_138 arg2);
+extern swig_type_139 _wrap_sg_transfer_stats_t_quantized_wire_bytes_get_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_delete_sg_transfer_stats_t_raw_e2876bbee506b3ac(uintptr_t arg1);
 extern void _wrap_sg_transfer_stats_init_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern void _wrap_sg_transfer_stats_init_sized_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_136 arg2);
+extern void _wrap_sg_transfer_stats_init_sized_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_140 arg2);
 extern int _wrap_sg_transfer_stats_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
 extern int _wrap_sg_transfer_layer_time_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3);
 extern int _wrap_sg_transfer_cancel_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern int _wrap_sg_transfer_wait_quiesced_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_137 arg2);
+extern int _wrap_sg_transfer_wait_quiesced_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_141 arg2);
 extern int _wrap_sg_transfer_release_raw_e2876bbee506b3ac(uintptr_t arg1);
-extern int _wrap_sgo_directory_open_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_138 arg2, swig_type_139 arg3, int arg4, int arg5, swig_voidp arg6, uintptr_t arg7);
-extern int _wrap_sgo_directory_publish_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_140 arg2, swig_type_141 arg3, uintptr_t arg4);
-extern int _wrap_sgo_directory_unpublish_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_142 arg2, swig_type_143 arg3, uintptr_t arg4);
-extern int _wrap_sgo_directory_lookup_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_144 arg2, swig_type_145 arg3, swig_voidp arg4, swig_type_146 arg5, swig_voidp arg6, uintptr_t arg7);
-extern int _wrap_sgo_directory_list_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_147 arg2, swig_type_148 arg3, swig_voidp arg4, swig_type_149 arg5, swig_voidp arg6, swig_voidp arg7, uintptr_t arg8);
-extern int _wrap_sgo_directory_wait_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_150 arg2, int arg3, swig_type_151 arg4, uintptr_t arg5);
+extern int _wrap_sgo_directory_open_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_142 arg2, swig_type_143 arg3, int arg4, int arg5, swig_voidp arg6, uintptr_t arg7);
+extern int _wrap_sgo_directory_publish_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_144 arg2, swig_type_145 arg3, uintptr_t arg4);
+extern int _wrap_sgo_directory_unpublish_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_146 arg2, swig_type_147 arg3, uintptr_t arg4);
+extern int _wrap_sgo_directory_lookup_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_148 arg2, swig_type_149 arg3, swig_voidp arg4, swig_type_150 arg5, swig_voidp arg6, uintptr_t arg7);
+extern int _wrap_sgo_directory_list_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_151 arg2, swig_type_152 arg3, swig_voidp arg4, swig_type_153 arg5, swig_voidp arg6, swig_voidp arg7, uintptr_t arg8);
+extern int _wrap_sgo_directory_wait_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_154 arg2, int arg3, swig_type_155 arg4, uintptr_t arg5);
 extern int _wrap_sgo_directory_stats_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, uintptr_t arg3);
-extern int _wrap_sgo_directory_connect_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_152 arg2, swig_type_153 arg3, swig_voidp arg4, uintptr_t arg5);
-extern int _wrap_sgo_directory_accept_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_154 arg2, swig_voidp arg3, uintptr_t arg4);
+extern int _wrap_sgo_directory_connect_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_156 arg2, swig_type_157 arg3, swig_voidp arg4, uintptr_t arg5);
+extern int _wrap_sgo_directory_accept_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_158 arg2, swig_voidp arg3, uintptr_t arg4);
 extern int _wrap_sgo_directory_destroy_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
 extern int _wrap_sgo_transfer_layer_written_ex_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, uintptr_t arg4, int arg5, int arg6, int arg7, uintptr_t arg8, uintptr_t arg9);
-extern int _wrap_sgo_context_create_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_155 arg2, swig_type_156 arg3, swig_type_157 arg4, swig_type_158 arg5, uintptr_t arg6, uintptr_t arg7, swig_voidp arg8, uintptr_t arg9);
-extern int _wrap_sgo_session_accept_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_159 arg2, swig_type_160 arg3, swig_voidp arg4, uintptr_t arg5);
-extern int _wrap_sgo_session_connect_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_161 arg2, short arg3, swig_type_162 arg4, swig_type_163 arg5, swig_voidp arg6, uintptr_t arg7);
-extern int _wrap_sgo_session_from_metadata_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_164 arg3, swig_type_165 arg4, swig_voidp arg5, uintptr_t arg6);
-extern int _wrap_sgo_transfer_start_raw_e2876bbee506b3ac(swig_intgo arg1, uintptr_t arg2, swig_type_166 arg3, uintptr_t arg4, swig_voidp arg5, swig_type_167 arg6, swig_type_168 arg7, uintptr_t arg8, swig_voidp arg9, swig_type_169 arg10, swig_voidp arg11, uintptr_t arg12);
-extern swig_type_170 _wrap_sgo_transfer_layer_state_value_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, uintptr_t arg3);
+extern int _wrap_sgo_context_create_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_159 arg2, swig_type_160 arg3, swig_type_161 arg4, swig_type_162 arg5, uintptr_t arg6, uintptr_t arg7, swig_voidp arg8, uintptr_t arg9);
+extern int _wrap_sgo_session_accept_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_163 arg2, swig_type_164 arg3, swig_voidp arg4, uintptr_t arg5);
+extern int _wrap_sgo_session_connect_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_165 arg2, short arg3, swig_type_166 arg4, swig_type_167 arg5, swig_voidp arg6, uintptr_t arg7);
+extern int _wrap_sgo_session_from_metadata_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_168 arg3, swig_type_169 arg4, swig_voidp arg5, uintptr_t arg6);
+extern int _wrap_sgo_transfer_start_raw_e2876bbee506b3ac(swig_intgo arg1, uintptr_t arg2, swig_type_170 arg3, uintptr_t arg4, swig_voidp arg5, swig_type_171 arg6, swig_type_172 arg7, uintptr_t arg8, swig_voidp arg9, swig_type_173 arg10, swig_voidp arg11, uintptr_t arg12);
+extern swig_type_174 _wrap_sgo_transfer_layer_state_value_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, uintptr_t arg3);
 extern uintptr_t _wrap_sgo_transfer_stats_new_raw_e2876bbee506b3ac(void);
 extern uintptr_t _wrap_sgo_context_stats_new_raw_e2876bbee506b3ac(void);
-extern swig_voidp _wrap_sgo_pointers_new_raw_e2876bbee506b3ac(swig_type_171 arg1);
-extern void _wrap_sgo_pointers_set_raw_e2876bbee506b3ac(swig_voidp arg1, swig_type_172 arg2, uintptr_t arg3);
+extern swig_voidp _wrap_sgo_pointers_new_raw_e2876bbee506b3ac(swig_type_175 arg1);
+extern void _wrap_sgo_pointers_set_raw_e2876bbee506b3ac(swig_voidp arg1, swig_type_176 arg2, uintptr_t arg3);
 extern void _wrap_sgo_pointers_free_raw_e2876bbee506b3ac(swig_voidp arg1);
-extern void _wrap_sgo_kv_layout_set_bases_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_type_173 arg4);
+extern void _wrap_sgo_kv_layout_set_bases_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_type_177 arg4);
 extern int _wrap_sgo_sg_context_destroy_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
 extern int _wrap_sgo_sg_context_event_fd_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, uintptr_t arg3);
 extern int _wrap_sgo_sg_context_progress_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
-extern int _wrap_sgo_sg_context_provider_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_174 arg3, uintptr_t arg4);
-extern int _wrap_sgo_sg_context_set_param_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_type_175 arg3, uintptr_t arg4);
+extern int _wrap_sgo_sg_context_provider_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_178 arg3, uintptr_t arg4);
+extern int _wrap_sgo_sg_context_set_param_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_type_179 arg3, uintptr_t arg4);
 extern int _wrap_sgo_sg_context_get_param_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, uintptr_t arg4);
 extern int _wrap_sgo_sg_context_stats_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3);
-extern int _wrap_sgo_sg_context_metrics_text_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_176 arg3, swig_voidp arg4, uintptr_t arg5);
-extern int _wrap_sgo_sg_context_get_metadata_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_177 arg3, swig_voidp arg4, uintptr_t arg5);
+extern int _wrap_sgo_sg_context_metrics_text_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_180 arg3, swig_voidp arg4, uintptr_t arg5);
+extern int _wrap_sgo_sg_context_get_metadata_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_181 arg3, swig_voidp arg4, uintptr_t arg5);
 extern int _wrap_sgo_sg_kv_layout_plane_bytes_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, uintptr_t arg3);
 extern int _wrap_sgo_sg_kv_layout_region_bytes_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, uintptr_t arg3);
 extern int _wrap_sgo_sg_kv_deregister_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
 extern int _wrap_sgo_sg_listener_port_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, uintptr_t arg3);
 extern int _wrap_sgo_sg_listener_destroy_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
-extern int _wrap_sgo_sg_session_wait_ready_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_178 arg2, uintptr_t arg3);
+extern int _wrap_sgo_sg_session_wait_ready_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_182 arg2, uintptr_t arg3);
 extern int _wrap_sgo_sg_session_export_kv_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3);
-extern int _wrap_sgo_sg_session_provider_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_179 arg3, uintptr_t arg4);
-extern int _wrap_sgo_sg_session_notify_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_180 arg3, uintptr_t arg4);
-extern int _wrap_sgo_sg_session_next_notification_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_181 arg3, swig_voidp arg4, uintptr_t arg5);
-extern int _wrap_sgo_sg_session_error_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_type_182 arg4, uintptr_t arg5);
-extern int _wrap_sgo_sg_session_close_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_183 arg2, uintptr_t arg3);
+extern int _wrap_sgo_sg_session_provider_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_183 arg3, uintptr_t arg4);
+extern int _wrap_sgo_sg_session_notify_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_184 arg3, uintptr_t arg4);
+extern int _wrap_sgo_sg_session_next_notification_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_185 arg3, swig_voidp arg4, uintptr_t arg5);
+extern int _wrap_sgo_sg_session_error_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_type_186 arg4, uintptr_t arg5);
+extern int _wrap_sgo_sg_session_close_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_187 arg2, uintptr_t arg3);
 extern int _wrap_sgo_sg_session_destroy_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
-extern int _wrap_sgo_sg_profile_to_json_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_184 arg3, swig_voidp arg4, uintptr_t arg5);
+extern int _wrap_sgo_sg_profile_to_json_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_type_188 arg3, swig_voidp arg4, uintptr_t arg5);
 extern int _wrap_sgo_sg_profile_destroy_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
 extern int _wrap_sgo_sg_transfer_layer_written_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, uintptr_t arg3);
 extern int _wrap_sgo_sg_transfer_layer_written_q_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, int arg4, int arg5, uintptr_t arg6);
-extern int _wrap_sgo_sg_transfer_wait_layer_state_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, int arg3, swig_type_185 arg4, uintptr_t arg5);
-extern int _wrap_sgo_sg_transfer_digests_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_186 arg4, swig_voidp arg5, uintptr_t arg6);
-extern int _wrap_sgo_sg_transfer_fetch_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_187 arg4, uintptr_t arg5);
-extern int _wrap_sgo_sg_transfer_wait_blocks_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_188 arg4, swig_type_189 arg5, uintptr_t arg6);
+extern int _wrap_sgo_sg_transfer_wait_layer_state_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, int arg3, swig_type_189 arg4, uintptr_t arg5);
+extern int _wrap_sgo_sg_transfer_digests_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_190 arg4, swig_voidp arg5, uintptr_t arg6);
+extern int _wrap_sgo_sg_transfer_fetch_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_191 arg4, uintptr_t arg5);
+extern int _wrap_sgo_sg_transfer_wait_blocks_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_192 arg4, swig_type_193 arg5, uintptr_t arg6);
 extern int _wrap_sgo_sg_transfer_test_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
-extern int _wrap_sgo_sg_transfer_wait_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_190 arg2, uintptr_t arg3);
-extern int _wrap_sgo_sg_transfer_wait_layer_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_type_191 arg3, uintptr_t arg4);
+extern int _wrap_sgo_sg_transfer_wait_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_194 arg2, uintptr_t arg3);
+extern int _wrap_sgo_sg_transfer_wait_layer_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_type_195 arg3, uintptr_t arg4);
 extern int _wrap_sgo_sg_transfer_layer_state_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, uintptr_t arg4);
-extern int _wrap_sgo_sg_transfer_residency_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_192 arg4, swig_voidp arg5, uintptr_t arg6);
-extern int _wrap_sgo_sg_transfer_status_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_type_193 arg4, uintptr_t arg5);
+extern int _wrap_sgo_sg_transfer_residency_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, swig_type_196 arg4, swig_voidp arg5, uintptr_t arg6);
+extern int _wrap_sgo_sg_transfer_status_raw_e2876bbee506b3ac(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_type_197 arg4, uintptr_t arg5);
 extern int _wrap_sgo_sg_transfer_stats_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3);
 extern int _wrap_sgo_sg_transfer_layer_time_raw_e2876bbee506b3ac(uintptr_t arg1, int arg2, swig_voidp arg3, uintptr_t arg4);
 extern int _wrap_sgo_sg_transfer_cancel_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
-extern int _wrap_sgo_sg_transfer_wait_quiesced_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_194 arg2, uintptr_t arg3);
+extern int _wrap_sgo_sg_transfer_wait_quiesced_raw_e2876bbee506b3ac(uintptr_t arg1, swig_type_198 arg2, uintptr_t arg3);
 extern int _wrap_sgo_sg_transfer_release_raw_e2876bbee506b3ac(uintptr_t arg1, uintptr_t arg2);
 #undef intgo
 */
@@ -1694,6 +1702,32 @@ func (arg1 SwigcptrSg_context_stats_t) GetLanes_lost() (_swig_ret uint64) {
 	return swig_r
 }
 
+func (arg1 SwigcptrSg_context_stats_t) SetBlocks_verified(arg2 uint64) {
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	C._wrap_sg_context_stats_t_blocks_verified_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_58(_swig_i_1))
+}
+
+func (arg1 SwigcptrSg_context_stats_t) GetBlocks_verified() (_swig_ret uint64) {
+	var swig_r uint64
+	_swig_i_0 := arg1
+	swig_r = (uint64)(C._wrap_sg_context_stats_t_blocks_verified_get_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0)))
+	return swig_r
+}
+
+func (arg1 SwigcptrSg_context_stats_t) SetVerify_mismatches(arg2 uint64) {
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	C._wrap_sg_context_stats_t_verify_mismatches_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_60(_swig_i_1))
+}
+
+func (arg1 SwigcptrSg_context_stats_t) GetVerify_mismatches() (_swig_ret uint64) {
+	var swig_r uint64
+	_swig_i_0 := arg1
+	swig_r = (uint64)(C._wrap_sg_context_stats_t_verify_mismatches_get_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0)))
+	return swig_r
+}
+
 func DeleteSg_context_stats_t(arg1 Sg_context_stats_t) {
 	_swig_i_0 := getSwigcptr(arg1)
 	C._wrap_delete_sg_context_stats_t_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0))
@@ -1742,6 +1776,10 @@ type Sg_context_stats_t interface {
 	GetLane_failovers() (_swig_ret uint64)
 	SetLanes_lost(arg2 uint64)
 	GetLanes_lost() (_swig_ret uint64)
+	SetBlocks_verified(arg2 uint64)
+	GetBlocks_verified() (_swig_ret uint64)
+	SetVerify_mismatches(arg2 uint64)
+	GetVerify_mismatches() (_swig_ret uint64)
 }
 
 func Sg_context_stats_init(arg1 Sg_context_stats_t) {
@@ -1752,7 +1790,7 @@ func Sg_context_stats_init(arg1 Sg_context_stats_t) {
 func Sg_context_stats_init_sized(arg1 Sg_context_stats_t, arg2 uint64) {
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	C._wrap_sg_context_stats_init_sized_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_58(_swig_i_1))
+	C._wrap_sg_context_stats_init_sized_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_62(_swig_i_1))
 }
 
 func Sg_context_stats(arg1 uintptr, arg2 Sg_context_stats_t) (_swig_ret int32) {
@@ -1769,7 +1807,7 @@ func Sg_context_metrics_text(arg1 uintptr, arg2 *byte, arg3 uint64, arg4 *uint64
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	swig_r = (int32)(C._wrap_sg_context_metrics_text_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_59(_swig_i_2), C.swig_voidp(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sg_context_metrics_text_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_63(_swig_i_2), C.swig_voidp(_swig_i_3)))
 	return swig_r
 }
 
@@ -1785,7 +1823,7 @@ func (p SwigcptrSg_kv_layout_t) SwigIsSg_kv_layout_t() {
 func (arg1 SwigcptrSg_kv_layout_t) SetStruct_size(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_kv_layout_t_struct_size_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_60(_swig_i_1))
+	C._wrap_sg_kv_layout_t_struct_size_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_64(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_kv_layout_t) GetStruct_size() (_swig_ret uint64) {
@@ -1850,7 +1888,7 @@ func (arg1 SwigcptrSg_kv_layout_t) GetTokens_per_block() (_swig_ret uint32) {
 func (arg1 SwigcptrSg_kv_layout_t) SetNum_blocks(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_kv_layout_t_num_blocks_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_62(_swig_i_1))
+	C._wrap_sg_kv_layout_t_num_blocks_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_66(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_kv_layout_t) GetNum_blocks() (_swig_ret uint64) {
@@ -1928,7 +1966,7 @@ func (arg1 SwigcptrSg_kv_layout_t) GetDevice() (_swig_ret int32) {
 func (arg1 SwigcptrSg_kv_layout_t) SetBlock_stride_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_kv_layout_t_block_stride_bytes_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_64(_swig_i_1))
+	C._wrap_sg_kv_layout_t_block_stride_bytes_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_68(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_kv_layout_t) GetBlock_stride_bytes() (_swig_ret uint64) {
@@ -1986,7 +2024,7 @@ func Sg_kv_layout_init(arg1 Sg_kv_layout_t) {
 func Sg_kv_layout_init_sized(arg1 Sg_kv_layout_t, arg2 uint64) {
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	C._wrap_sg_kv_layout_init_sized_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_66(_swig_i_1))
+	C._wrap_sg_kv_layout_init_sized_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_70(_swig_i_1))
 }
 
 func Sg_kv_layout_validate(arg1 Sg_kv_layout_t, arg2 Sg_error_info_t) (_swig_ret int32) {
@@ -2042,7 +2080,7 @@ func (p SwigcptrSg_session_options_t) SwigIsSg_session_options_t() {
 func (arg1 SwigcptrSg_session_options_t) SetStruct_size(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_session_options_t_struct_size_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_67(_swig_i_1))
+	C._wrap_sg_session_options_t_struct_size_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_71(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_session_options_t) GetStruct_size() (_swig_ret uint64) {
@@ -2078,7 +2116,7 @@ func Sg_session_options_init(arg1 Sg_session_options_t) {
 func Sg_session_options_init_sized(arg1 Sg_session_options_t, arg2 uint64) {
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	C._wrap_sg_session_options_init_sized_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_69(_swig_i_1))
+	C._wrap_sg_session_options_init_sized_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_73(_swig_i_1))
 }
 
 func Sg_listener_create(arg1 uintptr, arg2 string, arg3 uint16, arg4 *uintptr, arg5 Sg_error_info_t) (_swig_ret int32) {
@@ -2088,7 +2126,7 @@ func Sg_listener_create(arg1 uintptr, arg2 string, arg3 uint16, arg4 *uintptr, a
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sg_listener_create_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_70)(unsafe.Pointer(&_swig_i_1)), C.short(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sg_listener_create_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_74)(unsafe.Pointer(&_swig_i_1)), C.short(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -2116,7 +2154,7 @@ func Sg_context_get_metadata(arg1 uintptr, arg2 *byte, arg3 uint64, arg4 *uint64
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	swig_r = (int32)(C._wrap_sg_context_get_metadata_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_71(_swig_i_2), C.swig_voidp(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sg_context_get_metadata_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_75(_swig_i_2), C.swig_voidp(_swig_i_3)))
 	return swig_r
 }
 
@@ -2124,7 +2162,7 @@ func Sg_session_wait_ready(arg1 uintptr, arg2 uint64) (_swig_ret int32) {
 	var swig_r int32
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int32)(C._wrap_sg_session_wait_ready_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_72(_swig_i_1)))
+	swig_r = (int32)(C._wrap_sg_session_wait_ready_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_76(_swig_i_1)))
 	return swig_r
 }
 
@@ -2141,7 +2179,7 @@ func Sg_session_provider(arg1 uintptr, arg2 *byte, arg3 uint64) (_swig_ret int32
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
-	swig_r = (int32)(C._wrap_sg_session_provider_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_73(_swig_i_2)))
+	swig_r = (int32)(C._wrap_sg_session_provider_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_77(_swig_i_2)))
 	return swig_r
 }
 
@@ -2151,7 +2189,7 @@ func Sg_session_notify(arg1 uintptr, arg2 *byte, arg3 uint64) (_swig_ret int32) 
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
-	swig_r = (int32)(C._wrap_sg_session_notify_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_74(_swig_i_2)))
+	swig_r = (int32)(C._wrap_sg_session_notify_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_78(_swig_i_2)))
 	return swig_r
 }
 
@@ -2161,7 +2199,7 @@ func Sg_session_next_notification(arg1 uintptr, arg2 *byte, arg3 uint64, arg4 *u
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	swig_r = (int32)(C._wrap_sg_session_next_notification_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_75(_swig_i_2), C.swig_voidp(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sg_session_next_notification_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_79(_swig_i_2), C.swig_voidp(_swig_i_3)))
 	return swig_r
 }
 
@@ -2171,7 +2209,7 @@ func Sg_session_error(arg1 uintptr, arg2 *int32, arg3 *byte, arg4 uint64) (_swig
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	swig_r = (int32)(C._wrap_sg_session_error_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_76(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sg_session_error_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_80(_swig_i_3)))
 	return swig_r
 }
 
@@ -2179,7 +2217,7 @@ func Sg_session_close(arg1 uintptr, arg2 uint64) (_swig_ret int32) {
 	var swig_r int32
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int32)(C._wrap_sg_session_close_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_77(_swig_i_1)))
+	swig_r = (int32)(C._wrap_sg_session_close_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_81(_swig_i_1)))
 	return swig_r
 }
 
@@ -2203,7 +2241,7 @@ func Sg_profile_parse(arg1 string, arg2 uint64, arg3 *uintptr, arg4 Sg_error_inf
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := getSwigcptr(arg4)
-	swig_r = (int32)(C._wrap_sg_profile_parse_raw_e2876bbee506b3ac(*(*C.swig_type_78)(unsafe.Pointer(&_swig_i_0)), C.swig_type_79(_swig_i_1), C.swig_voidp(_swig_i_2), C.uintptr_t(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sg_profile_parse_raw_e2876bbee506b3ac(*(*C.swig_type_82)(unsafe.Pointer(&_swig_i_0)), C.swig_type_83(_swig_i_1), C.swig_voidp(_swig_i_2), C.uintptr_t(_swig_i_3)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -2215,7 +2253,7 @@ func Sg_profile_load(arg1 string, arg2 *uintptr, arg3 Sg_error_info_t) (_swig_re
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := getSwigcptr(arg3)
-	swig_r = (int32)(C._wrap_sg_profile_load_raw_e2876bbee506b3ac(*(*C.swig_type_80)(unsafe.Pointer(&_swig_i_0)), C.swig_voidp(_swig_i_1), C.uintptr_t(_swig_i_2)))
+	swig_r = (int32)(C._wrap_sg_profile_load_raw_e2876bbee506b3ac(*(*C.swig_type_84)(unsafe.Pointer(&_swig_i_0)), C.swig_voidp(_swig_i_1), C.uintptr_t(_swig_i_2)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -2228,7 +2266,7 @@ func Sg_profile_to_json(arg1 uintptr, arg2 *byte, arg3 uint64, arg4 *uint64) (_s
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	swig_r = (int32)(C._wrap_sg_profile_to_json_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_81(_swig_i_2), C.swig_voidp(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sg_profile_to_json_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_85(_swig_i_2), C.swig_voidp(_swig_i_3)))
 	return swig_r
 }
 
@@ -2242,7 +2280,7 @@ func Sg_profile_destroy(arg1 uintptr) (_swig_ret int32) {
 func Sg_selector_input_init_sized(arg1 Struct_SS_sg_selector_input, arg2 uint64) {
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	C._wrap_sg_selector_input_init_sized_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_82(_swig_i_1))
+	C._wrap_sg_selector_input_init_sized_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_86(_swig_i_1))
 }
 
 const SG_PATH_FULL uint = 0x1
@@ -2288,7 +2326,7 @@ func (p SwigcptrSg_transfer_options_t) SwigIsSg_transfer_options_t() {
 func (arg1 SwigcptrSg_transfer_options_t) SetStruct_size(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_options_t_struct_size_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_83(_swig_i_1))
+	C._wrap_sg_transfer_options_t_struct_size_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_87(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_options_t) GetStruct_size() (_swig_ret uint64) {
@@ -2340,7 +2378,7 @@ func (arg1 SwigcptrSg_transfer_options_t) GetPriority() (_swig_ret int32) {
 func (arg1 SwigcptrSg_transfer_options_t) SetDeadline_ns(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_options_t_deadline_ns_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_85(_swig_i_1))
+	C._wrap_sg_transfer_options_t_deadline_ns_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_89(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_options_t) GetDeadline_ns() (_swig_ret uint64) {
@@ -2366,7 +2404,7 @@ func (arg1 SwigcptrSg_transfer_options_t) GetProfile() (_swig_ret uintptr) {
 func (arg1 SwigcptrSg_transfer_options_t) SetLease_ns(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_options_t_lease_ns_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_87(_swig_i_1))
+	C._wrap_sg_transfer_options_t_lease_ns_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_91(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_options_t) GetLease_ns() (_swig_ret uint64) {
@@ -2429,7 +2467,7 @@ func Sg_transfer_options_init(arg1 Sg_transfer_options_t) {
 func Sg_transfer_options_init_sized(arg1 Sg_transfer_options_t, arg2 uint64) {
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_options_init_sized_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_89(_swig_i_1))
+	C._wrap_sg_transfer_options_init_sized_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_93(_swig_i_1))
 }
 
 func Sg_transfer_layer_written(arg1 uintptr, arg2 uint32, arg3 uintptr) (_swig_ret int32) {
@@ -2455,7 +2493,7 @@ func Sg_transfer_layer_written_q(arg1 uintptr, arg2 uint32, arg3 *float32, arg4 
 func Sg_layer_written_init_sized(arg1 Struct_SS_sg_layer_written, arg2 uint64) {
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	C._wrap_sg_layer_written_init_sized_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_90(_swig_i_1))
+	C._wrap_sg_layer_written_init_sized_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_94(_swig_i_1))
 }
 
 func Sg_transfer_wait_layer_state(arg1 uintptr, arg2 uint32, arg3 uint32, arg4 uint64) (_swig_ret int32) {
@@ -2464,7 +2502,7 @@ func Sg_transfer_wait_layer_state(arg1 uintptr, arg2 uint32, arg3 uint32, arg4 u
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	swig_r = (int32)(C._wrap_sg_transfer_wait_layer_state_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.int(_swig_i_2), C.swig_type_91(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sg_transfer_wait_layer_state_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.int(_swig_i_2), C.swig_type_95(_swig_i_3)))
 	return swig_r
 }
 
@@ -2475,7 +2513,7 @@ func Sg_transfer_digests(arg1 uintptr, arg2 uint32, arg3 *float32, arg4 uint64, 
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
-	swig_r = (int32)(C._wrap_sg_transfer_digests_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_92(_swig_i_3), C.swig_voidp(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sg_transfer_digests_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_96(_swig_i_3), C.swig_voidp(_swig_i_4)))
 	return swig_r
 }
 
@@ -2485,7 +2523,7 @@ func Sg_transfer_fetch(arg1 uintptr, arg2 uint32, arg3 *uint32, arg4 uint64) (_s
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	swig_r = (int32)(C._wrap_sg_transfer_fetch_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_93(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sg_transfer_fetch_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_97(_swig_i_3)))
 	return swig_r
 }
 
@@ -2496,7 +2534,7 @@ func Sg_transfer_wait_blocks(arg1 uintptr, arg2 uint32, arg3 *uint32, arg4 uint6
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
-	swig_r = (int32)(C._wrap_sg_transfer_wait_blocks_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_94(_swig_i_3), C.swig_type_95(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sg_transfer_wait_blocks_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_98(_swig_i_3), C.swig_type_99(_swig_i_4)))
 	return swig_r
 }
 
@@ -2511,7 +2549,7 @@ func Sg_transfer_wait(arg1 uintptr, arg2 uint64) (_swig_ret int32) {
 	var swig_r int32
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int32)(C._wrap_sg_transfer_wait_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_96(_swig_i_1)))
+	swig_r = (int32)(C._wrap_sg_transfer_wait_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_100(_swig_i_1)))
 	return swig_r
 }
 
@@ -2520,7 +2558,7 @@ func Sg_transfer_wait_layer(arg1 uintptr, arg2 uint32, arg3 uint64) (_swig_ret i
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
-	swig_r = (int32)(C._wrap_sg_transfer_wait_layer_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_type_97(_swig_i_2)))
+	swig_r = (int32)(C._wrap_sg_transfer_wait_layer_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_type_101(_swig_i_2)))
 	return swig_r
 }
 
@@ -2540,7 +2578,7 @@ func Sg_transfer_residency(arg1 uintptr, arg2 uint32, arg3 *byte, arg4 uint64, a
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
-	swig_r = (int32)(C._wrap_sg_transfer_residency_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_98(_swig_i_3), C.swig_voidp(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sg_transfer_residency_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_102(_swig_i_3), C.swig_voidp(_swig_i_4)))
 	return swig_r
 }
 
@@ -2550,7 +2588,7 @@ func Sg_transfer_status(arg1 uintptr, arg2 *int32, arg3 *byte, arg4 uint64) (_sw
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	swig_r = (int32)(C._wrap_sg_transfer_status_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_99(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sg_transfer_status_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_103(_swig_i_3)))
 	return swig_r
 }
 
@@ -2566,7 +2604,7 @@ func (p SwigcptrSg_transfer_stats_t) SwigIsSg_transfer_stats_t() {
 func (arg1 SwigcptrSg_transfer_stats_t) SetStruct_size(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_stats_t_struct_size_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_100(_swig_i_1))
+	C._wrap_sg_transfer_stats_t_struct_size_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_104(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_stats_t) GetStruct_size() (_swig_ret uint64) {
@@ -2579,7 +2617,7 @@ func (arg1 SwigcptrSg_transfer_stats_t) GetStruct_size() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_transfer_stats_t) SetBytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_stats_t_bytes_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_102(_swig_i_1))
+	C._wrap_sg_transfer_stats_t_bytes_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_106(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_stats_t) GetBytes() (_swig_ret uint64) {
@@ -2592,7 +2630,7 @@ func (arg1 SwigcptrSg_transfer_stats_t) GetBytes() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_transfer_stats_t) SetRma_ops(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_stats_t_rma_ops_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_104(_swig_i_1))
+	C._wrap_sg_transfer_stats_t_rma_ops_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_108(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_stats_t) GetRma_ops() (_swig_ret uint64) {
@@ -2605,7 +2643,7 @@ func (arg1 SwigcptrSg_transfer_stats_t) GetRma_ops() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_transfer_stats_t) SetSegments(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_stats_t_segments_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_106(_swig_i_1))
+	C._wrap_sg_transfer_stats_t_segments_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_110(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_stats_t) GetSegments() (_swig_ret uint64) {
@@ -2618,7 +2656,7 @@ func (arg1 SwigcptrSg_transfer_stats_t) GetSegments() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_transfer_stats_t) SetStaged_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_stats_t_staged_bytes_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_108(_swig_i_1))
+	C._wrap_sg_transfer_stats_t_staged_bytes_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_112(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_stats_t) GetStaged_bytes() (_swig_ret uint64) {
@@ -2631,7 +2669,7 @@ func (arg1 SwigcptrSg_transfer_stats_t) GetStaged_bytes() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_transfer_stats_t) SetStaging_copies(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_stats_t_staging_copies_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_110(_swig_i_1))
+	C._wrap_sg_transfer_stats_t_staging_copies_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_114(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_stats_t) GetStaging_copies() (_swig_ret uint64) {
@@ -2644,7 +2682,7 @@ func (arg1 SwigcptrSg_transfer_stats_t) GetStaging_copies() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_transfer_stats_t) SetLayers_ready(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_stats_t_layers_ready_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_112(_swig_i_1))
+	C._wrap_sg_transfer_stats_t_layers_ready_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_116(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_stats_t) GetLayers_ready() (_swig_ret uint64) {
@@ -2657,7 +2695,7 @@ func (arg1 SwigcptrSg_transfer_stats_t) GetLayers_ready() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_transfer_stats_t) SetStart_ns(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_stats_t_start_ns_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_114(_swig_i_1))
+	C._wrap_sg_transfer_stats_t_start_ns_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_118(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_stats_t) GetStart_ns() (_swig_ret uint64) {
@@ -2670,7 +2708,7 @@ func (arg1 SwigcptrSg_transfer_stats_t) GetStart_ns() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_transfer_stats_t) SetEnd_ns(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_stats_t_end_ns_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_116(_swig_i_1))
+	C._wrap_sg_transfer_stats_t_end_ns_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_120(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_stats_t) GetEnd_ns() (_swig_ret uint64) {
@@ -2683,7 +2721,7 @@ func (arg1 SwigcptrSg_transfer_stats_t) GetEnd_ns() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_transfer_stats_t) SetBytes_full(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_stats_t_bytes_full_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_118(_swig_i_1))
+	C._wrap_sg_transfer_stats_t_bytes_full_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_122(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_stats_t) GetBytes_full() (_swig_ret uint64) {
@@ -2696,7 +2734,7 @@ func (arg1 SwigcptrSg_transfer_stats_t) GetBytes_full() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_transfer_stats_t) SetBytes_proactive(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_stats_t_bytes_proactive_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_120(_swig_i_1))
+	C._wrap_sg_transfer_stats_t_bytes_proactive_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_124(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_stats_t) GetBytes_proactive() (_swig_ret uint64) {
@@ -2709,7 +2747,7 @@ func (arg1 SwigcptrSg_transfer_stats_t) GetBytes_proactive() (_swig_ret uint64) 
 func (arg1 SwigcptrSg_transfer_stats_t) SetBytes_on_demand(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_stats_t_bytes_on_demand_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_122(_swig_i_1))
+	C._wrap_sg_transfer_stats_t_bytes_on_demand_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_126(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_stats_t) GetBytes_on_demand() (_swig_ret uint64) {
@@ -2722,7 +2760,7 @@ func (arg1 SwigcptrSg_transfer_stats_t) GetBytes_on_demand() (_swig_ret uint64) 
 func (arg1 SwigcptrSg_transfer_stats_t) SetBytes_speculative(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_stats_t_bytes_speculative_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_124(_swig_i_1))
+	C._wrap_sg_transfer_stats_t_bytes_speculative_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_128(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_stats_t) GetBytes_speculative() (_swig_ret uint64) {
@@ -2735,7 +2773,7 @@ func (arg1 SwigcptrSg_transfer_stats_t) GetBytes_speculative() (_swig_ret uint64
 func (arg1 SwigcptrSg_transfer_stats_t) SetDigest_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_stats_t_digest_bytes_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_126(_swig_i_1))
+	C._wrap_sg_transfer_stats_t_digest_bytes_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_130(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_stats_t) GetDigest_bytes() (_swig_ret uint64) {
@@ -2748,7 +2786,7 @@ func (arg1 SwigcptrSg_transfer_stats_t) GetDigest_bytes() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_transfer_stats_t) SetFetch_requests(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_stats_t_fetch_requests_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_128(_swig_i_1))
+	C._wrap_sg_transfer_stats_t_fetch_requests_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_132(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_stats_t) GetFetch_requests() (_swig_ret uint64) {
@@ -2761,7 +2799,7 @@ func (arg1 SwigcptrSg_transfer_stats_t) GetFetch_requests() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_transfer_stats_t) SetFetch_blocks(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_stats_t_fetch_blocks_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_130(_swig_i_1))
+	C._wrap_sg_transfer_stats_t_fetch_blocks_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_134(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_stats_t) GetFetch_blocks() (_swig_ret uint64) {
@@ -2774,7 +2812,7 @@ func (arg1 SwigcptrSg_transfer_stats_t) GetFetch_blocks() (_swig_ret uint64) {
 func (arg1 SwigcptrSg_transfer_stats_t) SetQuantized_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_stats_t_quantized_bytes_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_132(_swig_i_1))
+	C._wrap_sg_transfer_stats_t_quantized_bytes_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_136(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_stats_t) GetQuantized_bytes() (_swig_ret uint64) {
@@ -2787,7 +2825,7 @@ func (arg1 SwigcptrSg_transfer_stats_t) GetQuantized_bytes() (_swig_ret uint64) 
 func (arg1 SwigcptrSg_transfer_stats_t) SetQuantized_wire_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_stats_t_quantized_wire_bytes_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_134(_swig_i_1))
+	C._wrap_sg_transfer_stats_t_quantized_wire_bytes_set_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_138(_swig_i_1))
 }
 
 func (arg1 SwigcptrSg_transfer_stats_t) GetQuantized_wire_bytes() (_swig_ret uint64) {
@@ -2851,7 +2889,7 @@ func Sg_transfer_stats_init(arg1 Sg_transfer_stats_t) {
 func Sg_transfer_stats_init_sized(arg1 Sg_transfer_stats_t, arg2 uint64) {
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	C._wrap_sg_transfer_stats_init_sized_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_136(_swig_i_1))
+	C._wrap_sg_transfer_stats_init_sized_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_140(_swig_i_1))
 }
 
 func Sg_transfer_stats(arg1 uintptr, arg2 Sg_transfer_stats_t) (_swig_ret int32) {
@@ -2882,7 +2920,7 @@ func Sg_transfer_wait_quiesced(arg1 uintptr, arg2 uint64) (_swig_ret int32) {
 	var swig_r int32
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (int32)(C._wrap_sg_transfer_wait_quiesced_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_137(_swig_i_1)))
+	swig_r = (int32)(C._wrap_sg_transfer_wait_quiesced_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_141(_swig_i_1)))
 	return swig_r
 }
 
@@ -2902,7 +2940,7 @@ func Sgo_directory_open(arg1 uintptr, arg2 string, arg3 string, arg4 uint32, arg
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
 	_swig_i_6 := getSwigcptr(arg7)
-	swig_r = (int32)(C._wrap_sgo_directory_open_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_138)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_139)(unsafe.Pointer(&_swig_i_2)), C.int(_swig_i_3), C.int(_swig_i_4), C.swig_voidp(_swig_i_5), C.uintptr_t(_swig_i_6)))
+	swig_r = (int32)(C._wrap_sgo_directory_open_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_142)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_143)(unsafe.Pointer(&_swig_i_2)), C.int(_swig_i_3), C.int(_swig_i_4), C.swig_voidp(_swig_i_5), C.uintptr_t(_swig_i_6)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -2918,7 +2956,7 @@ func Sgo_directory_publish(arg1 uintptr, arg2 string, arg3 uint64, arg4 Sg_error
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := getSwigcptr(arg4)
-	swig_r = (int32)(C._wrap_sgo_directory_publish_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_140)(unsafe.Pointer(&_swig_i_1)), C.swig_type_141(_swig_i_2), C.uintptr_t(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sgo_directory_publish_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_144)(unsafe.Pointer(&_swig_i_1)), C.swig_type_145(_swig_i_2), C.uintptr_t(_swig_i_3)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -2931,7 +2969,7 @@ func Sgo_directory_unpublish(arg1 uintptr, arg2 string, arg3 uint64, arg4 Sg_err
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := getSwigcptr(arg4)
-	swig_r = (int32)(C._wrap_sgo_directory_unpublish_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_142)(unsafe.Pointer(&_swig_i_1)), C.swig_type_143(_swig_i_2), C.uintptr_t(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sgo_directory_unpublish_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_146)(unsafe.Pointer(&_swig_i_1)), C.swig_type_147(_swig_i_2), C.uintptr_t(_swig_i_3)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -2947,7 +2985,7 @@ func Sgo_directory_lookup(arg1 uintptr, arg2 string, arg3 uint64, arg4 *byte, ar
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
 	_swig_i_6 := getSwigcptr(arg7)
-	swig_r = (int32)(C._wrap_sgo_directory_lookup_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_144)(unsafe.Pointer(&_swig_i_1)), C.swig_type_145(_swig_i_2), C.swig_voidp(_swig_i_3), C.swig_type_146(_swig_i_4), C.swig_voidp(_swig_i_5), C.uintptr_t(_swig_i_6)))
+	swig_r = (int32)(C._wrap_sgo_directory_lookup_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_148)(unsafe.Pointer(&_swig_i_1)), C.swig_type_149(_swig_i_2), C.swig_voidp(_swig_i_3), C.swig_type_150(_swig_i_4), C.swig_voidp(_swig_i_5), C.uintptr_t(_swig_i_6)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -2964,7 +3002,7 @@ func Sgo_directory_list(arg1 uintptr, arg2 string, arg3 uint64, arg4 *byte, arg5
 	_swig_i_5 := arg6
 	_swig_i_6 := arg7
 	_swig_i_7 := getSwigcptr(arg8)
-	swig_r = (int32)(C._wrap_sgo_directory_list_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_147)(unsafe.Pointer(&_swig_i_1)), C.swig_type_148(_swig_i_2), C.swig_voidp(_swig_i_3), C.swig_type_149(_swig_i_4), C.swig_voidp(_swig_i_5), C.swig_voidp(_swig_i_6), C.uintptr_t(_swig_i_7)))
+	swig_r = (int32)(C._wrap_sgo_directory_list_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_151)(unsafe.Pointer(&_swig_i_1)), C.swig_type_152(_swig_i_2), C.swig_voidp(_swig_i_3), C.swig_type_153(_swig_i_4), C.swig_voidp(_swig_i_5), C.swig_voidp(_swig_i_6), C.uintptr_t(_swig_i_7)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -2978,7 +3016,7 @@ func Sgo_directory_wait(arg1 uintptr, arg2 string, arg3 int32, arg4 uint64, arg5
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sgo_directory_wait_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_150)(unsafe.Pointer(&_swig_i_1)), C.int(_swig_i_2), C.swig_type_151(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sgo_directory_wait_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_154)(unsafe.Pointer(&_swig_i_1)), C.int(_swig_i_2), C.swig_type_155(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -3001,7 +3039,7 @@ func Sgo_directory_connect(arg1 uintptr, arg2 string, arg3 uint64, arg4 *uintptr
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sgo_directory_connect_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_152)(unsafe.Pointer(&_swig_i_1)), C.swig_type_153(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sgo_directory_connect_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_156)(unsafe.Pointer(&_swig_i_1)), C.swig_type_157(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -3014,7 +3052,7 @@ func Sgo_directory_accept(arg1 uintptr, arg2 uint64, arg3 *uintptr, arg4 Sg_erro
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := getSwigcptr(arg4)
-	swig_r = (int32)(C._wrap_sgo_directory_accept_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_154(_swig_i_1), C.swig_voidp(_swig_i_2), C.uintptr_t(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sgo_directory_accept_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_158(_swig_i_1), C.swig_voidp(_swig_i_2), C.uintptr_t(_swig_i_3)))
 	return swig_r
 }
 
@@ -3052,7 +3090,7 @@ func Sgo_context_create(arg1 Sg_context_options_t, arg2 string, arg3 string, arg
 	_swig_i_6 := arg7
 	_swig_i_7 := arg8
 	_swig_i_8 := getSwigcptr(arg9)
-	swig_r = (int32)(C._wrap_sgo_context_create_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_155)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_156)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_157)(unsafe.Pointer(&_swig_i_3)), C.swig_type_158(_swig_i_4), C.uintptr_t(_swig_i_5), C.uintptr_t(_swig_i_6), C.swig_voidp(_swig_i_7), C.uintptr_t(_swig_i_8)))
+	swig_r = (int32)(C._wrap_sgo_context_create_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_159)(unsafe.Pointer(&_swig_i_1)), *(*C.swig_type_160)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_161)(unsafe.Pointer(&_swig_i_3)), C.swig_type_162(_swig_i_4), C.uintptr_t(_swig_i_5), C.uintptr_t(_swig_i_6), C.swig_voidp(_swig_i_7), C.uintptr_t(_swig_i_8)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -3072,7 +3110,7 @@ func Sgo_session_accept(arg1 uintptr, arg2 string, arg3 uint64, arg4 *uintptr, a
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sgo_session_accept_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_159)(unsafe.Pointer(&_swig_i_1)), C.swig_type_160(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sgo_session_accept_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_163)(unsafe.Pointer(&_swig_i_1)), C.swig_type_164(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -3088,7 +3126,7 @@ func Sgo_session_connect(arg1 uintptr, arg2 string, arg3 uint16, arg4 string, ar
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
 	_swig_i_6 := getSwigcptr(arg7)
-	swig_r = (int32)(C._wrap_sgo_session_connect_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_161)(unsafe.Pointer(&_swig_i_1)), C.short(_swig_i_2), *(*C.swig_type_162)(unsafe.Pointer(&_swig_i_3)), C.swig_type_163(_swig_i_4), C.swig_voidp(_swig_i_5), C.uintptr_t(_swig_i_6)))
+	swig_r = (int32)(C._wrap_sgo_session_connect_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), *(*C.swig_type_165)(unsafe.Pointer(&_swig_i_1)), C.short(_swig_i_2), *(*C.swig_type_166)(unsafe.Pointer(&_swig_i_3)), C.swig_type_167(_swig_i_4), C.swig_voidp(_swig_i_5), C.uintptr_t(_swig_i_6)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -3106,7 +3144,7 @@ func Sgo_session_from_metadata(arg1 uintptr, arg2 *byte, arg3 uint64, arg4 strin
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := getSwigcptr(arg6)
-	swig_r = (int32)(C._wrap_sgo_session_from_metadata_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_164(_swig_i_2), *(*C.swig_type_165)(unsafe.Pointer(&_swig_i_3)), C.swig_voidp(_swig_i_4), C.uintptr_t(_swig_i_5)))
+	swig_r = (int32)(C._wrap_sgo_session_from_metadata_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_168(_swig_i_2), *(*C.swig_type_169)(unsafe.Pointer(&_swig_i_3)), C.swig_voidp(_swig_i_4), C.uintptr_t(_swig_i_5)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg4
 	}
@@ -3127,7 +3165,7 @@ func Sgo_transfer_start(arg1 int, arg2 uintptr, arg3 string, arg4 uintptr, arg5 
 	_swig_i_9 := arg10
 	_swig_i_10 := arg11
 	_swig_i_11 := getSwigcptr(arg12)
-	swig_r = (int32)(C._wrap_sgo_transfer_start_raw_e2876bbee506b3ac(C.swig_intgo(_swig_i_0), C.uintptr_t(_swig_i_1), *(*C.swig_type_166)(unsafe.Pointer(&_swig_i_2)), C.uintptr_t(_swig_i_3), C.swig_voidp(_swig_i_4), C.swig_type_167(_swig_i_5), C.swig_type_168(_swig_i_6), C.uintptr_t(_swig_i_7), C.swig_voidp(_swig_i_8), C.swig_type_169(_swig_i_9), C.swig_voidp(_swig_i_10), C.uintptr_t(_swig_i_11)))
+	swig_r = (int32)(C._wrap_sgo_transfer_start_raw_e2876bbee506b3ac(C.swig_intgo(_swig_i_0), C.uintptr_t(_swig_i_1), *(*C.swig_type_170)(unsafe.Pointer(&_swig_i_2)), C.uintptr_t(_swig_i_3), C.swig_voidp(_swig_i_4), C.swig_type_171(_swig_i_5), C.swig_type_172(_swig_i_6), C.uintptr_t(_swig_i_7), C.swig_voidp(_swig_i_8), C.swig_type_173(_swig_i_9), C.swig_voidp(_swig_i_10), C.uintptr_t(_swig_i_11)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg3
 	}
@@ -3158,7 +3196,7 @@ func Sgo_context_stats_new() (_swig_ret Sg_context_stats_t) {
 func Sgo_pointers_new(arg1 uint64) (_swig_ret *uintptr) {
 	var swig_r *uintptr
 	_swig_i_0 := arg1
-	swig_r = (*uintptr)(C._wrap_sgo_pointers_new_raw_e2876bbee506b3ac(C.swig_type_171(_swig_i_0)))
+	swig_r = (*uintptr)(C._wrap_sgo_pointers_new_raw_e2876bbee506b3ac(C.swig_type_175(_swig_i_0)))
 	return swig_r
 }
 
@@ -3166,7 +3204,7 @@ func Sgo_pointers_set(arg1 *uintptr, arg2 uint64, arg3 uintptr) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
-	C._wrap_sgo_pointers_set_raw_e2876bbee506b3ac(C.swig_voidp(_swig_i_0), C.swig_type_172(_swig_i_1), C.uintptr_t(_swig_i_2))
+	C._wrap_sgo_pointers_set_raw_e2876bbee506b3ac(C.swig_voidp(_swig_i_0), C.swig_type_176(_swig_i_1), C.uintptr_t(_swig_i_2))
 }
 
 func Sgo_pointers_free(arg1 *uintptr) {
@@ -3179,7 +3217,7 @@ func Sgo_kv_layout_set_bases(arg1 Sg_kv_layout_t, arg2 *uintptr, arg3 *uintptr, 
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	C._wrap_sgo_kv_layout_set_bases_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_173(_swig_i_3))
+	C._wrap_sgo_kv_layout_set_bases_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_177(_swig_i_3))
 }
 
 func Sgo_sg_context_destroy(arg1 uintptr, arg2 Sg_error_info_t) (_swig_ret int32) {
@@ -3213,7 +3251,7 @@ func Sgo_sg_context_provider(arg1 uintptr, arg2 *byte, arg3 uint64, arg4 Sg_erro
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := getSwigcptr(arg4)
-	swig_r = (int32)(C._wrap_sgo_sg_context_provider_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_174(_swig_i_2), C.uintptr_t(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sgo_sg_context_provider_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_178(_swig_i_2), C.uintptr_t(_swig_i_3)))
 	return swig_r
 }
 
@@ -3223,7 +3261,7 @@ func Sgo_sg_context_set_param(arg1 uintptr, arg2 uint32, arg3 uint64, arg4 Sg_er
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := getSwigcptr(arg4)
-	swig_r = (int32)(C._wrap_sgo_sg_context_set_param_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_type_175(_swig_i_2), C.uintptr_t(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sgo_sg_context_set_param_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_type_179(_swig_i_2), C.uintptr_t(_swig_i_3)))
 	return swig_r
 }
 
@@ -3253,7 +3291,7 @@ func Sgo_sg_context_metrics_text(arg1 uintptr, arg2 *byte, arg3 uint64, arg4 *ui
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sgo_sg_context_metrics_text_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_176(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sgo_sg_context_metrics_text_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_180(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	return swig_r
 }
 
@@ -3264,7 +3302,7 @@ func Sgo_sg_context_get_metadata(arg1 uintptr, arg2 *byte, arg3 uint64, arg4 *ui
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sgo_sg_context_get_metadata_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_177(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sgo_sg_context_get_metadata_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_181(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	return swig_r
 }
 
@@ -3316,7 +3354,7 @@ func Sgo_sg_session_wait_ready(arg1 uintptr, arg2 uint64, arg3 Sg_error_info_t) 
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := getSwigcptr(arg3)
-	swig_r = (int32)(C._wrap_sgo_sg_session_wait_ready_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_178(_swig_i_1), C.uintptr_t(_swig_i_2)))
+	swig_r = (int32)(C._wrap_sgo_sg_session_wait_ready_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_182(_swig_i_1), C.uintptr_t(_swig_i_2)))
 	return swig_r
 }
 
@@ -3335,7 +3373,7 @@ func Sgo_sg_session_provider(arg1 uintptr, arg2 *byte, arg3 uint64, arg4 Sg_erro
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := getSwigcptr(arg4)
-	swig_r = (int32)(C._wrap_sgo_sg_session_provider_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_179(_swig_i_2), C.uintptr_t(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sgo_sg_session_provider_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_183(_swig_i_2), C.uintptr_t(_swig_i_3)))
 	return swig_r
 }
 
@@ -3345,7 +3383,7 @@ func Sgo_sg_session_notify(arg1 uintptr, arg2 *byte, arg3 uint64, arg4 Sg_error_
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := getSwigcptr(arg4)
-	swig_r = (int32)(C._wrap_sgo_sg_session_notify_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_180(_swig_i_2), C.uintptr_t(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sgo_sg_session_notify_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_184(_swig_i_2), C.uintptr_t(_swig_i_3)))
 	return swig_r
 }
 
@@ -3356,7 +3394,7 @@ func Sgo_sg_session_next_notification(arg1 uintptr, arg2 *byte, arg3 uint64, arg
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sgo_sg_session_next_notification_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_181(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sgo_sg_session_next_notification_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_185(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	return swig_r
 }
 
@@ -3367,7 +3405,7 @@ func Sgo_sg_session_error(arg1 uintptr, arg2 *int32, arg3 *byte, arg4 uint64, ar
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sgo_sg_session_error_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_182(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sgo_sg_session_error_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_186(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	return swig_r
 }
 
@@ -3376,7 +3414,7 @@ func Sgo_sg_session_close(arg1 uintptr, arg2 uint64, arg3 Sg_error_info_t) (_swi
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := getSwigcptr(arg3)
-	swig_r = (int32)(C._wrap_sgo_sg_session_close_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_183(_swig_i_1), C.uintptr_t(_swig_i_2)))
+	swig_r = (int32)(C._wrap_sgo_sg_session_close_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_187(_swig_i_1), C.uintptr_t(_swig_i_2)))
 	return swig_r
 }
 
@@ -3395,7 +3433,7 @@ func Sgo_sg_profile_to_json(arg1 uintptr, arg2 *byte, arg3 uint64, arg4 *uint64,
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sgo_sg_profile_to_json_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_184(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sgo_sg_profile_to_json_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_type_188(_swig_i_2), C.swig_voidp(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	return swig_r
 }
 
@@ -3435,7 +3473,7 @@ func Sgo_sg_transfer_wait_layer_state(arg1 uintptr, arg2 uint32, arg3 uint32, ar
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_layer_state_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.int(_swig_i_2), C.swig_type_185(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_layer_state_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.int(_swig_i_2), C.swig_type_189(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	return swig_r
 }
 
@@ -3447,7 +3485,7 @@ func Sgo_sg_transfer_digests(arg1 uintptr, arg2 uint32, arg3 *float32, arg4 uint
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := getSwigcptr(arg6)
-	swig_r = (int32)(C._wrap_sgo_sg_transfer_digests_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_186(_swig_i_3), C.swig_voidp(_swig_i_4), C.uintptr_t(_swig_i_5)))
+	swig_r = (int32)(C._wrap_sgo_sg_transfer_digests_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_190(_swig_i_3), C.swig_voidp(_swig_i_4), C.uintptr_t(_swig_i_5)))
 	return swig_r
 }
 
@@ -3458,7 +3496,7 @@ func Sgo_sg_transfer_fetch(arg1 uintptr, arg2 uint32, arg3 *uint32, arg4 uint64,
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sgo_sg_transfer_fetch_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_187(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sgo_sg_transfer_fetch_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_191(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	return swig_r
 }
 
@@ -3470,7 +3508,7 @@ func Sgo_sg_transfer_wait_blocks(arg1 uintptr, arg2 uint32, arg3 *uint32, arg4 u
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := getSwigcptr(arg6)
-	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_blocks_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_188(_swig_i_3), C.swig_type_189(_swig_i_4), C.uintptr_t(_swig_i_5)))
+	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_blocks_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_192(_swig_i_3), C.swig_type_193(_swig_i_4), C.uintptr_t(_swig_i_5)))
 	return swig_r
 }
 
@@ -3487,7 +3525,7 @@ func Sgo_sg_transfer_wait(arg1 uintptr, arg2 uint64, arg3 Sg_error_info_t) (_swi
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := getSwigcptr(arg3)
-	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_190(_swig_i_1), C.uintptr_t(_swig_i_2)))
+	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_194(_swig_i_1), C.uintptr_t(_swig_i_2)))
 	return swig_r
 }
 
@@ -3497,7 +3535,7 @@ func Sgo_sg_transfer_wait_layer(arg1 uintptr, arg2 uint32, arg3 uint64, arg4 Sg_
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := getSwigcptr(arg4)
-	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_layer_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_type_191(_swig_i_2), C.uintptr_t(_swig_i_3)))
+	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_layer_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_type_195(_swig_i_2), C.uintptr_t(_swig_i_3)))
 	return swig_r
 }
 
@@ -3519,7 +3557,7 @@ func Sgo_sg_transfer_residency(arg1 uintptr, arg2 uint32, arg3 *byte, arg4 uint6
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := getSwigcptr(arg6)
-	swig_r = (int32)(C._wrap_sgo_sg_transfer_residency_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_192(_swig_i_3), C.swig_voidp(_swig_i_4), C.uintptr_t(_swig_i_5)))
+	swig_r = (int32)(C._wrap_sgo_sg_transfer_residency_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.int(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_196(_swig_i_3), C.swig_voidp(_swig_i_4), C.uintptr_t(_swig_i_5)))
 	return swig_r
 }
 
@@ -3530,7 +3568,7 @@ func Sgo_sg_transfer_status(arg1 uintptr, arg2 *int32, arg3 *byte, arg4 uint64, 
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := getSwigcptr(arg5)
-	swig_r = (int32)(C._wrap_sgo_sg_transfer_status_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_193(_swig_i_3), C.uintptr_t(_swig_i_4)))
+	swig_r = (int32)(C._wrap_sgo_sg_transfer_status_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_type_197(_swig_i_3), C.uintptr_t(_swig_i_4)))
 	return swig_r
 }
 
@@ -3566,7 +3604,7 @@ func Sgo_sg_transfer_wait_quiesced(arg1 uintptr, arg2 uint64, arg3 Sg_error_info
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := getSwigcptr(arg3)
-	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_quiesced_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_194(_swig_i_1), C.uintptr_t(_swig_i_2)))
+	swig_r = (int32)(C._wrap_sgo_sg_transfer_wait_quiesced_raw_e2876bbee506b3ac(C.uintptr_t(_swig_i_0), C.swig_type_198(_swig_i_1), C.uintptr_t(_swig_i_2)))
 	return swig_r
 }
 

@@ -2344,6 +2344,56 @@ long long _wrap_sg_context_stats_t_lanes_lost_get_raw_e2876bbee506b3ac(struct sg
 }
 
 
+void _wrap_sg_context_stats_t_blocks_verified_set_raw_e2876bbee506b3ac(struct sg_context_stats *_swig_go_0, long long _swig_go_1) {
+  struct sg_context_stats *arg1 = (struct sg_context_stats *) 0 ;
+  uint64_t arg2 ;
+  
+  arg1 = *(struct sg_context_stats **)&_swig_go_0; 
+  arg2 = (uint64_t)_swig_go_1; 
+  
+  if (arg1) (arg1)->blocks_verified = arg2;
+  
+}
+
+
+long long _wrap_sg_context_stats_t_blocks_verified_get_raw_e2876bbee506b3ac(struct sg_context_stats *_swig_go_0) {
+  struct sg_context_stats *arg1 = (struct sg_context_stats *) 0 ;
+  uint64_t result;
+  long long _swig_go_result;
+  
+  arg1 = *(struct sg_context_stats **)&_swig_go_0; 
+  
+  result = (uint64_t) ((arg1)->blocks_verified);
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+void _wrap_sg_context_stats_t_verify_mismatches_set_raw_e2876bbee506b3ac(struct sg_context_stats *_swig_go_0, long long _swig_go_1) {
+  struct sg_context_stats *arg1 = (struct sg_context_stats *) 0 ;
+  uint64_t arg2 ;
+  
+  arg1 = *(struct sg_context_stats **)&_swig_go_0; 
+  arg2 = (uint64_t)_swig_go_1; 
+  
+  if (arg1) (arg1)->verify_mismatches = arg2;
+  
+}
+
+
+long long _wrap_sg_context_stats_t_verify_mismatches_get_raw_e2876bbee506b3ac(struct sg_context_stats *_swig_go_0) {
+  struct sg_context_stats *arg1 = (struct sg_context_stats *) 0 ;
+  uint64_t result;
+  long long _swig_go_result;
+  
+  arg1 = *(struct sg_context_stats **)&_swig_go_0; 
+  
+  result = (uint64_t) ((arg1)->verify_mismatches);
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
 void _wrap_delete_sg_context_stats_t_raw_e2876bbee506b3ac(struct sg_context_stats *_swig_go_0) {
   struct sg_context_stats *arg1 = (struct sg_context_stats *) 0 ;
   

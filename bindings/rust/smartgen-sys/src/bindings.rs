@@ -860,12 +860,14 @@ pub struct sg_context_stats {
     pub lanes: u64,
     pub lane_failovers: u64,
     pub lanes_lost: u64,
+    pub blocks_verified: u64,
+    pub verify_mismatches: u64,
 }
 #[test]
 fn bindgen_test_layout_sg_context_stats() {
     assert_eq!(
         ::std::mem::size_of::<sg_context_stats>(),
-        160usize,
+        176usize,
         concat!("Size of: ", stringify!(sg_context_stats))
     );
     assert_eq!(
@@ -1213,6 +1215,40 @@ fn bindgen_test_layout_sg_context_stats() {
         );
     }
     test_field_lanes_lost();
+    fn test_field_blocks_verified() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<sg_context_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).blocks_verified) as usize - ptr as usize
+            },
+            160usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(sg_context_stats),
+                "::",
+                stringify!(blocks_verified)
+            )
+        );
+    }
+    test_field_blocks_verified();
+    fn test_field_verify_mismatches() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<sg_context_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).verify_mismatches) as usize - ptr as usize
+            },
+            168usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(sg_context_stats),
+                "::",
+                stringify!(verify_mismatches)
+            )
+        );
+    }
+    test_field_verify_mismatches();
 }
 pub type sg_context_stats_t = sg_context_stats;
 extern "C" {
