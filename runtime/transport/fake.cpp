@@ -103,6 +103,12 @@ struct Fabric::State {
     std::vector<WriteRecord> log;
     std::function<void()> hook;
     uint64_t eagains = 0;
+    struct Reused {
+        uintptr_t lo, hi;
+        std::string what;
+    };
+    std::vector<Reused> reused;
+    std::vector<std::string> stale_landings;
 
     State(uint64_t seed, const Knobs &k) : rng(seed), knobs(k) {}
 
@@ -169,6 +175,15 @@ struct Fabric::State {
         else
             std::memcpy(dst, src, len);
     }
+    // A write's bytes arriving in a target's memory: through here only, so the oracle sees them all.
+    void land(void *dst, const void *src, uint64_t len, bool device) {
+        const uintptr_t lo = reinterpret_cast<uintptr_t>(dst), hi = lo + len;
+        for (const Reused &r : reused)
+            if (lo < r.hi && r.lo < hi && stale_landings.size() < 64)
+                stale_landings.push_back(r.what + ": " + std::to_string(std::min(hi, r.hi) - std::max(lo, r.lo)) +
+                                         " bytes at +" + std::to_string(std::max(lo, r.lo) - r.lo));
+        copy(dst, src, len, device);
+    }
     void snapshot(Op &op) {
         if (op.send || op.snapped) return;
         op.data.resize(op.len);
@@ -187,7 +202,7 @@ struct Fabric::State {
         op.pinned = reinterpret_cast<uint8_t *>(r->addr) + offset;
         op.pinned_device = r->device;
         op.landed = 1 + rng.below(op.len - 1);
-        copy(op.pinned, op.data.data(), op.landed, op.pinned_device);
+        land(op.pinned, op.data.data(), op.landed, op.pinned_device);
     }
     // The registration of `to` that `key` names and the offset remote_addr means in it.
     const Region *target(uint32_t to, uint64_t key, uint64_t remote_addr, uint64_t len, uint64_t &offset) {
@@ -243,8 +258,11 @@ class FakeTransport final : public Transport {
         std::lock_guard lock(f_->mu);
         f_->endpoints[id_].open = false;
         f_->endpoints[id_].regions.clear();
-        // Its own operations and completions die with it; what peers sent it fails or stays.
-        for (auto it = f_->ops.begin(); it != f_->ops.end();) it = it->from == id_ ? f_->ops.erase(it) : std::next(it);
+        // Its own operations and completions die with it, but for late writes: their bytes are in
+        // the target's socket already, which the target still reads until it fences us (TCP: a
+        // close sends what was sent before it). What peers sent it fails or stays.
+        for (auto it = f_->ops.begin(); it != f_->ops.end();)
+            it = it->from == id_ && !it->late ? f_->ops.erase(it) : std::next(it);
         for (auto it = f_->completions.begin(); it != f_->completions.end();)
             it = it->endpoint == id_ ? f_->completions.erase(it) : std::next(it);
         f_->fail_cut_ops();
@@ -280,7 +298,8 @@ class FakeTransport final : public Transport {
         std::lock_guard lock(f_->mu);
         Endpoint &e = f_->endpoints[id_];
         e.av.erase(peer);
-        fail_pending([&](const Op &op) { return op.from == id_ && op.via == peer; },
+        // A late write has left: its bytes are the target's to read (or fence) now.
+        fail_pending([&](const Op &op) { return op.from == id_ && op.via == peer && !op.late; },
                      [](const Op &) { return std::make_pair(-ECANCELED, "fake: peer removed from the address vector"); });
     }
 
@@ -314,7 +333,7 @@ class FakeTransport final : public Transport {
         e.av.erase(av);
         if (auto l = f_->links.find({std::min(id_, other), std::max(id_, other)}); l != f_->links.end() && l->second.broken)
             (id_ < other ? l->second.fenced_lo : l->second.fenced_hi) = true;
-        auto ours = [&](const Op &op) { return op.from == id_ && op.via == peer; };
+        auto ours = [&](const Op &op) { return op.from == id_ && op.via == peer && !op.late; };
         fail_pending([&](const Op &op) { return ours(op) || (op.from == other && op.to == id_ && !op.send); },
                      [&](const Op &op) {
                          return ours(op) ? std::make_pair(-ECANCELED, "fake: the peer was fenced")
@@ -560,7 +579,7 @@ size_t FakeTransport::poll(CompletionSink &sink) {
                     f_->complete(op, 0, "");
                 } else if (op.pinned) {
                     // The rest of a partial landing: its key was checked at the first byte.
-                    f_->copy(op.pinned + op.landed, op.data.data() + op.landed, op.len - op.landed, op.pinned_device);
+                    f_->land(op.pinned + op.landed, op.data.data() + op.landed, op.len - op.landed, op.pinned_device);
                 } else {
                     uint64_t offset = 0;
                     const Region *r = f_->target(id_, op.key, op.remote_addr, op.len, offset);
@@ -568,10 +587,10 @@ size_t FakeTransport::poll(CompletionSink &sink) {
                         uint8_t *const first = reinterpret_cast<uint8_t *>(r->addr) + offset;
                         uint8_t *dst = first;
                         if (op.snapped) {
-                            f_->copy(dst, op.data.data(), op.len, r->device);
+                            f_->land(dst, op.data.data(), op.len, r->device);
                         } else {
                             for (const LocalIov &v : op.iov) {
-                                f_->copy(dst, v.addr, v.len, r->device || op.device_src);
+                                f_->land(dst, v.addr, v.len, r->device || op.device_src);
                                 dst += v.len;
                             }
                         }
@@ -662,6 +681,17 @@ void Fabric::on_poll(std::function<void()> hook) {
 std::vector<WriteRecord> Fabric::writes() const {
     std::lock_guard lock(state_->mu);
     return state_->log;
+}
+
+void Fabric::watch_reused(const void *addr, uint64_t len, const std::string &what) {
+    std::lock_guard lock(state_->mu);
+    const uintptr_t lo = reinterpret_cast<uintptr_t>(addr);
+    state_->reused.push_back({lo, lo + len, what});
+}
+
+std::vector<std::string> Fabric::landings_in_reused() const {
+    std::lock_guard lock(state_->mu);
+    return state_->stale_landings;
 }
 
 Flow Fabric::flow(uint32_t endpoint) const {

@@ -119,6 +119,11 @@ class Fabric {
 
     std::vector<WriteRecord> writes() const;
     Flow flow(uint32_t endpoint) const;
+    // The oracle of stale landings (issue 38): host memory the test has handed back to its host
+    // (a quiesced transfer's blocks). Every write that lands in such a range from then on, whole
+    // or as the rest of a partial landing, is recorded as "<what>: <bytes> at +<offset>".
+    void watch_reused(const void *addr, uint64_t len, const std::string &what);
+    std::vector<std::string> landings_in_reused() const;
     // Operations and completions the fabric still owes somebody; `stuck` counts those addressed to
     // a dead peer of a local_only fabric, which it never settles.
     size_t pending() const;

@@ -70,7 +70,10 @@ std::string run_schedule(uint64_t seed) {
     // link drops still lands up to 24 target polls later unless the target fenced the link first,
     // as TCP does with what is already in the receiver's socket.
     fake::Rng late_rng(seed ^ 0x6c617465ull);
+    // A quarter of those wait far longer, past the moment the decode side has learned of the loss
+    // and quiesced, when only the fence keeps them out of blocks that are the host's again.
     k.late_landing_polls = late_rng.below(2) ? 1 + uint32_t(late_rng.below(24)) : 0;
+    if (k.late_landing_polls && late_rng.below(4) == 0) k.late_landing_polls = 200 + uint32_t(late_rng.below(2000));
     // Half of those land in part at once and the rest later at the address the key gave at the
     // first byte, even if the key was closed in between: only the fence keeps it out.
     k.partial_landing = k.late_landing_polls && late_rng.below(2) ? 0.5 : 0;
@@ -126,8 +129,11 @@ std::string run_schedule(uint64_t seed) {
         p.run_until([] { return false; }, rng.below(20));
     }
     // Faults and cancels at random rounds while it runs; fetches of random blocks.
-    const bool drop = rng.below(10) == 0;
-    const uint64_t drop_at = rng.below(200);
+    bool drop = rng.below(10) == 0;
+    uint64_t drop_at = rng.below(200);
+    // Late landings need a link that drops while writes are in flight: half the schedules that
+    // have them drop it early (from their own stream, so the other choices stay the seed's).
+    if (k.late_landing_polls && late_rng.below(2)) drop = true, drop_at = late_rng.below(40);
     std::vector<uint64_t> cancel_at(n, UINT64_MAX);
     std::vector<bool> cancel_prefill(n);
     for (size_t i = 0; i < n; ++i)
@@ -136,6 +142,20 @@ std::string run_schedule(uint64_t seed) {
         for (auto &x : xs)
             if (!quiesced(*p.prefill, *x.post) || !quiesced(*p.decode, *x.expect)) return false;
         return true;
+    };
+    // The oracle's first half: the moment a decode transfer is quiesced its blocks are the host's
+    // again, and the fabric records any write that lands in them from then on (the fill below only
+    // sees what lands after the last transfer quiesced).
+    std::vector<bool> watched(n, false);
+    auto watch_quiesced = [&] {
+        for (size_t i = 0; i < n; ++i) {
+            if (watched[i] || !quiesced(*p.decode, *xs[i].expect)) continue;
+            watched[i] = true;
+            for (uint32_t l = 0; l < xs[i].dst->layers; ++l) {
+                p.fabric.watch_reused(xs[i].dst->k[l].data(), xs[i].dst->k[l].size() * 2, xs[i].id + " layer " + std::to_string(l) + " K");
+                p.fabric.watch_reused(xs[i].dst->v[l].data(), xs[i].dst->v[l].size() * 2, xs[i].id + " layer " + std::to_string(l) + " V");
+            }
+        }
     };
     bool dropped = false;
     for (uint64_t round = 0; round < 20000 && !all_quiesced(); ++round) {
@@ -161,6 +181,7 @@ std::string run_schedule(uint64_t seed) {
             }
         }
         p.step();
+        watch_quiesced();
         // The counters quiesce depends on agree after every step (in every build; debug and
         // sanitizer builds also assert them at each state change).
         for (auto &x : xs)
@@ -209,7 +230,10 @@ std::string run_schedule(uint64_t seed) {
     // The oracle: a quiesced transfer's blocks are the host's again. It writes its own bytes over
     // every decode pool and runs both contexts on past the latest late landing: nothing may change.
     for (size_t i = 0; i < xs.size(); ++i) xs[i].dst->fill(0x0ac1e000 + seed * 8 + i);
+    watch_quiesced();
     p.run_until([] { return false; }, 2 * uint64_t(k.late_landing_polls) + 64);
+    for (const std::string &stale : p.fabric.landings_in_reused())
+        why += "a write landed after its transfer quiesced: " + stale + "; ";
     for (size_t i = 0; i < xs.size(); ++i) {
         HostPool expected(xs[i].dst->layers, xs[i].dst->blocks, xs[i].dst->head_dim);
         expected.fill(0x0ac1e000 + seed * 8 + i);
