@@ -7,6 +7,9 @@
 #include "core/core.hpp"
 #include "core/paths.hpp"
 
+#include <array>
+#include <cstdio>
+
 namespace sg::core {
 
 using paths::request_blocks;

@@ -243,6 +243,36 @@ TEST(FakeTransport, APartialLandingFinishesWhateverBecameOfTheKeyUnlessTheTarget
     }
 }
 
+// A late write's bytes have left their initiator: its removing the peer, fencing it or closing
+// its endpoint does not take them back (TCP delivers what was sent before a close). Only the
+// target's fence does.
+TEST(FakeTransport, ALateWriteOutlivesItsInitiatorsRemoveFenceAndCloseButNotTheTargetsFence) {
+    fake::Knobs k;
+    k.late_landing_polls = 3;
+    for (int initiator_step = 0; initiator_step < 3; ++initiator_step)
+        for (bool target_fences : {false, true}) {
+            fake::Fabric fabric(7, k);
+            Link l;
+            std::vector<uint8_t> src(4096, 0xcd), dst(4096, 0);
+            Registration r = l.b->register_memory(dst.data(), dst.size(), 0x78);
+            LocalIov iov{src.data(), src.size(), nullptr};
+            ASSERT_EQ(l.a->post_write(l.a_to_b, {&iov, 1}, 0, r.key, cookies[0]), 0);
+            fabric.drop_link(l.a_id, l.b_id);
+            Recorder ra, rb;
+            ASSERT_EQ(l.a->poll(ra), 1u);
+            EXPECT_EQ(ra.events[0].status, -ECONNRESET);
+            if (initiator_step == 0) l.a->remove_peer(l.a_to_b);
+            if (initiator_step == 1) l.a->fence(l.a_to_b);
+            if (initiator_step == 2) l.a.reset();
+            if (target_fences) EXPECT_TRUE(l.b->fence(l.b_to_a));
+            for (int i = 0; i < 6; ++i) l.b->poll(rb);
+            const size_t landed = size_t(std::count(dst.begin(), dst.end(), uint8_t(0xcd)));
+            EXPECT_EQ(landed, target_fences ? 0u : src.size())
+                << "initiator step " << initiator_step << (target_fences ? ", target fenced" : ", target did not fence");
+            l.b->deregister(r);
+        }
+}
+
 TEST(FakeTransport, ALocalOnlyFabricNeverCompletesOperationsToADeadPeer) {
     fake::Knobs k;
     k.local_only = true;
