@@ -132,8 +132,9 @@ void init_sized(T *p, size_t size, const T &defaults) {
 // The plain sg_X_init functions (for programs built against headers before 0.5) write their struct's
 // first layout in this SONAME and never more, or a vendored older header would be overrun. These are
 // the structs' sizes now; one that grows trips its assert, and its plain function must then pass its
-// old size (sg_directory_stats_init and sg_context_stats_init in 0.5) — under a new default version only if a released version
-// already wrote more (sg_transfer_options_init). docs/abi.md, "Growing a struct".
+// old size (sg_directory_stats_init and sg_context_stats_init in 0.5) — under a new default version
+// only if a released version already wrote more (sg_transfer_options_init). docs/abi.md, "Growing a
+// struct".
 static_assert(sizeof(sg_error_info_t) == 528 && sizeof(sg_context_options_t) == 144 &&
                   sizeof(sg_context_stats_t) == 176 && sizeof(sg_kv_layout_t) == 88 &&
                   sizeof(sg_session_options_t) == 16 && sizeof(sg_selector_input_t) == 64 &&
