@@ -5,6 +5,7 @@
 #include "support/pair_harness.hpp"
 #include "support/test_time.hpp"
 #include "support/host_pool.hpp"
+#include "support/scoped_env.hpp"
 
 #include <algorithm>
 #include <array>
@@ -407,10 +408,7 @@ TEST(KvPairShm, AutoPolicyStagesSmallOperationsOnTheSameHost) {
 // content agrees across the two layouts, and the decode process checks that every block of every
 // request was verified and none differed (besides its own check of every byte).
 TEST(KvPairTcp, MapsDifferentBlockSizeAndOrderVerified) {
-    struct VerifyOn {
-        VerifyOn() { ::setenv("SG_TRANSFER_VERIFY", "1", 1); }
-        ~VerifyOn() { ::unsetenv("SG_TRANSFER_VERIFY"); }
-    } on;
+    const sgtest::ScopedEnv on("SG_TRANSFER_VERIFY", "1");
     Shape dst;
     dst.tpb = 32;
     dst.blocks = 512;

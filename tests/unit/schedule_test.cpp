@@ -4,6 +4,7 @@
 // a broken connection, and a local_only peer that dies. No sockets, threads or sleeps: every test
 // is one seed's schedule and replays exactly.
 #include "fake_pair.hpp"
+#include "support/scoped_env.hpp"
 
 #include "select/select.hpp"
 
@@ -371,12 +372,6 @@ TEST(Schedule, AStagedChunkWhoseBytesChangedOnTheWayFailsItsTransfer) {
     r.finish();
 }
 
-// SG_TRANSFER_VERIFY for the contexts made while it lives (read at their creation).
-struct Verify {
-    explicit Verify(const char *on) { ::setenv("SG_TRANSFER_VERIFY", on, 1); }
-    ~Verify() { ::unsetenv("SG_TRANSFER_VERIFY"); }
-};
-
 // End-to-end verification (SG_TRANSFER_VERIFY, wire 1.8). A direct write carries no check of its
 // own: one that lands with a byte changed completes the transfer with wrong bytes. With
 // verification on, the decode side finds the block whose content differs from the sender's CRC,
@@ -387,7 +382,7 @@ TEST(Schedule, VerificationCatchesADirectWriteThatLandedWrong) {
     cfg.knobs.corrupt_landing = 1.0;
     NoStaging direct;
     {
-        Verify off("0");
+        sgtest::ScopedEnv off("SG_TRANSFER_VERIFY", "0");
         FakePair p(23, cfg);
         Request r(p, 2, 16, 64);
         r.do_expect();
@@ -399,7 +394,7 @@ TEST(Schedule, VerificationCatchesADirectWriteThatLandedWrong) {
         EXPECT_EQ(p.decode->stats().blocks_verified, 0u);
         r.finish();
     }
-    Verify on("1");
+    sgtest::ScopedEnv on("SG_TRANSFER_VERIFY", "1");
     FakePair p(23, cfg);
     {
         Request r(p, 2, 16, 64);
@@ -431,7 +426,7 @@ TEST(Schedule, VerificationCatchesADirectWriteThatLandedWrong) {
 // streamed behind): every block of every layer once, none twice; and a staged request is checked
 // after its chunks' own CRCs too.
 TEST(Schedule, VerificationChecksEveryBlockOnceOnTheSelectivePathsAndTheStagedOne) {
-    Verify on("1");
+    sgtest::ScopedEnv on("SG_TRANSFER_VERIFY", "1");
     FakePair p(29);
     {
         Request r(p, 4, 32, 128);
