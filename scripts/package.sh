@@ -17,6 +17,8 @@
 #   --sign-key ID  sign the .rpms with this GPG key (a release); without it they are signed with a
 #                  throwaway key made for the run (so the signing step is exercised and rpmlint's
 #                  no-signature check holds), which nobody should trust
+# Environment: SMARTGEN_PACKAGE_BUILD_DIR, the folder the two builds compile in (default
+# ~/.cache/smartgen/package-build; fixed so that every clone's builds hit the compiler cache).
 # Prints the packages with their sizes, and lintian's and rpmlint's findings. Exits nonzero when a
 # build fails or either linter reports an error.
 set -euo pipefail
@@ -37,7 +39,7 @@ while [[ $# -gt 0 ]]; do
     --jobs) jobs=$2; shift 2 ;;
     --sign-key) sign_key=$2; shift 2 ;;
     --no-cuda) cuda=0; shift ;;
-    -h | --help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "package.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -62,6 +64,15 @@ rm -rf "$out"
 mkdir -p "$out"
 work=$out/work
 mkdir -p "$work"
+# The Debian and RPM builds compile in one fixed folder, whatever the clone's path: their compiler
+# lines carry the source's absolute path (dpkg's -ffile-prefix-map, rpm's debug source map), so from
+# a folder of the clone's own, a fresh clone elsewhere missed ccache on all of the ~150 compilations
+# (scripts/ccache-env.sh). One package.sh at a time uses the folder (flock).
+build_root=${SMARTGEN_PACKAGE_BUILD_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/smartgen/package-build}
+mkdir -p "$build_root"
+exec 9>"$build_root.lock"
+flock 9
+rm -rf "$build_root/deb" "$build_root/rpm"
 tarball=$work/smartgen-$version.tar.gz
 tree=$(git stash create 2>/dev/null || true)
 git archive --format=tar.gz --prefix="smartgen-$version/" -o "$tarball" "${tree:-HEAD}"
@@ -69,7 +80,7 @@ echo "package.sh: source tarball $(basename "$tarball") from ${tree:-HEAD} ($(du
 
 lint_failed=0
 if [[ $want_deb -eq 1 ]]; then
-  deb=$work/deb
+  deb=$build_root/deb
   mkdir -p "$deb"
   cp "$tarball" "$deb/smartgen_$version.orig.tar.gz"
   tar -xzf "$tarball" -C "$deb"
@@ -94,7 +105,7 @@ if [[ $want_deb -eq 1 ]]; then
 fi
 
 if [[ $want_rpm -eq 1 ]]; then
-  rpmtop=$work/rpm
+  rpmtop=$build_root/rpm
   mkdir -p "$rpmtop"/{BUILD,RPMS,SOURCES,SPECS,SRPMS}
   cp "$tarball" "$rpmtop/SOURCES/"
   # The spec in the source RPM carries the version written out, so it rebuilds on its own.

@@ -93,7 +93,7 @@ func leakCycle(t *testing.T, key []byte, provider string) {
 }
 
 // Memory and descriptors stay flat over many cycles (0.4 grew 0.6-3.4 MB a cycle in Go). Runs as
-// go_leak (SMARTGEN_LEAK_CYCLES, 800 by default; SMARTGEN_LEAK_PROVIDER, default shm: a tcp context takes
+// go_leak (SMARTGEN_LEAK_CYCLES, 400 by default; SMARTGEN_LEAK_PROVIDER, default shm: a tcp context takes
 // ~100 ms to make). A leak grows with every cycle; the allocator's arenas and the runtime's
 // threads grow only until the load they see has been met once, in steps at no fixed point (CI
 // measured 25 KiB a cycle over a whole run; a 28 MB step fell once in the second half). So after a
@@ -103,7 +103,7 @@ func leakCycle(t *testing.T, key []byte, provider string) {
 func TestCyclesLeakNeitherMemoryNorDescriptors(t *testing.T) {
 	s := os.Getenv("SMARTGEN_LEAK_CYCLES")
 	if s == "" {
-		t.Skip("the leak test runs as go_leak (800 cycles by default); set SMARTGEN_LEAK_CYCLES to run it here")
+		t.Skip("the leak test runs as go_leak (400 cycles by default); set SMARTGEN_LEAK_CYCLES to run it here")
 	}
 	cycles, err := strconv.Atoi(s)
 	if err != nil || cycles < 4 {

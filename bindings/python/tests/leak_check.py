@@ -1,5 +1,5 @@
 """Memory and descriptors stay flat over many cycles of two contexts, a session, two pools over
-NumPy arrays and a transfer, everything closed (python_leak: SMARTGEN_LEAK_CYCLES, 800 by default, one malloc
+NumPy arrays and a transfer, everything closed (python_leak: SMARTGEN_LEAK_CYCLES, 400 by default, one malloc
 arena). The same measure as the Go, Java and Rust leak tests: a warm-up quarter, then the bound on
 the median slope of the measured half's four quarters (a leak grows in every quarter, an allocator
 arena step in one)."""

@@ -1,6 +1,6 @@
 //! Memory and descriptors stay flat over many cycles of two contexts, a session, two pools and a
 //! transfer, everything dropped. SMARTGEN_LEAK_CYCLES sets the count (default 200; the release
-//! phase's rust_leak runs 800 by default); shm contexts, which take milliseconds to make.
+//! phase's rust_leak runs 400 by default); shm contexts, which take milliseconds to make.
 
 mod common;
 
@@ -43,13 +43,13 @@ fn cycle(key: &[u8]) {
 /// A leak grows with every cycle; the allocator's arenas grow only until the load they see has been
 /// met once, in steps (CI measured 44 KiB a cycle over 200 cycles that way). So after a warm-up of
 /// a quarter the bound is on the median slope of the measured half's four quarters. Runs as rust_leak
-/// (SMARTGEN_LEAK_CYCLES, 800 by default); without the variable it says so and passes (cargo has no skip).
+/// (SMARTGEN_LEAK_CYCLES, 400 by default); without the variable it says so and passes (cargo has no skip).
 #[test]
 fn cycles_leak_neither_memory_nor_descriptors() {
     let cycles: usize = match std::env::var("SMARTGEN_LEAK_CYCLES").ok().and_then(|s| s.parse().ok()) {
         Some(n) if n >= 4 => n,
         _ => {
-            println!("skipped: the leak test runs as rust_leak (800 cycles by default); set SMARTGEN_LEAK_CYCLES to run it here");
+            println!("skipped: the leak test runs as rust_leak (400 cycles by default); set SMARTGEN_LEAK_CYCLES to run it here");
             return;
         }
     };
