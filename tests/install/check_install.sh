@@ -196,6 +196,17 @@ if cmake -S "$src/tests/install/consumer" -B "$work/consumer" -DCMAKE_PREFIX_PAT
 else
   bad "find_package(SmartGen 0.2) consumer does not configure or build:"; tail -20 "$work/consumer.log"
 fi
+# The Python package under the prefix (a build with the Python binding): importable from its
+# site-packages with nothing else set, its extension finding the prefix's library (0.5's had no
+# RUNPATH, so the import failed unless LD_LIBRARY_PATH named the prefix).
+pypkg=$(find "$prefix" -path '*/site-packages/smartgen/__init__.py' 2>/dev/null | head -1)
+if [ -n "$pypkg" ]; then
+  site=$(dirname "$(dirname "$pypkg")")
+  loaded=$(env -u LD_LIBRARY_PATH PYTHONPATH="$site" python3 -c 'import smartgen, smartgen._native as n, re
+print([l.split()[-1] for l in open("/proc/self/maps") if re.search(r"libsmartgen\.so", l)][0])' 2>"$work/python.log") &&
+    case $loaded in "$prefix"/*) ok ;; *) bad "the Python package under $site loaded $loaded, not the prefix's library" ;; esac ||
+    { bad "the Python package under $site does not import:"; tail -5 "$work/python.log"; }
+fi
 mkdir -p "$work/major"
 printf 'cmake_minimum_required(VERSION 3.16)\nproject(m C)\nfind_package(SmartGen 1.0 REQUIRED)\n' >"$work/major/CMakeLists.txt"
 if cmake -S "$work/major" -B "$work/major/build" -DCMAKE_PREFIX_PATH="$prefix" >"$work/major.log" 2>&1; then

@@ -22,13 +22,51 @@ import array
 import asyncio
 import atexit
 import ctypes
+import ctypes.util
+import math
+import operator
 import queue as _queue
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
-from . import _native
+
+def _signal_dispositions() -> Optional[list]:
+    """The process's signal dispositions (raw struct sigaction bytes for signals 1-31), or None."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except OSError:
+        return None
+    saved = []
+    for sig in range(1, 32):
+        buf = ctypes.create_string_buffer(256)  # larger than any libc's struct sigaction
+        saved.append((sig, buf if libc.sigaction(sig, None, buf) == 0 else None))
+    return [libc, saved]
+
+
+def _restore_signal_dispositions(before: Optional[list]) -> None:
+    """Puts back every disposition that changed since `before`. Loading libsmartgen loads libfabric,
+    whose psm provider (libinfinipath) installs handlers from its constructor, and libsmartgen's
+    constructor then resets those to the default action: right for a C host, but it left this
+    interpreter's SIGINT handler uninstalled, so Ctrl-C killed the process at once (no
+    KeyboardInterrupt, no finally, no atexit). The Java binding does the same (signals.c)."""
+    if before is None:
+        return
+    libc, saved = before
+    for sig, buf in saved:
+        if buf is None or sig in (9, 19):  # SIGKILL, SIGSTOP
+            continue
+        now = ctypes.create_string_buffer(256)
+        if libc.sigaction(sig, None, now) == 0 and now.raw != buf.raw:
+            libc.sigaction(sig, buf, None)
+
+
+_before_load = _signal_dispositions()
+from . import _native  # noqa: E402 - the dispositions are read before the library loads
+_restore_signal_dispositions(_before_load)
+del _before_load
 
 __all__ = [
     "Error", "Context", "Listener", "Session", "Pool", "Transfer", "Profile", "Event", "version",
@@ -87,11 +125,33 @@ def _closed(what: str) -> Error:
 
 
 def _ns(timeout: Optional[float]) -> int:
+    """Seconds to nanoseconds for the library; None and math.inf mean no limit."""
     if timeout is None:
         return -1
+    if math.isnan(timeout):
+        raise ValueError("timeout is NaN")
     if timeout < 0:
         raise ValueError(f"timeout {timeout} is negative")
+    if math.isinf(timeout) or timeout * 1e9 >= 2**63:
+        return -1
     return int(timeout * 1e9)
+
+
+def _port(port: int) -> int:
+    port = operator.index(port)
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port {port} is not a TCP port (0 to 65535)")
+    return port
+
+
+def _block_id(b: Any) -> int:
+    try:
+        i = operator.index(b)  # ints and NumPy integers; not floats, which would truncate
+    except TypeError:
+        raise ValueError(f"block id {b!r} is not an integer") from None
+    if not 0 <= i < 2**32:
+        raise ValueError(f"block id {i} is negative or past 2**32 - 1")
+    return i
 
 
 def _table(blocks: Any) -> Any:
@@ -102,10 +162,7 @@ def _table(blocks: Any) -> Any:
             return blocks
     except TypeError:
         pass
-    try:
-        return array.array("I", (int(b) for b in blocks))
-    except OverflowError:
-        raise ValueError("a block id is negative or past 2**32 - 1") from None
+    return array.array("I", (_block_id(b) for b in blocks))
 
 
 @dataclass(frozen=True)
@@ -137,7 +194,7 @@ class _Memory:
     address: int
     nbytes: int
     shape: tuple
-    dtype: Optional[str]  # a name from _DTYPES, or None when the object does not say
+    dtype: Optional[str]  # the object's dtype name (a KV dtype of _DTYPES or another), None when it has none
     cuda_device: Optional[int]
     owner: Any
 
@@ -155,7 +212,7 @@ def _memory_of(obj: Any) -> _Memory:
         if device.type not in ("cpu", "cuda"):
             raise ValueError(f"tensors on {device.type} cannot be registered (host or CUDA only)")
         return _Memory(obj.data_ptr(), obj.numel() * obj.element_size(), tuple(obj.shape),
-                       dtype if dtype in _DTYPES else None, cuda if cuda is None else int(cuda or 0), obj)
+                       dtype, cuda if cuda is None else int(cuda or 0), obj)
     iface = getattr(obj, "__array_interface__", None)
     if iface is not None:  # NumPy and friends
         if not obj.flags["C_CONTIGUOUS"]:
@@ -163,7 +220,7 @@ def _memory_of(obj: Any) -> _Memory:
         if obj.flags["WRITEABLE"] is False:
             raise ValueError("the array is read-only: SmartGen writes into registered pools")
         name = obj.dtype.name
-        return _Memory(iface["data"][0], obj.nbytes, tuple(obj.shape), name if name in _DTYPES else None, None, obj)
+        return _Memory(iface["data"][0], obj.nbytes, tuple(obj.shape), name, None, obj)
     cuda_iface = getattr(obj, "__cuda_array_interface__", None)
     if cuda_iface is not None:
         raise ValueError("CUDA arrays other than torch tensors: give torch tensors, or the address explicitly")
@@ -182,20 +239,88 @@ def _memory_of(obj: Any) -> _Memory:
     return _Memory(address, view.nbytes, tuple(view.shape or ()), None, None, obj)
 
 
+# Event callbacks under way on this thread (Context._deliver): the library refuses to tear down from
+# one, and a finalizer that runs there hands its close to the deferred-close thread.
+_callbacks = threading.local()
+
+
+def _in_callback() -> bool:
+    return getattr(_callbacks, "depth", 0) > 0
+
+
+_ASYNC_SLICE = 0.1  # seconds an asyncio wait runs in the executor before it looks for a cancel
+
+_deferred: "Optional[_queue.SimpleQueue]" = None
+_deferred_lock = threading.Lock()
+
+
+def _defer(close: Callable[[], None]) -> None:
+    """Runs close on a thread of the binding's own: a finalizer on the progress thread (an object
+    dropped inside an event callback) cannot close there, and must not leak (the Rust binding's
+    Drop does the same)."""
+    global _deferred
+    with _deferred_lock:
+        if _deferred is None:
+            q: _queue.SimpleQueue = _queue.SimpleQueue()
+            threading.Thread(target=_run_deferred, args=(q,), name="smartgen-deferred-close", daemon=True).start()
+            _deferred = q
+    _deferred.put(close)
+
+
+def _run_deferred(q: "_queue.SimpleQueue") -> None:
+    while True:
+        close = q.get()
+        try:
+            close()
+        except Exception:
+            pass
+        del close
+
+
 class _Handle:
-    """A library handle and the lock that orders its close against its use."""
+    """A library handle and the lock that orders its close against its use.
+
+    The rule every close follows (docs/bindings.md): the object lets go of its handle, and of what
+    it owns, only once the library has accepted the call; a call the library refuses changes
+    nothing on this side either."""
 
     _what = "object"
 
     def __init__(self, handle: Any):
         self._h = handle
+        self._closing = False  # a close is under way on some thread
         self._lock = threading.Lock()
 
     def _handle(self):
         h = self._h
-        if h is None:
+        if h is None or self._closing:
             raise _closed(self._what)
         return h
+
+    def _end_handle(self, end: Callable[[Any], None]) -> Any:
+        """Calls end(handle) for the one caller that claims the handle; returns the handle once
+        end returned, or None when it was closed or being closed already. When end raises, the
+        object keeps its handle (and the exception propagates)."""
+        with self._lock:
+            h = self._h
+            if h is None or self._closing:
+                return None
+            self._closing = True
+        try:
+            end(h)
+        except BaseException:
+            with self._lock:
+                self._closing = False
+            raise
+        with self._lock:
+            self._h = None
+            self._closing = False
+        return h
+
+    def _forget(self) -> None:
+        """The library released the handle with its owner (a context's destroy)."""
+        with self._lock:
+            self._h = None
 
     @property
     def closed(self) -> bool:
@@ -209,9 +334,13 @@ class _Handle:
         return False
 
     def __del__(self):
+        if getattr(self, "_h", None) is None:
+            return
         try:
-            if getattr(self, "_h", None) is not None:
-                self.close()
+            self.close()
+        except Error as e:
+            if e.status == _native.SG_ERR_INVALID_STATE and _in_callback():
+                _defer(self.close)
         except Exception:
             pass
 
@@ -230,10 +359,7 @@ class Profile(_Handle):
             super().__init__(_native.profile_parse(json.encode() if isinstance(json, str) else json))
 
     def close(self) -> None:
-        with self._lock:
-            h, self._h = self._h, None
-        if h is not None:
-            _native.profile_destroy(h)
+        self._end_handle(_native.profile_destroy)
 
 
 class Pool(_Handle):
@@ -248,15 +374,11 @@ class Pool(_Handle):
         self._owners = owners
 
     def close(self) -> None:
-        """Deregisters the pool; sessions that still use it keep it until their transfers end."""
-        with self._lock:
-            h, self._h = self._h, None
-        if h is not None:
-            try:
-                _native.kv_deregister(h)
-            finally:
-                self.context._pools.discard(self)
-                self._owners = []
+        """Deregisters the pool. Refused (Error, the pool left open and its arrays kept) while a
+        transfer that has not been released uses it."""
+        if self._end_handle(_native.kv_deregister) is not None:
+            self.context._pools.discard(self)
+            self._owners = []
 
 
 class Transfer(_Handle):
@@ -305,9 +427,14 @@ class Transfer(_Handle):
 
     # Waits: the GIL is released; Error on failure, TimeoutError-like Error(SG_ERR_TIMEOUT) on time.
     def _check(self, st: int, what: str) -> None:
-        if st != _native.SG_OK:
-            msg = self.status[1] if st != _native.SG_ERR_TIMEOUT else f"{what}: the timeout passed first"
-            raise Error(st, msg)
+        if st == _native.SG_OK:
+            return
+        if st == _native.SG_ERR_TIMEOUT:
+            raise Error(st, f"{what}: the timeout passed first")
+        refused = _native.last_error()  # read first: the status call below may fail too
+        status, message = self.status
+        # The transfer's own failure, or the wait refused (say, from an event callback): its sentence.
+        raise Error(st, message if status == st and message else refused)
 
     def wait(self, timeout: Optional[float] = None) -> None:
         """Until the transfer completes; raises Error with how it failed otherwise."""
@@ -327,21 +454,43 @@ class Transfer(_Handle):
         if st == _native.SG_ERR_TIMEOUT:
             raise Error(st, "wait_quiesced: the timeout passed first")
 
+    async def _in_executor(self, wait: Callable[[Optional[float]], None], timeout: Optional[float]) -> None:
+        """Runs wait in the loop's default executor in slices of 0.1 s, so that a cancelled await
+        (asyncio.wait_for, task.cancel) ends the executor's wait within a slice: a wait of its own
+        would outlive the await and keep asyncio.run() from returning."""
+        cancelled = threading.Event()
+        limit = _ns(timeout)
+        deadline = None if limit < 0 else time.monotonic() + limit / 1e9
+
+        def sliced() -> None:
+            while not cancelled.is_set():
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    wait(_ASYNC_SLICE if left is None else min(_ASYNC_SLICE, left))
+                    return
+                except Error as e:
+                    if e.status != _native.SG_ERR_TIMEOUT or (left is not None and left <= _ASYNC_SLICE):
+                        raise
+
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, sliced)
+        finally:
+            cancelled.set()
+
     async def wait_async(self, timeout: Optional[float] = None) -> None:
-        """wait() for asyncio hosts: runs in the loop's default executor."""
-        await asyncio.get_running_loop().run_in_executor(None, self.wait, timeout)
+        """wait() for asyncio hosts, in the loop's default executor; cancelling the await ends it."""
+        await self._in_executor(self.wait, timeout)
 
     async def wait_layer_async(self, layer: int, timeout: Optional[float] = None) -> None:
-        await asyncio.get_running_loop().run_in_executor(None, self.wait_layer, layer, timeout)
+        await self._in_executor(lambda t: self.wait_layer(layer, t), timeout)
 
     def release(self) -> None:
-        """Ends the transfer (canceling it if incomplete), waits until no write uses its blocks."""
-        with self._lock:
-            h, self._h = self._h, None
+        """Ends the transfer (canceling it if incomplete), waits until no write uses its blocks.
+        Refused (Error SG_ERR_INVALID_STATE, the transfer left as it was) from an event callback."""
+        h = self._end_handle(_native.transfer_release)
         if h is not None:
             self.session.context._transfers.pop(h, None)
             self._pool = None
-            _native.transfer_release(h)
 
     close = release
 
@@ -399,20 +548,20 @@ class Session(_Handle):
         return _native.session_error(self._handle())
 
     def close(self, timeout: Optional[float] = 5.0) -> None:
-        """Graceful close (pending transfers finish, the peer is told), then destroy."""
-        with self._lock:
-            h, self._h = self._h, None
-        if h is None:
-            return
-        try:
+        """Graceful close (pending transfers finish, the peer is told), then destroy. Refused
+        (Error SG_ERR_INVALID_STATE, the session left open) from an event callback."""
+        def end(h: Any) -> None:
             if timeout:
                 try:
                     _native.session_close(h, _ns(timeout))
-                except Error:
-                    pass  # a lost or closing peer: destroy still frees everything
-        finally:
-            self.context._sessions.discard(self)
+                except Error as e:
+                    if e.status == _native.SG_ERR_INVALID_STATE and _in_callback():
+                        raise
+                    # a lost or closing peer: destroy still frees everything
             _native.session_destroy(h)
+
+        if self._end_handle(end) is not None:
+            self.context._sessions.discard(self)
 
     def destroy(self) -> None:
         """Destroys at once, without the graceful close."""
@@ -425,7 +574,7 @@ class Listener(_Handle):
     _what = "listener"
 
     def __init__(self, ctx: "Context", addr: str, port: int):
-        h, self.port = _native.listener_create(ctx._handle(), addr, port)
+        h, self.port = _native.listener_create(ctx._handle(), addr, _port(port))
         super().__init__(h)
         self.context = ctx
         self.address = addr
@@ -434,11 +583,8 @@ class Listener(_Handle):
         return self.context._adopt(_native.session_accept(self._handle(), _ns(timeout), provider))
 
     def close(self) -> None:
-        with self._lock:
-            h, self._h = self._h, None
-        if h is not None:
+        if self._end_handle(_native.listener_destroy) is not None:
             self.context._listeners.discard(self)
-            _native.listener_destroy(h)
 
 
 _live_contexts: "weakref.WeakSet[Context]" = weakref.WeakSet()
@@ -450,8 +596,14 @@ class Context(_Handle):
     on_event: a callable taking an Event, run on the library's progress thread under the GIL; an
     exception it raises is counted (callback_errors) and reported through sys.unraisablehook,
     never propagated into the library. events: a queue.Queue (or anything with put) that receives
-    every Event instead. Creating a context costs real memory (docs/bindings.md: about 148 MB of
-    resident memory on tcp, 14 MB on shm): make one per process, not one per request.
+    every Event instead. The library holds the callback, not the context: a context nothing else
+    references is collected (and destroyed) like any object, callback or not. A tcp context is
+    about 0.2 MB until its first session opens its endpoints, then about 70 MB resident a lane
+    (140 MB with the default two); a shm context 4-8 MB (README, "Cost"): make one per process,
+    not one per request.
+    From a callback, close() of a context, session or transfer and release() raise
+    Error(SG_ERR_INVALID_STATE) and leave the object as it was (the library's own rule); an object
+    dropped there is closed on a thread of the binding's own.
     """
 
     _what = "context"
@@ -469,7 +621,15 @@ class Context(_Handle):
         self._sessions: set = set()
         self._listeners: set = set()
         self._pools: set = set()
-        deliver = self._deliver if (on_event is not None or events is not None) else None
+        deliver = None
+        if on_event is not None or events is not None:
+            # A weak reference: the library's bridge must not keep the context alive.
+            this = weakref.ref(self)
+
+            def deliver(kind, layer, status, handle, request_id, blocks):
+                ctx = this()
+                if ctx is not None:
+                    ctx._deliver(kind, layer, status, handle, request_id, blocks)
         h, self._bridge = _native.context_create(
             provider, local_addr, lanes, 0 if peer_timeout is None else int(peer_timeout * 1000), auth_key,
             allow_unauthenticated, 0, max_ops_in_flight, deliver)
@@ -478,6 +638,7 @@ class Context(_Handle):
 
     def _deliver(self, kind, layer, status, handle, request_id, blocks):
         ev = Event(kind, layer, status, request_id, blocks, self._transfers.get(handle))
+        _callbacks.depth = getattr(_callbacks, "depth", 0) + 1
         try:
             if self._on_event is not None:
                 self._on_event(ev)
@@ -487,6 +648,8 @@ class Context(_Handle):
             self.callback_errors += 1
             import sys
             sys.unraisablehook(_Unraisable(sys.exc_info(), self._on_event or self._event_queue))
+        finally:
+            _callbacks.depth -= 1
 
     def _track(self, t: Transfer) -> Transfer:
         self._transfers[t._h] = t
@@ -511,7 +674,7 @@ class Context(_Handle):
         return lis
 
     def connect(self, addr: str, port: int, timeout: Optional[float] = 10.0, provider: Optional[str] = None) -> Session:
-        return self._adopt(_native.session_connect(self._handle(), addr, port, _ns(timeout), provider))
+        return self._adopt(_native.session_connect(self._handle(), addr, _port(port), _ns(timeout), provider))
 
     def session_from_metadata(self, blob: bytes, provider: Optional[str] = None) -> Session:
         return self._adopt(_native.session_from_metadata(self._handle(), blob, provider))
@@ -544,6 +707,8 @@ class Context(_Handle):
         if dt not in _DTYPES:
             raise ValueError(f"dtype {dt!r} is not a KV dtype SmartGen moves "
                              "(float16, bfloat16, float32, float8_e4m3fn): give dtype= for raw buffers")
+        if dtype is None and v_layers is not None and v_layers[0].dtype != first.dtype:
+            raise ValueError(f"K is {first.dtype} but V is {v_layers[0].dtype}: K and V must have one dtype")
         code, item = _DTYPES[dt]
         shape = first.shape[1 + fused:] if len(first.shape) == 4 + fused else None
         if shape is not None and (tokens_per_block, num_kv_heads, head_dim) == (None, None, None):
@@ -595,20 +760,19 @@ class Context(_Handle):
                 for i in range(layers)]
 
     def close(self) -> None:
-        """Destroys the context: its sessions, listeners and pools go with it."""
-        with self._lock:
-            h, self._h = self._h, None
-        if h is None:
+        """Destroys the context: its sessions, listeners and pools go with it. Refused
+        (Error SG_ERR_INVALID_STATE, everything left open) from an event callback."""
+        bridge = self._bridge
+        if self._end_handle(lambda h: _native.context_destroy(h, bridge)) is None:
             return
+        self._bridge = None
         for t in list(self._transfers.values()):
-            t._h = None  # the library releases them with their sessions
+            t._forget()  # the library released them with their sessions
         for objs in (self._sessions, self._listeners, self._pools):
             for o in list(objs):
-                o._h = None
+                o._forget()
             objs.clear()
         _live_contexts.discard(self)
-        bridge, self._bridge = self._bridge, None
-        _native.context_destroy(h, bridge)
 
 
 class _Unraisable:

@@ -177,6 +177,13 @@ static PyObject *py_version(PyObject *self, PyObject *unused) {
     return Py_BuildValue("(sI)", sg_version_string(), (unsigned)sg_version_number());
 }
 
+/* The sentence of this thread's last failing call (sg_last_error_message): a wait the library
+ * refused says why in it, where the transfer's own status says nothing. */
+static PyObject *py_last_error(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyUnicode_FromString(sg_last_error_message());
+}
+
 static PyObject *py_status_str(PyObject *self, PyObject *arg) {
     (void)self;
     long st = PyLong_AsLong(arg);
@@ -250,11 +257,13 @@ static PyObject *py_context_destroy(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     st = sg_context_destroy(ctx);
     Py_END_ALLOW_THREADS
+    /* A refused destroy (from an event callback) leaves the context, and so its progress thread and
+     * the bridge it calls, alive: the bridge goes only with the context. */
+    if (st != SG_OK) return raise_status(st, NULL);
     if (bridge) {
         Py_CLEAR(bridge->callback);
         PyMem_RawFree(bridge);
     }
-    if (st != SG_OK) return raise_status(st, NULL);
     Py_RETURN_NONE;
 }
 
@@ -850,6 +859,7 @@ static PyMethodDef methods[] = {
     {"set_error_class", py_set_error_class, METH_O, NULL},
     {"version", py_version, METH_NOARGS, NULL},
     {"status_str", py_status_str, METH_O, NULL},
+    {"last_error", py_last_error, METH_NOARGS, NULL},
     {"context_create", (PyCFunction)(void (*)(void))py_context_create, METH_VARARGS | METH_KEYWORDS, NULL},
     {"context_destroy", py_context_destroy, METH_VARARGS, NULL},
     {"context_stats", py_context_stats, METH_O, NULL},
