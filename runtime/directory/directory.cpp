@@ -24,22 +24,33 @@ void curl_once() {
 }
 
 // One easy handle per thread: libcurl keeps its connections to the members open between requests.
-struct ThreadHandle {
-    CURL *h = nullptr;
-    ~ThreadHandle() {
-        if (h) curl_easy_cleanup(h);
+// The handle and whether this thread's handles are gone are plain thread_locals, which live as long
+// as the thread; the guard's destructor cleans up. At exit() the main thread's thread_locals are
+// destroyed before the static ones, among them the API's registry of directory handles, whose
+// destruction revokes the leases of handles the host never destroyed: that call must find the
+// handle gone and fail, not reset a freed one (0.5: "double free" or SIGSEGV in exit() 13 of 13).
+thread_local CURL *t_handle = nullptr;
+thread_local bool t_handles_gone = false;
+
+struct ThreadHandleGuard {
+    ~ThreadHandleGuard() {
+        if (t_handle) curl_easy_cleanup(t_handle);
+        t_handle = nullptr;
+        t_handles_gone = true;
     }
 };
 
 CURL *thread_handle() {
-    thread_local ThreadHandle t;
-    if (!t.h) {
+    if (t_handles_gone) fail(SG_ERR_INVALID_STATE, "the thread is ending: no more requests from it");
+    if (!t_handle) {
+        thread_local ThreadHandleGuard guard;
+        (void)guard;
         curl_once();
-        t.h = curl_easy_init();
-        if (!t.h) fail(SG_ERR_NO_MEMORY, "curl_easy_init failed");
+        t_handle = curl_easy_init();
+        if (!t_handle) fail(SG_ERR_NO_MEMORY, "curl_easy_init failed");
     }
-    curl_easy_reset(t.h);
-    return t.h;
+    curl_easy_reset(t_handle);
+    return t_handle;
 }
 
 struct Collected {
