@@ -182,6 +182,12 @@ EOT
     launcher java java "-Djava.library.path=$jni_dir" \
       -cp "$m/target/consumer-1.jar:$work/m2/io/smartgen/smartgen/$version/smartgen-$version.jar" io.smartgen.interop.Interop
     pair java
+    # And with the prefix's own jar and nothing else set (no java.library.path, no LD_LIBRARY_PATH):
+    # the loader finds <libdir>/jni beside the jar, the JNI library finds the prefix's libsmartgen
+    # through its RUNPATH (0.5 needed -Djava.library.path for a prefix install).
+    printf '#!/bin/sh\nunset LD_LIBRARY_PATH\nexec java -cp %q io.smartgen.interop.Interop "$@"\n' \
+      "$m/target/consumer-1.jar:$prefix/share/java/smartgen.jar" >"$work/launch-java"
+    pair java
   else
     bad "a Maven project against the install does not build:"; tail -20 "$work/maven.log"
   fi
@@ -195,6 +201,11 @@ if cmake -S "$src/tests/install/consumer" -B "$work/consumer" -DCMAKE_PREFIX_PAT
   "$work/consumer/consumer" && ok || bad "the find_package consumer failed"
 else
   bad "find_package(SmartGen 0.2) consumer does not configure or build:"; tail -20 "$work/consumer.log"
+fi
+# The Go binding's sources, as golang-smartgen-dev installs them (a build with the Go binding).
+if [ -f "$src/bindings/go/go.mod" ] && grep -q "SMARTGEN_INSTALL_GO_SOURCES:BOOL=ON" "$build/CMakeCache.txt"; then
+  [ -f "$prefix/share/gocode/src/github.com/smartgen/smartgen/bindings/go/go.mod" ] && ok ||
+    bad "the Go binding's sources are not under $prefix/share/gocode/src"
 fi
 # The Python package under the prefix (a build with the Python binding): importable from its
 # site-packages with nothing else set, its extension finding the prefix's library (0.5's had no

@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -354,6 +355,95 @@ TEST_F(Directory, AProcessThatExitsWithANamePublishedExitsCleanly) {
                         std::to_string(WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status)) + ";";
     }
     EXPECT_EQ(clean, 20) << "children that did not exit 0:" << failures;
+}
+
+// What connect by name costs, and where (issue 40: 11 client processes took 461-1026 ms each; 0.4
+// took 8-17 ms). A process's first session pays the fabric's one-time set-up (0.4 paid it in
+// sg_context_create, 0.5 on the first session, which makes an idle context cheap): timed apart,
+// first. Then ten fresh decode contexts connect by name and wait until ready, against ten making
+// their session from the blob they looked up (what the fabric costs a fresh context); the
+// directory's part is the difference. docs/directory.md has the figures.
+TEST_F(Directory, ConnectByNameCostsTheLookupTheRequestAndTheFirstSessionsEndpoints) {
+    sg_context_t prefill = sgtest::make_context("tcp");
+    ASSERT_TRUE(prefill);
+    sg_directory_t dp = open_directory(cluster->endpoints(), prefill);
+    ASSERT_TRUE(dp);
+    ASSERT_EQ(sg_directory_publish(dp, "prefill-timed", 5 * kSecond), SG_OK) << sg_last_error_message();
+    std::atomic<bool> stop{false};
+    std::vector<sg_session_t> accepted;  // kept open: a destroyed one would close the peer's session
+    std::thread acceptor([&] {
+        while (!stop) {
+            sg_session_t s = nullptr;
+            if (sg_directory_accept(dp, 200 * kMs, &s, nullptr) == SG_OK) accepted.push_back(s);
+        }
+    });
+    struct Join {
+        std::atomic<bool> &stop;
+        std::thread &t;
+        ~Join() {
+            stop = true;
+            if (t.joinable()) t.join();
+        }
+    } join{stop, acceptor};
+    const std::vector<uint8_t> blob = metadata_of(prefill);
+    double first_session_ms = 0;
+    {
+        sg_context_t ctx = sgtest::make_context("tcp");
+        ASSERT_TRUE(ctx);
+        sg_session_t s = nullptr;
+        const uint64_t t0 = mono_ns();
+        ASSERT_EQ(sg_session_from_metadata(ctx, blob.data(), blob.size(), nullptr, &s, nullptr), SG_OK);
+        first_session_ms = double(mono_ns() - t0) / 1e6;
+        sg_session_destroy(s);
+        sg_context_destroy(ctx);
+    }
+    std::vector<double> by_name, direct, lookup_only;
+    for (int run = 0; run < 20; ++run) {  // ten of each, alternating
+        sg_context_t ctx = sgtest::make_context("tcp");
+        ASSERT_TRUE(ctx);
+        sg_directory_t d = open_directory(cluster->endpoints(), ctx);
+        ASSERT_TRUE(d);
+        size_t len = 0;
+        uint64_t t0 = mono_ns();
+        ASSERT_EQ(sg_directory_lookup(d, "prefill-timed", kSecond, nullptr, 0, &len), SG_OK);
+        lookup_only.push_back(double(mono_ns() - t0) / 1e6);
+        sg_session_t s = nullptr;
+        t0 = mono_ns();
+        if (run % 2 == 0) {
+            ASSERT_EQ(sg_directory_connect(d, "prefill-timed", nullptr, 10 * kSecond, &s, nullptr), SG_OK)
+                << sg_last_error_message();
+            ASSERT_EQ(sg_session_wait_ready(s, sgtest::wait_ns(10 * kSecond)), SG_OK) << sg_last_error_message();
+            by_name.push_back(double(mono_ns() - t0) / 1e6);
+        } else {
+            ASSERT_EQ(sg_session_from_metadata(ctx, blob.data(), blob.size(), nullptr, &s, nullptr), SG_OK);
+            direct.push_back(double(mono_ns() - t0) / 1e6);
+        }
+        sg_session_destroy(s);
+        sg_directory_destroy(d);
+        sg_context_destroy(ctx);
+    }
+    stop = true;
+    acceptor.join();
+    for (sg_session_t s : accepted) sg_session_destroy(s);
+    sg_directory_destroy(dp);
+    sg_context_destroy(prefill);
+    auto median = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v[v.size() / 2];
+    };
+    const double name_ms = median(by_name), direct_ms = median(direct);
+    std::printf("[ figures ] connect by name, ms in run order:");
+    for (double ms : by_name) std::printf(" %.1f", ms);
+    std::printf("\n");
+    std::printf("[ figures ] the process's first session: %.1f ms. Fresh contexts, 10 runs each: connect by name + "
+                "ready median %.1f ms (min %.1f, max %.1f); session from the looked-up blob median %.1f ms; "
+                "lookup alone median %.1f ms\n",
+                first_session_ms, name_ms, *std::min_element(by_name.begin(), by_name.end()),
+                *std::max_element(by_name.begin(), by_name.end()), direct_ms, median(lookup_only));
+    // The directory's own part (a lookup, a lease and a put, the peer's watch and answer) is a few
+    // round trips to the cluster: bounded generously for a loaded machine, scaled to the build.
+    EXPECT_LT(name_ms - direct_ms, 100.0 * double(sgtest::time_scale()))
+        << "connect by name costs " << name_ms << " ms against " << direct_ms << " ms for the session alone";
 }
 
 TEST_F(Directory, TheLossOfOneMemberIsSurvived) {

@@ -11,7 +11,9 @@ import java.nio.file.StandardCopyOption;
  * Loads the JNI library (libsmartgen_jni.so, which links libsmartgen.so.0) once, from
  * {@code -Dsmartgen.jni.path=/abs/path/libsmartgen_jni.so} when that property is set, else from the
  * natives classifier jar on the class path ({@code META-INF/native/linux-x86_64/}, extracted to a
- * private temporary folder), else by name from {@code java.library.path}. Its companion libsmartgen_jni_signals.so (found the same way:
+ * private temporary folder), else from where an install puts it relative to this jar
+ * ({@code <prefix>/share/java/smartgen.jar} and {@code <prefix>/<libdir>/jni/}: an install under a
+ * prefix of one's own, which no JVM's path holds), else by name from {@code java.library.path}. Its companion libsmartgen_jni_signals.so (found the same way:
  * next to the named file, or on the path) is loaded first, to keep the JVM's signal handlers
  * across the load (see {@link SignalGuard}). A failure is rethrown with everything needed to fix
  * it: which library, where it was looked for, and the usual cause (libsmartgen.so.0 not on the
@@ -31,6 +33,9 @@ public final class NativeLoader {
         }
         String explicit = System.getProperty(PATH_PROPERTY);
         File file = explicit != null && !explicit.isEmpty() ? new File(explicit).getAbsoluteFile() : fromClassPath();
+        if (file == null) {
+            file = besideTheJar();
+        }
         File signals = file == null ? null : new File(file.getParentFile(), System.mapLibraryName(SignalGuard.LIBRARY_NAME));
         loadOne(signals, SignalGuard.LIBRARY_NAME);
         SignalGuard.save();
@@ -76,6 +81,37 @@ public final class NativeLoader {
             err.initCause(e);
             throw err;
         }
+    }
+
+    /**
+     * The JNI library where cmake --install put it beside this jar: the jar in
+     * {@code <prefix>/share/java}, the library in {@code <prefix>/lib/jni} (or lib64, or a Debian
+     * multiarch libdir); null when this class was not loaded from such a jar or nothing is there.
+     */
+    private static File besideTheJar() {
+        try {
+            java.security.CodeSource source = NativeLoader.class.getProtectionDomain().getCodeSource();
+            if (source == null) {
+                return null;
+            }
+            File jar = new File(source.getLocation().toURI());
+            File java = jar.getParentFile();
+            File share = java == null ? null : java.getParentFile();
+            File prefix = share == null ? null : share.getParentFile();
+            if (prefix == null || !jar.isFile() || !"java".equals(java.getName()) || !"share".equals(share.getName())) {
+                return null;
+            }
+            String jni = System.mapLibraryName(LIBRARY_NAME);
+            for (String libdir : new String[] {"lib", "lib64", "lib/x86_64-linux-gnu"}) {
+                File candidate = new File(new File(new File(prefix, libdir), "jni"), jni);
+                if (candidate.isFile()) {
+                    return candidate;
+                }
+            }
+        } catch (Exception e) {
+            // A class path entry that is not a file: java.library.path is next.
+        }
+        return null;
     }
 
     private static void loadOne(File file, String name) {
