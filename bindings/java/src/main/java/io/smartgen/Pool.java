@@ -191,11 +191,21 @@ public final class Pool implements AutoCloseable {
 
     /**
      * Deregisters the pool, then lets its memory go (idempotent). SG_ERR_INVALID_STATE while a
-     * transfer that uses it is unreleased; the pool then stays open.
+     * transfer that uses it is unreleased; the pool then stays open. Transfers the program dropped
+     * without close() and the collector has found unreachable are released first, on this thread,
+     * rather than whenever the cleaner thread gets to them: after {@code System.gc()} such a pool
+     * closes at once.
      */
     @Override
     public void close() {
-        Closing.release(handle, smartgen::sg_kv_deregister);
+        try {
+            Closing.release(handle, smartgen::sg_kv_deregister);
+        } catch (SmartGenException e) {
+            if (e.code() != Status.INVALID_STATE.code() || Cleaning.drain() == 0) {
+                throw e;
+            }
+            Closing.release(handle, smartgen::sg_kv_deregister);
+        }
         if (handle.isClosed()) {
             context.forget(this);
             k = null;
