@@ -67,24 +67,28 @@ def test_a_context_closed_from_its_callback_is_refused_and_stays_open(key):
     assert b.closed and sb.closed and pb.closed
 
 
-def test_release_and_session_close_from_a_callback_are_refused_and_change_nothing(key):
+def test_release_and_session_and_pool_close_from_a_callback_are_refused_and_change_nothing(key):
     seen = {}
+    pools_of = {}
 
     def on_event(ev):
         if ev.kind == smartgen.EVENT_LAYER_READY and ev.transfer is not None and "release" not in seen:
             seen["release"] = _refused(ev.transfer.release)
             seen["session"] = _refused(ev.transfer.session.close)
             seen["wait"] = _refused(lambda: ev.transfer.wait(1))
+            seen["pool"] = _refused(pools_of["decode"].close)
 
     a, b, sa, sb, k, v, k2, v2, pa, pb = _decode_with(key, on_event)
+    pools_of["decode"] = pb
     try:
         x = sb.expect("refused", pb, [5], TPB)
         y = sa.post("refused", pa, [2], TPB, all_layers_written=True)
         x.wait(20)
         y.wait(20)
-        for what in ("release", "session", "wait"):
+        for what in ("release", "session", "wait", "pool"):
             assert seen.get(what) is not None, f"{what} from the callback returned instead of raising"
             assert seen[what][0] == smartgen.SG_ERR_INVALID_STATE, (what, seen[what])
+        assert not pb.closed and pb._owners, "the refused pool close let the pool or its arrays go"
         # The library's own sentence, not the status's name (0.5 replaced it with "SG_ERR_INVALID_STATE").
         assert "callback" in seen["wait"][1], seen["wait"][1]
         assert not x.closed and not sb.closed
