@@ -14,9 +14,10 @@
 #            9 s from its committed seeds (fixed -seed, corpus in a temporary copy)
 #   asan     asan preset: AddressSanitizer + LeakSanitizer, every test but bench, layering, soak and
 #            three model-quality sweeps (the benches measure nothing useful under ASan; the layering
-#            is the same include graph), in parallel: the one run of most integration tests; then smartgen-soak --short --verify (several processes, cancels, SIGKILL +
-#            restart, LeakSanitizer at every worker's exit, SG_TRANSFER_VERIFY=1) with the RSS bound
-#            raised for ASan's quarantine
+#            is the same include graph), in parallel: the one run of most integration tests; then
+#            smartgen-soak --short --verify (several processes, cancels, SIGKILL + restart,
+#            LeakSanitizer at every worker's exit, SG_TRANSFER_VERIFY=1) with the RSS bound raised
+#            for ASan's quarantine
 #   tsan     tsan preset: builds only what the subset needs (integration_tests, link_peer) and runs
 #            the concurrency, session, failure, transfer-path, reconnect and
 #            graceful-close tests under ThreadSanitizer, in parallel
