@@ -441,8 +441,10 @@ TEST_F(Directory, ConnectByNameCostsTheLookupTheRequestAndTheFirstSessionsEndpoi
                 first_session_ms, name_ms, *std::min_element(by_name.begin(), by_name.end()),
                 *std::max_element(by_name.begin(), by_name.end()), direct_ms, median(lookup_only));
     // The directory's own part (a lookup, a lease and a put, the peer's watch and answer) is a few
-    // round trips to the cluster: bounded generously for a loaded machine, scaled to the build.
-    EXPECT_LT(name_ms - direct_ms, 100.0 * double(sgtest::time_scale()))
+    // round trips to the cluster, 18-38 ms quiet: bounded generously (a fresh context's endpoints
+    // opened in 14 ms in one run and 335 ms in another, and the two sets may land apart), scaled to
+    // the build. 0.5's connects took 0.5-1 s each.
+    EXPECT_LT(name_ms - direct_ms, 250.0 * double(sgtest::time_scale()))
         << "connect by name costs " << name_ms << " ms against " << direct_ms << " ms for the session alone";
 }
 
