@@ -56,3 +56,12 @@ def exported(pair, dtype=np.float16):
     sa.export(pa)
     sb.export(pb)
     return k, v, k2, v2, pa, pb
+
+
+def unanswered_expect(pair, rid):
+    """A decode-side expect into block 1 of a fresh exported pool, which nobody posts."""
+    a, b, sa, sb = pair
+    _, _, k2, v2 = pools()
+    pb = b.register_pool(k2, v2)
+    sb.export(pb)
+    return sb.expect(rid, pb, [1], TPB)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import smartgen
-from conftest import LAYERS, TPB, connect, exported, pools
+from conftest import LAYERS, TPB, connect, exported, pools, unanswered_expect
 
 
 def test_errors_carry_the_status_and_the_message(key, monkeypatch):
@@ -128,11 +128,7 @@ def test_a_wait_returns_once_every_callback_of_the_transfer_has_run(key):
 
 
 def test_ctrl_c_interrupts_a_wait_and_the_transfer_can_still_be_released(pair):
-    a, b, sa, sb = pair
-    k, v, k2, v2 = pools()
-    pb = b.register_pool(k2, v2)
-    sb.export(pb)
-    x = sb.expect("never-posted", pb, [1], TPB)
+    x = unanswered_expect(pair, "never-posted")
     threading.Timer(0.3, _thread.interrupt_main).start()
     start = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
@@ -142,11 +138,7 @@ def test_ctrl_c_interrupts_a_wait_and_the_transfer_can_still_be_released(pair):
 
 
 def test_timeouts_are_errors_with_their_own_status(pair):
-    a, b, sa, sb = pair
-    _, _, k2, v2 = pools()
-    pb = b.register_pool(k2, v2)
-    sb.export(pb)
-    x = sb.expect("slow", pb, [1], TPB)
+    x = unanswered_expect(pair, "slow")
     start = time.monotonic()
     with pytest.raises(smartgen.Error) as e:
         x.wait(0.25)

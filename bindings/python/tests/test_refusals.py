@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import smartgen
-from conftest import BLOCKS, HEAD_DIM, HEADS, LAYERS, TPB, connect, exported, pools
+from conftest import BLOCKS, HEAD_DIM, HEADS, LAYERS, TPB, connect, exported, pools, unanswered_expect
 
 
 def _decode_with(key, on_event):
@@ -213,11 +213,7 @@ def test_dropped_contexts_with_callbacks_are_collected(key):
 
 
 def test_a_cancelled_wait_async_ends_its_executor_wait(pair):
-    a, b, sa, sb = pair
-    _, _, k2, v2 = pools()
-    pb = b.register_pool(k2, v2)
-    sb.export(pb)
-    x = sb.expect("never", pb, [1], TPB)
+    x = unanswered_expect(pair, "never")
     outcome = {}
 
     async def main():

@@ -19,15 +19,7 @@ class CleanerTest {
     void droppedTransfersAreReleasedByTheirCleaner() throws Exception {
         try (Pair pair = new Pair()) {
             Pair.fill(pair.src, SRC_BLOCKS);
-            for (int i = 0; i < 200; i++) {
-                String rid = "dropped-" + i;
-                Transfer expect = pair.decode.expect(rid, pair.dst, DST_BLOCKS, 48, null);
-                Transfer post = pair.prefill.post(rid, pair.src, SRC_BLOCKS, 48,
-                        TransferOptions.defaults().flags(TransferOptions.ALL_LAYERS_WRITTEN));
-                assertTrue(expect.await(Pair.TIMEOUT));
-                assertTrue(post.await(Pair.TIMEOUT));
-                // Dropped: neither is closed.
-            }
+            dropTransfers(pair, 200);
             long deadline = System.nanoTime() + 60_000_000_000L;
             boolean closed = false;
             while (!closed) {
@@ -63,9 +55,10 @@ class CleanerTest {
         }
     }
 
+    /** n completed transfers, each side's object dropped: neither is closed. */
     private static void dropTransfers(Pair pair, int n) throws Exception {
         for (int i = 0; i < n; i++) {
-            String rid = "gc-" + i;
+            String rid = "dropped-" + i;
             Transfer expect = pair.decode.expect(rid, pair.dst, DST_BLOCKS, 48, null);
             Transfer post = pair.prefill.post(rid, pair.src, SRC_BLOCKS, 48,
                     TransferOptions.defaults().flags(TransferOptions.ALL_LAYERS_WRITTEN));
